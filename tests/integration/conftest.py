@@ -1,0 +1,79 @@
+"""Fixtures over the real servers started by `scripts/dev.sh test`.
+
+Each test gets its own staging database (cloned from a template migrated once
+by the real `alembic upgrade head`) and its own InfluxDB database.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support import (
+    alembic,
+    create_database,
+    drop_database,
+    require_env,
+    staging_config_for,
+    two_phase,
+    unique,
+)
+from twophase.config import InfluxConfig, StagingConfig
+
+
+@pytest.fixture(scope="session")
+def base_staging_url() -> str:
+    return require_env("TWOPHASE_STAGING_URL")
+
+
+@pytest.fixture(scope="session")
+def template_db(base_staging_url: str) -> Iterator[str]:
+    name = unique("twophase_tpl")
+    url = create_database(base_staging_url, name)
+    done = alembic("upgrade", "head", url=url)
+    assert done.returncode == 0, done.stderr
+    yield name
+    drop_database(base_staging_url, name)
+
+
+@pytest.fixture
+def staging_url(base_staging_url: str, template_db: str) -> Iterator[str]:
+    name = unique("twophase_t")
+    yield create_database(base_staging_url, name, template=template_db)
+    drop_database(base_staging_url, name)
+
+
+@pytest.fixture
+def staging(staging_url: str) -> StagingConfig:
+    return staging_config_for(staging_url)
+
+
+def influx_admin(url: str, statement: str) -> None:
+    data = urllib.parse.urlencode({"q": statement}).encode()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(urllib.request.Request(f"{url}/query", data=data), timeout=10) as resp:
+        assert resp.status == 200
+
+
+@pytest.fixture(scope="session")
+def influx_url() -> str:
+    return require_env("TWOPHASE_INFLUX_URL")
+
+
+@pytest.fixture
+def influx(influx_url: str) -> Iterator[InfluxConfig]:
+    name = unique("tp")
+    influx_admin(influx_url, f'CREATE DATABASE "{name}"')
+    yield InfluxConfig(url=influx_url, api="v1", database=name, retry_deadline_s=20,
+                       retry_initial_s=0.05, retry_max_s=1)
+    influx_admin(influx_url, f'DROP DATABASE "{name}"')
+
+
+@pytest.fixture
+def tp(staging: StagingConfig, influx: InfluxConfig) -> Iterator[Any]:
+    with two_phase(staging, influx) as parts:
+        yield parts

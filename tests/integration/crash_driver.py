@@ -1,0 +1,86 @@
+"""A child process that drives the protocol like a Spark driver would, for crash tests.
+
+It keeps its own "Spark commit log" (a file of epochs Spark considers done)
+and on start replays from the first epoch not in it, exactly as Spark restarts
+from a checkpoint whose offset log is ahead of its commit log. Set
+TWOPHASE_CRASH_AT to have it SIGKILL itself at a named protocol step.
+
+    python -m tests.integration.crash_driver --staging-url U --influx-url U \
+        --influx-db D --sink S --epochs N --spark-log FILE --run-id R
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.runtime import TwoPhase
+
+MEASUREMENT = "crash"
+PARTITIONS = 3
+POINTS_PER_PARTITION = 100
+BAD_EPOCH = 1  # this epoch carries a point InfluxDB rejects (field type conflict)
+
+
+def epoch_lines(epoch: int, partition: int, perturb: bool = False) -> list[str]:
+    """One task's output. ``perturb`` models a non-deterministic recomputation on
+    replay (processing-time values, changed upstream data): a replayed attempt
+    of an already decided epoch stages *different* values, which must never
+    reach InfluxDB (I1, I4)."""
+    shift = 0.25 if perturb else 0.0
+    base = 1_600_000_000_000_000_000 + epoch * 10_000_000_000 + partition * 1_000_000_000
+    out = [
+        f"{MEASUREMENT},part={partition},k={i % 7} v={epoch * 1000 + i + 0.5 + shift},n={i}i "
+        f"{base + i}"
+        for i in range(POINTS_PER_PARTITION)
+    ]
+    if epoch == BAD_EPOCH and partition == 0:
+        out.append(f'{MEASUREMENT},part=0,k=0 v="not a float" {base + 999_999}')
+    return out
+
+
+def read_log(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def append_log(path: Path, epoch: int) -> None:
+    with path.open("a") as handle:
+        handle.write(f"{epoch}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name in ("staging-url", "influx-url", "influx-db", "sink", "spark-log", "run-id"):
+        ap.add_argument(f"--{name}", required=True)
+    ap.add_argument("--epochs", type=int, required=True)
+    ap.add_argument("--perturb", default="", help="comma-separated epochs to recompute differently")
+    args = ap.parse_args()
+
+    config = TwoPhaseConfig(
+        load_staging_config(env={}, staging_url=args.staging_url),
+        InfluxConfig(url=args.influx_url, api="v1", database=args.influx_db, batch_points=40,
+                     retry_deadline_s=30, retry_initial_s=0.05, retry_max_s=1),
+    )
+    log = Path(args.spark_log)
+    done = read_log(log)
+    start = max(done) + 1 if done else 0
+    perturbed = {int(e) for e in args.perturb.split(",") if e}
+    with TwoPhase.open(config) as tp:
+        lease = tp.ledger.begin_run(args.sink, args.run_id, "query-1")
+        for epoch in range(start, args.epochs):
+            messages = [
+                tp.stager.stage(args.sink, epoch, epoch_lines(epoch, p, epoch in perturbed), partition_id=p,
+                                run_id=args.run_id, query_id="query-1")
+                for p in range(PARTITIONS)
+            ]
+            outcome = tp.committer.commit(lease, epoch, messages)
+            print(f"epoch {epoch} {outcome.state} replay={outcome.replay}", flush=True)
+            append_log(log, epoch)
+
+
+if __name__ == "__main__":
+    main()

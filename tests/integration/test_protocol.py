@@ -1,0 +1,247 @@
+"""The epoch state machine and invariants I1-I6, I8 against real PostgreSQL and InfluxDB."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support import admin_conninfo, influx_count, influx_rows
+from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
+from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
+from twophase.staging import CommitMessage
+
+M = "proto"
+
+
+def lines(epoch: int, n: int, value_offset: float = 0.0, host: str = "a") -> list[str]:
+    """n distinct points of epoch ``epoch`` (timestamps fixed: deterministic)."""
+    base = 1_700_000_000_000_000_000 + epoch * 1_000_000_000_000
+    return [f"{M},host={host},n={i % 3} v={i + value_offset},e={epoch}i {base + i}" for i in range(n)]
+
+
+def stage(tp: Any, sink: str, epoch: int, parts: list[list[str]], attempt: int = 0,
+          run: str = "r1", query: str = "q1") -> list[CommitMessage]:
+    return [tp.stager.stage(sink, epoch, part, partition_id=i, attempt=attempt, run_id=run,
+                            query_id=query) for i, part in enumerate(parts)]
+
+
+def epoch_row(url: str, sink: str, epoch: int) -> dict[str, Any]:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        cur = conn.execute(
+            "SELECT state, points_staged, points_delivered, points_rejected_stage,"
+            " points_rejected_promote, replays, promote_attempts, cardinality(write_ids)"
+            " FROM twophase_epochs WHERE sink_id = %s AND epoch = %s", (sink, epoch))
+        row = cur.fetchone()
+        assert row is not None, f"epoch {epoch} not recorded"
+        keys = ("state", "staged", "delivered", "rejected_stage", "rejected_promote",
+                "replays", "attempts", "writes")
+        return dict(zip(keys, row, strict=True))
+
+
+def scalar(url: str, sql: str, *params: Any) -> Any:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        row = conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+
+def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    messages = stage(tp, "s", 0, [lines(0, 30)[:10], lines(0, 30)[10:]])
+    assert [m.points for m in messages] == [10, 20]
+    assert influx_count(tp.config.influx, M) == 0  # phase 1 sends nothing
+
+    decision = tp.ledger.decide(lease, 0, messages)
+    assert (decision.state, decision.replay, decision.points_staged) == (PRECOMMITTED, False, 30)
+    assert influx_count(tp.config.influx, M) == 0  # nor does the vote
+
+    result = tp.promoter.promote(lease, 0)
+    assert (result.delivered, result.rejected) == (30, 0)
+    assert influx_count(tp.config.influx, M) == 30
+    row = epoch_row(staging_url, "s", 0)
+    assert row | {"attempts": 1} == {"state": COMMITTED, "staged": 30, "delivered": 30,
+                                      "rejected_stage": 0, "rejected_promote": 0, "replays": 0,
+                                      "attempts": 1, "writes": 2}
+    assert scalar(staging_url, "SELECT last_committed_epoch FROM twophase_sinks") == 0
+
+
+def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url: str) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
+    assert (outcome.state, outcome.replay, outcome.promoted.delivered) == (COMMITTED, False, 5)
+    events = scalar(staging_url, "SELECT string_agg(event, ',' ORDER BY id) FROM twophase_epoch_events")
+    assert events == "run_started,decided,committed"
+
+
+def test_failed_stage_leaves_nothing(tp: Any, staging_url: str) -> None:
+    def rows_then_failure() -> Any:
+        yield from lines(0, 5)
+        raise RuntimeError("task died mid-partition")
+
+    with pytest.raises(RuntimeError):
+        tp.stager.stage("s", 0, rows_then_failure())
+    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 0
+    assert scalar(staging_url, "SELECT count(*) FROM twophase_writes") == 0
+
+
+def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    chosen = stage(tp, "s", 0, [lines(0, 4)])
+    failed_attempt = stage(tp, "s", 0, [lines(0, 4)], attempt=1)
+    tp.ledger.decide(lease, 0, chosen)
+    removed = tp.stager.discard([m.write_id for m in chosen + failed_attempt])
+    assert removed == 1
+    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 4
+    assert tp.stager.discard([m.write_id for m in failed_attempt]) == 0  # idempotent
+    tp.promoter.promote(lease, 0)
+    assert influx_count(tp.config.influx, M) == 4
+
+
+def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: str) -> None:
+    """I4: a re-run with different content changes nothing in InfluxDB."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)]))
+    before = influx_rows(tp.config.influx, M)
+
+    lease2 = tp.ledger.begin_run("s", "r2", "q1")  # restart from the same checkpoint
+    replay = stage(tp, "s", 0, [lines(0, 12, value_offset=100)], run="r2")
+    outcome = tp.committer.commit(lease2, 0, replay)
+    assert (outcome.state, outcome.replay, outcome.promoted) == (COMMITTED, True, None)
+    assert influx_rows(tp.config.influx, M) == before
+    assert epoch_row(staging_url, "s", 0)["replays"] == 1
+    assert scalar(staging_url, "SELECT replays_detected FROM twophase_sinks") == 1
+    replay_ids = [uuid.UUID(m.write_id) for m in replay]
+    assert scalar(staging_url, "SELECT count(*) FROM twophase_writes WHERE write_id = ANY(%s)",
+                  replay_ids) == 0
+
+
+def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) -> None:
+    """I1: once PRECOMMITTED, the point set is the original one, whatever a replay stages."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    original = lines(0, 10)
+    tp.ledger.decide(lease, 0, stage(tp, "s", 0, [original]))  # driver dies before promote
+
+    lease2 = tp.ledger.begin_run("s", "r2", "q1")
+    outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 3, 7.5)], run="r2"))
+    assert outcome.recovered == (0,)
+    assert outcome.replay and outcome.state == COMMITTED
+    got = influx_rows(tp.config.influx, M)
+    assert len(got) == 10
+    assert sorted(dict(r[2])["v"] for r in got) == [float(i) for i in range(10)]
+
+
+def test_epochs_are_promoted_in_order(tp: Any, staging_url: str) -> None:
+    """I3: pending epochs are promoted oldest first, before a new epoch."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    for epoch in (0, 1):
+        tp.ledger.decide(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 3)]))
+    assert tp.ledger.pending("s") == [0, 1]
+    outcome = tp.committer.commit(lease, 2, stage(tp, "s", 2, [lines(2, 3)]))
+    assert outcome.recovered == (0, 1)
+    order = scalar(staging_url, "SELECT string_agg(epoch::text, ',' ORDER BY id)"
+                   " FROM twophase_epoch_events WHERE event = 'committed'")
+    assert order == "0,1,2"
+    assert tp.ledger.pending("s") == []
+
+
+def test_newer_run_fences_older_run(tp: Any, staging_url: str) -> None:
+    """I5: a zombie driver can neither decide nor mark, and writes nothing."""
+    zombie = tp.ledger.begin_run("s", "r1", "q1")
+    tp.ledger.decide(zombie, 0, stage(tp, "s", 0, [lines(0, 3)]))
+    fresh = tp.ledger.begin_run("s", "r2", "q1")
+    assert fresh.token > zombie.token
+
+    messages = stage(tp, "s", 1, [lines(1, 3)])
+    with pytest.raises(FencedError, match="fenced by a newer run"):
+        tp.ledger.decide(zombie, 1, messages)
+    with pytest.raises(FencedError):
+        tp.ledger.mark_committed(zombie, 0, 3, 0)
+    with pytest.raises(FencedError):
+        tp.promoter.promote(zombie, 0)
+    assert influx_count(tp.config.influx, M) == 0
+    assert scalar(staging_url, "SELECT count(*) FROM twophase_epochs WHERE epoch = 1") == 0
+    assert epoch_row(staging_url, "s", 0)["state"] == PRECOMMITTED
+    tp.committer.recover(fresh)
+    assert influx_count(tp.config.influx, M) == 3
+
+
+def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: Any) -> None:
+    """I6: a new query id restarting at epoch 0 is refused, never taken for replays."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    for epoch in (0, 1):
+        tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 2)]))
+    with pytest.raises(CheckpointResetError, match=r"twophase reset --sink s"):
+        tp.ledger.begin_run("s", "r2", "q2")
+    # The refused query did not fence the owner: it keeps working.
+    tp.committer.commit(lease, 2, stage(tp, "s", 2, [lines(2, 2)]))
+
+    tp.ledger.reset("s")
+    lease2 = tp.ledger.begin_run("s", "r2", "q2")
+    outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 2, 50, host="b")]))
+    assert (outcome.state, outcome.replay) == (COMMITTED, False)
+
+
+def test_unknown_epoch_below_last_is_refused(tp: Any) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.committer.commit(lease, 5, stage(tp, "s", 5, [lines(5, 2)]))
+    with pytest.raises(StateError, match="does not match"):
+        tp.ledger.decide(lease, 3, stage(tp, "s", 3, [lines(3, 2)]))
+
+
+def test_decide_refuses_writes_that_are_not_staged(tp: Any) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    other_epoch = stage(tp, "s", 1, [lines(1, 2)])
+    with pytest.raises(PermanentError, match="not staged"):
+        tp.ledger.decide(lease, 0, other_epoch)
+
+
+def test_operator_abort(tp: Any, staging_url: str) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
+    tp.ledger.abort("s", 0, "bad data upstream")
+    assert epoch_row(staging_url, "s", 0)["state"] == ABORTED
+    assert tp.ledger.pending("s") == []
+    with pytest.raises(StateError):
+        tp.ledger.mark_committed(lease, 0, 3, 0)
+    with pytest.raises(StateError):
+        tp.ledger.abort("s", 0, "twice")
+    # a replay of the aborted epoch is detected and not sent
+    outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
+    assert (outcome.state, outcome.replay) == (ABORTED, True)
+    assert influx_count(tp.config.influx, M) == 0
+
+
+def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
+    tp.ledger.mark_committed(lease, 0, 3, 0)  # again: no error
+    with pytest.raises(StateError, match="COMMITTED"):
+        tp.ledger.abort("s", 0, "too late")
+
+
+def test_changed_staged_points_are_detected_before_commit(tp: Any, staging_url: str) -> None:
+    """I1 is also checked: a tampered point set is refused, the epoch stays PRECOMMITTED."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
+    with psycopg.connect(admin_conninfo(staging_url)) as conn:
+        conn.execute("UPDATE twophase_staged_points SET line = line || '1' WHERE seq = 1")
+    with pytest.raises(PermanentError, match="changed after the decision"):
+        tp.promoter.promote(lease, 0)
+    assert epoch_row(staging_url, "s", 0)["state"] == PRECOMMITTED
+
+
+def test_promotion_is_repeatable(tp: Any) -> None:
+    """Promoting the same fixed point set twice leaves InfluxDB as once (I4, I8)."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 20)]))
+    plan = tp.ledger.plan_promotion(lease, 0)  # a promotion that "crashed" after planning
+    assert len(plan.writes) == 1
+    tp.promoter.promote(lease, 0)
+    first = influx_rows(tp.config.influx, M)
+    tp.ledger.record_error("s", 0, "simulated")
+    with psycopg.connect(admin_conninfo(tp.config.staging.psycopg_conninfo())) as conn:
+        conn.execute("UPDATE twophase_epochs SET state = 'PRECOMMITTED'")
+    tp.promoter.promote(lease, 0)
+    assert influx_rows(tp.config.influx, M) == first

@@ -1,0 +1,98 @@
+"""Helpers shared by the integration and e2e tests (real servers only)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig, load_staging_config
+from twophase.influx import query_v1
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def require_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(
+            f"{name} is not set: run the tests through `scripts/dev.sh test`, which starts "
+            "the servers and sets it"
+        )
+    return value
+
+
+def admin_conninfo(url: str, database: str | None = None) -> str:
+    parsed = make_url(url).set(drivername="postgresql")
+    if database:
+        parsed = parsed.set(database=database)
+    return parsed.render_as_string(hide_password=False)
+
+
+def alembic(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    """Run the real `alembic` command from the repository root, as users do."""
+    env = {**os.environ, "TWOPHASE_STAGING_URL": url}
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", *args], cwd=REPO, env=env,
+        capture_output=True, text=True, check=False,
+    )
+
+
+def create_database(base_url: str, name: str, template: str | None = None) -> str:
+    """A fresh database next to ``base_url``'s; returns its URL."""
+    with psycopg.connect(admin_conninfo(base_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        suffix = f' TEMPLATE "{template}"' if template else ""
+        conn.execute(f'CREATE DATABASE "{name}"{suffix}')
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(base_url: str, name: str) -> None:
+    with psycopg.connect(admin_conninfo(base_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def influx_query(config: InfluxConfig, q: str) -> list[dict[str, Any]]:
+    password = config.password.reveal() if config.password else None
+    return query_v1(config.url, config.database, q, config.username, password)
+
+
+def influx_rows(config: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
+    """Every point of a measurement as sorted (time, tags..., fields...) tuples."""
+    rows: list[tuple[Any, ...]] = []
+    for series in influx_query(config, f'SELECT * FROM "{measurement}" GROUP BY *'):
+        tags = tuple(sorted((series.get("tags") or {}).items()))
+        for values in series.get("values", []):
+            rows.append((values[0], tags, tuple(zip(series["columns"][1:], values[1:], strict=True))))
+    return sorted(rows, key=repr)
+
+
+def influx_count(config: InfluxConfig, measurement: str) -> int:
+    return len(influx_rows(config, measurement))
+
+
+@contextmanager
+def two_phase(staging: StagingConfig, influx: InfluxConfig) -> Iterator[Any]:
+    from twophase.runtime import TwoPhase
+
+    tp = TwoPhase.open(TwoPhaseConfig(staging, influx))
+    try:
+        yield tp
+    finally:
+        tp.close()
+
+
+def staging_config_for(url: str, **overrides: Any) -> StagingConfig:
+    return load_staging_config(env={}, staging_url=url, **overrides)

@@ -1,0 +1,124 @@
+"""Garbage collection of the staging store: retention of committed epochs, orphaned writes.
+
+* Staged points of COMMITTED or ABORTED epochs are kept ``retention`` after
+  the epoch ended (so they can be re-sent, e.g. after an InfluxDB restore),
+  then deleted; the epoch keeps its row and is marked ``purged_at``.
+* A write no decision names is an orphan (a failed, speculative or replayed
+  task attempt). It is removed once its epoch is decided, or after
+  ``orphan_grace`` if its epoch never is (a run that crashed before voting).
+
+Idempotent and safe to run at any time, also while a query runs: it locks
+the sink rows before deleting writes, as decide does, so it never removes a
+write that a concurrent decision chooses (I1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+
+from twophase.db import Database
+from twophase.schema import ABORTED, COMMITTED
+from twophase.staging import delete_unchosen_writes, lock_sinks_of_writes
+
+Cursor = psycopg.Cursor[Any]
+
+
+@dataclass(frozen=True)
+class GcReport:
+    epochs_purged: int
+    points_purged: int
+    orphan_writes: int
+    dry_run: bool
+
+
+class GarbageCollector:
+    """One role: delete what no longer needs keeping. ``collect`` is idempotent."""
+
+    def __init__(self, db: Database, retention_s: float, orphan_grace_s: float,
+                 chunk: int = 200):
+        self._db = db
+        self._retention = timedelta(seconds=retention_s)
+        self._grace = timedelta(seconds=orphan_grace_s)
+        self._chunk = chunk
+
+    def collect(self, sink_id: str | None = None, now: datetime | None = None,
+                dry_run: bool = False) -> GcReport:
+        """Remove expired staged points and orphaned writes (of one sink, or all)."""
+        now = now or datetime.now(timezone.utc)
+        epochs, points = self._purge_expired(sink_id, now - self._retention, dry_run)
+        orphans = self._remove_orphans(sink_id, now - self._grace, dry_run)
+        return GcReport(epochs, points, orphans, dry_run)
+
+    def _purge_expired(self, sink_id: str | None, before: datetime, dry_run: bool) -> tuple[int, int]:
+        epochs = points = 0
+        limit = None if dry_run else self._chunk  # LIMIT NULL: a dry run counts everything at once
+        while True:
+            with self._db.transaction() as cur:
+                expired = _expired_epochs(cur, sink_id, before, limit)
+                if not expired:
+                    return epochs, points
+                write_ids = [w for _, _, ids in expired for w in ids]
+                points += _delete_points(cur, write_ids, dry_run)
+                epochs += len(expired)
+                if dry_run:
+                    return epochs, points
+                cur.execute(
+                    "UPDATE twophase_epochs SET purged_at = now() WHERE (sink_id, epoch) IN"
+                    " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                    ([s for s, _, _ in expired], [e for _, e, _ in expired]),
+                )
+
+    def _remove_orphans(self, sink_id: str | None, staged_before: datetime, dry_run: bool) -> int:
+        removed = 0
+        while True:
+            with self._db.transaction() as cur:
+                ids = _orphan_writes(cur, sink_id, staged_before, None if dry_run else self._chunk)
+                if not ids or dry_run:
+                    return removed + len(ids)
+                lock_sinks_of_writes(cur, ids)
+                gone = delete_unchosen_writes(cur, ids)
+                removed += len(gone)
+                if len(gone) < len(ids):  # a decision chose some meanwhile: nothing more here
+                    return removed
+
+
+def _expired_epochs(cur: Cursor, sink_id: str | None, before: datetime,
+                    limit: int | None) -> list[tuple[str, int, list[Any]]]:
+    cur.execute(
+        "SELECT sink_id, epoch, write_ids FROM twophase_epochs"
+        " WHERE state = ANY(%s) AND purged_at IS NULL"
+        " AND COALESCE(committed_at, aborted_at) < %s"
+        " AND (%s::text IS NULL OR sink_id = %s)"
+        " ORDER BY sink_id, epoch LIMIT %s FOR UPDATE SKIP LOCKED",
+        ([COMMITTED, ABORTED], before, sink_id, sink_id, limit),
+    )
+    return [(s, e, list(ids)) for s, e, ids in cur.fetchall()]
+
+
+def _delete_points(cur: Cursor, write_ids: list[Any], dry_run: bool) -> int:
+    if dry_run:
+        cur.execute(
+            "SELECT count(*) FROM twophase_staged_points WHERE write_id = ANY(%s)", (write_ids,)
+        )
+        row = cur.fetchone()
+        return int(row[0]) if row else 0
+    cur.execute("DELETE FROM twophase_staged_points WHERE write_id = ANY(%s)", (write_ids,))
+    return cur.rowcount
+
+
+def _orphan_writes(cur: Cursor, sink_id: str | None, staged_before: datetime,
+                   limit: int | None) -> list[Any]:
+    cur.execute(
+        "SELECT w.write_id FROM twophase_writes w"
+        " LEFT JOIN twophase_epochs e ON e.sink_id = w.sink_id AND e.epoch = w.epoch"
+        " WHERE (%s::text IS NULL OR w.sink_id = %s)"
+        " AND ((e.epoch IS NOT NULL AND NOT (w.write_id = ANY(e.write_ids)))"
+        "      OR (e.epoch IS NULL AND w.staged_at < %s))"
+        " ORDER BY w.write_id LIMIT %s",
+        (sink_id, sink_id, staged_before, limit),
+    )
+    return [row[0] for row in cur.fetchall()]

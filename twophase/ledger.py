@@ -1,0 +1,404 @@
+"""The epoch ledger: runs, fencing, and the epoch state machine in PostgreSQL.
+
+::
+
+    (none) --decide--> PRECOMMITTED --mark--> COMMITTED
+                           +--abort (operator)--> ABORTED
+
+Each method is one transaction that first locks the sink row, so decisions
+and marks of one sink are serialised, and checks the caller's fencing token
+(I5). Contracts per method are in their docstrings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from twophase.db import Database
+from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
+from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
+from twophase.staging import CommitMessage
+
+Cursor = psycopg.Cursor[Any]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A run's claim on a sink. ``token`` is the fencing token of that run."""
+
+    sink_id: str
+    run_id: str
+    query_id: str | None
+    token: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of a vote: the epoch's state afterwards and whether it was a replay."""
+
+    sink_id: str
+    epoch: int
+    state: str
+    replay: bool
+    points_staged: int
+
+
+@dataclass(frozen=True)
+class WriteRef:
+    write_id: str
+    points: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What promotion of one PRECOMMITTED epoch must send: its fixed writes, in order."""
+
+    sink_id: str
+    epoch: int
+    writes: tuple[WriteRef, ...]
+    points_staged: int
+
+
+def _reset_hint(sink_id: str) -> str:
+    return (
+        f"if the checkpoint was reset on purpose, run `twophase reset --sink {sink_id}` "
+        "(or use a new sink id); otherwise restart the query from its original checkpoint"
+    )
+
+
+class Ledger:
+    """Driver side state machine. One role: decide, mark, abort, and who may do so."""
+
+    def __init__(self, db: Database):
+        self._db = db
+
+    # -- runs and fencing -------------------------------------------------------
+
+    def begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
+        """Claim the sink for a new run, fencing every older run (I5).
+
+        Refuses (I6) when the sink is bound to another query that has decided
+        epochs: a reset checkpoint or a second query on the same sink id. The
+        older run is not fenced in that case. Calling it again for the same
+        run returns that run's existing lease (idempotent).
+        """
+        with self._db.transaction() as cur:
+            cur.execute(
+                "INSERT INTO twophase_sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                (sink_id,),
+            )
+            sink = _lock_sink(cur, sink_id)
+            if sink["owner_run_id"] == run_id:
+                return Lease(sink_id, run_id, sink["query_id"], sink["fencing_token"])
+            _refuse_other_query(sink_id, sink, query_id)
+            token = sink["fencing_token"] + 1
+            cur.execute(
+                "UPDATE twophase_sinks SET fencing_token = %s, owner_run_id = %s,"
+                " query_id = COALESCE(%s, query_id), updated_at = now() WHERE sink_id = %s",
+                (token, run_id, query_id, sink_id),
+            )
+            cur.execute(
+                "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET"
+                " fencing_token = EXCLUDED.fencing_token, started_at = now()",
+                (run_id, sink_id, query_id, token),
+            )
+            _event(cur, sink_id, None, "run_started", run_id, f"fencing token {token}")
+            return Lease(sink_id, run_id, query_id or sink["query_id"], token)
+
+    # -- phase 2: vote and commit -------------------------------------------------
+
+    def decide(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> Decision:
+        """Record ``epoch`` as PRECOMMITTED with exactly the writes in ``messages``.
+
+        From here its point set is fixed (I1). If the epoch is already decided
+        this is a replay: nothing changes but the replay counters, and the
+        existing state is returned (``replay=True``); the caller promotes a
+        PRECOMMITTED one from its original writes and skips a COMMITTED one.
+        Raises FencedError for a stale lease, CheckpointResetError (I6),
+        StateError for an unknown epoch below the sink's last one, and
+        PermanentError if a message names a write that is not staged.
+        """
+        with self._db.transaction() as cur:
+            sink = _lock_sink(cur, lease.sink_id)
+            _check_fence(sink, lease)
+            if sink["query_id"] is not None and lease.query_id != sink["query_id"]:
+                raise CheckpointResetError(
+                    f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
+                    f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
+                )
+            existing = _epoch_row(cur, lease.sink_id, epoch)
+            if existing is not None:
+                return _count_replay(cur, lease, epoch, existing)
+            last = sink["last_decided_epoch"]
+            if last is not None and epoch <= last:
+                raise StateError(
+                    f"sink {lease.sink_id!r}: epoch {epoch} is not recorded but the sink has "
+                    f"decided up to epoch {last}; the checkpoint does not match the staging "
+                    f"store: {_reset_hint(lease.sink_id)}"
+                )
+            refs = _checked_writes(cur, lease.sink_id, epoch, messages)
+            return _insert_decision(cur, lease, epoch, refs)
+
+    def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
+        """Count a promotion attempt and return the epoch's fixed writes.
+
+        Raises FencedError for a stale lease and StateError unless the epoch
+        is PRECOMMITTED.
+        """
+        with self._db.transaction() as cur:
+            _check_fence(_lock_sink(cur, lease.sink_id), lease)
+            cur.execute(
+                "UPDATE twophase_epochs SET promote_attempts = promote_attempts + 1"
+                " WHERE sink_id = %s AND epoch = %s AND state = %s"
+                " RETURNING write_ids, points_staged",
+                (lease.sink_id, epoch, PRECOMMITTED),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is not PRECOMMITTED")
+            cur.execute(
+                "SELECT write_id, points, checksum FROM twophase_writes"
+                " WHERE write_id = ANY(%s) ORDER BY partition_id, write_id",
+                (row[0],),
+            )
+            writes = tuple(WriteRef(str(w), p, c) for w, p, c in cur.fetchall())
+            return EpochPlan(lease.sink_id, epoch, writes, row[1])
+
+    def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
+        """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
+
+        Idempotent for an epoch that is already COMMITTED. Raises FencedError
+        for a stale lease and StateError for an epoch in another state.
+        """
+        with self._db.transaction() as cur:
+            sink = _lock_sink(cur, lease.sink_id)
+            _check_fence(sink, lease)
+            cur.execute(
+                "UPDATE twophase_epochs SET state = %s, committed_at = now(), last_error = NULL,"
+                " points_delivered = %s, points_rejected_promote = %s"
+                " WHERE sink_id = %s AND epoch = %s AND state = %s",
+                (COMMITTED, delivered, rejected, lease.sink_id, epoch, PRECOMMITTED),
+            )
+            if cur.rowcount == 0:
+                state = _state_of(cur, lease.sink_id, epoch)
+                if state == COMMITTED:
+                    return
+                raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
+            cur.execute(
+                "UPDATE twophase_sinks SET last_committed_epoch = GREATEST(%s,"
+                " COALESCE(last_committed_epoch, %s)), last_error = NULL, updated_at = now()"
+                " WHERE sink_id = %s",
+                (epoch, epoch, lease.sink_id),
+            )
+            _event(cur, lease.sink_id, epoch, "committed", lease.run_id,
+                   f"delivered {delivered}, rejected {rejected}")
+
+    def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
+        """Remember why the last promotion failed (for status); no state change."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "UPDATE twophase_sinks SET last_error = %s, updated_at = now() WHERE sink_id = %s",
+                (message, sink_id),
+            )
+            if epoch is not None:
+                cur.execute(
+                    "UPDATE twophase_epochs SET last_error = %s WHERE sink_id = %s AND epoch = %s",
+                    (message, sink_id, epoch),
+                )
+                _event(cur, sink_id, epoch, "promote_failed", None, message)
+
+    def pending(self, sink_id: str) -> list[int]:
+        """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3)."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s ORDER BY epoch",
+                (PRECOMMITTED, sink_id),
+            )
+            return [row[0] for row in cur.fetchall()]
+
+    # -- operator actions -------------------------------------------------------
+
+    def abort(self, sink_id: str, epoch: int, reason: str, actor: str = "operator") -> None:
+        """PRECOMMITTED -> ABORTED by an explicit operator decision; its staged points go.
+
+        Never automatic: a decided epoch is otherwise always promoted. Raises
+        StateError for an unknown epoch or one that is not PRECOMMITTED.
+        """
+        with self._db.transaction() as cur:
+            _lock_sink(cur, sink_id)
+            cur.execute(
+                "UPDATE twophase_epochs SET state = %s, aborted_at = now(), last_error = %s"
+                " WHERE sink_id = %s AND epoch = %s AND state = %s RETURNING write_ids",
+                (ABORTED, reason, sink_id, epoch, PRECOMMITTED),
+            )
+            row = cur.fetchone()
+            if row is None:
+                state = _state_of(cur, sink_id, epoch)
+                raise StateError(f"sink {sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
+            cur.execute("DELETE FROM twophase_staged_points WHERE write_id = ANY(%s)", (row[0],))
+            _event(cur, sink_id, epoch, "aborted", actor, reason)
+
+    def reset(self, sink_id: str, actor: str = "operator") -> None:
+        """Unbind the sink from its query after a deliberate checkpoint reset (I6's way out).
+
+        The next query may start at any epoch; epochs decided so far stay as
+        history. Raises StateError while epochs are PRECOMMITTED (recover first).
+        """
+        with self._db.transaction() as cur:
+            _lock_sink(cur, sink_id)
+            if _count_pending(cur, sink_id):
+                raise StateError(
+                    f"sink {sink_id!r} has PRECOMMITTED epochs: run `twophase recover --sink "
+                    f"{sink_id}` before resetting it"
+                )
+            cur.execute(
+                "DELETE FROM twophase_epochs WHERE sink_id = %s RETURNING epoch", (sink_id,)
+            )
+            removed = len(cur.fetchall())
+            cur.execute(
+                "UPDATE twophase_sinks SET query_id = NULL, last_decided_epoch = NULL,"
+                " owner_run_id = NULL, fencing_token = fencing_token + 1, updated_at = now()"
+                " WHERE sink_id = %s",
+                (sink_id,),
+            )
+            _event(cur, sink_id, None, "reset", actor, f"forgot {removed} epochs")
+
+
+# -- helpers: each runs inside the caller's transaction -------------------------
+
+_SINK_COLUMNS = ("fencing_token", "owner_run_id", "query_id", "last_decided_epoch")
+
+
+def _lock_sink(cur: Cursor, sink_id: str) -> dict[str, Any]:
+    cur.execute(
+        "SELECT fencing_token, owner_run_id, query_id, last_decided_epoch"
+        " FROM twophase_sinks WHERE sink_id = %s FOR UPDATE",
+        (sink_id,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise StateError(f"unknown sink {sink_id!r}")
+    return dict(zip(_SINK_COLUMNS, row, strict=True))
+
+
+def _check_fence(sink: dict[str, Any], lease: Lease) -> None:
+    if sink["fencing_token"] != lease.token:
+        raise FencedError(
+            f"run {lease.run_id} of sink {lease.sink_id!r} was fenced by a newer run "
+            f"({sink['owner_run_id']}); this run may no longer decide or commit epochs"
+        )
+
+
+def _refuse_other_query(sink_id: str, sink: dict[str, Any], query_id: str | None) -> None:
+    bound = sink["query_id"]
+    if bound is None or query_id is None or query_id == bound:
+        return
+    if sink["last_decided_epoch"] is None:
+        return
+    raise CheckpointResetError(
+        f"sink {sink_id!r} belongs to query {bound} (decided up to epoch "
+        f"{sink['last_decided_epoch']}); query {query_id} is a different query: its "
+        f"checkpoint was reset, or another query uses the same sink id. {_reset_hint(sink_id)}"
+    )
+
+
+def _epoch_row(cur: Cursor, sink_id: str, epoch: int) -> tuple[str, int] | None:
+    cur.execute(
+        "SELECT state, points_staged FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
+        (sink_id, epoch),
+    )
+    row = cur.fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _state_of(cur: Cursor, sink_id: str, epoch: int) -> str:
+    row = _epoch_row(cur, sink_id, epoch)
+    return row[0] if row else "not recorded"
+
+
+def _count_pending(cur: Cursor, sink_id: str) -> int:
+    cur.execute(
+        "SELECT count(*) FROM twophase_epochs WHERE state = %s AND sink_id = %s",
+        (PRECOMMITTED, sink_id),
+    )
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def _count_replay(cur: Cursor, lease: Lease, epoch: int, existing: tuple[str, int]) -> Decision:
+    state, points = existing
+    cur.execute(
+        "UPDATE twophase_epochs SET replays = replays + 1 WHERE sink_id = %s AND epoch = %s",
+        (lease.sink_id, epoch),
+    )
+    cur.execute(
+        "UPDATE twophase_sinks SET replays_detected = replays_detected + 1 WHERE sink_id = %s",
+        (lease.sink_id,),
+    )
+    _event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, f"epoch was {state}")
+    return Decision(lease.sink_id, epoch, state, True, points)
+
+
+def _checked_writes(
+    cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage]
+) -> list[tuple[uuid.UUID, int, int, str]]:
+    ids = [uuid.UUID(m.write_id) for m in messages]
+    if len(set(ids)) != len(ids):
+        raise PermanentError(f"sink {sink_id!r} epoch {epoch}: a write id is named twice")
+    cur.execute(
+        "SELECT write_id, points, rejected, checksum FROM twophase_writes"
+        " WHERE write_id = ANY(%s) AND sink_id = %s AND epoch = %s",
+        (ids, sink_id, epoch),
+    )
+    found = {row[0]: row for row in cur.fetchall()}
+    missing = [str(i) for i in ids if i not in found]
+    if missing:
+        raise PermanentError(
+            f"sink {sink_id!r} epoch {epoch}: writes {', '.join(missing)} are not staged "
+            "(removed by GC or staged for another sink/epoch); the epoch must be re-run"
+        )
+    return [found[i] for i in ids]
+
+
+def _insert_decision(
+    cur: Cursor, lease: Lease, epoch: int, refs: list[tuple[uuid.UUID, int, int, str]]
+) -> Decision:
+    points = sum(r[1] for r in refs)
+    rejected = sum(r[2] for r in refs)
+    checksum = _combine_checksums(sorted(r[3] for r in refs))
+    cur.execute(
+        "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
+        " checksum, points_staged, points_rejected_stage) VALUES (%s, %s, %s, %s, %s, %s, %s,"
+        " %s, %s)",
+        (lease.sink_id, epoch, PRECOMMITTED, lease.run_id, lease.query_id,
+         [r[0] for r in refs], checksum, points, rejected),
+    )
+    cur.execute(
+        "UPDATE twophase_sinks SET last_decided_epoch = %s, query_id = COALESCE(query_id, %s),"
+        " updated_at = now() WHERE sink_id = %s",
+        (epoch, lease.query_id, lease.sink_id),
+    )
+    _event(cur, lease.sink_id, epoch, "decided", lease.run_id,
+           f"{len(refs)} writes, {points} points, {rejected} rejected at stage")
+    return Decision(lease.sink_id, epoch, PRECOMMITTED, False, points)
+
+
+def _combine_checksums(checksums: Sequence[str]) -> str:
+    return hashlib.blake2b("".join(checksums).encode(), digest_size=16).hexdigest()
+
+
+def _event(cur: Cursor, sink_id: str, epoch: int | None, event: str, run_id: str | None,
+           detail: str | None) -> None:
+    cur.execute(
+        "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+        " VALUES (%s, %s, %s, %s, %s)",
+        (sink_id, epoch, event, run_id, detail),
+    )

@@ -1,0 +1,180 @@
+"""The staging schema: SQLAlchemy metadata, the single source Alembic migrates from.
+
+Tables (all prefixed ``twophase_`` so they can share a database with others):
+
+* ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query.
+* ``twophase_runs``: every start of a query against a sink (audit of fencing).
+* ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
+* ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
+* ``twophase_staged_points``: the line-protocol lines of each write, keyed by
+  ``(write_id, seq)``; a write names its sink and epoch, so rows carry only the
+  write id (narrow rows make COPY and the promote scan cheaper). There is no
+  foreign key on purpose: a per-row RI trigger would halve COPY speed; the
+  write row is inserted in the same transaction as the COPY.
+* ``twophase_dead_letters``: rows and points that could not be delivered, with the reason.
+* ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
+
+``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
+equal to ``migrations/versions``' head.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+SCHEMA_REVISION = "0001_initial"
+VERSION_TABLE = "twophase_alembic_version"
+TABLE_PREFIX = "twophase_"
+
+PRECOMMITTED = "PRECOMMITTED"
+COMMITTED = "COMMITTED"
+ABORTED = "ABORTED"
+EPOCH_STATES = (PRECOMMITTED, COMMITTED, ABORTED)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def _now() -> Column:  # type: ignore[type-arg]
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+sinks = Table(
+    "twophase_sinks",
+    metadata,
+    Column("sink_id", Text, primary_key=True),
+    Column("query_id", Text, nullable=True, comment="Spark queryId bound to the sink (I6)"),
+    Column("owner_run_id", Text, nullable=True),
+    Column("fencing_token", BigInteger, nullable=False, server_default="0"),
+    Column("last_decided_epoch", BigInteger, nullable=True),
+    Column("last_committed_epoch", BigInteger, nullable=True),
+    Column("replays_detected", BigInteger, nullable=False, server_default="0"),
+    Column("last_error", Text, nullable=True),
+    _now(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+runs = Table(
+    "twophase_runs",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column(
+        "sink_id",
+        Text,
+        ForeignKey("twophase_sinks.sink_id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    Column("query_id", Text, nullable=True),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+epochs = Table(
+    "twophase_epochs",
+    metadata,
+    Column(
+        "sink_id",
+        Text,
+        ForeignKey("twophase_sinks.sink_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("epoch", BigInteger, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("run_id", Text, nullable=True, comment="the run that decided the epoch"),
+    Column("query_id", Text, nullable=True),
+    Column("write_ids", ARRAY(Uuid), nullable=False),
+    Column("checksum", Text, nullable=False),
+    Column("points_staged", BigInteger, nullable=False),
+    Column("points_rejected_stage", BigInteger, nullable=False, server_default="0"),
+    Column("points_delivered", BigInteger, nullable=True),
+    Column("points_rejected_promote", BigInteger, nullable=True),
+    Column("promote_attempts", Integer, nullable=False, server_default="0"),
+    Column("replays", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text, nullable=True),
+    Column("decided_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("committed_at", DateTime(timezone=True), nullable=True),
+    Column("aborted_at", DateTime(timezone=True), nullable=True),
+    Column("purged_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("sink_id", "epoch"),
+    CheckConstraint(f"state IN {EPOCH_STATES!r}", name="state"),
+    Index(None, "state", "sink_id", "epoch", postgresql_where="state = 'PRECOMMITTED'"),
+)
+
+writes = Table(
+    "twophase_writes",
+    metadata,
+    Column("write_id", Uuid, primary_key=True),
+    Column("sink_id", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("partition_id", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("points", BigInteger, nullable=False),
+    Column("rejected", BigInteger, nullable=False),
+    Column("checksum", Text, nullable=False),
+    Column("staged_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index(None, "sink_id", "epoch"),
+)
+
+staged_points = Table(
+    "twophase_staged_points",
+    metadata,
+    Column("write_id", Uuid, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("line", Text, nullable=False),
+    PrimaryKeyConstraint("write_id", "seq"),
+)
+
+dead_letters = Table(
+    "twophase_dead_letters",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("sink_id", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("write_id", Uuid, nullable=False),
+    Column("seq", Integer, nullable=False, comment="row index (stage) or staged seq (promote)"),
+    Column("phase", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    _now(),
+    UniqueConstraint("write_id", "phase", "seq"),
+    CheckConstraint("phase IN ('stage', 'promote')", name="phase"),
+    Index(None, "sink_id", "epoch"),
+)
+
+epoch_events = Table(
+    "twophase_epoch_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("sink_id", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=True),
+    Column("event", Text, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("detail", Text, nullable=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index(None, "sink_id", "epoch"),
+)
