@@ -23,7 +23,9 @@ def _url() -> str:
     return load_staging_config(staging_url=explicit).sqlalchemy_url()
 
 
-def _include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+def _include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
     if type_ == "table":
         return bool(name and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE)
     return True

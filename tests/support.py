@@ -41,8 +41,12 @@ def alembic(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     """Run the real `alembic` command from the repository root, as users do."""
     env = {**os.environ, "TWOPHASE_STAGING_URL": url}
     return subprocess.run(
-        [sys.executable, "-m", "alembic", *args], cwd=REPO, env=env,
-        capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "alembic", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -60,6 +64,11 @@ def drop_database(base_url: str, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def influx_admin(url: str, statement: str) -> None:
+    """Run an InfluxQL admin statement; raises on errors InfluxDB reports inside a 200."""
+    query_v1(url, None, statement, method="POST")
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
@@ -72,10 +81,15 @@ def influx_query(config: InfluxConfig, q: str) -> list[dict[str, Any]]:
 def influx_rows(config: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
     """Every point of a measurement as sorted (time, tags..., fields...) tuples."""
     rows: list[tuple[Any, ...]] = []
-    for series in influx_query(config, f'SELECT * FROM "{measurement}" GROUP BY *'):
+    # InfluxQL has no bind parameters for identifiers: quote it (test data only).
+    quoted = measurement.replace("\\", "\\\\").replace('"', '\\"')
+    query = f'SELECT * FROM "{quoted}" GROUP BY *'  # noqa: S608
+    for series in influx_query(config, query):
         tags = tuple(sorted((series.get("tags") or {}).items()))
         for values in series.get("values", []):
-            rows.append((values[0], tags, tuple(zip(series["columns"][1:], values[1:], strict=True))))
+            rows.append(
+                (values[0], tags, tuple(zip(series["columns"][1:], values[1:], strict=True)))
+            )
     return sorted(rows, key=repr)
 
 
@@ -84,10 +98,10 @@ def influx_count(config: InfluxConfig, measurement: str) -> int:
 
 
 @contextmanager
-def two_phase(staging: StagingConfig, influx: InfluxConfig) -> Iterator[Any]:
+def two_phase(staging: StagingConfig, influx: InfluxConfig, **parts: Any) -> Iterator[Any]:
     from twophase.runtime import TwoPhase
 
-    tp = TwoPhase.open(TwoPhaseConfig(staging, influx))
+    tp = TwoPhase.open(TwoPhaseConfig(staging, influx), **parts)
     try:
         yield tp
     finally:

@@ -59,8 +59,14 @@ class Promoter:
     stays PRECOMMITTED for a later recovery.
     """
 
-    def __init__(self, ledger: Ledger, reader: StagedReader, sender: BatchSender,
-                 batch_points: int = 5000, batch_bytes: int = 4 * 1024 * 1024):
+    def __init__(
+        self,
+        ledger: Ledger,
+        reader: StagedReader,
+        sender: BatchSender,
+        batch_points: int = 5000,
+        batch_bytes: int = 4 * 1024 * 1024,
+    ):
         self._ledger = ledger
         self._reader = reader
         self._sender = sender
@@ -77,8 +83,13 @@ class Promoter:
         crash_point("after_promote")
         self._ledger.mark_committed(lease, epoch, delivered, rejected)
         crash_point("after_mark")
-        log.info("sink %s epoch %d committed: %d delivered, %d rejected",
-                 lease.sink_id, epoch, delivered, rejected)
+        log.info(
+            "sink %s epoch %d committed: %d delivered, %d rejected",
+            lease.sink_id,
+            epoch,
+            delivered,
+            rejected,
+        )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
     def _staged(self, plan: EpochPlan) -> Iterator[_Staged]:
@@ -91,8 +102,12 @@ class Promoter:
         sums = [LineChecksum() for _ in plan.writes]
         counts = [0] * len(plan.writes)
         delivered = rejected = 0
-        for batch in batches(self._staged(plan), self._batch_points, self._batch_bytes,
-                             size=lambda item: len(item[2]) + 1):
+        for batch in batches(
+            self._staged(plan),
+            self._batch_points,
+            self._batch_bytes,
+            size=lambda item: len(item[2]) + 1,
+        ):
             rejects = self._sender.send([line for _, _, line in batch])
             self._reader.add_dead_letters([_dead_letter(plan, batch[i], why) for i, why in rejects])
             for index, _, line in batch:
@@ -107,8 +122,15 @@ class Promoter:
 
 def _dead_letter(plan: EpochPlan, item: _Staged, reason: str) -> DeadLetter:
     index, seq, line = item
-    return DeadLetter(plan.sink_id, plan.epoch, plan.writes[index].write_id, seq, PROMOTE,
-                      f"InfluxDB rejected the point: {reason}", line)
+    return DeadLetter(
+        plan.sink_id,
+        plan.epoch,
+        plan.writes[index].write_id,
+        seq,
+        PROMOTE,
+        f"InfluxDB rejected the point: {reason}",
+        line,
+    )
 
 
 def _check_unchanged(plan: EpochPlan, sums: Sequence[LineChecksum], counts: Sequence[int]) -> None:
@@ -132,7 +154,9 @@ class Committer:
 
     def recover(self, lease: Lease) -> list[PromoteResult]:
         """Promote every PRECOMMITTED epoch of the sink, in increasing epoch order (I3)."""
-        return [self._promoter.promote(lease, epoch) for epoch in self._ledger.pending(lease.sink_id)]
+        return [
+            self._promoter.promote(lease, epoch) for epoch in self._ledger.pending(lease.sink_id)
+        ]
 
     def commit(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> CommitOutcome:
         """Decide and promote ``epoch`` once all its tasks staged ``messages``.
@@ -146,8 +170,12 @@ class Committer:
         crash_point("after_decide")
         if decision.replay:
             self._stager.discard([m.write_id for m in messages])
-            log.info("sink %s epoch %d is a replay (%s): new attempt discarded",
-                     lease.sink_id, epoch, decision.state)
+            log.info(
+                "sink %s epoch %d is a replay (%s): new attempt discarded",
+                lease.sink_id,
+                epoch,
+                decision.state,
+            )
         promoted = None
         if decision.state == PRECOMMITTED:
             promoted = self._promoter.promote(lease, epoch)

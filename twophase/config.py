@@ -24,10 +24,25 @@ from twophase.errors import ConfigError
 ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "auto")
 OPTIONS = (
-    "staging_url", "retention", "orphan_grace", "staging_connect_timeout",
-    "influx_url", "influx_api", "influx_db", "influx_rp", "influx_user", "influx_password",
-    "influx_org", "influx_bucket", "influx_token", "influx_timeout", "influx_batch_points",
-    "influx_batch_bytes", "influx_retry_deadline", "influx_retry_initial", "influx_retry_max",
+    "staging_url",
+    "retention",
+    "orphan_grace",
+    "staging_connect_timeout",
+    "influx_url",
+    "influx_api",
+    "influx_db",
+    "influx_rp",
+    "influx_user",
+    "influx_password",
+    "influx_org",
+    "influx_bucket",
+    "influx_token",
+    "influx_timeout",
+    "influx_batch_points",
+    "influx_batch_bytes",
+    "influx_retry_deadline",
+    "influx_retry_initial",
+    "influx_retry_max",
 )
 SECRET_OPTIONS = ("influx_password", "influx_token")
 
@@ -92,8 +107,10 @@ class StagingConfig:
 
     def psycopg_conninfo(self) -> str:
         """The URL in the form psycopg accepts (no SQLAlchemy driver suffix)."""
-        return make_url(self.url.reveal()).set(drivername="postgresql").render_as_string(
-            hide_password=False
+        return (
+            make_url(self.url.reveal())
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
         )
 
     def sqlalchemy_url(self) -> str:
@@ -211,7 +228,9 @@ def _check_staging_url(url: Secret, option: str) -> None:
     try:
         parsed = make_url(url.reveal())
     except (ArgumentError, ValueError):
-        raise ConfigError(option, "is not a database URL (postgresql+psycopg://user@host/db)") from None
+        raise ConfigError(
+            option, "is not a database URL (postgresql+psycopg://user@host/db)"
+        ) from None
     if not parsed.drivername.startswith("postgresql"):
         raise ConfigError(option, f"must be a PostgreSQL URL, not {parsed.drivername!r}")
     if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
@@ -227,9 +246,7 @@ def _check_http_url(url: str, option: str) -> str:
     return url.rstrip("/")
 
 
-def load_staging_config(
-    env: Mapping[str, str] | None = None, **explicit: Any
-) -> StagingConfig:
+def load_staging_config(env: Mapping[str, str] | None = None, **explicit: Any) -> StagingConfig:
     """The staging store settings (for processes that never talk to InfluxDB)."""
     src = _Source(explicit, os.environ if env is None else env)
     url = src.secret("staging_url")
@@ -252,7 +269,9 @@ def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) ->
         raise ConfigError(url_name, "is required but not set")
     api = (src.text("influx_api") or "auto").lower()
     if api not in INFLUX_APIS:
-        raise ConfigError(src.get("influx_api")[1], f"{api!r} is not one of {', '.join(INFLUX_APIS)}")
+        raise ConfigError(
+            src.get("influx_api")[1], f"{api!r} is not one of {', '.join(INFLUX_APIS)}"
+        )
     config = InfluxConfig(
         url=_check_http_url(str(url_value), url_name),
         api=api,

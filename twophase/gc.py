@@ -38,22 +38,24 @@ class GcReport:
 class GarbageCollector:
     """One role: delete what no longer needs keeping. ``collect`` is idempotent."""
 
-    def __init__(self, db: Database, retention_s: float, orphan_grace_s: float,
-                 chunk: int = 200):
+    def __init__(self, db: Database, retention_s: float, orphan_grace_s: float, chunk: int = 200):
         self._db = db
         self._retention = timedelta(seconds=retention_s)
         self._grace = timedelta(seconds=orphan_grace_s)
         self._chunk = chunk
 
-    def collect(self, sink_id: str | None = None, now: datetime | None = None,
-                dry_run: bool = False) -> GcReport:
+    def collect(
+        self, sink_id: str | None = None, now: datetime | None = None, dry_run: bool = False
+    ) -> GcReport:
         """Remove expired staged points and orphaned writes (of one sink, or all)."""
         now = now or datetime.now(timezone.utc)
         epochs, points = self._purge_expired(sink_id, now - self._retention, dry_run)
         orphans = self._remove_orphans(sink_id, now - self._grace, dry_run)
         return GcReport(epochs, points, orphans, dry_run)
 
-    def _purge_expired(self, sink_id: str | None, before: datetime, dry_run: bool) -> tuple[int, int]:
+    def _purge_expired(
+        self, sink_id: str | None, before: datetime, dry_run: bool
+    ) -> tuple[int, int]:
         epochs = points = 0
         limit = None if dry_run else self._chunk  # LIMIT NULL: a dry run counts everything at once
         while True:
@@ -86,8 +88,9 @@ class GarbageCollector:
                     return removed
 
 
-def _expired_epochs(cur: Cursor, sink_id: str | None, before: datetime,
-                    limit: int | None) -> list[tuple[str, int, list[Any]]]:
+def _expired_epochs(
+    cur: Cursor, sink_id: str | None, before: datetime, limit: int | None
+) -> list[tuple[str, int, list[Any]]]:
     cur.execute(
         "SELECT sink_id, epoch, write_ids FROM twophase_epochs"
         " WHERE state = ANY(%s) AND purged_at IS NULL"
@@ -110,8 +113,9 @@ def _delete_points(cur: Cursor, write_ids: list[Any], dry_run: bool) -> int:
     return cur.rowcount
 
 
-def _orphan_writes(cur: Cursor, sink_id: str | None, staged_before: datetime,
-                   limit: int | None) -> list[Any]:
+def _orphan_writes(
+    cur: Cursor, sink_id: str | None, staged_before: datetime, limit: int | None
+) -> list[Any]:
     cur.execute(
         "SELECT w.write_id FROM twophase_writes w"
         " LEFT JOIN twophase_epochs e ON e.sink_id = w.sink_id AND e.epoch = w.epoch"

@@ -191,15 +191,23 @@ class Ledger:
                 state = _state_of(cur, lease.sink_id, epoch)
                 if state == COMMITTED:
                     return
-                raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
+                raise StateError(
+                    f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED"
+                )
             cur.execute(
                 "UPDATE twophase_sinks SET last_committed_epoch = GREATEST(%s,"
                 " COALESCE(last_committed_epoch, %s)), last_error = NULL, updated_at = now()"
                 " WHERE sink_id = %s",
                 (epoch, epoch, lease.sink_id),
             )
-            _event(cur, lease.sink_id, epoch, "committed", lease.run_id,
-                   f"delivered {delivered}, rejected {rejected}")
+            _event(
+                cur,
+                lease.sink_id,
+                epoch,
+                "committed",
+                lease.run_id,
+                f"delivered {delivered}, rejected {rejected}",
+            )
 
     def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
         """Remember why the last promotion failed (for status); no state change."""
@@ -219,7 +227,8 @@ class Ledger:
         """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3)."""
         with self._db.transaction() as cur:
             cur.execute(
-                "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s ORDER BY epoch",
+                "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
+                " ORDER BY epoch",
                 (PRECOMMITTED, sink_id),
             )
             return [row[0] for row in cur.fetchall()]
@@ -378,16 +387,31 @@ def _insert_decision(
         "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
         " checksum, points_staged, points_rejected_stage) VALUES (%s, %s, %s, %s, %s, %s, %s,"
         " %s, %s)",
-        (lease.sink_id, epoch, PRECOMMITTED, lease.run_id, lease.query_id,
-         [r[0] for r in refs], checksum, points, rejected),
+        (
+            lease.sink_id,
+            epoch,
+            PRECOMMITTED,
+            lease.run_id,
+            lease.query_id,
+            [r[0] for r in refs],
+            checksum,
+            points,
+            rejected,
+        ),
     )
     cur.execute(
         "UPDATE twophase_sinks SET last_decided_epoch = %s, query_id = COALESCE(query_id, %s),"
         " updated_at = now() WHERE sink_id = %s",
         (epoch, lease.query_id, lease.sink_id),
     )
-    _event(cur, lease.sink_id, epoch, "decided", lease.run_id,
-           f"{len(refs)} writes, {points} points, {rejected} rejected at stage")
+    _event(
+        cur,
+        lease.sink_id,
+        epoch,
+        "decided",
+        lease.run_id,
+        f"{len(refs)} writes, {points} points, {rejected} rejected at stage",
+    )
     return Decision(lease.sink_id, epoch, PRECOMMITTED, False, points)
 
 
@@ -395,8 +419,9 @@ def _combine_checksums(checksums: Sequence[str]) -> str:
     return hashlib.blake2b("".join(checksums).encode(), digest_size=16).hexdigest()
 
 
-def _event(cur: Cursor, sink_id: str, epoch: int | None, event: str, run_id: str | None,
-           detail: str | None) -> None:
+def _event(
+    cur: Cursor, sink_id: str, epoch: int | None, event: str, run_id: str | None, detail: str | None
+) -> None:
     cur.execute(
         "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
         " VALUES (%s, %s, %s, %s, %s)",

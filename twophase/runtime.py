@@ -15,7 +15,7 @@ from twophase.db import Database
 from twophase.gc import GarbageCollector
 from twophase.influx import InfluxWriter, make_writer
 from twophase.ledger import Ledger
-from twophase.sender import BatchSender, RetryPolicy
+from twophase.sender import BatchSender
 from twophase.staging import StagedReader, Stager
 
 
@@ -34,17 +34,33 @@ class TwoPhase:
     gc: GarbageCollector
 
     @classmethod
-    def open(cls, config: TwoPhaseConfig, db: Database | None = None) -> TwoPhase:
-        """Connect, check the schema (SchemaError when behind) and wire the parts."""
+    def open(
+        cls,
+        config: TwoPhaseConfig,
+        db: Database | None = None,
+        writer: InfluxWriter | None = None,
+    ) -> TwoPhase:
+        """Connect, check the schema (SchemaError when behind) and wire the parts.
+
+        ``db`` and ``writer`` default to ones made from ``config``; passing them
+        shares a pool, or wraps the writer (metrics, fault injection in tests).
+        """
         db = db or Database(config.staging)
-        writer = make_writer(config.influx)
-        sender = BatchSender(writer, RetryPolicy.from_config(config.influx))
+        writer = writer or make_writer(config.influx)
+        sender = BatchSender.from_config(writer, config.influx)
         ledger, reader, stager = Ledger(db), StagedReader(db), Stager(db)
-        promoter = Promoter(ledger, reader, sender, config.influx.batch_points,
-                            config.influx.batch_bytes)
+        promoter = Promoter(
+            ledger, reader, sender, config.influx.batch_points, config.influx.batch_bytes
+        )
         return cls(
-            config=config, db=db, writer=writer, stager=stager, ledger=ledger, reader=reader,
-            promoter=promoter, committer=Committer(ledger, promoter, stager),
+            config=config,
+            db=db,
+            writer=writer,
+            stager=stager,
+            ledger=ledger,
+            reader=reader,
+            promoter=promoter,
+            committer=Committer(ledger, promoter, stager),
             gc=GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s),
         )
 

@@ -20,6 +20,8 @@ equal to ``migrations/versions``' head.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -58,7 +60,7 @@ metadata = MetaData(
 )
 
 
-def _now() -> Column:  # type: ignore[type-arg]
+def _created_at() -> Column[datetime]:
     return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
@@ -73,7 +75,7 @@ sinks = Table(
     Column("last_committed_epoch", BigInteger, nullable=True),
     Column("replays_detected", BigInteger, nullable=False, server_default="0"),
     Column("last_error", Text, nullable=True),
-    _now(),
+    _created_at(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
@@ -160,7 +162,7 @@ dead_letters = Table(
     Column("phase", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("payload", Text, nullable=False),
-    _now(),
+    _created_at(),
     UniqueConstraint("write_id", "phase", "seq"),
     CheckConstraint("phase IN ('stage', 'promote')", name="phase"),
     Index(None, "sink_id", "epoch"),

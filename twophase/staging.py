@@ -118,14 +118,30 @@ class Stager:
             cur.execute(
                 "INSERT INTO twophase_writes (write_id, sink_id, epoch, run_id, partition_id,"
                 " attempt, points, rejected, checksum) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (write_id, sink_id, epoch, run_id, partition_id, attempt, points, rejected,
-                 checksum.hexdigest()),
+                (
+                    write_id,
+                    sink_id,
+                    epoch,
+                    run_id,
+                    partition_id,
+                    attempt,
+                    points,
+                    rejected,
+                    checksum.hexdigest(),
+                ),
             )
         crash_point("after_stage")
         return CommitMessage(
-            sink_id=sink_id, epoch=epoch, write_id=str(write_id), partition_id=partition_id,
-            attempt=attempt, points=points, rejected=rejected, checksum=checksum.hexdigest(),
-            run_id=run_id, query_id=query_id,
+            sink_id=sink_id,
+            epoch=epoch,
+            write_id=str(write_id),
+            partition_id=partition_id,
+            attempt=attempt,
+            points=points,
+            rejected=rejected,
+            checksum=checksum.hexdigest(),
+            run_id=run_id,
+            query_id=query_id,
         )
 
     def discard(self, write_ids: Sequence[str]) -> int:
@@ -171,12 +187,14 @@ def _spooled(spool: IO[bytes]) -> Iterator[Rejected]:
     spool.seek(0)
     while True:
         try:
-            yield pickle.load(spool)  # noqa: S301 our own spool file, written just above
+            yield pickle.load(spool)
         except EOFError:
             return
 
 
-def _copy_rejects(cur: psycopg.Cursor[Any], sink_id: str, epoch: int, write_id: uuid.UUID, spool: IO[bytes]) -> None:
+def _copy_rejects(
+    cur: psycopg.Cursor[Any], sink_id: str, epoch: int, write_id: uuid.UUID, spool: IO[bytes]
+) -> None:
     sql = (
         "COPY twophase_dead_letters (sink_id, epoch, write_id, seq, phase, reason, payload)"
         " FROM STDIN"
@@ -218,6 +236,8 @@ class StagedReader:
                 "INSERT INTO twophase_dead_letters (sink_id, epoch, write_id, seq, phase, reason,"
                 " payload) VALUES (%s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (write_id, phase, seq) DO NOTHING",
-                [(d.sink_id, d.epoch, uuid.UUID(d.write_id), d.seq, d.phase, d.reason, d.payload)
-                 for d in letters],
+                [
+                    (d.sink_id, d.epoch, uuid.UUID(d.write_id), d.seq, d.phase, d.reason, d.payload)
+                    for d in letters
+                ],
             )

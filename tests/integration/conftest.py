@@ -6,8 +6,6 @@ by the real `alembic upgrade head`) and its own InfluxDB database.
 
 from __future__ import annotations
 
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +15,7 @@ from tests.support import (
     alembic,
     create_database,
     drop_database,
+    influx_admin,
     require_env,
     staging_config_for,
     two_phase,
@@ -52,13 +51,6 @@ def staging(staging_url: str) -> StagingConfig:
     return staging_config_for(staging_url)
 
 
-def influx_admin(url: str, statement: str) -> None:
-    data = urllib.parse.urlencode({"q": statement}).encode()
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(urllib.request.Request(f"{url}/query", data=data), timeout=10) as resp:
-        assert resp.status == 200
-
-
 @pytest.fixture(scope="session")
 def influx_url() -> str:
     return require_env("TWOPHASE_INFLUX_URL")
@@ -68,8 +60,14 @@ def influx_url() -> str:
 def influx(influx_url: str) -> Iterator[InfluxConfig]:
     name = unique("tp")
     influx_admin(influx_url, f'CREATE DATABASE "{name}"')
-    yield InfluxConfig(url=influx_url, api="v1", database=name, retry_deadline_s=20,
-                       retry_initial_s=0.05, retry_max_s=1)
+    yield InfluxConfig(
+        url=influx_url,
+        api="v1",
+        database=name,
+        retry_deadline_s=20,
+        retry_initial_s=0.05,
+        retry_max_s=1,
+    )
     influx_admin(influx_url, f'DROP DATABASE "{name}"')
 
 

@@ -62,8 +62,15 @@ def main() -> None:
 
     config = TwoPhaseConfig(
         load_staging_config(env={}, staging_url=args.staging_url),
-        InfluxConfig(url=args.influx_url, api="v1", database=args.influx_db, batch_points=40,
-                     retry_deadline_s=30, retry_initial_s=0.05, retry_max_s=1),
+        InfluxConfig(
+            url=args.influx_url,
+            api="v1",
+            database=args.influx_db,
+            batch_points=40,
+            retry_deadline_s=30,
+            retry_initial_s=0.05,
+            retry_max_s=1,
+        ),
     )
     log = Path(args.spark_log)
     done = read_log(log)
@@ -73,8 +80,14 @@ def main() -> None:
         lease = tp.ledger.begin_run(args.sink, args.run_id, "query-1")
         for epoch in range(start, args.epochs):
             messages = [
-                tp.stager.stage(args.sink, epoch, epoch_lines(epoch, p, epoch in perturbed), partition_id=p,
-                                run_id=args.run_id, query_id="query-1")
+                tp.stager.stage(
+                    args.sink,
+                    epoch,
+                    epoch_lines(epoch, p, epoch in perturbed),
+                    partition_id=p,
+                    run_id=args.run_id,
+                    query_id="query-1",
+                )
                 for p in range(PARTITIONS)
             ]
             outcome = tp.committer.commit(lease, epoch, messages)

@@ -14,13 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.conftest import influx_admin
 from tests.integration.crash_driver import BAD_EPOCH, MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
 from tests.support import (
     REPO,
     admin_conninfo,
     create_database,
     drop_database,
+    influx_admin,
     influx_rows,
     staging_config_for,
     two_phase,
@@ -33,33 +33,59 @@ SINK = "crash-sink"
 
 # (crash point, n-th time reached): each lands inside epoch 1 or 2, mid-sequence.
 CRASHES = [
-    ("stage_rows", 9),      # epoch 1, mid-COPY of its second write (2 checks per write)
-    ("after_stage", 5),     # epoch 1, after some writes staged, before decide
-    ("after_decide", 2),    # epoch 1 decided, not promoted
+    ("stage_rows", 9),  # epoch 1, mid-COPY of its second write (2 checks per write)
+    ("after_stage", 5),  # epoch 1, after some writes staged, before decide
+    ("after_decide", 2),  # epoch 1 decided, not promoted
     ("promote_batch", 10),  # epoch 1 (8 batches per epoch), after 2 of its batches
-    ("after_promote", 3),   # epoch 2 fully sent, not marked COMMITTED
-    ("after_mark", 2),      # epoch 1 COMMITTED, not in Spark's commit log: a replay
+    ("after_promote", 3),  # epoch 2 fully sent, not marked COMMITTED
+    ("after_mark", 2),  # epoch 1 COMMITTED, not in Spark's commit log: a replay
 ]
 
 
-def run_driver(staging_url: str, influx: InfluxConfig, log: Path, run_id: str,
-               crash: str | None = None, perturb: list[int] | None = None,
-               ) -> subprocess.CompletedProcess[str]:
+def run_driver(
+    staging_url: str,
+    influx: InfluxConfig,
+    log: Path,
+    run_id: str,
+    crash: str | None = None,
+    perturb: list[int] | None = None,
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TWOPHASE_CRASH_AT"}
     if crash:
         env["TWOPHASE_CRASH_AT"] = crash
-    cmd = [sys.executable, "-m", "tests.integration.crash_driver",
-           "--staging-url", staging_url, "--influx-url", influx.url,
-           "--influx-db", str(influx.database), "--sink", SINK, "--epochs", str(EPOCHS),
-           "--spark-log", str(log), "--run-id", run_id,
-           "--perturb", ",".join(map(str, perturb or []))]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.integration.crash_driver",
+        "--staging-url",
+        staging_url,
+        "--influx-url",
+        influx.url,
+        "--influx-db",
+        str(influx.database),
+        "--sink",
+        SINK,
+        "--epochs",
+        str(EPOCHS),
+        "--spark-log",
+        str(log),
+        "--run-id",
+        run_id,
+        "--perturb",
+        ",".join(map(str, perturb or [])),
+    ]
+    return subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 @pytest.fixture(scope="module")
-def crash_free(base_staging_url: str, template_db: str, influx_url: str,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def crash_free(
+    base_staging_url: str,
+    template_db: str,
+    influx_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
     """One crash-free run: what every crashed run must end up equal to."""
     name, db = unique("tp_clean"), unique("clean")
     url = create_database(base_staging_url, name, template=template_db)
@@ -74,14 +100,17 @@ def crash_free(base_staging_url: str, template_db: str, influx_url: str,
 
 def dead_letters(url: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(admin_conninfo(url)) as conn:
-        return conn.execute("SELECT epoch, phase, payload FROM twophase_dead_letters"
-                            " ORDER BY epoch, payload").fetchall()
+        return conn.execute(
+            "SELECT epoch, phase, payload FROM twophase_dead_letters ORDER BY epoch, payload"
+        ).fetchall()
 
 
 def staging_summary(url: str) -> dict[str, Any]:
     with psycopg.connect(admin_conninfo(url)) as conn:
-        states = conn.execute("SELECT epoch, state, points_staged, points_delivered,"
-                              " points_rejected_promote FROM twophase_epochs ORDER BY epoch")
+        states = conn.execute(
+            "SELECT epoch, state, points_staged, points_delivered,"
+            " points_rejected_promote FROM twophase_epochs ORDER BY epoch"
+        )
         return {"epochs": states.fetchall()}
 
 
@@ -92,9 +121,14 @@ def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("point", "nth"), CRASHES, ids=[c[0] for c in CRASHES])
-def test_sigkill_at_each_step_then_recover(point: str, nth: int, crash_free: dict[str, Any],
-                                          staging_url: str, influx: InfluxConfig,
-                                          tmp_path: Path) -> None:
+def test_sigkill_at_each_step_then_recover(
+    point: str,
+    nth: int,
+    crash_free: dict[str, Any],
+    staging_url: str,
+    influx: InfluxConfig,
+    tmp_path: Path,
+) -> None:
     log = tmp_path / "spark-commit-log"
     crashed = run_driver(staging_url, influx, log, "run-1", crash=f"{point}:{nth}")
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
@@ -107,11 +141,13 @@ def test_sigkill_at_each_step_then_recover(point: str, nth: int, crash_free: dic
     assert restarted.returncode == 0, restarted.stderr
 
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing or doubled
-    assert dead_letters(staging_url) == crash_free["dead"]          # each rejection once
+    assert dead_letters(staging_url) == crash_free["dead"]  # each rejection once
     per_epoch = PARTITIONS * POINTS_PER_PARTITION
-    expected = [(e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
-                for e in range(EPOCHS)]
-    assert staging_summary(staging_url)["epochs"] == expected        # none left PRECOMMITTED
+    expected = [
+        (e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
+        for e in range(EPOCHS)
+    ]
+    assert staging_summary(staging_url)["epochs"] == expected  # none left PRECOMMITTED
     if point == "after_mark":
         assert "replay=True" in restarted.stdout
 
@@ -121,7 +157,9 @@ def test_sigkill_at_each_step_then_recover(point: str, nth: int, crash_free: dic
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
         orphans = conn.execute(
             "SELECT count(*) FROM twophase_writes w JOIN twophase_epochs e USING (sink_id, epoch)"
-            " WHERE NOT (w.write_id = ANY(e.write_ids))").fetchone()
+            " WHERE NOT (w.write_id = ANY(e.write_ids))"
+        ).fetchone()
         assert orphans == (0,)
         assert conn.execute("SELECT count(*) FROM twophase_writes").fetchone() == (
-            EPOCHS * PARTITIONS,)
+            EPOCHS * PARTITIONS,
+        )

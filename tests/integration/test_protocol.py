@@ -19,13 +19,26 @@ M = "proto"
 def lines(epoch: int, n: int, value_offset: float = 0.0, host: str = "a") -> list[str]:
     """n distinct points of epoch ``epoch`` (timestamps fixed: deterministic)."""
     base = 1_700_000_000_000_000_000 + epoch * 1_000_000_000_000
-    return [f"{M},host={host},n={i % 3} v={i + value_offset},e={epoch}i {base + i}" for i in range(n)]
+    return [
+        f"{M},host={host},n={i % 3} v={i + value_offset},e={epoch}i {base + i}" for i in range(n)
+    ]
 
 
-def stage(tp: Any, sink: str, epoch: int, parts: list[list[str]], attempt: int = 0,
-          run: str = "r1", query: str = "q1") -> list[CommitMessage]:
-    return [tp.stager.stage(sink, epoch, part, partition_id=i, attempt=attempt, run_id=run,
-                            query_id=query) for i, part in enumerate(parts)]
+def stage(
+    tp: Any,
+    sink: str,
+    epoch: int,
+    parts: list[list[str]],
+    attempt: int = 0,
+    run: str = "r1",
+    query: str = "q1",
+) -> list[CommitMessage]:
+    return [
+        tp.stager.stage(
+            sink, epoch, part, partition_id=i, attempt=attempt, run_id=run, query_id=query
+        )
+        for i, part in enumerate(parts)
+    ]
 
 
 def epoch_row(url: str, sink: str, epoch: int) -> dict[str, Any]:
@@ -33,11 +46,21 @@ def epoch_row(url: str, sink: str, epoch: int) -> dict[str, Any]:
         cur = conn.execute(
             "SELECT state, points_staged, points_delivered, points_rejected_stage,"
             " points_rejected_promote, replays, promote_attempts, cardinality(write_ids)"
-            " FROM twophase_epochs WHERE sink_id = %s AND epoch = %s", (sink, epoch))
+            " FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
+            (sink, epoch),
+        )
         row = cur.fetchone()
         assert row is not None, f"epoch {epoch} not recorded"
-        keys = ("state", "staged", "delivered", "rejected_stage", "rejected_promote",
-                "replays", "attempts", "writes")
+        keys = (
+            "state",
+            "staged",
+            "delivered",
+            "rejected_stage",
+            "rejected_promote",
+            "replays",
+            "attempts",
+            "writes",
+        )
         return dict(zip(keys, row, strict=True))
 
 
@@ -61,9 +84,16 @@ def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
     assert (result.delivered, result.rejected) == (30, 0)
     assert influx_count(tp.config.influx, M) == 30
     row = epoch_row(staging_url, "s", 0)
-    assert row | {"attempts": 1} == {"state": COMMITTED, "staged": 30, "delivered": 30,
-                                      "rejected_stage": 0, "rejected_promote": 0, "replays": 0,
-                                      "attempts": 1, "writes": 2}
+    assert row | {"attempts": 1} == {
+        "state": COMMITTED,
+        "staged": 30,
+        "delivered": 30,
+        "rejected_stage": 0,
+        "rejected_promote": 0,
+        "replays": 0,
+        "attempts": 1,
+        "writes": 2,
+    }
     assert scalar(staging_url, "SELECT last_committed_epoch FROM twophase_sinks") == 0
 
 
@@ -71,7 +101,9 @@ def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url
     lease = tp.ledger.begin_run("s", "r1", "q1")
     outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
     assert (outcome.state, outcome.replay, outcome.promoted.delivered) == (COMMITTED, False, 5)
-    events = scalar(staging_url, "SELECT string_agg(event, ',' ORDER BY id) FROM twophase_epoch_events")
+    events = scalar(
+        staging_url, "SELECT string_agg(event, ',' ORDER BY id) FROM twophase_epoch_events"
+    )
     assert events == "run_started,decided,committed"
 
 
@@ -113,8 +145,12 @@ def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: 
     assert epoch_row(staging_url, "s", 0)["replays"] == 1
     assert scalar(staging_url, "SELECT replays_detected FROM twophase_sinks") == 1
     replay_ids = [uuid.UUID(m.write_id) for m in replay]
-    assert scalar(staging_url, "SELECT count(*) FROM twophase_writes WHERE write_id = ANY(%s)",
-                  replay_ids) == 0
+    assert (
+        scalar(
+            staging_url, "SELECT count(*) FROM twophase_writes WHERE write_id = ANY(%s)", replay_ids
+        )
+        == 0
+    )
 
 
 def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) -> None:
@@ -140,8 +176,11 @@ def test_epochs_are_promoted_in_order(tp: Any, staging_url: str) -> None:
     assert tp.ledger.pending("s") == [0, 1]
     outcome = tp.committer.commit(lease, 2, stage(tp, "s", 2, [lines(2, 3)]))
     assert outcome.recovered == (0, 1)
-    order = scalar(staging_url, "SELECT string_agg(epoch::text, ',' ORDER BY id)"
-                   " FROM twophase_epoch_events WHERE event = 'committed'")
+    order = scalar(
+        staging_url,
+        "SELECT string_agg(epoch::text, ',' ORDER BY id)"
+        " FROM twophase_epoch_events WHERE event = 'committed'",
+    )
     assert order == "0,1,2"
     assert tp.ledger.pending("s") == []
 

@@ -1,0 +1,21 @@
+# Thin wrappers around scripts/dev.sh (which does the real work and is what CI runs).
+# Pass pytest arguments with ARGS, e.g. `make test ARGS="-k commit -x"`.
+DEV := scripts/dev.sh
+ARGS ?=
+
+.PHONY: setup test unit stop lint
+
+setup:
+	$(DEV) setup
+
+test:
+	$(DEV) test $(ARGS)
+
+unit:
+	$(DEV) unit $(ARGS)
+
+stop:
+	$(DEV) stop
+
+lint:
+	$(DEV) lint

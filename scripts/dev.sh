@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Developer and CI entry point. Idempotent: every subcommand may be run repeatedly.
+#
+#   scripts/dev.sh setup            install missing tools, create .venv, start the servers
+#   scripts/dev.sh test [args...]   setup + ruff + mypy + pytest (args go to pytest)
+#   scripts/dev.sh unit [args...]   pytest -m unit, venv only, no servers
+#   scripts/dev.sh lint             ruff + mypy, venv only
+#   scripts/dev.sh start|stop|status
+#   scripts/dev.sh env              export lines: eval "$(scripts/dev.sh env)"
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+PY="$VENV/bin/python"
+SERVICES="$REPO/scripts/services.py"
+APT_UPDATED=0
+cd "$REPO"
+
+say() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "need root (or sudo) to run: $*"
+    fi
+}
+
+apt_install() {
+    # `apt-get update` at most once per invocation, and only when something is missing.
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        say "apt-get update"
+        as_root apt-get update -q
+        APT_UPDATED=1
+    fi
+    say "apt-get install $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+}
+
+have_postgres() {
+    command -v pg_ctl >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null
+}
+
+ensure_servers_installed() {
+    local missing=()
+    have_postgres || missing+=(postgresql)
+    command -v influxd >/dev/null 2>&1 || missing+=(influxdb)
+    command -v victoria-metrics >/dev/null 2>&1 || missing+=(victoria-metrics)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        apt_install "${missing[@]}"
+    fi
+}
+
+java_major() {
+    # `java -version` prints e.g. openjdk version "17.0.15" (or "1.8.0_392" for Java 8).
+    local version
+    version="$(java -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')"
+    version="${version#1.}"
+    echo "${version%%.*}"
+}
+
+ensure_java() {
+    # PySpark 4 needs Java 17+.
+    if command -v java >/dev/null 2>&1 && [ "$(java_major)" -ge 17 ] 2>/dev/null; then
+        return
+    fi
+    # Slim Debian images lack this folder and the JRE's postinst fails without it.
+    as_root mkdir -p /usr/share/man/man1
+    apt_install openjdk-17-jre-headless
+}
+
+ensure_python() {
+    if ! command -v python3 >/dev/null 2>&1; then
+        apt_install python3 python3-venv
+    fi
+    python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || die "python3 >= 3.10 required, found $(python3 --version)"
+    # Debian splits venv/ensurepip into python3-venv.
+    if [ ! -x "$PY" ] && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+        apt_install python3-venv
+    fi
+}
+
+ensure_venv() {
+    ensure_python
+    if [ ! -x "$PY" ]; then
+        say "creating $VENV"
+        python3 -m venv "$VENV"
+    fi
+    # Re-install only when pyproject.toml changed (the stamp name carries its hash).
+    local stamp
+    stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+    if [ ! -e "$stamp" ]; then
+        say "pip install -e '.[dev]'"
+        "$PY" -m pip install -q -e '.[dev]'
+        rm -f "$VENV"/.installed-*
+        touch "$stamp"
+    fi
+}
+
+services() {
+    # services.py is stdlib-only; the venv python is not required for it.
+    python3 "$SERVICES" "$@"
+}
+
+cmd_setup() {
+    ensure_servers_installed
+    ensure_java
+    ensure_venv
+    say "starting servers"
+    services start
+}
+
+run_step() {
+    # Runs every check even after a failure, so one CI run reports all problems.
+    local name="$1"
+    shift
+    say "$name"
+    local rc=0
+    "$@" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        say "$name FAILED (exit $rc)"
+        FAILED+=("$name")
+        [ "$FIRST_RC" -ne 0 ] || FIRST_RC=$rc
+    fi
+}
+
+lint_steps() {
+    run_step "ruff" "$VENV/bin/ruff" check twophase tests migrations scripts
+    run_step "mypy" "$VENV/bin/mypy"
+}
+
+finish() {
+    if [ "${#FAILED[@]}" -gt 0 ]; then
+        say "failed: ${FAILED[*]}"
+        exit "$FIRST_RC"
+    fi
+    say "all checks passed"
+}
+
+cmd_test() {
+    cmd_setup
+    eval "$(services env)"
+    export PYSPARK_PYTHON="$PY"
+    export PATH="$VENV/bin:$PATH"
+    FAILED=()
+    FIRST_RC=0
+    lint_steps
+    run_step "pytest" "$VENV/bin/pytest" "$@"
+    finish
+}
+
+cmd_lint() {
+    ensure_venv
+    FAILED=()
+    FIRST_RC=0
+    lint_steps
+    finish
+}
+
+cmd_unit() {
+    ensure_venv
+    exec "$VENV/bin/pytest" -m unit "$@"
+}
+
+usage() {
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+main() {
+    [ $# -ge 1 ] || usage
+    local cmd="$1"
+    shift
+    case "$cmd" in
+        setup) cmd_setup ;;
+        test) cmd_test "$@" ;;
+        unit) cmd_unit "$@" ;;
+        lint) cmd_lint ;;
+        start) services start ;;
+        stop) services stop ;;
+        status) services status ;;
+        env) services env ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"

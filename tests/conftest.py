@@ -1,0 +1,86 @@
+"""Shared fixtures: server URLs from the environment, and markers derived from folders.
+
+The servers are started by ``scripts/dev.sh test`` (or ``eval "$(scripts/dev.sh env)"``).
+Sub-folders add their own conftest.py; keep this one small.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# tests/<folder>/... -> marker; lets `pytest -m unit` work without decorating every test.
+FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e"}
+
+# fixture name -> environment variable it reads.
+URL_FIXTURES = {
+    "staging_url": "TWOPHASE_STAGING_URL",
+    "influx_v1_url": "TWOPHASE_INFLUX_URL",
+    "vm_url": "TWOPHASE_TEST_VM_URL",
+}
+
+# Tests with these markers exist to exercise real servers: a missing server is a failure,
+# never a silent skip (a green CI run without servers would prove nothing).
+SERVER_MARKERS = ("integration", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselection sees the items
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(TESTS_DIR).parts[0]
+        except (ValueError, IndexError):
+            continue
+        marker = FOLDER_MARKERS.get(folder)
+        if marker is not None:
+            item.add_marker(marker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Decided here, per test, rather than in the session fixtures: pytest caches a session
+    # fixture's failure and would replay the first test's verdict to all later ones.
+    # item.fixturenames includes fixtures requested indirectly through other fixtures.
+    missing = [
+        env
+        for name, env in URL_FIXTURES.items()
+        if name in getattr(item, "fixturenames", ()) and not os.environ.get(env)
+    ]
+    if not missing:
+        return
+    message = (
+        f"{', '.join(missing)} not set: start the servers and export their URLs with "
+        '`scripts/dev.sh setup && eval "$(scripts/dev.sh env)"`, or run `scripts/dev.sh test`'
+    )
+    if any(item.get_closest_marker(m) for m in SERVER_MARKERS):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def _env_url(env: str) -> str:
+    value = os.environ.get(env)
+    if not value:  # normally caught by pytest_runtest_setup first
+        pytest.fail(f"{env} is not set; run the tests via `scripts/dev.sh test`", pytrace=False)
+    return value
+
+
+@pytest.fixture(scope="session")
+def staging_url() -> str:
+    """SQLAlchemy URL of the PostgreSQL staging database."""
+    return _env_url(URL_FIXTURES["staging_url"])
+
+
+@pytest.fixture(scope="session")
+def influx_v1_url() -> str:
+    """Base URL of the InfluxDB 1.x HTTP API, e.g. http://127.0.0.1:18086."""
+    return _env_url(URL_FIXTURES["influx_v1_url"])
+
+
+@pytest.fixture(scope="session")
+def vm_url() -> str:
+    """Base URL of VictoriaMetrics (InfluxDB line protocol on /write and /api/v2/write)."""
+    return _env_url(URL_FIXTURES["vm_url"])

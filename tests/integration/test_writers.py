@@ -1,0 +1,382 @@
+"""The writers, the sender and API detection against real InfluxDB 1.x and VictoriaMetrics.
+
+Faults are real too: a TCP proxy (faultproxy.py) in front of InfluxDB cuts,
+stalls or drops replies, and InfluxDB itself rejects points, databases and
+credentials. Every test uses its own database (the ``influx`` fixture) and
+bounds its waits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+
+from tests.integration.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_until
+from twophase.config import InfluxConfig, Secret
+from twophase.errors import (
+    ConfigError,
+    InfluxAuthError,
+    InfluxNotFoundError,
+    InfluxUnavailableError,
+)
+from twophase.influx import (
+    TransientWriteError,
+    V1Writer,
+    V2Writer,
+    make_writer,
+    query_v1,
+    resolve_api,
+)
+from twophase.sender import BatchSender, RetryEvent, RetryPolicy
+
+T0 = 1_700_000_000_000_000_000
+FAST = RetryPolicy(initial_s=0.05, max_s=0.5, deadline_s=30)
+
+
+def points(n: int, measurement: str = "m", start: int = T0) -> list[str]:
+    return [f"{measurement},host=h{i % 4} f={i}i {start + i * 1_000_000}" for i in range(n)]
+
+
+def values(config: InfluxConfig) -> list[list[Any]]:
+    """[time, f] of every point of measurement m, in time order."""
+    series = query_v1(config.url, config.database, 'SELECT "f" FROM "m"')
+    return [row for s in series for row in s["values"]]
+
+
+def sender(
+    writer: Any, policy: RetryPolicy = FAST, events: list[RetryEvent] | None = None, **kwargs: Any
+) -> BatchSender:
+    callback = events.append if events is not None else None
+    return BatchSender(writer, policy, on_attempt_failed=callback, **kwargs)
+
+
+@pytest.fixture
+def influx(influx_url: str) -> Iterator[InfluxConfig]:
+    """A fresh database of its own (query_v1 raises when CREATE DATABASE reports an error)."""
+    name = f"tw_{uuid.uuid4().hex[:12]}"
+    query_v1(influx_url, None, f'CREATE DATABASE "{name}"', method="POST")
+    names = query_v1(influx_url, None, "SHOW DATABASES")[0]["values"]
+    assert [name] in names, f"CREATE DATABASE {name} answered OK but SHOW DATABASES lacks it"
+    yield InfluxConfig(url=influx_url, api="v1", database=name)
+    query_v1(influx_url, None, f'DROP DATABASE "{name}"', method="POST")
+
+
+# --- InfluxDB 1.x ---------------------------------------------------------------------
+
+
+def test_v1_round_trip_is_exact_and_resending_changes_nothing(influx: InfluxConfig) -> None:
+    lines = [
+        f'm,host=a,isp=big\\ isp bytes=10i,rate=0.25,ok=true,note="x \\"q\\"" {T0}',
+        f"m,host=b,isp=small bytes=-3i,rate=1e-3,ok=false {T0 + 1}",
+    ]
+    writer = V1Writer(influx)
+    for _ in range(2):
+        writer.write("\n".join(lines).encode())
+    writer.close()
+    series = query_v1(influx.url, influx.database, 'SELECT * FROM "m" GROUP BY *')
+    got = {
+        s["tags"]["host"]: (
+            s["tags"],
+            dict(zip(s["columns"], s["values"][0], strict=True)),
+            len(s["values"]),
+        )
+        for s in series
+    }
+    assert got["a"] == (
+        {"host": "a", "isp": "big isp"},
+        {"time": T0, "bytes": 10, "rate": 0.25, "ok": True, "note": 'x "q"'},
+        1,
+    )
+    assert got["b"] == (
+        {"host": "b", "isp": "small"},
+        {"time": T0 + 1, "bytes": -3, "rate": 0.001, "ok": False, "note": None},
+        1,
+    )
+
+
+def test_field_type_conflict_is_isolated_and_the_rest_delivered(influx: InfluxConfig) -> None:
+    writer = V1Writer(influx)
+    writer.write(f"m f=1i {T0}".encode())  # f is now an integer field in InfluxDB
+    lines = points(40, start=T0 + 1000)
+    lines[13] = f"m,host=h1 f=1.5 {T0 + 5}"  # float into an integer field
+    lines[30] = "m,host=h2 f= 12"  # does not parse
+    rejected = sender(writer, max_points=16).send(lines)
+    assert [i for i, _ in rejected] == [13, 30]
+    assert rejected[0][1] == (
+        'partial write: field type conflict: input field "f" on measurement "m" is type '
+        "float, already exists as type integer dropped=1"
+    )
+    assert rejected[1][1] == "unable to parse 'm,host=h2 f= 12': missing field value"
+    expected = [[T0, 1]] + [[T0 + 1000 + i * 1_000_000, i] for i in range(40) if i not in (13, 30)]
+    assert values(influx) == expected
+
+
+def test_missing_database_is_not_found(influx: InfluxConfig) -> None:
+    missing = dataclasses.replace(influx, database=f"nope_{uuid.uuid4().hex[:8]}")
+    with pytest.raises(InfluxNotFoundError) as caught:
+        V1Writer(missing).write(b"m f=1i 1")
+    assert str(caught.value).startswith(f"database not found: {missing.database!r}")
+    assert "TWOPHASE_INFLUX_DB" in str(caught.value)
+
+
+def test_missing_retention_policy_is_not_found_and_not_retried(influx: InfluxConfig) -> None:
+    events: list[RetryEvent] = []
+    writer = V1Writer(dataclasses.replace(influx, retention_policy="nope"))
+    with pytest.raises(InfluxNotFoundError, match="TWOPHASE_INFLUX_RP"):
+        sender(writer, events=events).send(points(3))
+    assert events == []
+
+
+def test_v2_api_on_influxdb_16_is_not_found_with_a_hint(influx: InfluxConfig) -> None:
+    config = dataclasses.replace(influx, api="v2", bucket=influx.database, org="-")
+    with pytest.raises(InfluxNotFoundError, match="TWOPHASE_INFLUX_API=v1"):
+        V2Writer(config).write(b"m f=1i 1")
+
+
+def test_resolve_api_on_influxdb(influx: InfluxConfig) -> None:
+    auto = dataclasses.replace(influx, api="auto")
+    assert resolve_api(auto).api == "v1"
+    writer = make_writer(auto)
+    assert isinstance(writer, V1Writer)
+    writer.write(f"m f=7i {T0}".encode())
+    assert values(influx) == [[T0, 7]]
+
+
+def test_resolve_api_unreachable() -> None:
+    with pytest.raises(InfluxUnavailableError):
+        resolve_api(InfluxConfig(url=f"http://127.0.0.1:{free_port()}", database="x"))
+
+
+# --- credentials: a dedicated influxd with auth-enabled = true ------------------------
+
+ADMIN_PASSWORD = "adm1n-" + uuid.uuid4().hex
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def auth_influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("influxd") or "/usr/bin/influxd"
+    if not os.path.exists(binary):
+        pytest.fail("influxd is not installed; the auth tests need their own server")
+    root: Path = tmp_path_factory.mktemp("influxd-auth")
+    http, rpc = free_port(), free_port()
+    (root / "influxd.conf").write_text(
+        f'reporting-disabled = true\nbind-address = "127.0.0.1:{rpc}"\n'
+        f'[meta]\n  dir = "{root}/meta"\n'
+        f'[data]\n  dir = "{root}/data"\n  wal-dir = "{root}/wal"\n  query-log-enabled = false\n'
+        f'[http]\n  bind-address = "127.0.0.1:{http}"\n  auth-enabled = true\n'
+        "  log-enabled = false\n"
+    )
+    with open(root / "log", "wb") as log:
+        proc = subprocess.Popen(
+            [binary, "-config", str(root / "influxd.conf")], stdout=log, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{http}"
+    try:
+        assert wait_until(lambda: _pings(url), timeout_s=30), (root / "log").read_text()[-2000:]
+        query_v1(
+            url,
+            None,
+            f"CREATE USER admin WITH PASSWORD '{ADMIN_PASSWORD}' WITH ALL PRIVILEGES",
+            method="POST",
+        )
+        for q in (
+            "CREATE DATABASE secured",
+            "CREATE USER reader WITH PASSWORD 'reader-pw'",
+            "GRANT READ ON secured TO reader",
+        ):
+            query_v1(url, None, q, "admin", ADMIN_PASSWORD, method="POST")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return urllib3.request("GET", f"{url}/ping", timeout=1, retries=False).status == 204
+    except urllib3.exceptions.HTTPError:
+        return False
+
+
+def _secured(url: str, username: str | None, password: str | None) -> InfluxConfig:
+    return InfluxConfig(
+        url=url,
+        api="v1",
+        database="secured",
+        username=username,
+        password=Secret(password) if password is not None else None,
+    )
+
+
+def test_wrong_password_is_401_auth_error_without_the_password(auth_influx: str) -> None:
+    wrong = "Wr0ng-" + uuid.uuid4().hex
+    with pytest.raises(InfluxAuthError) as caught:
+        V1Writer(_secured(auth_influx, "admin", wrong)).write(b"m f=1i 1")
+    message = str(caught.value)
+    assert "401" in message and "authorization failed" in message
+    assert "TWOPHASE_INFLUX_USER" in message and "TWOPHASE_INFLUX_PASSWORD" in message
+    assert wrong not in message and wrong not in repr(caught.value)
+
+
+def test_no_credentials_is_401(auth_influx: str) -> None:
+    with pytest.raises(InfluxAuthError, match="unable to parse authentication credentials"):
+        V1Writer(_secured(auth_influx, None, None)).write(b"m f=1i 1")
+
+
+def test_missing_write_privilege_is_403(auth_influx: str) -> None:
+    events: list[RetryEvent] = []
+    with pytest.raises(InfluxAuthError, match="403") as caught:
+        sender(V1Writer(_secured(auth_influx, "reader", "reader-pw")), events=events).send(
+            points(2)
+        )
+    assert "reader-pw" not in str(caught.value) and events == []
+
+
+def test_right_credentials_write_and_read(auth_influx: str) -> None:
+    config = _secured(auth_influx, "admin", ADMIN_PASSWORD)
+    assert resolve_api(dataclasses.replace(config, api="auto")).api == "v1"
+    assert sender(V1Writer(config)).send(points(3, "authed")) == []
+    series = query_v1(
+        auth_influx, "secured", 'SELECT COUNT("f") FROM "authed"', "admin", Secret(ADMIN_PASSWORD)
+    )
+    assert series[0]["values"][0][1] == 3
+
+
+# --- VictoriaMetrics through /api/v2/write --------------------------------------------
+
+
+def vm_export(vm_url: str, metric: str) -> list[dict[str, Any]]:
+    pool = urllib3.PoolManager(retries=False, timeout=5)
+    pool.request("GET", f"{vm_url}/internal/force_flush")
+    query = urllib.parse.urlencode({"match[]": f'{{__name__="{metric}"}}'})
+    body = pool.request("GET", f"{vm_url}/api/v1/export?{query}").data.decode()
+    return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+
+def test_v2_writer_against_victoria_metrics(vm_url: str) -> None:
+    measurement = f"tp_{uuid.uuid4().hex[:10]}"
+    now_ms = time.time_ns() // 1_000_000  # VM keeps ms and drops data older than its retention
+    lines = [
+        f"{measurement},host=h{i} f={i}i,g={i / 2} {(now_ms - i * 1000) * 1_000_000}"
+        for i in range(5)
+    ]
+    config = InfluxConfig(url=vm_url, api="v2", bucket="b", org="o", token=Secret("unused"))
+    writer = V2Writer(config)
+    assert sender(writer).send(lines) == []
+    writer.close()
+    assert wait_until(lambda: len(vm_export(vm_url, f"{measurement}_f")) == 5, timeout_s=20)
+    got = {
+        s["metric"]["host"]: (s["values"], s["timestamps"])
+        for s in vm_export(vm_url, f"{measurement}_f")
+    }
+    assert got == {f"h{i}": ([i], [now_ms - i * 1000]) for i in range(5)}
+    assert {s["metric"]["host"]: s["values"] for s in vm_export(vm_url, f"{measurement}_g")} == {
+        f"h{i}": [i / 2] for i in range(5)
+    }
+
+
+def test_resolve_api_on_victoria_metrics_asks_for_an_explicit_api(vm_url: str) -> None:
+    ping = urllib3.request("GET", f"{vm_url}/ping", retries=False, timeout=5)
+    assert ping.status == 204 and "X-Influxdb-Version" not in ping.headers
+    with pytest.raises(ConfigError) as caught:
+        resolve_api(InfluxConfig(url=vm_url, bucket="b", org="o"))
+    assert caught.value.option == "TWOPHASE_INFLUX_API"
+    assert resolve_api(InfluxConfig(url=vm_url, api="v2", bucket="b", org="o")).api == "v2"
+
+
+def test_v2_writer_transport_faults_are_transient(vm_url: str) -> None:
+    with FaultProxy.for_url(vm_url) as proxy:
+        config = InfluxConfig(url=proxy.url, api="v2", bucket="b", org="o", timeout_s=1)
+        writer = V2Writer(config)
+        proxy.set_mode(CUT)
+        with pytest.raises(TransientWriteError, match=r"connection broken|cannot connect"):
+            writer.write(b"m f=1i 1")
+        proxy.set_mode(STALL)
+        started = time.monotonic()
+        with pytest.raises(TransientWriteError, match="timed out"):
+            writer.write(b"m f=1i 1")
+        assert time.monotonic() - started < 5
+        proxy.set_mode(PASS)
+        writer.write(f"tp_v2proxy f=1i {time.time_ns()}".encode())
+        assert proxy.lines == 1
+        writer.close()
+
+
+# --- network faults between the sender and InfluxDB -----------------------------------
+
+
+@pytest.fixture
+def proxy(influx: InfluxConfig) -> Iterator[FaultProxy]:
+    with FaultProxy.for_url(influx.url) as p:
+        yield p
+
+
+def _through(proxy: FaultProxy, influx: InfluxConfig, timeout_s: float = 2.0) -> V1Writer:
+    return V1Writer(dataclasses.replace(influx, url=proxy.url, timeout_s=timeout_s))
+
+
+def test_proxy_counts_the_lines_it_forwards(proxy: FaultProxy, influx: InfluxConfig) -> None:
+    assert sender(_through(proxy, influx), max_points=10).send(points(25)) == []
+    assert (proxy.lines, proxy.write_requests) == (25, 3)
+    query_v1(proxy.url, influx.database, 'SELECT * FROM "m"')  # reads are not counted
+    assert proxy.lines == 25 and len(values(influx)) == 25
+
+
+@pytest.mark.parametrize("fault", [CUT, STALL, DROP_REPLY])
+def test_fault_for_two_seconds_then_exactly_once(
+    proxy: FaultProxy, influx: InfluxConfig, fault: str
+) -> None:
+    events: list[RetryEvent] = []
+    lines = points(50)
+    proxy.set_mode(fault)
+    timer = proxy.set_mode_later(PASS, 2.0)
+    started = time.monotonic()
+    try:
+        rejected = sender(
+            _through(proxy, influx, timeout_s=1.0), events=events, max_points=20
+        ).send(lines)
+    finally:
+        timer.cancel()
+    assert rejected == []
+    assert 1.5 < time.monotonic() - started < 30
+    assert events and all(isinstance(e.error, TransientWriteError) for e in events)
+    if fault == STALL:
+        assert "timed out" in str(events[0].error)
+    # every point exactly once, although some bodies went through more than once
+    assert values(influx) == [[T0 + i * 1_000_000, i] for i in range(50)]
+    assert proxy.lines >= 50 + (20 if fault == DROP_REPLY else 0)
+
+
+def test_stall_beyond_the_deadline_is_unavailable(proxy: FaultProxy, influx: InfluxConfig) -> None:
+    proxy.set_mode(STALL)
+    policy = RetryPolicy(initial_s=0.05, max_s=0.5, deadline_s=2.0)
+    started = time.monotonic()
+    with pytest.raises(InfluxUnavailableError) as caught:
+        sender(_through(proxy, influx, timeout_s=0.5), policy).send(points(5))
+    elapsed = time.monotonic() - started
+    assert 2.0 <= elapsed < 2.0 + 0.5 + 2.0  # the deadline plus at most one request timeout
+    assert "timed out" in str(caught.value) and not isinstance(caught.value, TransientWriteError)
+    assert values(influx) == []

@@ -1,0 +1,323 @@
+"""BatchSender, RetryPolicy and batches() against a fake writer and a fake clock."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import pytest
+
+from twophase.config import InfluxConfig
+from twophase.errors import InfluxAuthError, InfluxNotFoundError, InfluxUnavailableError
+from twophase.influx import BadPointsError, BatchTooLargeError, TransientWriteError
+from twophase.sender import BatchSender, RetryEvent, RetryPolicy, batches
+
+
+class FakeClock:
+    """time.monotonic and time.sleep in one: sleeping advances the clock, instantly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class FakeInflux:
+    """An InfluxDB 1.x stand-in: stores good lines, refuses bad ones like a partial write.
+
+    ``fail`` decides per attempt whether the attempt fails before anything is
+    stored (returning the exception to raise) -- the transient faults.
+    """
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        bad: Callable[[str], str | None] = lambda _: None,
+        fail: Callable[[int, list[str]], Exception | None] = lambda _n, _l: None,
+        max_lines: int | None = None,
+        request_s: float = 0.01,
+    ) -> None:
+        self.clock, self.bad, self.fail = clock, bad, fail
+        self.max_lines, self.request_s = max_lines, request_s
+        self.stored: dict[str, int] = {}  # line -> times written
+        self.bodies: list[list[str]] = []
+
+    def write(self, body: bytes) -> None:
+        lines = body.decode().split("\n")
+        self.bodies.append(lines)
+        self.clock.now += self.request_s
+        error = self.fail(len(self.bodies), lines)
+        if error is not None:
+            raise error
+        if self.max_lines is not None and len(lines) > self.max_lines:
+            raise BatchTooLargeError("request too large (413)")
+        reasons = [r for r in map(self.bad, lines) if r]
+        for line in lines:
+            if not self.bad(line):
+                self.stored[line] = self.stored.get(line, 0) + 1
+        if reasons:  # like 1.x: the first problem named, the good points kept
+            raise BadPointsError(f"refused (400): {reasons[0]}", f"partial write: {reasons[0]}")
+
+    def close(self) -> None:
+        pass
+
+
+def make_sender(
+    writer: FakeInflux, clock: FakeClock, deadline_s: float = 60.0, **kwargs: object
+) -> BatchSender:
+    policy = RetryPolicy(initial_s=0.5, max_s=4.0, deadline_s=deadline_s)
+    return BatchSender(writer, policy, sleep=clock.sleep, clock=clock, **kwargs)  # type: ignore[arg-type]
+
+
+def lines_of(n: int) -> list[str]:
+    return [f"m,host=h{i % 3} v={i}i {1_700_000_000_000_000_000 + i}" for i in range(n)]
+
+
+# --- RetryPolicy ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attempt", range(1, 12))
+def test_backoff_stays_within_the_jittered_exponential_step(attempt: int) -> None:
+    policy = RetryPolicy(initial_s=0.5, max_s=8.0, deadline_s=60, jitter=0.5)
+    step = min(8.0, 0.5 * 2 ** (attempt - 1))
+    for r in (0.0, 0.3, 0.999999):
+        delay = policy.delay(attempt, rand=itertools.repeat(r).__next__)
+        assert step * 0.5 <= delay <= step
+
+
+def test_full_jitter_spans_zero_to_the_step_and_never_exceeds_max() -> None:
+    policy = RetryPolicy(initial_s=1.0, max_s=5.0, deadline_s=60, jitter=1.0)
+    rng = random.Random(7)
+    delays = [policy.delay(a, rand=rng.random) for a in range(1, 200) for _ in range(5)]
+    assert all(0.0 <= d <= 5.0 for d in delays)
+    assert min(delays) < 0.5 < 4.5 < max(delays)
+
+
+def test_no_jitter_is_plain_exponential_and_huge_attempts_do_not_overflow() -> None:
+    policy = RetryPolicy(initial_s=0.25, max_s=3.0, deadline_s=60, jitter=0.0)
+    assert [policy.delay(a) for a in (1, 2, 3, 4, 5)] == [0.25, 0.5, 1.0, 2.0, 3.0]
+    assert policy.delay(10_000) == 3.0
+
+
+def test_retry_after_is_a_floor_even_above_max() -> None:
+    policy = RetryPolicy(initial_s=0.5, max_s=2.0, deadline_s=60)
+    assert policy.delay(1, retry_after=1.5, rand=lambda: 0.0) >= 1.5
+    assert policy.delay(1, retry_after=10.0, rand=lambda: 0.0) == 10.0
+    assert policy.delay(6, retry_after=0.1, rand=lambda: 0.0) == 2.0
+
+
+def test_policy_from_config_and_validation() -> None:
+    config = InfluxConfig(url="http://x", retry_initial_s=0.2, retry_max_s=9, retry_deadline_s=42)
+    assert RetryPolicy.from_config(config) == RetryPolicy(0.2, 9, 42)
+    with pytest.raises(ValueError):
+        RetryPolicy(jitter=1.5)
+    with pytest.raises(ValueError):
+        RetryPolicy(initial_s=-1)
+
+
+# --- batches() ------------------------------------------------------------------------
+
+
+def test_batches_by_count() -> None:
+    assert list(batches(range(7), 3, 10**9, lambda _: 1)) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_batches_by_bytes_keep_order_and_put_an_oversized_item_alone() -> None:
+    sizes = {"a": 4, "b": 4, "c": 3, "big": 50, "d": 1}
+    got = list(batches(["a", "b", "c", "big", "d"], 100, 8, sizes.__getitem__))
+    assert got == [["a", "b"], ["c"], ["big"], ["d"]]
+    assert all(sum(map(sizes.__getitem__, b)) <= 8 for b in got if len(b) > 1)
+
+
+def test_batches_is_lazy() -> None:
+    first_two = list(itertools.islice(batches(itertools.count(), 2, 100, lambda _: 1), 2))
+    assert first_two == [[0, 1], [2, 3]]
+
+
+def test_batches_of_nothing_and_bad_limits() -> None:
+    assert list(batches([], 5, 5, len)) == []
+    with pytest.raises(ValueError):
+        list(batches([1], 0, 5, lambda _: 1))
+
+
+def test_sender_splits_input_by_points_and_bytes() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock)
+    lines = lines_of(25)
+    sender = make_sender(writer, clock, max_points=10, max_bytes=10**6)
+    assert sender.send(lines) == []
+    assert [len(b) for b in writer.bodies] == [10, 10, 5]
+    limit = 3 * (len(lines[0]) + 1)
+    writer.bodies.clear()
+    assert make_sender(writer, clock, max_points=100, max_bytes=limit).send(lines) == []
+    assert all(len("\n".join(b)) <= limit for b in writer.bodies)
+    assert [line for body in writer.bodies for line in body] == lines
+
+
+# --- retries and the deadline ---------------------------------------------------------
+
+
+def test_transient_failures_are_retried_until_success() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, fail=lambda n, _: TransientWriteError("down") if n <= 3 else None)
+    events: list[RetryEvent] = []
+    lines = lines_of(5)
+    assert make_sender(writer, clock, on_attempt_failed=events.append).send(lines) == []
+    assert len(writer.bodies) == 4 and all(b == lines for b in writer.bodies)
+    assert [e.attempt for e in events] == [1, 2, 3]
+    assert [e.delay_s for e in events] == clock.sleeps
+    assert all(isinstance(e.error, TransientWriteError) and e.lines == 5 for e in events)
+    assert set(writer.stored) == set(lines)
+
+
+def test_any_influx_unavailable_error_is_retried() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, fail=lambda n, _: InfluxUnavailableError("x") if n == 1 else None)
+    assert make_sender(writer, clock).send(lines_of(2)) == []
+    assert len(writer.bodies) == 2 and len(clock.sleeps) == 1
+
+
+def test_retry_after_is_honoured() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(
+        clock,
+        fail=lambda n, _: (
+            TransientWriteError("429", status=429, retry_after=7.0) if n == 1 else None
+        ),
+    )
+    assert make_sender(writer, clock).send(lines_of(2)) == []
+    assert clock.sleeps == [7.0]
+
+
+def test_deadline_raises_influx_unavailable() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, fail=lambda _n, _l: TransientWriteError("connection refused"))
+    start = clock.now
+    with pytest.raises(InfluxUnavailableError) as caught:
+        make_sender(writer, clock, deadline_s=30).send(lines_of(3))
+    assert not isinstance(caught.value, TransientWriteError)  # the final verdict, not one try
+    assert "connection refused" in str(caught.value)
+    assert len(writer.bodies) > 5  # it did retry
+    assert 30 <= clock.now - start <= 30 + 2 * writer.request_s  # gave up right at the deadline
+    assert max(clock.sleeps) <= 4.0
+
+
+def test_retry_after_beyond_the_deadline_gives_up_without_waiting() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, fail=lambda _n, _l: TransientWriteError("503", retry_after=120))
+    with pytest.raises(InfluxUnavailableError):
+        make_sender(writer, clock, deadline_s=30).send(lines_of(1))
+    assert clock.sleeps == [] and len(writer.bodies) == 1
+
+
+def test_deadline_counts_from_the_last_progress() -> None:
+    """Each batch may use the whole deadline: a long send that keeps making progress goes on."""
+    clock = FakeClock()
+    writer = FakeInflux(
+        clock, request_s=0.0, fail=lambda n, _: None if n % 10 == 0 else TransientWriteError("blip")
+    )
+    sender = make_sender(writer, clock, deadline_s=30, max_points=1)
+    start = clock.now
+    assert sender.send(lines_of(4)) == []
+    assert clock.now - start > 30  # longer than one deadline in total, yet no error
+
+
+@pytest.mark.parametrize("error", [InfluxAuthError("401"), InfluxNotFoundError("404")])
+def test_permanent_errors_propagate_at_once(error: Exception) -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, fail=lambda _n, _l: error)
+    with pytest.raises(type(error)):
+        make_sender(writer, clock).send(lines_of(4))
+    assert len(writer.bodies) == 1 and clock.sleeps == []
+
+
+# --- 413 split and 400 bisection ------------------------------------------------------
+
+
+def test_413_splits_until_batches_fit() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, max_lines=3)
+    lines = lines_of(20)
+    assert make_sender(writer, clock).send(lines) == []
+    assert writer.stored == dict.fromkeys(lines, 1)  # each line accepted once, in a body <= 3
+    assert [len(b) for b in writer.bodies[:3]] == [20, 10, 5]  # halves, left first
+
+
+def test_413_on_a_single_line_rejects_it() -> None:
+    clock = FakeClock()
+    huge = "m v=1i 5"
+
+    def fail(_n: int, body: list[str]) -> Exception | None:
+        return BatchTooLargeError("request too large (413): body too big") if huge in body else None
+
+    writer = FakeInflux(clock, fail=fail)
+    lines = [*lines_of(3), huge, *lines_of(7)[3:]]
+    rejected = make_sender(writer, clock).send(lines)
+    assert rejected == [(3, "request too large (413): body too big")]
+    assert set(writer.stored) == set(lines) - {huge}
+
+
+def _bad_marker(line: str) -> str | None:
+    return f"unable to parse {line!r}" if "BAD" in line else None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_400_bisection_isolates_exactly_the_bad_lines(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 120)
+    lines = lines_of(n)
+    bad = set(rng.sample(range(n), rng.randint(0, min(n, 6))))
+    lines = [f"BAD{i} {line}" if i in bad else line for i, line in enumerate(lines)]
+    clock = FakeClock()
+    writer = FakeInflux(clock, bad=_bad_marker)
+    rejected = make_sender(writer, clock, max_points=rng.choice([7, 50, 500])).send(lines)
+    assert rejected == [(i, f"partial write: unable to parse {lines[i]!r}") for i in sorted(bad)]
+    assert set(writer.stored) == {line for i, line in enumerate(lines) if i not in bad}
+    # bisection costs about 2*log2(n) requests per bad line, not n
+    assert len(writer.bodies) <= 1 + len(bad) * 2 * max(1, n.bit_length()) + n // 7 + 1
+
+
+def test_bisection_re_sends_are_idempotent_and_survive_transient_faults() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(
+        clock,
+        bad=_bad_marker,
+        fail=lambda n, _: TransientWriteError("reset") if n % 3 == 0 else None,
+    )
+    lines = lines_of(16)
+    lines[5] = "BAD " + lines[5]
+    rejected = make_sender(writer, clock).send(lines)
+    assert [i for i, _ in rejected] == [5]
+    assert set(writer.stored) == set(lines) - {lines[5]}
+    assert clock.sleeps  # the transient faults were retried
+
+
+def test_every_line_bad() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock, bad=lambda line: "nope")
+    assert [i for i, _ in make_sender(writer, clock).send(lines_of(9))] == list(range(9))
+    assert writer.stored == {}
+
+
+def test_empty_input_sends_nothing() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock)
+    assert make_sender(writer, clock).send([]) == []
+    assert writer.bodies == []
+
+
+def test_from_config_uses_the_batch_limits() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(clock)
+    config = InfluxConfig(url="http://x", batch_points=4)
+    sender = BatchSender.from_config(writer, config, sleep=clock.sleep, clock=clock)
+    assert sender.send(lines_of(10)) == []
+    assert [len(b) for b in writer.bodies] == [4, 4, 2]

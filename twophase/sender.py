@@ -1,0 +1,228 @@
+"""Delivering line protocol through an :class:`~twophase.influx.InfluxWriter`.
+
+Retry with backoff, batching by count and bytes, splitting on 413 and
+bisection on 400 -- all independent of HTTP, so pure logic a fake writer can
+test. Correctness rests on one property of InfluxDB: re-sending a point
+(same measurement, tag set and timestamp) overwrites it with itself, so any
+body may be sent again, whole or in parts, without changing the result.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from twophase.config import InfluxConfig
+from twophase.errors import InfluxUnavailableError
+from twophase.influx import BadPointsError, BatchTooLargeError, InfluxWriter
+
+T = TypeVar("T")
+log = logging.getLogger("twophase.sender")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter, bounded by a deadline.
+
+    ``jitter`` is the fraction of each backoff step that is randomised: 1.0 is
+    "full jitter" (uniform in [0, step]), 0.0 none. ``deadline_s`` is how long
+    a send keeps retrying without progress before giving up.
+    """
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    deadline_s: float = 300.0
+    jitter: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.initial_s < 0 or self.max_s < 0 or self.deadline_s < 0:
+            raise ValueError("retry times must not be negative")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError("jitter must be a fraction between 0 and 1")
+
+    @classmethod
+    def from_config(cls, config: InfluxConfig) -> RetryPolicy:
+        return cls(config.retry_initial_s, config.retry_max_s, config.retry_deadline_s)
+
+    def delay(
+        self,
+        attempt: int,
+        retry_after: float | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based).
+
+        The backoff step ``initial_s * 2**(attempt-1)`` is capped at ``max_s``
+        and jittered downwards; the result is never below ``retry_after``
+        (the server knows best when it will be back), even above ``max_s``.
+        """
+        exponent = min(max(attempt - 1, 0), 64)  # 2**64 * anything is past any cap
+        step = min(self.max_s, self.initial_s * 2.0**exponent)
+        wait = step * (1.0 - self.jitter * rand())
+        return max(wait, retry_after or 0.0)
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """One failed attempt that will be retried (for callbacks and metrics)."""
+
+    attempt: int
+    delay_s: float
+    lines: int
+    error: Exception
+
+
+def batches(
+    items: Iterable[T], max_points: int, max_bytes: int, size: Callable[[T], int]
+) -> Iterator[list[T]]:
+    """Group ``items`` lazily, in order, into lists of at most ``max_points``
+    items whose ``size`` sums to at most ``max_bytes``.
+
+    An item larger than ``max_bytes`` on its own forms a batch of one (the
+    server decides whether it is too large). ``size`` should include any
+    separator (one newline per line of line protocol).
+    """
+    if max_points < 1 or max_bytes < 1:
+        raise ValueError("max_points and max_bytes must be positive")
+    batch: list[T] = []
+    total = 0
+    for item in items:
+        item_size = size(item)
+        if batch and (len(batch) >= max_points or total + item_size > max_bytes):
+            yield batch
+            batch, total = [], 0
+        batch.append(item)
+        total += item_size
+    if batch:
+        yield batch
+
+
+class BatchSender:
+    """Sends line protocol in batches with retries, 413 splitting and 400 bisection.
+
+    Lines are sent in their given order, each batch left half before right
+    half, so the same input always produces the same sequence of requests.
+    A sender keeps no state between calls; concurrent ``send`` calls are safe
+    when the writer is.
+    """
+
+    def __init__(
+        self,
+        writer: InfluxWriter,
+        policy: RetryPolicy,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        max_points: int = 5000,
+        max_bytes: int = 4 * 1024 * 1024,
+        on_attempt_failed: Callable[[RetryEvent], None] | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._writer = writer
+        self._policy = policy
+        self._sleep = sleep
+        self._clock = clock
+        self._max_points = max_points
+        self._max_bytes = max_bytes
+        self._on_attempt_failed = on_attempt_failed
+        self._rand = rand
+
+    @classmethod
+    def from_config(cls, writer: InfluxWriter, config: InfluxConfig, **kwargs: Any) -> BatchSender:
+        """A sender with the retry policy and batch limits of ``config``."""
+        return cls(
+            writer,
+            RetryPolicy.from_config(config),
+            max_points=config.batch_points,
+            max_bytes=config.batch_bytes,
+            **kwargs,
+        )
+
+    def send(self, lines: Sequence[str]) -> list[tuple[int, str]]:
+        """Deliver lines; return (index, reason) of the lines InfluxDB rejected.
+
+        Every other line was acknowledged on return. Transient errors
+        (InfluxUnavailableError from the writer) are retried with backoff
+        until ``policy.deadline_s`` has passed without progress -- measured
+        from the call's start or the last acknowledged request, whichever is
+        later, so a long send that keeps delivering is not cut off -- then
+        InfluxUnavailableError is raised: nothing is known about which lines
+        arrived; the caller re-sends the whole set later, which is idempotent.
+        The last attempt starts before the deadline, so the call may end up to
+        one request timeout after it.
+
+        413 splits a batch in halves recursively (a single line that is too
+        large is rejected with the reason). 400/422 bisects: the halves are
+        re-sent separately (idempotent) until each rejected line is isolated
+        and rejected with InfluxDB's reason; good lines of the same batch are
+        delivered. Auth, not-found and other permanent errors propagate at once.
+        """
+        delivery = _Delivery(self)
+        sized = ((i, line.encode("utf-8")) for i, line in enumerate(lines))
+        for batch in batches(sized, self._max_points, self._max_bytes, lambda p: len(p[1]) + 1):
+            delivery.deliver(batch)
+        return delivery.rejected
+
+
+class _Delivery:
+    """The state of one ``send`` call: rejected lines and the time of the last progress."""
+
+    def __init__(self, sender: BatchSender) -> None:
+        self._sender = sender
+        self.policy = sender._policy
+        self.rejected: list[tuple[int, str]] = []
+        self.progress_at = sender._clock()
+
+    def deliver(self, batch: list[tuple[int, bytes]]) -> None:
+        try:
+            self.write_with_retry(batch)
+        except BatchTooLargeError as exc:
+            self.split(batch, str(exc))
+        except BadPointsError as exc:
+            # with 1.x the good lines were written already; re-sending them is harmless
+            self.split(batch, exc.reason)
+
+    def split(self, batch: list[tuple[int, bytes]], reason: str) -> None:
+        if len(batch) == 1:
+            self.rejected.append((batch[0][0], reason))
+            return
+        middle = len(batch) // 2
+        self.deliver(batch[:middle])
+        self.deliver(batch[middle:])
+
+    def write_with_retry(self, batch: list[tuple[int, bytes]]) -> None:
+        body = b"\n".join(line for _, line in batch)
+        for attempt in itertools.count(1):
+            try:
+                self._sender._writer.write(body)
+            except InfluxUnavailableError as exc:
+                self.wait_or_give_up(attempt, len(batch), exc)
+                continue
+            self.progress_at = self._sender._clock()
+            return
+
+    def wait_or_give_up(self, attempt: int, lines: int, exc: InfluxUnavailableError) -> None:
+        """Sleep before the next attempt, or raise when the deadline does not allow one."""
+        retry_after = getattr(exc, "retry_after", None)
+        remaining = self.progress_at + self.policy.deadline_s - self._sender._clock()
+        if remaining <= 0 or (retry_after or 0.0) > remaining:
+            raise InfluxUnavailableError(
+                f"InfluxDB still unavailable after {attempt} attempt(s) and "
+                f"{self.policy.deadline_s:g}s without progress: {exc}"
+            ) from exc
+        delay = min(self.policy.delay(attempt, retry_after, self._sender._rand), remaining)
+        log.warning(
+            "write of %d line(s) failed (attempt %d, %s); retrying in %.2fs: %s",
+            lines,
+            attempt,
+            type(exc).__name__,
+            delay,
+            exc,
+        )
+        if self._sender._on_attempt_failed is not None:
+            self._sender._on_attempt_failed(RetryEvent(attempt, delay, lines, exc))
+        self._sender._sleep(delay)
