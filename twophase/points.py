@@ -16,6 +16,8 @@ compare the two on randomised rows). It is done here rather than by building a
 ``Point`` per row because escaping keys once per builder instead of once per
 row is several times faster, and ``Point`` silently drops what we must reject
 (None/NaN/inf fields, empty tags), so every value is validated first anyway.
+The escaping and the key and value checks are in :mod:`twophase.lineproto`,
+time parsing in :mod:`twophase.timestamps`.
 
 What InfluxDB 1.6.7 does with awkward text (measured against a real server;
 ``tests/integration/test_points_roundtrip.py`` keeps checking it):
@@ -49,26 +51,37 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
-from decimal import ROUND_HALF_EVEN, Decimal, DecimalException, localcontext
+from datetime import datetime
 from typing import Any
 
-from twophase.errors import ConfigError, TwoPhaseError
-
-try:  # numpy scalars come from pandas / Arrow conversions; numpy itself is optional
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy ships with the spark extra
-    np = None  # type: ignore[assignment]
-
-# Scalar types by role, numpy's included when it is installed.
-_BOOL_TYPES: tuple[type[Any], ...] = (bool,) if np is None else (bool, np.bool_)
-_INT_TYPES: tuple[type[Any], ...] = (int,) if np is None else (int, np.integer)
-_FLOAT_TYPES: tuple[type[Any], ...] = (float,) if np is None else (float, np.floating)
-_NUMPY_TIME_TYPES: tuple[type[Any], ...] = () if np is None else (np.datetime64, np.timedelta64)
+from twophase.errors import ConfigError
+from twophase.lineproto import (
+    _BOOL_TYPES,
+    _ESCAPE_KEY,
+    _ESCAPE_MEASUREMENT,
+    _FIELD_KEY_SEPARATOR_BYTES,
+    _FLOAT_TYPES,
+    _INT_TYPES,
+    _MEASUREMENT_BACKSLASH,
+    _MISSING,
+    _NUMPY_TIME_TYPES,
+    MAX_SERIES_KEY_BYTES,
+    MAX_STRING_FIELD_BYTES,
+    PointError,
+    _escaped_tag_value,
+    _field_key_problem,
+    _field_text,
+    _float_name,
+    _show,
+    _tag_key_problem,
+    _tag_text,
+    _unrepresentable,
+    _utf8_size,
+)
+from twophase.timestamps import _datetime_ns, _time_ns
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -87,75 +100,13 @@ __all__ = [
 # InfluxDB's valid timestamp range (models.MinNanoTime / MaxNanoTime).
 MIN_TIME_NS = -9223372036854775806
 MAX_TIME_NS = 9223372036854775806
-# InfluxDB's documented limit for a string field value. 1.6.7 stores longer
-# strings (measured: 200,000 bytes came back intact); the limit is kept so a
-# staged point stays within what InfluxDB promises to accept.
-MAX_STRING_FIELD_BYTES = 65535
-# models.MaxKeyLength: InfluxDB refuses a point ("max key length exceeded") when
-# its escaped series key (measurement and tags, as in the line) plus 4 plus the
-# escaped key of any of its fields is longer than this (its TSM key size).
-MAX_SERIES_KEY_BYTES = 65535
-_FIELD_KEY_SEPARATOR_BYTES = 4
 MAX_PAYLOAD_BYTES = 64 * 1024
 PRECISIONS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 NULL_FIELD_MODES = ("reject", "omit")
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-_NS_PER_DAY = 86_400 * 1_000_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_NAIVE_EPOCH = datetime(1970, 1, 1)
-_EPOCH_DATE = date(1970, 1, 1)
-_MISSING = object()
 _TAG_CACHE_LIMIT = 100_000
 _PLAN_CACHE_LIMIT = 64
 _PAYLOAD_MARKER = b" ...[truncated]"
-
-# The escape tables of influxdb_client.client.write.point (kept identical so
-# the output is byte-identical to Point.to_line_protocol()).
-_ESCAPE_MEASUREMENT = str.maketrans({",": r"\,", " ": r"\ ", "\n": r"\n", "\t": r"\t", "\r": r"\r"})
-_ESCAPE_KEY = str.maketrans(
-    {",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n", "\t": r"\t", "\r": r"\r"}
-)
-_ESCAPE_STRING = str.maketrans({'"': r"\"", "\\": "\\\\"})
-
-# Characters that have no faithful representation in a measurement, key or
-# tag value (see the module docstring), and lone surrogates (not UTF-8).
-_UNREPRESENTABLE = re.compile("[\n\r\t\x00\ud800-\udfff]")
-_CHARACTER_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
-# Backslashes InfluxDB 1.x reads differently from what Point meant (measured;
-# "an odd run" is 1, 3, ... backslashes in the original text).
-_MEASUREMENT_BACKSLASH = re.compile(r'\\(?:[ ,="]|\Z)')  # before a space, comma, = or ", or last
-_TAG_BACKSLASH = re.compile(r"\\\Z|(?<!\\)\\(?:\\\\)* ")  # last, or an odd run before a space
-_TAG_BACKSLASH_PROBLEM = "ends with a backslash or has an odd run of them before a space"
-# Both of the above in one search: the common, clean tag value costs one scan.
-_TAG_VALUE_SUSPECT = re.compile(f"{_UNREPRESENTABLE.pattern}|{_TAG_BACKSLASH.pattern}")
-_FIELD_KEY_BACKSLASH = re.compile(r'\\(?:"|\Z)|(?<!\\)\\(?:\\\\)*[ ,=]')
-
-# ISO-8601 / RFC 3339 with up to nanosecond fractions; no offset means UTC.
-_ISO_TIME = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})"
-    r"(?:[Tt ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?"
-    r"(?:([Zz])|([+-])(\d{2})(?::?(\d{2}))?)?)?"
-)
-_NUMPY_UNIT_NS = {
-    "W": 7 * _NS_PER_DAY,
-    "D": _NS_PER_DAY,
-    "h": 3_600_000_000_000,
-    "m": 60_000_000_000,
-    "s": 1_000_000_000,
-    "ms": 1_000_000,
-    "us": 1_000,
-    "ns": 1,
-}
-
-
-class PointError(TwoPhaseError):
-    """A row cannot become an InfluxDB point; ``reason`` says why, for a person."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
 
 
 @dataclass(frozen=True)
@@ -451,76 +402,7 @@ def _raise_for_key(option: str, column: str, problem: str | None) -> None:
         raise ConfigError(option, problem)
 
 
-# --- key and value checks ----------------------------------------------------
-
-
-def _unrepresentable(text: str) -> str | None:
-    match = _UNREPRESENTABLE.search(text)
-    if match is None:
-        return None
-    char = match.group()
-    if char == "\x00":
-        return "contains a NUL character, which the PostgreSQL staging store cannot hold"
-    if char in _CHARACTER_NAMES:
-        return f"contains {_CHARACTER_NAMES[char]}, which line protocol cannot carry there"
-    return "contains a lone surrogate, which is not valid UTF-8"
-
-
-def _tag_key_problem(key: str) -> str | None:
-    return _key_problem("tag", key, _TAG_BACKSLASH, _TAG_BACKSLASH_PROBLEM)
-
-
-def _field_key_problem(key: str) -> str | None:
-    return _key_problem(
-        "field",
-        key,
-        _FIELD_KEY_BACKSLASH,
-        "has a backslash before '\"', at the end, or (an odd run of them) before "
-        "a space, comma or '='",
-    )
-
-
-def _key_problem(kind: str, key: str, backslash: re.Pattern[str], what: str) -> str | None:
-    if not isinstance(key, str):
-        return f"{kind} key {_show(key)} is not a string; name the column with a string"
-    if not key:
-        return f"{kind} key '' is empty; InfluxDB needs a name (rename the column)"
-    if key == "time":
-        hint = " (set time_column='time' if it holds the timestamp)" if kind == "field" else ""
-        return f"{kind} key 'time' is refused by InfluxDB 1.x; rename the column{hint}"
-    problem = _unrepresentable(key)
-    if problem is None and backslash.search(key):
-        problem = f"{what}, which InfluxDB does not read back unchanged"
-    if problem is None:
-        return None
-    return f"{kind} key {_show(key)} {problem}; rename the column"
-
-
-def _tag_text(column: str, value: object) -> str | None:
-    """A non-str tag value as text, or None when it is null (the tag is left out)."""
-    if value is _MISSING:
-        raise PointError(f"the row has no tag column {column!r}")
-    if _is_null(value):
-        return None
-    if isinstance(value, _FLOAT_TYPES) and math.isnan(value):
-        raise PointError(f"tag {column!r} is NaN; use null to leave the tag out")
-    return str(value)
-
-
-def _escaped_tag_value(column: str, value: str) -> str:
-    if value and _TAG_VALUE_SUSPECT.search(value) is None:
-        return value.translate(_ESCAPE_KEY)
-    if not value:
-        raise PointError(
-            f"tag {column!r} is an empty string, which InfluxDB cannot store; "
-            "use null to leave the tag out"
-        )
-    problem = _unrepresentable(value)
-    if problem is None and _TAG_BACKSLASH.search(value):
-        problem = f"{_TAG_BACKSLASH_PROBLEM}, which InfluxDB does not read back unchanged"
-    if problem is not None:
-        raise PointError(f"tag {column!r} value {_show(value)} {problem}")
-    return value.translate(_ESCAPE_KEY)
+# --- row checks ----------------------------------------------------------------
 
 
 def _check_key_size(series: str, row: Mapping[str, Any], plan: _FieldPlan) -> None:
@@ -535,208 +417,7 @@ def _check_key_size(series: str, row: Mapping[str, Any], plan: _FieldPlan) -> No
             )
 
 
-def _utf8_size(text: str) -> int:
-    return len(text.encode("utf-8"))
-
-
-def _field_text(column: str, value: Any) -> str | None:
-    """The line-protocol text of a field value, None when null; raises PointError."""
-    kind = type(value)
-    if kind is float:
-        if value - value != 0.0:  # NaN or +-inf, without a function call
-            raise PointError(
-                f"field {column!r} is {_float_name(value)}; InfluxDB cannot store NaN or "
-                "infinite floats"
-            )
-        text = repr(value)
-        # Point trims the ".0" of whole floats; without an "i" it is still a float.
-        return text[:-2] if text.endswith(".0") else text
-    if kind is str:
-        return _string_text(column, value)
-    if kind is bool:
-        return "true" if value else "false"
-    if kind is int:
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise PointError(f"field {column!r} value {value} does not fit a 64-bit integer")
-        return f"{value}i"
-    if value is None:
-        return None
-    return _field_text(column, _plain_field_value(column, value))
-
-
-def _string_text(column: str, value: str) -> str:
-    if "\x00" in value:
-        raise PointError(
-            f"field {column!r} contains a NUL character, which the PostgreSQL staging "
-            "store cannot hold"
-        )
-    # An ASCII string is one byte per character; isascii() is O(1) in CPython.
-    if not value.isascii() or len(value) > MAX_STRING_FIELD_BYTES:
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise PointError(
-                f"field {column!r} contains a lone surrogate, which is not valid UTF-8"
-            ) from None
-        if size > MAX_STRING_FIELD_BYTES:
-            raise PointError(
-                f"field {column!r} is a {size}-byte string; InfluxDB limits string "
-                f"fields to {MAX_STRING_FIELD_BYTES} bytes"
-            )
-    return f'"{value.translate(_ESCAPE_STRING)}"'
-
-
-def _plain_field_value(column: str, value: Any) -> bool | int | float | str | None:
-    """numpy scalars, Decimal and subclasses as plain bool/int/float/str; None if null."""
-    if value is _MISSING:
-        raise PointError(f"the row has no field column {column!r}")
-    if _is_null(value):
-        return None
-    if isinstance(value, _BOOL_TYPES):
-        return bool(value)
-    if isinstance(value, _NUMPY_TIME_TYPES):  # numpy counts them as integers: not here
-        raise PointError(
-            f"field {column!r} has unsupported type {type(value).__name__} ({_show(value)}); "
-            "a field must be a bool, int, float, Decimal or str"
-        )
-    if isinstance(value, Decimal):
-        return _decimal_float(column, value)
-    if isinstance(value, _INT_TYPES):
-        return int(value)
-    if isinstance(value, _FLOAT_TYPES):
-        return float(value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    raise PointError(
-        f"field {column!r} has unsupported type {type(value).__name__} ({_show(value)}); "
-        "a field must be a bool, int, float, Decimal or str"
-    )
-
-
-def _decimal_float(column: str, value: Decimal) -> float:
-    if not value.is_finite():
-        raise PointError(f"field {column!r} is Decimal {value}; InfluxDB cannot store it")
-    result = float(value)
-    if math.isinf(result):
-        raise PointError(f"field {column!r} value {value} is too large for a float")
-    return result
-
-
-def _is_null(value: Any) -> bool:
-    if value is None:
-        return True
-    kind = type(value)
-    # pandas.NA / pandas.NaT, matched by name so pandas need not be imported.
-    if kind.__name__ in ("NAType", "NaTType") and kind.__module__.startswith("pandas"):
-        return True
-    return isinstance(value, _NUMPY_TIME_TYPES) and bool(np.isnat(value))
-
-
-# --- time ----------------------------------------------------------------------
-
-
-def _datetime_ns(value: datetime) -> int:
-    """Exact nanoseconds since the epoch; a naive datetime is UTC."""
-    if value.tzinfo is None:
-        delta = value - _NAIVE_EPOCH
-    elif value.utcoffset() is None:  # a tzinfo that knows no offset: naive too
-        delta = value.replace(tzinfo=None) - _NAIVE_EPOCH
-    else:
-        delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
-
-
-def _time_ns(column: str, value: Any, unit: int) -> int:
-    """The time column's value in nanoseconds (may be out of range); raises PointError."""
-    if value is _MISSING:
-        raise PointError(f"the row has no time column {column!r}")
-    if _is_null(value):
-        raise PointError(f"time column {column!r} is null")
-    try:
-        stamp = _parse_time(value, unit)
-    except (ValueError, OverflowError, DecimalException):
-        stamp = None
-    if stamp is None:
-        kind = "" if isinstance(value, str) else f" ({type(value).__name__})"
-        raise PointError(f"time column {column!r} cannot be parsed as a time: {_show(value)}{kind}")
-    return stamp
-
-
-def _parse_time(value: Any, unit: int) -> int | None:
-    """Nanoseconds, or None for a value that is not a time."""
-    if isinstance(value, _BOOL_TYPES + _NUMPY_TIME_TYPES[1:]):
-        return None  # booleans and durations are integers to Python/numpy, not times
-    if isinstance(value, datetime):
-        nanos = getattr(value, "asm8", None)  # pandas Timestamp: keeps its nanoseconds
-        if nanos is not None:
-            return _numpy_time_ns(nanos)
-        return _datetime_ns(value)
-    if isinstance(value, date):
-        return (value - _EPOCH_DATE).days * _NS_PER_DAY
-    if isinstance(value, str):
-        return _iso_ns(value)
-    if isinstance(value, _NUMPY_TIME_TYPES[:1]):
-        return _numpy_time_ns(value)
-    if isinstance(value, _INT_TYPES):
-        return int(value) * unit
-    if isinstance(value, _FLOAT_TYPES):
-        value = float(value)
-        if not math.isfinite(value):
-            return None
-        value = Decimal(repr(value))  # the number as written, not its binary neighbour
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            return None
-        with localcontext() as context:
-            context.prec = 60  # exact for any in-range time
-            return int((value * unit).to_integral_value(rounding=ROUND_HALF_EVEN))
-    return None
-
-
-def _numpy_time_ns(value: Any) -> int | None:
-    unit, count = np.datetime_data(value.dtype)
-    if unit in ("Y", "M"):  # calendar units: let numpy find the day
-        value, unit, count = value.astype("datetime64[D]"), "D", 1
-    if unit not in _NUMPY_UNIT_NS:
-        return None
-    return int(value.astype("int64")) * count * _NUMPY_UNIT_NS[unit]
-
-
-def _iso_ns(text: str) -> int | None:
-    match = _ISO_TIME.fullmatch(text)
-    if match is None:
-        return None
-    year, month, day, hour, minute, second, fraction = match.group(1, 2, 3, 4, 5, 6, 7)
-    moment = datetime(
-        int(year),
-        int(month),
-        int(day),
-        int(hour or 0),
-        int(minute or 0),
-        int(second or 0),
-        tzinfo=timezone.utc,
-    )
-    stamp = _datetime_ns(moment) + (int(fraction.ljust(9, "0")) if fraction else 0)
-    sign, offset_hours, offset_minutes = match.group(9, 10, 11)
-    if sign is None:  # "Z" or no offset: UTC
-        return stamp
-    hours, minutes = int(offset_hours), int(offset_minutes or 0)
-    if hours > 23 or minutes > 59:
-        return None
-    offset_ns = (hours * 3_600 + minutes * 60) * 1_000_000_000
-    return stamp - offset_ns if sign == "+" else stamp + offset_ns
-
-
 # --- small helpers --------------------------------------------------------------
-
-
-def _show(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _float_name(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("+infinity" if value > 0 else "-infinity")
 
 
 def _json_default(value: Any) -> Any:

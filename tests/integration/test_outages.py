@@ -75,18 +75,14 @@ class StopsInfluxAfter:
         self.inner.close()
 
 
+def outage_config(server: InfluxServer, **retry: Any) -> InfluxConfig:
+    return InfluxConfig(url=server.url, api="v1", database="outage", retry_initial_s=0.1, **retry)
+
+
 def test_influx_down_during_promote_then_back(
     staging: StagingConfig, own_influx: InfluxServer
 ) -> None:
-    influx = InfluxConfig(
-        url=own_influx.url,
-        api="v1",
-        database="outage",
-        batch_points=100,
-        retry_deadline_s=60,
-        retry_initial_s=0.2,
-        retry_max_s=2,
-    )
+    influx = outage_config(own_influx, batch_points=100, retry_deadline_s=60, retry_max_s=2)
     flaky = StopsInfluxAfter(make_writer(influx), own_influx, n=3, down_s=4)
     with two_phase(staging, influx, writer=flaky) as tp:  # the real writer, real outage
         lease = tp.ledger.begin_run("s", "r1", "q1")
@@ -100,14 +96,7 @@ def test_influx_down_during_promote_then_back(
 def test_influx_down_past_deadline_leaves_epoch_precommitted(
     staging: StagingConfig, own_influx: InfluxServer
 ) -> None:
-    influx = InfluxConfig(
-        url=own_influx.url,
-        api="v1",
-        database="outage",
-        retry_deadline_s=2,
-        retry_initial_s=0.1,
-        retry_max_s=0.5,
-    )
+    influx = outage_config(own_influx, retry_deadline_s=2, retry_max_s=0.5)
     with two_phase(staging, influx) as tp:
         lease = tp.ledger.begin_run("s", "r1", "q1")
         messages = stage(tp, "s", 0, [lines(0, 50)])

@@ -1,0 +1,253 @@
+"""Line-protocol text for points: escaping, and checks on keys and values.
+
+The helpers :mod:`twophase.points` builds its lines with: the escape tables of
+``influxdb_client`` (so lines match ``Point.to_line_protocol()`` byte for
+byte), the checks that refuse names and values InfluxDB 1.x would not store
+or read back unchanged (why each is refused is in the :mod:`twophase.points`
+docstring), and the formatting of field values. A bad value raises
+:class:`PointError`, which :mod:`twophase.points` re-exports.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+from typing import Any
+
+from twophase.errors import TwoPhaseError
+
+try:  # numpy scalars come from pandas / Arrow conversions; numpy itself is optional
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy ships with the spark extra
+    np = None  # type: ignore[assignment]
+
+# Scalar types by role, numpy's included when it is installed.
+_BOOL_TYPES: tuple[type[Any], ...] = (bool,) if np is None else (bool, np.bool_)
+_INT_TYPES: tuple[type[Any], ...] = (int,) if np is None else (int, np.integer)
+_FLOAT_TYPES: tuple[type[Any], ...] = (float,) if np is None else (float, np.floating)
+_NUMPY_TIME_TYPES: tuple[type[Any], ...] = () if np is None else (np.datetime64, np.timedelta64)
+
+# InfluxDB's documented limit for a string field value. 1.6.7 stores longer
+# strings (measured: 200,000 bytes came back intact); the limit is kept so a
+# staged point stays within what InfluxDB promises to accept.
+MAX_STRING_FIELD_BYTES = 65535
+# models.MaxKeyLength: InfluxDB refuses a point ("max key length exceeded") when
+# its escaped series key (measurement and tags, as in the line) plus 4 plus the
+# escaped key of any of its fields is longer than this (its TSM key size).
+MAX_SERIES_KEY_BYTES = 65535
+_FIELD_KEY_SEPARATOR_BYTES = 4
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+_MISSING = object()
+
+# The escape tables of influxdb_client.client.write.point (kept identical so
+# the output is byte-identical to Point.to_line_protocol()).
+_ESCAPE_MEASUREMENT = str.maketrans({",": r"\,", " ": r"\ ", "\n": r"\n", "\t": r"\t", "\r": r"\r"})
+_ESCAPE_KEY = str.maketrans(
+    {",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n", "\t": r"\t", "\r": r"\r"}
+)
+_ESCAPE_STRING = str.maketrans({'"': r"\"", "\\": "\\\\"})
+
+# Characters that have no faithful representation in a measurement, key or
+# tag value (see the twophase.points docstring), and lone surrogates (not UTF-8).
+_UNREPRESENTABLE = re.compile("[\n\r\t\x00\ud800-\udfff]")
+_CHARACTER_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
+# Backslashes InfluxDB 1.x reads differently from what Point meant (measured;
+# "an odd run" is 1, 3, ... backslashes in the original text).
+_MEASUREMENT_BACKSLASH = re.compile(r'\\(?:[ ,="]|\Z)')  # before a space, comma, = or ", or last
+_TAG_BACKSLASH = re.compile(r"\\\Z|(?<!\\)\\(?:\\\\)* ")  # last, or an odd run before a space
+_TAG_BACKSLASH_PROBLEM = "ends with a backslash or has an odd run of them before a space"
+# Both of the above in one search: the common, clean tag value costs one scan.
+_TAG_VALUE_SUSPECT = re.compile(f"{_UNREPRESENTABLE.pattern}|{_TAG_BACKSLASH.pattern}")
+_FIELD_KEY_BACKSLASH = re.compile(r'\\(?:"|\Z)|(?<!\\)\\(?:\\\\)*[ ,=]')
+
+
+class PointError(TwoPhaseError):
+    """A row cannot become an InfluxDB point; ``reason`` says why, for a person."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+# --- key and value checks ----------------------------------------------------
+
+
+def _unrepresentable(text: str) -> str | None:
+    match = _UNREPRESENTABLE.search(text)
+    if match is None:
+        return None
+    char = match.group()
+    if char == "\x00":
+        return "contains a NUL character, which the PostgreSQL staging store cannot hold"
+    if char in _CHARACTER_NAMES:
+        return f"contains {_CHARACTER_NAMES[char]}, which line protocol cannot carry there"
+    return "contains a lone surrogate, which is not valid UTF-8"
+
+
+def _tag_key_problem(key: str) -> str | None:
+    return _key_problem("tag", key, _TAG_BACKSLASH, _TAG_BACKSLASH_PROBLEM)
+
+
+def _field_key_problem(key: str) -> str | None:
+    return _key_problem(
+        "field",
+        key,
+        _FIELD_KEY_BACKSLASH,
+        "has a backslash before '\"', at the end, or (an odd run of them) before "
+        "a space, comma or '='",
+    )
+
+
+def _key_problem(kind: str, key: str, backslash: re.Pattern[str], what: str) -> str | None:
+    if not isinstance(key, str):
+        return f"{kind} key {_show(key)} is not a string; name the column with a string"
+    if not key:
+        return f"{kind} key '' is empty; InfluxDB needs a name (rename the column)"
+    if key == "time":
+        hint = " (set time_column='time' if it holds the timestamp)" if kind == "field" else ""
+        return f"{kind} key 'time' is refused by InfluxDB 1.x; rename the column{hint}"
+    problem = _unrepresentable(key)
+    if problem is None and backslash.search(key):
+        problem = f"{what}, which InfluxDB does not read back unchanged"
+    if problem is None:
+        return None
+    return f"{kind} key {_show(key)} {problem}; rename the column"
+
+
+def _tag_text(column: str, value: object) -> str | None:
+    """A non-str tag value as text, or None when it is null (the tag is left out)."""
+    if value is _MISSING:
+        raise PointError(f"the row has no tag column {column!r}")
+    if _is_null(value):
+        return None
+    if isinstance(value, _FLOAT_TYPES) and math.isnan(value):
+        raise PointError(f"tag {column!r} is NaN; use null to leave the tag out")
+    return str(value)
+
+
+def _escaped_tag_value(column: str, value: str) -> str:
+    if value and _TAG_VALUE_SUSPECT.search(value) is None:
+        return value.translate(_ESCAPE_KEY)
+    if not value:
+        raise PointError(
+            f"tag {column!r} is an empty string, which InfluxDB cannot store; "
+            "use null to leave the tag out"
+        )
+    problem = _unrepresentable(value)
+    if problem is None and _TAG_BACKSLASH.search(value):
+        problem = f"{_TAG_BACKSLASH_PROBLEM}, which InfluxDB does not read back unchanged"
+    if problem is not None:
+        raise PointError(f"tag {column!r} value {_show(value)} {problem}")
+    return value.translate(_ESCAPE_KEY)
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _field_text(column: str, value: Any) -> str | None:
+    """The line-protocol text of a field value, None when null; raises PointError."""
+    kind = type(value)
+    if kind is float:
+        if value - value != 0.0:  # NaN or +-inf, without a function call
+            raise PointError(
+                f"field {column!r} is {_float_name(value)}; InfluxDB cannot store NaN or "
+                "infinite floats"
+            )
+        text = repr(value)
+        # Point trims the ".0" of whole floats; without an "i" it is still a float.
+        return text[:-2] if text.endswith(".0") else text
+    if kind is str:
+        return _string_text(column, value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise PointError(f"field {column!r} value {value} does not fit a 64-bit integer")
+        return f"{value}i"
+    if value is None:
+        return None
+    return _field_text(column, _plain_field_value(column, value))
+
+
+def _string_text(column: str, value: str) -> str:
+    if "\x00" in value:
+        raise PointError(
+            f"field {column!r} contains a NUL character, which the PostgreSQL staging "
+            "store cannot hold"
+        )
+    # An ASCII string is one byte per character; isascii() is O(1) in CPython.
+    if not value.isascii() or len(value) > MAX_STRING_FIELD_BYTES:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PointError(
+                f"field {column!r} contains a lone surrogate, which is not valid UTF-8"
+            ) from None
+        if size > MAX_STRING_FIELD_BYTES:
+            raise PointError(
+                f"field {column!r} is a {size}-byte string; InfluxDB limits string "
+                f"fields to {MAX_STRING_FIELD_BYTES} bytes"
+            )
+    return f'"{value.translate(_ESCAPE_STRING)}"'
+
+
+def _plain_field_value(column: str, value: Any) -> bool | int | float | str | None:
+    """numpy scalars, Decimal and subclasses as plain bool/int/float/str; None if null."""
+    if value is _MISSING:
+        raise PointError(f"the row has no field column {column!r}")
+    if _is_null(value):
+        return None
+    if isinstance(value, _BOOL_TYPES):
+        return bool(value)
+    if isinstance(value, _NUMPY_TIME_TYPES):  # numpy counts them as integers: not here
+        raise PointError(
+            f"field {column!r} has unsupported type {type(value).__name__} ({_show(value)}); "
+            "a field must be a bool, int, float, Decimal or str"
+        )
+    if isinstance(value, Decimal):
+        return _decimal_float(column, value)
+    if isinstance(value, _INT_TYPES):
+        return int(value)
+    if isinstance(value, _FLOAT_TYPES):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise PointError(
+        f"field {column!r} has unsupported type {type(value).__name__} ({_show(value)}); "
+        "a field must be a bool, int, float, Decimal or str"
+    )
+
+
+def _decimal_float(column: str, value: Decimal) -> float:
+    if not value.is_finite():
+        raise PointError(f"field {column!r} is Decimal {value}; InfluxDB cannot store it")
+    result = float(value)
+    if math.isinf(result):
+        raise PointError(f"field {column!r} value {value} is too large for a float")
+    return result
+
+
+def _is_null(value: Any) -> bool:
+    if value is None:
+        return True
+    kind = type(value)
+    # pandas.NA / pandas.NaT, matched by name so pandas need not be imported.
+    if kind.__name__ in ("NAType", "NaTType") and kind.__module__.startswith("pandas"):
+        return True
+    return isinstance(value, _NUMPY_TIME_TYPES) and bool(np.isnat(value))
+
+
+# --- small helpers --------------------------------------------------------------
+
+
+def _show(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _float_name(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("+infinity" if value > 0 else "-infinity")
