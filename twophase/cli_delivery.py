@@ -13,19 +13,20 @@ from twophase.cli_support import (
     Phases,
     UsageError,
     actor,
-    cell,
     full_config,
+    plural,
     refuse_if_live,
     selection_of,
     table,
 )
+from twophase.committer import PromoteResult
 from twophase.db import Database
 from twophase.errors import PermanentError
 from twophase.influx import query_v1, resolve_api
-from twophase.inspect import EpochRange, Inspector, compact_ranges, epochs_are
-from twophase.replay import Replayer, plan_replay
+from twophase.inspect import EpochRange, Inspector, compact_ranges, epochs_are, name_epochs
+from twophase.replay import ReplayedEpoch, Replayer, plan_replay
 from twophase.runtime import TwoPhase
-from twophase.schema import PRECOMMITTED
+from twophase.schema import COMMITTED, PRECOMMITTED
 from twophase.staging import StagedReader
 from twophase.verify import Verifier, VerifyReport
 
@@ -45,21 +46,26 @@ def cmd_recover(con: Console) -> int:
             for e in inspector.epochs(sink, EpochRange(pending[0], pending[-1]))
             if e.state == PRECOMMITTED
         )
-        results = []
+        results: list[PromoteResult] = []
+        sent = 0
         with con.progress("recover", total, "points") as bar:
+
+            def progress(result: PromoteResult) -> None:
+                nonlocal sent
+                sent += result.delivered + result.rejected
+                bar.update(sent, f"{result.sink_id}#{result.epoch}")
+
             for sink in work:
                 lease = tp.ledger.begin_run(sink, f"cli-{uuid.uuid4()}", None)
-                # Committer.recover's loop, one epoch at a time so progress can be shown (I3:
-                # increasing order, stop at the first failure).
-                for epoch in tp.ledger.pending(sink):
-                    results.append(tp.promoter.promote(lease, epoch))
-                    bar.update(sum(r.delivered + r.rejected for r in results), f"{sink}#{epoch}")
+                # Pending is read again under the new lease: the fenced run may have
+                # promoted some meanwhile.
+                results += tp.committer.recover(lease, on_promoted=progress)
     if not results:
         lines = ["nothing to recover: no PRECOMMITTED epochs"]
     else:
         rows = [(r.sink_id, r.epoch, r.delivered, r.rejected) for r in results]
         lines = table(("SINK", "EPOCH", "DELIVERED", "REJECTED"), rows)
-        lines.append(f"recovered {len(results)} epochs; no PRECOMMITTED epoch is left")
+        lines.append(f"recovered {plural(len(results), 'epoch')}; no PRECOMMITTED epoch is left")
         if any(r.rejected for r in results):
             lines.append("InfluxDB rejected some points: see `twophase dead-letters`")
     con.emit({"recovered": results}, lines)
@@ -71,7 +77,7 @@ def cmd_replay(con: Console) -> int:
     selection = EpochRange() if args.all else selection_of(args)
     if selection is None:
         raise UsageError("choose epochs to re-send: --epoch N, --from A [--to B], or --all")
-    if args.all and (args.epoch is not None or args.first is not None or args.last_epoch):
+    if args.all and any(x is not None for x in (args.epoch, args.first, args.last_epoch)):
         raise UsageError("--all cannot be combined with --epoch/--from/--to")
     with TwoPhase.open(full_config(args)) as tp:
         inspector = Inspector(tp.db)
@@ -80,8 +86,9 @@ def cmd_replay(con: Console) -> int:
         refuse_if_live(con, inspector, [args.sink], "replay")
         if plan.skipped_purged:
             con.warn(f"{epochs_are(plan.skipped_purged)} past retention: not re-sent")
-        last = inspector.status(args.sink, 0)[0].last_committed_epoch
-        if last is not None and last > plan.epochs[-1]:
+        after = inspector.epochs(args.sink, EpochRange(first=plan.epochs[-1] + 1))
+        last = max((e.epoch for e in after if e.state == COMMITTED), default=None)
+        if last is not None:
             con.warn(
                 f"epochs after {plan.epochs[-1]} (up to {last}) are not re-sent: where they "
                 "rewrote points of the re-sent epochs (update output mode) InfluxDB now holds "
@@ -89,18 +96,19 @@ def cmd_replay(con: Console) -> int:
                 f"re-send through epoch {last} to restore them (check with `twophase verify`)"
             )
         with con.progress("replay", plan.points, "points") as bar:
-            sent = [0]
+            sent = 0
 
-            def on_epoch(done: Any) -> None:
-                sent[0] += done.points_sent + done.points_rejected
-                bar.update(sent[0], f"epoch {done.epoch}")
+            def on_epoch(done: ReplayedEpoch) -> None:
+                nonlocal sent
+                sent += done.points_sent + done.points_rejected
+                bar.update(sent, f"epoch {done.epoch}")
 
             results = Replayer(tp.db, tp.promoter).replay(plan, actor(), on_epoch)
     rows = [(r.epoch, r.points_sent, r.points_rejected) for r in results]
     lines = table(("EPOCH", "SENT", "REJECTED"), rows)
     lines.append(
-        f"re-sent {sum(r.points_sent for r in results)} points of {len(results)} epochs "
-        f"of sink {args.sink!r}"
+        f"re-sent {plural(sum(r.points_sent for r in results), 'point')} of "
+        f"{plural(len(results), 'epoch')} of sink {args.sink!r}"
     )
     if plan.skipped_aborted:
         lines.append(f"skipped aborted epochs {compact_ranges(plan.skipped_aborted)}")
@@ -154,7 +162,7 @@ def cmd_verify(con: Console) -> int:
 
 def _verify_lines(report: VerifyReport) -> list[str]:
     what = (
-        f"sink {report.sink_id!r}, epochs {compact_ranges(report.epochs)}: "
+        f"sink {report.sink_id!r}, {name_epochs(report.epochs)}: "
         f"{report.points} points in {report.series} series"
     )
     lines = [f"note: {note}" for note in report.notes]
@@ -164,7 +172,7 @@ def _verify_lines(report: VerifyReport) -> list[str]:
     rows = [
         (
             d.measurement,
-            ",".join(f"{k}={v}" for k, v in d.tags.items()),
+            _tags(d.tags),
             d.points_expected,
             d.points_influx,
             d.missing,
@@ -176,8 +184,12 @@ def _verify_lines(report: VerifyReport) -> list[str]:
     lines += table(
         ("MEASUREMENT", "TAGS", "EXPECTED", "INFLUX", "MISSING", "DIFFERENT", "EXTRA"), rows
     )
-    lines += [f"  {d.measurement} {cell(d.tags, 40)}: {x}" for d in diffs[:10] for x in d.examples]
+    lines += [f"  {d.measurement},{_tags(d.tags)}: {x}" for d in diffs[:10] for x in d.examples]
     if report.unparseable:
         lines.append(f"{report.unparseable} staged lines could not be parsed")
     lines.append(f"DIFFERENCES in {len(diffs)} series ({what})")
     return lines
+
+
+def _tags(tags: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in tags.items())

@@ -101,10 +101,12 @@ def _oldest(status: SinkStatus) -> str | None:
 def cmd_epochs(con: Console) -> int:
     args = con.args
     selection = selection_of(args)
+    if selection is not None and args.last is not None:
+        raise UsageError("--last cannot be combined with --epoch/--from/--to")
     with open_store(args) as (_, inspector):
         inspector.require_sink(args.sink)
         if selection is None:
-            rows = inspector.epochs(args.sink, last_n=args.last)
+            rows = inspector.epochs(args.sink, last_n=20 if args.last is None else args.last)
         else:
             rows = inspector.select_epochs(args.sink, selection)
         events = inspector.events(args.sink, args.epoch) if args.epoch is not None else None

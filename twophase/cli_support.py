@@ -87,6 +87,10 @@ def age(seconds: float | None) -> str:
     return f"{whole}s"
 
 
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def size(octets: int) -> str:
     value = float(octets)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -114,6 +118,7 @@ class Progress:
         self._stream, self._label, self._unit = stream, label, unit
         self._total, self._tty, self._interval, self._clock = total, tty, interval, clock
         self._done, self._shown_at, self._open = 0, float("-inf"), False
+        self._shown_done: int | None = None
 
     def update(self, done: int, note: str = "") -> None:
         self._done = done
@@ -121,13 +126,14 @@ class Progress:
             self._show(note)
 
     def finish(self, note: str = "") -> None:
-        self._show(note)
+        if self._tty or self._shown_done != self._done:  # the last state, once
+            self._show(note)
         if self._open:
             self._stream.write("\n")
             self._open = False
 
     def _show(self, note: str) -> None:
-        self._shown_at = self._clock()
+        self._shown_at, self._shown_done = self._clock(), self._done
         percent = 100 if self._total <= 0 else min(100, 100 * self._done // self._total)
         count = f"{self._done}/{self._total} {self._unit}" + (f" {note}" if note else "")
         if self._tty:
@@ -254,9 +260,10 @@ def refuse_if_live(
         owner = inspector.live_owner(sink, window)
         if owner is None:
             continue
-        idle = (datetime.now(timezone.utc) - owner.updated_at).total_seconds()
+        run_id, active_at = owner
+        idle = max(0.0, (datetime.now(timezone.utc) - active_at).total_seconds())
         what = (
-            f"sink {sink!r} is owned by run {owner.owner_run_id}, active {age(idle)} ago "
+            f"sink {sink!r} is owned by run {run_id}, active {age(idle)} ago "
             f"(within --live-window {age(window)})"
         )
         if not console.args.force:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from twophase.errors import PermanentError, TwoPhaseError
@@ -76,7 +76,7 @@ class Promoter:
     def promote(self, lease: Lease, epoch: int) -> PromoteResult:
         plan = self._ledger.plan_promotion(lease, epoch)
         try:
-            delivered, rejected = self._send_all(plan)
+            delivered, rejected = self.send(plan)
         except TwoPhaseError as exc:
             self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
             raise
@@ -98,7 +98,16 @@ class Promoter:
             for index, write in enumerate(plan.writes)
         )
 
-    def _send_all(self, plan: EpochPlan) -> tuple[int, int]:
+    def send(
+        self, plan: EpochPlan, on_batch: Callable[[int], None] | None = None
+    ) -> tuple[int, int]:
+        """Send a plan's fixed point set once, in its fixed order; no state change.
+
+        Returns (delivered, rejected). Rejections become dead letters (once
+        each). ``on_batch`` gets the running count of points sent, for progress.
+        Raises PermanentError if the lines read back are not the decided ones
+        (I1). Used by :meth:`promote` and by replay of COMMITTED epochs.
+        """
         sums = [LineChecksum() for _ in plan.writes]
         counts = [0] * len(plan.writes)
         delivered = rejected = 0
@@ -115,6 +124,8 @@ class Promoter:
                 counts[index] += 1
             delivered += len(batch) - len(rejects)
             rejected += len(rejects)
+            if on_batch is not None:
+                on_batch(delivered + rejected)
             crash_point("promote_batch")
         _check_unchanged(plan, sums, counts)
         return delivered, rejected
@@ -140,7 +151,7 @@ def _check_unchanged(plan: EpochPlan, sums: Sequence[LineChecksum], counts: Sequ
             raise PermanentError(
                 f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
                 f"{write.write_id} changed after the decision ({count} read, {write.points} "
-                "staged); the epoch is left PRECOMMITTED for an operator to inspect"
+                "staged); the epoch's state is left as it was for an operator to inspect"
             )
 
 
@@ -152,11 +163,20 @@ class Committer:
         self._promoter = promoter
         self._stager = stager
 
-    def recover(self, lease: Lease) -> list[PromoteResult]:
-        """Promote every PRECOMMITTED epoch of the sink, in increasing epoch order (I3)."""
-        return [
-            self._promoter.promote(lease, epoch) for epoch in self._ledger.pending(lease.sink_id)
-        ]
+    def recover(
+        self, lease: Lease, on_promoted: Callable[[PromoteResult], None] | None = None
+    ) -> list[PromoteResult]:
+        """Promote every PRECOMMITTED epoch of the sink, in increasing epoch order (I3).
+
+        Stops at the first failure (a later epoch never overtakes an earlier
+        one). ``on_promoted`` is called after each epoch, for progress.
+        """
+        results = []
+        for epoch in self._ledger.pending(lease.sink_id):
+            results.append(self._promoter.promote(lease, epoch))
+            if on_promoted is not None:
+                on_promoted(results[-1])
+        return results
 
     def commit(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> CommitOutcome:
         """Decide and promote ``epoch`` once all its tasks staged ``messages``.

@@ -1,0 +1,177 @@
+"""abort, reset and gc: confirmation, refusal without a terminal, and what they change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.integration.cli_helpers import (
+    OTHER,
+    SCRIPT,
+    SINK,
+    Cli,
+    known_store,
+    make_cli,
+    make_idle,
+    sql,
+)
+from tests.integration.test_protocol import lines, stage
+from tests.support import REPO
+from twophase.config import InfluxConfig
+from twophase.schema import COMMITTED
+
+
+@pytest.fixture
+def cli(tp: Any, staging_url: str, influx: InfluxConfig) -> Cli:
+    known_store(tp)
+    return make_cli(staging_url, influx)
+
+
+def state(staging_url: str, epoch: int, sink: str = SINK) -> str:
+    found = sql(
+        staging_url,
+        "SELECT state FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
+        sink,
+        epoch,
+    )
+    return str(found[0][0]) if found else "gone"
+
+
+def on_terminal(cli: Cli, answer: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the console script with a real terminal as stdin, typing ``answer``."""
+    primary, secondary = os.openpty()
+    try:
+        os.write(primary, answer.encode() + b"\n")
+        return subprocess.run(
+            [str(SCRIPT), *args],
+            stdin=secondary,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=cli.env(),
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(primary)
+        os.close(secondary)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["abort", "--sink", SINK, "--epoch", "3"],
+        ["reset", "--sink", OTHER],
+        ["gc", "--retention", "0s"],
+    ],
+)
+def test_destructive_commands_refuse_without_yes_off_a_terminal(
+    cli: Cli, staging_url: str, args: list[str]
+) -> None:
+    make_idle(staging_url, SINK)
+    make_idle(staging_url, OTHER)
+    before = sql(staging_url, "SELECT sink_id, epoch, state, purged_at FROM twophase_epochs")
+    result = cli.run(*args)  # a subprocess whose stdin is a pipe
+    assert result.code == 2
+    assert "stdin is not a terminal: pass --yes" in result.one_line_error()
+    assert sql(staging_url, "SELECT sink_id, epoch, state, purged_at FROM twophase_epochs") == (
+        before
+    )
+
+
+def test_abort_with_confirmation_on_a_terminal(cli: Cli, staging_url: str) -> None:
+    make_idle(staging_url)
+    declined = on_terminal(cli, "n", "abort", "--sink", SINK, "--epoch", "3")
+    assert declined.returncode == 1, declined.stderr
+    assert "Abort epoch 3 of sink 's'? Its 10 staged points are deleted" in declined.stderr
+    assert "not confirmed; nothing was changed" in declined.stderr
+    assert state(staging_url, 3) == "PRECOMMITTED"
+
+    done = on_terminal(cli, "y", "abort", "--sink", SINK, "--epoch", "3", "--reason", "bad feed")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "aborted epoch 3 of sink 's': 10 staged points discarded (bad feed)\n"
+    assert state(staging_url, 3) == "ABORTED"
+    event = sql(
+        staging_url,
+        "SELECT run_id, detail FROM twophase_epoch_events WHERE event = 'aborted' AND epoch = 3",
+    )
+    assert event[0][0].startswith("cli:") and event[0][1] == "bad feed"
+
+
+def test_abort_checks(cli: Cli, staging_url: str) -> None:
+    live = cli("abort", "--sink", SINK, "--epoch", "3", "--yes")
+    assert live.code == 1 and "owned by run r1" in live.one_line_error()
+    make_idle(staging_url)
+    committed = cli("abort", "--sink", SINK, "--epoch", "1", "--yes")
+    assert committed.code == 1
+    assert "epoch 1 is COMMITTED: only a PRECOMMITTED epoch can be aborted" in (
+        committed.one_line_error()
+    )
+    assert cli("abort", "--sink", SINK, "--epoch", "42", "--yes").code == 2
+    assert cli("abort", "--sink", SINK, "--yes").code == 2  # --epoch is required
+    result = cli("abort", "--sink", SINK, "--epoch", "3", "--yes", "--json")
+    assert result.code == 0, result.err
+    assert result.json() == {
+        "sink_id": SINK,
+        "epoch": 3,
+        "state": "ABORTED",
+        "reason": "aborted by an operator",
+        "points_discarded": 10,
+    }
+    staged = sql(
+        staging_url,
+        "SELECT count(*) FROM twophase_staged_points p JOIN twophase_epochs e"
+        " ON p.write_id = ANY(e.write_ids) WHERE e.epoch = 3 AND e.sink_id = 's'",
+    )
+    assert staged == [(0,)]
+
+
+def test_reset_is_the_way_out_of_a_checkpoint_reset(tp: Any, cli: Cli, staging_url: str) -> None:
+    make_idle(staging_url)
+    pending = cli("reset", "--sink", SINK, "--yes")
+    assert pending.code == 1
+    assert "run `twophase recover --sink s` before resetting it" in pending.one_line_error()
+    assert cli("recover", "--sink", SINK).code == 0
+    done = cli("reset", "--sink", SINK, "--yes", "--json")
+    assert done.code == 0, done.err
+    assert done.json() == {"sink_id": SINK, "query_id": "q1", "epochs_forgotten": 4}
+    # the reset checkpoint's new query starts again at epoch 0
+    lease = tp.ledger.begin_run(SINK, "r5", "q-new")
+    outcome = tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 2, host="z")]))
+    assert (outcome.state, outcome.replay) == (COMMITTED, False)
+    assert cli("reset", "--sink", "nope", "--yes").code == 2
+
+
+def test_gc_dry_run_then_for_real(cli: Cli, staging_url: str) -> None:
+    dry = cli("gc", "--retention", "0s", "--json", "--dry-run")  # no --yes needed
+    assert dry.code == 0, dry.err
+    report = dry.json()
+    assert (report["dry_run"], report["epochs_purged"], report["points_purged"]) == (True, 4, 36)
+    assert {s["sink_id"] for s in report["sinks"]} == {SINK, OTHER}
+    assert set(report) == {
+        "dry_run",
+        "retention_s",
+        "orphan_grace_s",
+        "epochs_purged",
+        "points_purged",
+        "orphan_writes",
+        "sinks",
+    }
+    assert sql(staging_url, "SELECT count(*) FROM twophase_epochs WHERE purged_at IS NOT NULL") == [
+        (0,)
+    ]
+    done = cli("gc", "--sink", SINK, "--retention", "0s", "--yes")
+    assert done.code == 0, done.err
+    assert done.out.splitlines()[-1] == (
+        "gc purged 3 epochs (31 staged points) past retention 0s and 0 orphaned writes"
+    )
+    assert "gc: 1/1 sinks s (100%)" in done.err
+    assert state(staging_url, 3) == "PRECOMMITTED"  # never purged: not delivered yet
+    replay = cli("replay", "--sink", SINK, "--epoch", "1")
+    assert replay.code == 1 and "epoch 1 is past retention" in replay.one_line_error()
+    bad = cli("gc", "--retention", "7x")
+    assert bad.code == 2
+    assert "argument --retention: '7x' is not a duration" in bad.one_line_error()

@@ -1,0 +1,114 @@
+"""Bad arguments and broken surroundings: one line on stderr, exit 2 or 1, no traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.cli_helpers import SINK, Cli, known_store, make_cli, make_idle
+from tests.support import create_database, drop_database, unique
+from twophase.config import InfluxConfig
+
+
+@pytest.fixture
+def cli(staging_url: str, influx: InfluxConfig) -> Cli:
+    return make_cli(staging_url, influx)
+
+
+def staging_only_env(cli: Cli) -> dict[str, str]:
+    return {k: v for k, v in cli.env().items() if not k.startswith("TWOPHASE_INFLUX")}
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        ([], 2, "the following arguments are required: COMMAND"),
+        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+        (["epochs"], 2, "the following arguments are required: --sink"),
+        (["epochs", "--sink", "s", "--last", "x"], 2, "argument --last: 'x' is not a count"),
+        (["gc", "--retention", "7x"], 2, "argument --retention: '7x' is not a duration"),
+        (["gc", "--orphan-grace", "-1h"], 2, "argument --orphan-grace"),
+        (["status", "--live-window", "soon"], 2, "argument --live-window"),
+        (["--staging-url", "mysql://u@h/db", "status"], 2, "--staging-url: must be a PostgreSQL"),
+        (["--influx-api", "v9", "recover"], 2, "--influx-api: 'v9' is not one of v1, v2, auto"),
+        (["status", "--sink", "ghost"], 2, "unknown sink 'ghost' (the store has no sinks)"),
+        (["replay", "--sink", "ghost", "--all"], 2, "unknown sink 'ghost'"),
+        (["dead-letters", "--sink", "ghost"], 2, "unknown sink 'ghost'"),
+        (["gc", "--sink", "ghost", "--dry-run"], 2, "unknown sink 'ghost'"),
+    ],
+)
+def test_bad_arguments(cli: Cli, args: list[str], code: int, message: str) -> None:
+    result = cli(*args)
+    assert result.code == code, result.err
+    assert message in result.one_line_error()
+    assert result.out == ""
+
+
+def test_staging_only_commands_need_no_influxdb_settings(tp: Any, cli: Cli) -> None:
+    known_store(tp)
+    make_idle(cli.staging_url)
+    env = staging_only_env(cli)
+    for args in (
+        ["status"],
+        ["epochs", "--sink", SINK],
+        ["dead-letters", "--sink", SINK],
+        ["gc", "--dry-run"],
+        ["abort", "--sink", SINK, "--epoch", "3", "--yes"],
+        ["reset", "--sink", "t", "--yes", "--force"],
+    ):
+        result = cli.run(*args, env=env)
+        assert result.code == 0, (args, result.err)
+    missing = cli.run("recover", env=env)
+    assert missing.code == 1
+    assert "TWOPHASE_INFLUX_URL: is required but not set" in missing.one_line_error()
+
+
+def test_unreachable_staging_store(cli: Cli) -> None:
+    env = cli.env() | {
+        "TWOPHASE_STAGING_URL": "postgresql+psycopg://u:secret-pw@127.0.0.1:1/none",
+        "TWOPHASE_STAGING_CONNECT_TIMEOUT": "2s",
+    }
+    result = cli.run("status", env=env)
+    assert result.code == 1
+    line = result.one_line_error()
+    assert "staging database" in line and "secret-pw" not in result.err
+
+
+def test_store_without_schema(cli: Cli, staging_url: str) -> None:
+    name = unique("twophase_empty")
+    url = create_database(staging_url, name)
+    try:
+        result = cli.run("status", env=cli.env() | {"TWOPHASE_STAGING_URL": url})
+        assert result.code == 1
+        assert "run `alembic upgrade head`" in result.one_line_error()
+    finally:
+        drop_database(staging_url, name)
+
+
+def test_influxdb_down_during_recover(tp: Any, cli: Cli) -> None:
+    known_store(tp)
+    make_idle(cli.staging_url)
+    env = cli.env() | {
+        "TWOPHASE_INFLUX_URL": "http://127.0.0.1:1",
+        "TWOPHASE_INFLUX_RETRY_DEADLINE": "1s",
+        "TWOPHASE_INFLUX_RETRY_INITIAL": "100ms",
+    }
+    result = cli.run("recover", env=env)
+    assert result.code == 1
+    assert "InfluxDB" in result.err.splitlines()[-1] and "Traceback" not in result.err
+    status = cli("status", "--sink", SINK, "--json").json()["sinks"][0]
+    assert status["precommitted_epochs"] == 1 and "InfluxUnavailableError" in status["last_error"]
+
+
+def test_debug_shows_the_traceback(cli: Cli) -> None:
+    result = cli("--debug", "status", "--sink", "ghost")
+    assert result.code == 2
+    assert "Traceback" in result.err and "UnknownSinkError" in result.err
+
+
+def test_password_in_a_flag_is_warned_about_and_never_printed(cli: Cli) -> None:
+    result = cli("status")  # the dev URL has a password
+    assert result.code == 0
+    assert "the password in --staging-url is visible to other users" in result.err
+    assert ":twophase@" not in result.err + result.out
