@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.crash_driver import MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
 from tests.integration.cli_helpers import (
     SINK,
     Cli,
@@ -21,6 +20,7 @@ from tests.integration.cli_helpers import (
     make_idle,
     sql,
 )
+from tests.integration.crash_driver import MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
 from tests.integration.test_protocol import lines, stage
 from tests.support import REPO, influx_count, influx_rows
 from twophase.config import InfluxConfig
