@@ -1,9 +1,22 @@
-"""Named crash points, so tests can SIGKILL a real process at an exact protocol step.
+"""Named crash points, so tests and the demo can SIGKILL real processes at an exact step.
 
-Set ``TWOPHASE_CRASH_AT=<name>`` (or ``<name>:<n>`` to crash on the n-th time the
-point is reached) in a process's environment and that process kills itself
-with SIGKILL when it gets there: no cleanup, no ``finally``, no atexit, just
-like a power cut or an OOM kill. Unset, a crash point costs one dict lookup.
+Arm a point in one of two ways:
+
+* ``TWOPHASE_CRASH_AT=<name>[:<n>]`` in a process's environment: the process
+  kills itself the n-th time it reaches ``<name>`` (default the first).
+* ``TWOPHASE_CRASH_PLAN=<file>``: the point is read from that JSON file at
+  every check, ``{"at": "<name>[:<n>]", "scope": "process" | "session"}``,
+  so a running job can be armed from outside. A plan fires once across all
+  processes that read it: the first to fire creates ``<file>.fired``.
+
+Scope ``process`` (default; ``TWOPHASE_CRASH_SCOPE`` for the environment form)
+kills only the process that got there — in Spark, a task failure the
+scheduler retries. Scope ``session`` kills every process of the session (a
+job started with its own session: Python driver, JVM, Python daemons and
+workers) — a power cut of the whole driver, with no ``abort`` and no
+shutdown hook. Only use ``session`` for a process started in a session of its
+own (``start_new_session=True``): it kills everything in that session.
+Unarmed, a crash point costs two dict lookups.
 
 Points: ``stage_rows`` (mid-COPY), ``after_stage``, ``after_decide``,
 ``promote_batch`` (after each acknowledged InfluxDB batch), ``after_promote``
@@ -12,21 +25,78 @@ Points: ``stage_rows`` (mid-COPY), ``after_stage``, ``after_decide``,
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+from pathlib import Path
 
 CRASH_ENV = "TWOPHASE_CRASH_AT"
+SCOPE_ENV = "TWOPHASE_CRASH_SCOPE"
+PLAN_ENV = "TWOPHASE_CRASH_PLAN"
+POINTS = (
+    "stage_rows",
+    "after_stage",
+    "after_decide",
+    "promote_batch",
+    "after_promote",
+    "after_mark",
+)
 _hits: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process if ``TWOPHASE_CRASH_AT`` names this point (and count)."""
-    spec = os.environ.get(CRASH_ENV)
-    if not spec:
+    """SIGKILL this process (or its whole session) if a crash point is armed here."""
+    plan = os.environ.get(PLAN_ENV)
+    if plan:
+        at, scope = _read_plan(plan)
+    else:
+        at, scope = os.environ.get(CRASH_ENV), os.environ.get(SCOPE_ENV, "process")
+    if not at:
         return
-    target, _, count = spec.partition(":")
+    target, _, count = at.partition(":")
     if target != name:
         return
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] >= int(count or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _hits[name] < int(count or 1):
+        return
+    if plan and not _claim(plan):
+        return  # another process fired this plan already
+    _kill(scope)
+
+
+def _read_plan(path: str) -> tuple[str | None, str]:
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None, "process"  # not armed (yet), or being rewritten
+    return plan.get("at"), plan.get("scope", "process")
+
+
+def _claim(plan: str) -> bool:
+    """True for the first process to fire this plan (atomic create of the marker)."""
+    try:
+        os.close(os.open(plan + ".fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _kill(scope: str) -> None:
+    if scope == "session":
+        me, session = os.getpid(), os.getsid(0)
+        for pid in _session_members(session):
+            if pid != me:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _session_members(session: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry)) == session:
+                    pids.append(int(entry))
+    return pids
