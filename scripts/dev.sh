@@ -3,6 +3,7 @@
 #
 #   scripts/dev.sh setup            install missing tools, create .venv, start the servers
 #   scripts/dev.sh test [args...]   setup + ruff + mypy + pytest (args go to pytest)
+#   scripts/dev.sh demo [args...]   setup + the exactly-once demo (jobs/demo.py)
 #   scripts/dev.sh unit [args...]   pytest -m unit, venv only, no servers
 #   scripts/dev.sh lint             ruff + mypy, venv only
 #   scripts/dev.sh start|stop|status
@@ -129,7 +130,7 @@ run_step() {
 }
 
 lint_steps() {
-    run_step "ruff" "$VENV/bin/ruff" check twophase tests migrations scripts
+    run_step "ruff" "$VENV/bin/ruff" check twophase tests migrations scripts jobs bench
     run_step "mypy" "$VENV/bin/mypy"
 }
 
@@ -153,6 +154,15 @@ cmd_test() {
     finish
 }
 
+cmd_demo() {
+    cmd_setup
+    eval "$(services env)"
+    export PYSPARK_PYTHON="$PY"
+    say "staging schema: alembic upgrade head"
+    (cd "$REPO" && "$VENV/bin/alembic" upgrade head)
+    exec "$PY" "$REPO/jobs/demo.py" "$@"
+}
+
 cmd_lint() {
     ensure_venv
     FAILED=()
@@ -167,7 +177,7 @@ cmd_unit() {
 }
 
 usage() {
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -178,6 +188,7 @@ main() {
     case "$cmd" in
         setup) cmd_setup ;;
         test) cmd_test "$@" ;;
+        demo) cmd_demo "$@" ;;
         unit) cmd_unit "$@" ;;
         lint) cmd_lint ;;
         start) services start ;;

@@ -458,9 +458,33 @@ def _api_from_version(version: str | None) -> str:
 
 
 def make_writer(config: InfluxConfig) -> InfluxWriter:
-    """A writer for the configured API (``auto`` resolved through ``/ping``)."""
-    config = resolve_api(config)
+    """A writer for the configured API.
+
+    With ``auto`` the API is resolved through ``/ping`` at the first write, so
+    an InfluxDB that is down when a process starts is retried like any other
+    outage (InfluxUnavailableError) instead of failing the process at once.
+    """
+    if config.api == "auto":
+        return AutoWriter(config)
+    config.validate_for_api()
     return V1Writer(config) if config.api == "v1" else V2Writer(config)
+
+
+class AutoWriter:
+    """Resolves ``auto`` on the first write (retried by the sender while unreachable)."""
+
+    def __init__(self, config: InfluxConfig) -> None:
+        self._config = config
+        self._inner: InfluxWriter | None = None
+
+    def write(self, body: bytes) -> None:
+        if self._inner is None:
+            self._inner = make_writer(resolve_api(self._config))
+        self._inner.write(body)
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
 
 
 # --- reading back (tests, verify) -----------------------------------------------------

@@ -87,7 +87,9 @@ class Ledger:
         Refuses (I6) when the sink is bound to another query that has decided
         epochs: a reset checkpoint or a second query on the same sink id. The
         older run is not fenced in that case. Calling it again for the same
-        run returns that run's existing lease (idempotent).
+        run returns that run's existing lease (idempotent), unless a newer run
+        has taken the sink meanwhile: then FencedError (I5), so that a zombie
+        driver's new process cannot take the sink back.
         """
         with self._db.transaction() as cur:
             cur.execute(
@@ -97,6 +99,7 @@ class Ledger:
             sink = _lock_sink(cur, sink_id)
             if sink["owner_run_id"] == run_id:
                 return Lease(sink_id, run_id, sink["query_id"], sink["fencing_token"])
+            _refuse_superseded_run(cur, sink_id, sink, run_id)
             _refuse_other_query(sink_id, sink, query_id)
             token = sink["fencing_token"] + 1
             cur.execute(
@@ -106,7 +109,7 @@ class Ledger:
             )
             cur.execute(
                 "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
-                " VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (sink_id, run_id) DO UPDATE SET"
                 " fencing_token = EXCLUDED.fencing_token, started_at = now()",
                 (run_id, sink_id, query_id, token),
             )
@@ -303,6 +306,19 @@ def _check_fence(sink: dict[str, Any], lease: Lease) -> None:
         raise FencedError(
             f"run {lease.run_id} of sink {lease.sink_id!r} was fenced by a newer run "
             f"({sink['owner_run_id']}); this run may no longer decide or commit epochs"
+        )
+
+
+def _refuse_superseded_run(
+    cur: Cursor, sink_id: str, sink: dict[str, Any], run_id: str
+) -> None:
+    cur.execute(
+        "SELECT 1 FROM twophase_runs WHERE run_id = %s AND sink_id = %s", (run_id, sink_id)
+    )
+    if cur.fetchone() is not None:
+        raise FencedError(
+            f"run {run_id} of sink {sink_id!r} was fenced by a newer run "
+            f"({sink['owner_run_id']}); a fenced run cannot claim the sink again"
         )
 
 

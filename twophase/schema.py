@@ -82,14 +82,13 @@ sinks = Table(
 runs = Table(
     "twophase_runs",
     metadata,
-    Column("run_id", Text, primary_key=True),
     Column(
         "sink_id",
         Text,
         ForeignKey("twophase_sinks.sink_id", ondelete="CASCADE"),
-        nullable=False,
-        index=True,
+        primary_key=True,
     ),
+    Column("run_id", Text, primary_key=True),
     Column("query_id", Text, nullable=True),
     Column("fencing_token", BigInteger, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),

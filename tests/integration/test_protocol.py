@@ -284,3 +284,13 @@ def test_promotion_is_repeatable(tp: Any) -> None:
         conn.execute("UPDATE twophase_epochs SET state = 'PRECOMMITTED'")
     tp.promoter.promote(lease, 0)
     assert influx_rows(tp.config.influx, M) == first
+
+
+def test_fenced_run_cannot_claim_the_sink_back(tp: Any) -> None:
+    """I5 across processes: a zombie driver's fresh process may not re-fence the newer run."""
+    tp.ledger.begin_run("s", "r1", "q1")
+    newer = tp.ledger.begin_run("s", "r2", "q1")
+    with pytest.raises(FencedError, match="cannot claim the sink again"):
+        tp.ledger.begin_run("s", "r1", "q1")
+    assert tp.ledger.begin_run("s", "r2", "q1") == newer  # the owner's own re-claim is a no-op
+    tp.committer.commit(newer, 0, stage(tp, "s", 0, [lines(0, 2)], run="r2"))

@@ -33,6 +33,7 @@ from twophase.errors import (
     InfluxUnavailableError,
 )
 from twophase.influx import (
+    AutoWriter,
     TransientWriteError,
     V1Writer,
     V2Writer,
@@ -149,10 +150,19 @@ def test_v2_api_on_influxdb_16_is_not_found_with_a_hint(influx: InfluxConfig) ->
 def test_resolve_api_on_influxdb(influx: InfluxConfig) -> None:
     auto = dataclasses.replace(influx, api="auto")
     assert resolve_api(auto).api == "v1"
-    writer = make_writer(auto)
-    assert isinstance(writer, V1Writer)
+    writer = make_writer(auto)  # resolved at the first write
     writer.write(f"m f=7i {T0}".encode())
     assert values(influx) == [[T0, 7]]
+    assert isinstance(writer, AutoWriter)
+    assert isinstance(writer._inner, V1Writer)
+
+
+def test_auto_api_while_influxdb_is_down_is_retried_not_fatal(influx: InfluxConfig) -> None:
+    """make_writer does not ping: an outage at process start is retried like any other."""
+    down = dataclasses.replace(influx, api="auto", url=f"http://127.0.0.1:{free_port()}")
+    writer = make_writer(down)
+    with pytest.raises(InfluxUnavailableError):
+        writer.write(b"m f=1i 1")
 
 
 def test_resolve_api_unreachable() -> None:

@@ -276,7 +276,9 @@ def test_resolve_api_validates_and_keeps_explicit_choice(stub: Any) -> None:
         resolve_api(InfluxConfig(url=stub.url))  # v1 without a database
     assert caught.value.option == "TWOPHASE_INFLUX_DB"
     assert resolve_api(InfluxConfig(url="http://127.0.0.1:1", api="v1", database="d")).api == "v1"
-    assert isinstance(make_writer(InfluxConfig(url=stub.url, database="d")), V1Writer)
+    assert isinstance(make_writer(InfluxConfig(url=stub.url, api="v1", database="d")), V1Writer)
+    lazy = make_writer(InfluxConfig(url=stub.url, database="d"))  # auto: pings at first write
+    assert not isinstance(lazy, V1Writer)
 
 
 def test_resolve_api_unreachable_is_unavailable() -> None:

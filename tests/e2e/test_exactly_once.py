@@ -1,0 +1,276 @@
+"""I7 with real Spark: SIGKILL the whole driver at each protocol step and at random
+moments, restart from the checkpoint, and InfluxDB holds exactly the aggregates
+computed from the input without Spark -- nothing missing, nothing doubled, no
+extra point -- with every malformed line dead-lettered once.
+
+Starting Spark costs 10-20 s here, so the protocol-step test runs one chain:
+a job runs continuously, a crash point is armed while it is idle, new input
+makes it fire, the job is restarted, and the test waits until InfluxDB is
+exact again before arming the next one. The same chain then shows a task
+failure that Spark retries, and the refusal of a second query and of a reset
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from jobs.generate_events import expected
+from tests.e2e.harness import (
+    Job,
+    Target,
+    arm,
+    decided_dead_letters,
+    disarm,
+    epochs,
+    feed,
+    fired,
+    influx_stats,
+    mismatches,
+    orphan_writes,
+    run_job,
+    start_job,
+    wait_exact,
+)
+from tests.support import admin_conninfo
+
+SINK = "dash"
+MALFORMED = SINK + ".malformed"
+SINKS = (SINK, MALFORMED)
+STEPS = ("after_stage", "after_decide", "promote_batch", "after_promote", "after_mark")
+FILES_PER_STEP = 3
+KILL_TIMEOUT_S = 120.0
+CLUSTER = "local-cluster[2,1,1024]"
+
+
+class Chain:
+    """One sink's job, restarted across crashes; remembers what input it was given."""
+
+    def __init__(self, target: Target, work: Path, event_files: list[Path]) -> None:
+        self.target = target
+        self.work = work
+        self.pending = list(event_files)
+        self.fed: list[Path] = []
+        self.plan = work / "crash-plan.json"
+        self.job = self.start()
+
+    def start(self, checkpoint: str = "checkpoint") -> Job:
+        return start_job(
+            self.target,
+            self.work / "input",
+            self.work / checkpoint,
+            SINK,
+            self.work / "logs",
+            available_now=False,
+            max_files=2,
+            crash_plan=self.plan,
+        )
+
+    def feed(self, count: int) -> None:
+        new, self.pending = self.pending[:count], self.pending[count:]
+        self.fed += new
+        feed(self.work / "input", new)
+
+    def wait_exact(self) -> None:
+        wait_exact(self.job, self.target, self.fed, MALFORMED)
+
+    def epochs(self) -> dict[str, list[dict[str, Any]]]:
+        return {sink: epochs(self.target.staging_url, sink) for sink in SINKS}
+
+
+def test_sigkill_at_each_protocol_step_then_restart(
+    target: Target, work: Path, event_files: list[Path]
+) -> None:
+    chain = Chain(target, work, event_files)
+    chain.feed(2)
+    chain.wait_exact()
+    for point in STEPS:
+        crash_and_recover(chain, point)
+    task_failure_is_retried(chain)
+    second_query_and_reset_checkpoint_are_refused(chain)
+
+
+def crash_and_recover(chain: Chain, point: str) -> None:
+    """Arm ``point``, feed input, see the whole job die there, restart, check exactness."""
+    orphans_before = orphan_writes(chain.target.staging_url)
+    arm(chain.plan, f"{point}:1", "session")
+    chain.feed(FILES_PER_STEP)
+    code = chain.job.wait(KILL_TIMEOUT_S)
+    assert code == -signal.SIGKILL, (point, chain.job.tail())
+    assert fired(chain.plan).exists()
+    at_crash = chain.epochs()
+    in_flight = [
+        (s, e["epoch"]) for s in SINKS for e in at_crash[s] if e["state"] == "PRECOMMITTED"
+    ]
+    if point in ("after_decide", "promote_batch", "after_promote"):
+        assert in_flight, (point, at_crash)  # decided, not (fully) promoted
+    if point == "after_stage":
+        assert orphan_writes(chain.target.staging_url) > orphans_before  # staged, never voted on
+
+    disarm(chain.plan)
+    chain.job = chain.start()
+    chain.wait_exact()
+    after = chain.epochs()
+    for sink, epoch in in_flight:  # recovered from its original writes, the re-run detected
+        done = next(e for e in after[sink] if e["epoch"] == epoch)
+        assert done["state"] == "COMMITTED" and done["replays"] >= 1, (point, done)
+    if point != "after_stage":  # Spark re-ran the epoch it had not logged: a replay
+        assert sum(e["replays"] for s in SINKS for e in after[s]) > sum(
+            e["replays"] for s in SINKS for e in at_crash[s]
+        ), (point, after)
+    if point == "promote_batch":
+        assert any(e["promote_attempts"] >= 2 for s in SINKS for e in after[s])
+
+
+def task_failure_is_retried(chain: Chain) -> None:
+    """A Python worker dies right after staging (its write is committed in PostgreSQL,
+    its message never reaches the driver): Spark retries the task, the retry stages
+    again, and only the retry's write is counted."""
+    orphans_before = orphan_writes(chain.target.staging_url)
+    arm(chain.plan, "after_stage:1", "process")
+    chain.feed(FILES_PER_STEP)
+    chain.job.wait_for("the task failure", fired(chain.plan).exists, KILL_TIMEOUT_S)
+    chain.wait_exact()
+    assert chain.job.returncode is None  # the query survived the failed task
+    assert orphan_writes(chain.target.staging_url) > orphans_before
+    assert "Lost task" in chain.job.stderr() or "exited unexpectedly" in chain.job.stderr()
+    for sink, sink_epochs in chain.epochs().items():
+        assert all(e["state"] == "COMMITTED" for e in sink_epochs), sink
+    disarm(chain.plan)
+
+
+def second_query_and_reset_checkpoint_are_refused(chain: Chain) -> None:
+    """I6: a second query on the sink (while the first runs) and the same job from a
+    deleted checkpoint are both refused with an error naming the sink and the way out;
+    InfluxDB is untouched by them."""
+    before = influx_stats(chain.target.influx)
+    second = run_job(
+        chain.target,
+        chain.work / "input",
+        chain.work / "other-checkpoint",
+        SINK,
+        chain.work / "logs",
+        max_files=2,
+    )
+    assert_refused(second)
+    assert chain.job.returncode is None  # the owner keeps running
+    assert influx_stats(chain.target.influx) == before
+
+    chain.job.kill()
+    shutil.rmtree(chain.work / "checkpoint")
+    reset = run_job(
+        chain.target,
+        chain.work / "input",
+        chain.work / "checkpoint",
+        SINK,
+        chain.work / "logs",
+        max_files=2,
+    )
+    assert_refused(reset)
+    assert influx_stats(chain.target.influx) == before
+    assert not mismatches(chain.target.influx, chain.fed)
+    owners = {e["query_id"] for s in SINKS for e in chain.epochs()[s]}
+    assert len(owners) == 2  # one query per sink: the refused ones decided nothing
+
+
+def assert_refused(job: Job) -> None:
+    assert job.returncode == 2, job.tail()
+    message = job.stderr()
+    assert "CheckpointResetError" in message, job.tail()
+    assert f"sink '{SINK}'" in message or f"sink '{MALFORMED}'" in message, job.tail()
+    assert "twophase reset" in message, job.tail()
+
+
+def test_random_sigkills_over_twenty_batches(
+    target: Target, work: Path, event_files: list[Path]
+) -> None:
+    """Kill the driver 5 times at random moments of a 24-batch run, on a multi-process
+    cluster (local-cluster: a master, two workers and their executors, each in its own
+    JVM with its own Python workers), the stats through the data source in complete
+    mode (each epoch re-sends every window).
+
+    A moment is a random delay once the run writes, or the first instant the test
+    sees a write staged but not voted on, or an epoch decided but not committed:
+    uniform random delays alone mostly land in Spark's computing, not in the protocol.
+    """
+    seed = int(time.time())
+    rng = random.Random(seed)
+    moments = ["delay", "staged", "decided", rng.choice(KILL_MOMENTS), rng.choice(KILL_MOMENTS)]
+    rng.shuffle(moments)
+    feed(work / "input", event_files)
+    args = (target, work / "input", work / "checkpoint", SINK, work / "logs")
+    kills: list[str] = []
+    for moment in moments:
+        with psycopg.connect(admin_conninfo(target.staging_url), autocommit=True) as conn:
+            baseline = {name: conn.execute(sql).fetchone() for name, sql in MOMENT_SQL.items()}
+            job = start_job(*args, available_now=False, master=CLUSTER, stats_writer="data-source")
+            wait_for_moment(job, conn, moment, baseline, rng)
+        if job.returncode is None:
+            job.kill()
+            kills.append(f"{moment}: {protocol_state(target)}")
+    print(f"seed {seed}; killed at: " + "; ".join(kills))
+    final = run_job(*args, master=CLUSTER, stats_writer="data-source")
+    assert final.returncode == 0, final.tail()
+    assert len(kills) == 5, f"seed {seed}: the job ended by itself"
+    assert len(epochs(target.staging_url, SINK)) >= 20
+    problems = mismatches(target.influx, event_files)
+    assert not problems, (f"seed {seed}", kills, problems[:20])
+    assert decided_dead_letters(target.staging_url, MALFORMED) == expected(event_files).malformed
+    for sink in SINKS:
+        assert {e["state"] for e in epochs(target.staging_url, sink)} == {"COMMITTED"}
+
+
+KILL_MOMENTS = ("delay", "staged", "decided")
+MOMENT_SQL = {
+    # every staged write (a batch is being written)
+    "writing": "SELECT count(*) FROM twophase_writes",
+    # writes no decision covers yet (between stage and decide, or orphans)
+    "staged": "SELECT count(*) FROM twophase_writes w WHERE NOT EXISTS (SELECT 1 FROM"
+    " twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch)",
+    # epochs decided, not yet committed
+    "decided": "SELECT array_agg(sink_id || '#' || epoch ORDER BY sink_id, epoch)"
+    " FROM twophase_epochs WHERE state = 'PRECOMMITTED'",
+}
+
+
+def wait_for_moment(
+    job: Job,
+    conn: psycopg.Connection[Any],
+    moment: str,
+    baseline: dict[str, Any],
+    rng: random.Random,
+) -> None:
+    """Return at the chosen moment of this run (polled every few milliseconds): a new
+    write staged but not decided, a new epoch decided but not committed, or a random
+    delay once the run writes. The first batch of a run also recovers the epoch the
+    previous kill left, so kills land in recovery as well."""
+    name = "writing" if moment == "delay" else moment
+
+    def changed() -> bool:
+        row = conn.execute(MOMENT_SQL[name]).fetchone()
+        now, before = (row or (None,))[0], (baseline[name] or (None,))[0]
+        if name == "decided":  # a new set of PRECOMMITTED epochs, not an empty one
+            return now is not None and now != before
+        return int(now or 0) > int(before or 0)  # more writes than before
+
+    job.wait_for(f"a {moment} moment", changed, timeout=KILL_TIMEOUT_S, interval=0.005)
+    if moment == "delay":
+        time.sleep(rng.uniform(0.0, 3.0))
+
+
+def protocol_state(target: Target) -> str:
+    """Where a kill landed: epochs decided but not committed, writes never voted on."""
+    pending = [
+        f"{sink}#{e['epoch']}"
+        for sink in SINKS
+        for e in epochs(target.staging_url, sink)
+        if e["state"] == "PRECOMMITTED"
+    ]
+    return f"precommitted {pending or 'none'}, orphans {orphan_writes(target.staging_url)}"

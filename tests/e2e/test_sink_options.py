@@ -1,0 +1,163 @@
+"""The sink refuses what it cannot do, before a row is staged: secrets as options,
+unknown options, columns the query does not produce, update mode; and it writes
+an append-mode stream exactly once. One in-process Spark session for the module."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import URL, make_url
+
+from tests.e2e.harness import epochs, feed, query
+from tests.support import influx_count
+from twophase.config import InfluxConfig
+from twophase.errors import ConfigError
+from twophase.spark import foreach_batch_writer, parse_options
+from twophase.spark.options import DEAD_LETTERS
+
+SECRET = "hunter2-do-not-print"
+
+
+@pytest.fixture(scope="module")
+def spark(base_staging_url: str) -> Iterator[Any]:
+    """The session; its processes get the staging password as users should pass it."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    password = make_url(base_staging_url).password
+    if password:
+        os.environ["PGPASSWORD"] = str(password)
+    from pyspark.sql import SparkSession
+
+    import twophase.spark
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("twophase-e2e-options")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    twophase.spark.register(session)
+    yield session
+    session.stop()
+
+
+def start(spark: Any, checkpoint: Path, mode: str = "append", **options: str) -> Any:
+    frame = spark.readStream.format("rate").option("rowsPerSecond", "5").load()
+    writer = frame.selectExpr("CAST(value % 3 AS STRING) AS k", "value AS v", "timestamp")
+    stream = writer.writeStream.format("twophase-influx").outputMode(mode)
+    return stream.options(**options).option("checkpointLocation", str(checkpoint)).start()
+
+
+def failure(spark: Any, checkpoint: Path, mode: str = "append", **options: str) -> str:
+    """The error text of a query that must fail at its first micro-batch."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        query = start(spark, checkpoint, mode, **options)
+    except Exception as exc:  # refused by start() itself (analysis)
+        return str(exc)
+    with pytest.raises(StreamingQueryException) as caught:
+        query.awaitTermination(120)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("option", ["influx_password", "influx_token"])
+def test_secret_option_is_refused_without_showing_it(
+    spark: Any, tmp_path: Path, option: str
+) -> None:
+    text = failure(spark, tmp_path, sink_id="s", measurement="m", tags="k", **{option: SECRET})
+    assert "ConfigError" in text and f"{option}: is a secret" in text
+    assert SECRET not in text
+
+
+def test_unknown_option_and_missing_column_are_refused(spark: Any, tmp_path: Path) -> None:
+    text = failure(spark, tmp_path / "a", sink_id="s", measurement="m", tag="k")
+    assert "tag: unknown option of the twophase-influx sink" in text
+    text = failure(spark, tmp_path / "b", sink_id="s", measurement="m", tags="k,host")
+    assert "tags: column 'host' is not in the query's output" in text
+
+
+def test_update_mode_is_refused_by_spark(spark: Any, tmp_path: Path) -> None:
+    """PySpark's Python data sources support append and complete mode only; update mode
+    goes through foreach_batch_writer (the job does so)."""
+    text = failure(spark, tmp_path, "update", sink_id="s", measurement="m", tags="k")
+    assert "does not support Update mode" in text
+
+
+def test_options_are_validated_without_spark(staging_url: str) -> None:
+    with pytest.raises(ConfigError, match="staging_url: must not contain a password"):
+        parse_options({"sink_id": "s", "measurement": "m", "staging_url": staging_url})
+    with pytest.raises(ConfigError, match="sink_id: is required"):
+        parse_options({"measurement": "m"})
+    with pytest.raises(ConfigError, match="measurement: only applies to mode=points"):
+        parse_options({"sink_id": "s", "mode": DEAD_LETTERS, "measurement": "m"})
+    with pytest.raises(ConfigError, match="influx_token: is a secret"):
+        foreach_batch_writer("s", measurement="m", influx_token=SECRET)
+    sink = parse_options(
+        {
+            "Sink_Id": "s",
+            "MEASUREMENT": "m",
+            "tags": "a, b",
+            "time": "t",
+            "precision": "s",
+            "checkpointLocation": "/x",
+        }
+    )
+    assert sink.spec is not None and sink.spec.tag_columns == ("a", "b")
+    assert SECRET not in repr(sink)
+
+
+def test_append_stream_is_written_once_per_epoch(
+    spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig, event_files: list[Path]
+) -> None:
+    """Raw events through the data source (append mode, row time from the event)."""
+    from pyspark.sql import functions as F
+
+    url = make_url(staging_url)
+    no_password = URL.create(
+        url.drivername, url.username, None, url.host, url.port, url.database
+    ).render_as_string()
+    feed(tmp_path / "input", event_files[:2])
+    lines = spark.readStream.format("text").option("maxFilesPerTrigger", "1")
+    events = (
+        lines.load(str(tmp_path / "input"))
+        .select(
+            F.from_json("value", "timestamp double, stream_id string, user_id string").alias("e")
+        )
+        .select("e.*")
+        .where("timestamp IS NOT NULL AND stream_id IS NOT NULL")
+    )
+    query_ = (
+        events.selectExpr(
+            "stream_id", "user_id", "CAST(timestamp * 1000 AS BIGINT) AS ms", "1 AS seen"
+        )
+        .writeStream.format("twophase-influx")
+        .options(
+            sink_id="raw",
+            measurement="raw",
+            tags="stream_id,user_id",
+            time="ms",
+            precision="ms",
+            staging_url=no_password,
+            influx_db=str(influx.database),
+            influx_api="v1",
+            influx_url=influx.url,
+        )
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query_.awaitTermination(180)
+    assert query_.exception() is None
+    decided = epochs(staging_url, "raw")
+    assert [e["state"] for e in decided] == ["COMMITTED", "COMMITTED"]
+    staged = sum(e["points"] for e in decided)
+    assert staged > 0 and influx_count(influx, "raw") == staged
+    (writes,) = query(staging_url, "SELECT count(*) FROM twophase_writes WHERE sink_id = 'raw'")
+    assert writes[0] == sum(e["writes"] for e in decided)  # no orphan: nothing failed

@@ -1,0 +1,136 @@
+"""Phase 2 on the driver: claim the sink for a run, decide and promote an epoch, abort.
+
+Spark calls a streaming sink's ``commit(messages, batchId)`` in a Python
+process of the driver that has no task context, so the run and query ids
+come from the commit messages the tasks sent. Per process, the protocol's
+parts are opened once per configuration and a run claims its sink once
+(:func:`claim`), so a long-lived commit process pays for neither per epoch.
+
+Contracts:
+
+* :func:`commit_epoch` is idempotent per epoch: a replayed epoch is detected
+  by the core and skipped (COMMITTED) or completed from its original writes
+  (PRECOMMITTED); older PRECOMMITTED epochs are promoted first (I3).
+* Errors propagate unchanged (the query fails with the twophase message):
+  FencedError for a zombie run, CheckpointResetError for a reset checkpoint
+  or a second query on the sink, InfluxUnavailableError past the retry
+  deadline (the epoch stays PRECOMMITTED; a restart recovers it).
+* :func:`abort_epoch` never raises for a staging problem: what it cannot
+  delete now, GC removes later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from twophase.committer import CommitOutcome
+from twophase.errors import PermanentError, TwoPhaseError
+from twophase.ledger import Lease
+from twophase.runtime import TwoPhase
+from twophase.spark.options import SinkOptions
+from twophase.staging import CommitMessage
+
+log = logging.getLogger("twophase.spark")
+
+_lock = threading.Lock()
+_parts: dict[tuple[tuple[str, str], ...], TwoPhase] = {}
+_leases: dict[tuple[str, str], Lease] = {}
+
+
+def two_phase(sink: SinkOptions) -> TwoPhase:
+    """The protocol's parts for the sink's settings, opened once per process."""
+    with _lock:
+        parts = _parts.get(sink.settings)
+        if parts is None:
+            parts = _parts[sink.settings] = TwoPhase.open(sink.config())
+        return parts
+
+
+def claim(sink: SinkOptions, run_id: str, query_id: str | None) -> Lease:
+    """Begin ``run_id`` on the sink once per process (fences older runs, I5).
+
+    Raises CheckpointResetError when the sink belongs to another query that
+    has decided epochs (a second query on the same sink id, or a restart
+    from a deleted checkpoint, I6).
+    """
+    key = (sink.sink_id, run_id)
+    with _lock:
+        lease = _leases.get(key)
+    if lease is not None:
+        return lease
+    lease = two_phase(sink).ledger.begin_run(sink.sink_id, run_id, query_id)
+    with _lock:
+        return _leases.setdefault(key, lease)
+
+
+def commit_epoch(
+    sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]
+) -> CommitOutcome | None:
+    """Decide and promote ``epoch`` from its tasks' messages; None if it had no task."""
+    if not messages:
+        log.info("sink %s epoch %d had no tasks: nothing to decide", sink.sink_id, epoch)
+        return None
+    run_id, query_id = _identity(sink, epoch, messages)
+    lease = claim(sink, run_id, query_id)
+    outcome = two_phase(sink).committer.commit(lease, epoch, messages)
+    log.info(
+        "sink %s epoch %d: %s%s, recovered %s, %d points delivered",
+        sink.sink_id,
+        epoch,
+        outcome.state,
+        " (replay)" if outcome.replay else "",
+        list(outcome.recovered) or "none",
+        outcome.promoted.delivered if outcome.promoted else 0,
+    )
+    return outcome
+
+
+def abort_epoch(sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]) -> int:
+    """Discard the staged writes of a failed epoch attempt; how many were removed.
+
+    Writes that a decision already chose are never touched (the core's
+    guarantee), so this is safe after a commit that failed half-way.
+    """
+    write_ids = [m.write_id for m in messages]
+    if not write_ids:
+        return 0
+    try:
+        removed = two_phase(sink).stager.discard(write_ids)
+    except TwoPhaseError as exc:
+        log.warning(
+            "sink %s epoch %d: abort could not discard %d writes (GC will): %s",
+            sink.sink_id,
+            epoch,
+            len(write_ids),
+            exc,
+        )
+        return 0
+    log.info("sink %s epoch %d aborted: %d writes discarded", sink.sink_id, epoch, removed)
+    return removed
+
+
+def _identity(
+    sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]
+) -> tuple[str, str | None]:
+    """The one run and query all messages of the epoch name; PermanentError otherwise."""
+    wrong = [m for m in messages if m.sink_id != sink.sink_id or m.epoch != epoch]
+    if wrong:
+        raise PermanentError(
+            f"sink {sink.sink_id!r} epoch {epoch}: a task staged for sink "
+            f"{wrong[0].sink_id!r} epoch {wrong[0].epoch}"
+        )
+    runs = {(m.run_id, m.query_id) for m in messages}
+    if len(runs) != 1:
+        raise PermanentError(
+            f"sink {sink.sink_id!r} epoch {epoch}: tasks name different runs "
+            f"{sorted(map(repr, runs))}"
+        )
+    run_id, query_id = runs.pop()
+    if not run_id:
+        raise PermanentError(
+            f"sink {sink.sink_id!r} epoch {epoch}: the tasks did not know their run id "
+            "(no spark.jobGroup.id in the task context)"
+        )
+    return run_id, query_id

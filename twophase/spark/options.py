@@ -1,0 +1,236 @@
+"""The sink's options: parsed and validated once on the driver, shipped as plain data.
+
+A :class:`SinkOptions` is what every side of the Spark sink works from: the
+driver builds it from ``.option(...)`` values (or the ``foreachBatch``
+adapter's keyword arguments) and checks everything it can before a single
+row is computed; executors receive it pickled inside the writer. It never
+holds a secret: the InfluxDB password and token (``SECRET_OPTIONS``), and a
+password inside ``staging_url``, are refused as options, because Spark logs
+option values and shows them in its UI. Secrets come from the environment
+(``TWOPHASE_*`` or ``TWOPHASE_*_FILE``, ``PGPASSWORD``/``~/.pgpass`` for
+PostgreSQL), where each process reads them itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from twophase.config import (
+    OPTIONS,
+    SECRET_OPTIONS,
+    StagingConfig,
+    TwoPhaseConfig,
+    env_name,
+    load_config,
+    load_staging_config,
+)
+from twophase.errors import ConfigError
+from twophase.points import PointSpec
+
+POINTS = "points"
+DEAD_LETTERS = "dead_letters"
+MODES = (POINTS, DEAD_LETTERS)
+# Columns a dead_letters sink reads from each row.
+REASON_COLUMN = "reason"
+PAYLOAD_COLUMN = "payload"
+
+SINK_OPTIONS = (
+    "sink_id",
+    "mode",
+    "measurement",
+    "tags",
+    "fields",
+    "time",
+    "precision",
+    "null_fields",
+)
+POINT_OPTIONS = ("measurement", "tags", "fields", "time", "precision", "null_fields")
+# Spark passes its own writeStream options to every sink; they are not ours to judge.
+SPARK_OPTIONS = ("checkpointlocation", "path", "queryname")
+MAX_SINK_ID_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """One sink's settings. Picklable, immutable, free of secrets.
+
+    ``spec`` is set in ``points`` mode (rows become InfluxDB points) and None
+    in ``dead_letters`` mode (every row, with its ``reason`` and ``payload``
+    columns, goes to the dead-letter table; nothing reaches InfluxDB).
+    ``settings`` are the explicitly given ``TWOPHASE_*`` options (lower-case
+    names); everything else falls back to the environment of the process
+    that reads it.
+    """
+
+    sink_id: str
+    mode: str
+    spec: PointSpec | None
+    settings: tuple[tuple[str, str], ...] = ()
+
+    def staging_config(self) -> StagingConfig:
+        """The staging store settings (all an executor needs)."""
+        return load_staging_config(None, **dict(self.settings))
+
+    def config(self) -> TwoPhaseConfig:
+        """The full configuration (the driver's commit needs InfluxDB too)."""
+        return load_config(None, **dict(self.settings))
+
+
+def parse_options(options: Mapping[str, str]) -> SinkOptions:
+    """Build and validate a sink from ``.option(...)`` strings (keys in any case).
+
+    ``tags`` and ``fields`` are comma-separated column names. Raises
+    :class:`ConfigError` naming the offending option: unknown option, secret
+    given as an option, missing ``sink_id``/``measurement``, bad spec, or a
+    setting (from options or the environment) that does not validate.
+    """
+    values = {key.lower(): str(value) for key, value in options.items()}
+    for key in values:
+        if key not in SINK_OPTIONS and key not in OPTIONS and key not in SPARK_OPTIONS:
+            raise ConfigError(key, _unknown_hint())
+    spec_values = {key: values[key] for key in POINT_OPTIONS if key in values}
+    mode = values.get("mode", POINTS).strip().lower()
+    spec = None
+    if mode == POINTS:
+        spec = PointSpec(
+            measurement=values.get("measurement", ""),
+            tag_columns=_columns(values.get("tags")) or (),
+            field_columns=_columns(values.get("fields")),
+            time_column=values.get("time", "").strip() or None,
+            precision=values.get("precision", "ns").strip().lower(),
+            null_fields=values.get("null_fields", "reject").strip().lower(),
+        )
+    settings = {key: value for key, value in values.items() if key in OPTIONS}
+    return build_sink(values.get("sink_id", ""), mode, spec, settings, spec_values)
+
+
+def build_sink(
+    sink_id: str,
+    mode: str,
+    spec: PointSpec | None,
+    settings: Mapping[str, Any],
+    given_point_options: Iterable[str] = (),
+) -> SinkOptions:
+    """Validate the parts of a sink and assemble it; see :func:`parse_options`.
+
+    Loads the full configuration once (environment included), so a missing
+    ``TWOPHASE_STAGING_URL`` or a bad duration fails here, on the driver,
+    before the query computes anything.
+    """
+    sink_id = _check_sink_id(sink_id)
+    if mode not in MODES:
+        raise ConfigError("mode", f"{mode!r} is not one of {', '.join(MODES)}")
+    if mode == DEAD_LETTERS:
+        extra = sorted(given_point_options)
+        if extra:
+            raise ConfigError(
+                extra[0],
+                "only applies to mode=points (a dead_letters sink writes nothing to InfluxDB)",
+            )
+        spec = None
+    else:
+        if spec is None:
+            raise ConfigError("measurement", "is required (mode=points)")
+        if not spec.measurement:
+            raise ConfigError("measurement", "is required: the InfluxDB measurement to write")
+        spec.validate()
+    clean = _check_settings(settings)
+    sink = SinkOptions(sink_id, mode, spec, tuple(sorted(clean.items())))
+    sink.config()  # fail fast: every setting, from options or environment, must validate
+    return sink
+
+
+def check_schema(sink: SinkOptions, columns: Iterable[str]) -> None:
+    """Refuse a query whose output lacks a column the sink was told to read.
+
+    Raises :class:`ConfigError` naming the option that names the column.
+    """
+    present = set(columns)
+    for option, column in _needed_columns(sink):
+        if column not in present:
+            raise ConfigError(
+                option,
+                f"column {column!r} is not in the query's output "
+                f"(columns: {', '.join(sorted(present)) or 'none'})",
+            )
+    if sink.spec is not None and sink.spec.field_columns is None:
+        others = present - set(sink.spec.tag_columns) - {sink.spec.time_column}
+        if not others:
+            raise ConfigError("fields", "the query's output has no column left for fields")
+
+
+def _needed_columns(sink: SinkOptions) -> list[tuple[str, str]]:
+    if sink.spec is None:
+        return [("mode", REASON_COLUMN), ("mode", PAYLOAD_COLUMN)]
+    needed = [("tags", column) for column in sink.spec.tag_columns]
+    needed += [("fields", column) for column in sink.spec.field_columns or ()]
+    if sink.spec.time_column is not None:
+        needed.append(("time", sink.spec.time_column))
+    return needed
+
+
+def _columns(text: str | None) -> tuple[str, ...] | None:
+    """``"a, b"`` -> ``("a", "b")``; None when the option was not given."""
+    if text is None:
+        return None
+    return tuple(part.strip() for part in text.split(",")) if text.strip() else ()
+
+
+def _check_sink_id(sink_id: str) -> str:
+    if not isinstance(sink_id, str) or not sink_id.strip():
+        raise ConfigError(
+            "sink_id",
+            "is required: a stable name for this output, unique per "
+            "query (like Kafka's transactional.id)",
+        )
+    if sink_id != sink_id.strip() or len(sink_id) > MAX_SINK_ID_LENGTH:
+        raise ConfigError(
+            "sink_id",
+            f"must have no surrounding spaces and at most {MAX_SINK_ID_LENGTH} characters",
+        )
+    return sink_id
+
+
+def _check_settings(settings: Mapping[str, Any]) -> dict[str, str]:
+    clean: dict[str, str] = {}
+    for key, value in settings.items():
+        name = key.lower()
+        if name in SECRET_OPTIONS:
+            raise ConfigError(
+                name,
+                f"is a secret and cannot be a Spark option (Spark logs "
+                f"options and shows them in its UI): set {env_name(name)} or "
+                f"{env_name(name)}_FILE in the environment instead",
+            )
+        if name not in OPTIONS:
+            raise ConfigError(name, _unknown_hint())
+        if value is None:
+            continue
+        if name == "staging_url":
+            _refuse_password(str(value))
+        clean[name] = str(value)
+    return clean
+
+
+def _refuse_password(url: str) -> None:
+    try:
+        has_password = make_url(url).password is not None
+    except (ArgumentError, ValueError):
+        return  # load_config reports the malformed URL with its own message
+    if has_password:
+        raise ConfigError(
+            "staging_url",
+            "must not contain a password as a Spark option "
+            "(Spark logs options): put the URL in TWOPHASE_STAGING_URL, or the "
+            "password in PGPASSWORD or ~/.pgpass",
+        )
+
+
+def _unknown_hint() -> str:
+    known = ", ".join((*SINK_OPTIONS, *(o for o in OPTIONS if o not in SECRET_OPTIONS)))
+    return f"unknown option of the twophase-influx sink (known: {known})"

@@ -1,0 +1,124 @@
+"""The ``twophase-influx`` Python data source: a streaming sink with a two-phase commit.
+
+::
+
+    twophase.spark.register(spark)
+    (df.writeStream.format("twophase-influx")
+       .option("sink_id", "dashboard")
+       .option("measurement", "stream_stats")
+       .option("tags", "stream_id,isp")
+       .option("time", "window_end").option("precision", "s")
+       .option("checkpointLocation", "/chk/dashboard")
+       .outputMode("update").start())
+
+Where each method runs and what it does:
+
+* ``streamWriter`` (driver, once per micro-batch in a planning process, and
+  in the commit process): parses and validates the options and the output
+  schema; a mistake fails ``start()`` with a ConfigError naming the option.
+* ``write`` (executors, one call per task): phase 1, stages the task's rows
+  in PostgreSQL and returns a :class:`TwoPhaseCommitMessage`.
+* ``commit`` (driver, after every task of the micro-batch succeeded):
+  recovers older PRECOMMITTED epochs, decides this one, promotes it to
+  InfluxDB and marks it COMMITTED. Only after it returns does Spark write its
+  own commit log; a crash in between makes Spark replay the batch, which the
+  ledger detects.
+* ``abort`` (driver, when a task failed): discards the staged writes.
+
+On PySpark 4.1+ the writer receives Arrow record batches
+(``DataSourceStreamArrowWriter``); on 4.0 it falls back to rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, WriterCommitMessage
+
+from twophase.errors import ConfigError, PermanentError
+from twophase.spark.commit import abort_epoch, commit_epoch
+from twophase.spark.options import SinkOptions, check_schema, parse_options
+from twophase.spark.stage import current_task, stage_task
+from twophase.staging import CommitMessage
+
+try:  # PySpark 4.1+: Arrow record batches straight from the JVM
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter
+except ImportError:  # pragma: no cover - PySpark 4.0: Spark Rows
+    from pyspark.sql.datasource import (  # type: ignore[assignment]
+        DataSourceStreamWriter as _StreamWriter,
+    )
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+FORMAT = "twophase-influx"
+log = logging.getLogger("twophase.spark")
+
+
+@dataclass(frozen=True)
+class TwoPhaseCommitMessage(WriterCommitMessage):
+    """What one task sends to the driver: its staged write (picklable)."""
+
+    message: CommitMessage
+
+
+class TwoPhaseStreamWriter(_StreamWriter):
+    """Stages on executors, decides and promotes on the driver. Holds only plain options."""
+
+    def __init__(self, sink: SinkOptions) -> None:
+        self.sink = sink
+
+    def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
+        """Phase 1 for this task's rows; the epoch and run come from the task context."""
+        return TwoPhaseCommitMessage(stage_task(self.sink, iterator, current_task()))
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        """Decide and promote epoch ``batchId``; raising fails the query before Spark
+        records the batch, so a restart replays it."""
+        commit_epoch(self.sink, batchId, _staged(messages, strict=True))
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        """Discard what the successful tasks of a failed attempt staged."""
+        abort_epoch(self.sink, batchId, _staged(messages, strict=False))
+
+
+class TwoPhaseInfluxDataSource(DataSource):
+    """``format("twophase-influx")``: a streaming sink only (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        sink = parse_options(self.options)
+        check_schema(sink, schema.fieldNames())
+        return TwoPhaseStreamWriter(sink)
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        raise ConfigError(
+            "format",
+            f"{FORMAT} is a streaming sink (df.writeStream); a batch DataFrame has no epochs "
+            "to commit exactly once",
+        )
+
+
+def register(spark: Any) -> None:
+    """Make ``format("twophase-influx")`` available in this Spark session (idempotent)."""
+    spark.dataSource.register(TwoPhaseInfluxDataSource)
+
+
+def _staged(messages: Sequence[WriterCommitMessage | None], strict: bool) -> list[CommitMessage]:
+    """The CommitMessages; with ``strict``, a missing or foreign message is an error."""
+    staged = []
+    for message in messages:
+        if isinstance(message, TwoPhaseCommitMessage):
+            staged.append(message.message)
+        elif strict:
+            raise PermanentError(
+                f"a task of the twophase-influx sink returned {type(message).__name__}, "
+                "not a staged write; the epoch cannot be decided"
+            )
+    return staged

@@ -1,0 +1,124 @@
+"""Phase 1 inside a Spark task: the rows of one partition become one staged write.
+
+Runs on executors. Reads the epoch, run id and query id from the task's
+context (the local properties Spark sets for a streaming micro-batch), turns
+the rows into line-protocol lines or dead letters, and stages them through
+:class:`twophase.staging.Stager` over the process's shared connection pool.
+Nothing reaches InfluxDB here. Every call makes a new write: a retried task
+stages again, and only the write whose message reaches the driver's vote
+counts; the others are orphans that abort or GC removes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import TaskContext
+
+from twophase.db import shared_database
+from twophase.errors import PermanentError
+from twophase.points import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
+from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
+from twophase.staging import CommitMessage, Stager
+
+# Local properties Spark sets on every job of a streaming micro-batch.
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"
+_TRUNCATED = " ...[truncated]"
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Who is staging: the epoch, the task's partition and attempt, the run and query."""
+
+    epoch: int
+    partition_id: int
+    attempt: int
+    run_id: str | None
+    query_id: str | None
+
+
+def current_task(
+    epoch: int | None = None, run_id: str | None = None, query_id: str | None = None
+) -> TaskIdentity:
+    """The identity of the running task; explicit values win over local properties.
+
+    Raises :class:`PermanentError` outside a Spark task, or when no epoch is
+    given and the task is not part of a streaming micro-batch.
+    """
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise PermanentError("twophase staging must run inside a Spark task")
+    if epoch is None:
+        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch is None:
+            raise PermanentError(
+                "the task has no streaming batch id: the twophase-influx sink works in "
+                "streaming queries only (df.writeStream...), not in batch writes"
+            )
+        epoch = int(batch)
+    return TaskIdentity(
+        epoch=epoch,
+        partition_id=ctx.partitionId(),
+        attempt=ctx.attemptNumber(),
+        run_id=run_id or ctx.getLocalProperty(RUN_ID_PROPERTY),
+        query_id=query_id or ctx.getLocalProperty(QUERY_ID_PROPERTY),
+    )
+
+
+def stage_task(sink: SinkOptions, data: Iterable[Any], task: TaskIdentity) -> CommitMessage:
+    """Stage one partition's rows (Arrow record batches or Spark Rows) as one write.
+
+    All or nothing (one PostgreSQL transaction); returns the message the
+    driver's vote needs. Staging errors propagate, failing the task, which
+    Spark may retry.
+    """
+    stager = Stager(shared_database(sink.staging_config()))
+    return stager.stage(
+        sink.sink_id,
+        task.epoch,
+        items_of(sink, rows_of(data)),
+        partition_id=task.partition_id,
+        attempt=task.attempt,
+        run_id=task.run_id,
+        query_id=task.query_id,
+    )
+
+
+def rows_of(data: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
+    """Rows as mappings, lazily: one Arrow record batch (or one Row) at a time."""
+    for item in data:
+        to_pylist = getattr(item, "to_pylist", None)
+        if to_pylist is not None:  # a pyarrow.RecordBatch
+            yield from to_pylist()
+        else:  # a pyspark.sql.Row (row-based writer on PySpark 4.0)
+            yield item.asDict()
+
+
+def items_of(sink: SinkOptions, rows: Iterable[Mapping[str, Any]]) -> Iterator[str | Rejected]:
+    """One line or one Rejected per row, in order (never drops a row)."""
+    if sink.spec is None:
+        return dead_letters(rows)
+    return PointBuilder(sink.spec).convert(rows)
+
+
+def dead_letters(rows: Iterable[Mapping[str, Any]]) -> Iterator[Rejected]:
+    """Each row as a dead letter with its ``reason`` and ``payload`` (dead_letters mode)."""
+    for index, row in enumerate(rows):
+        reason = storable(row.get(REASON_COLUMN)) or "no reason given"
+        yield Rejected(index, reason, storable(row.get(PAYLOAD_COLUMN)))
+
+
+def storable(value: Any) -> str:
+    """Text PostgreSQL can hold: NUL shown as ``\\x00``, cut to the payload limit."""
+    if value is None:
+        return ""
+    text = str(value).replace("\x00", "\\x00")
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= MAX_PAYLOAD_BYTES:
+        return data.decode("utf-8")
+    cut = data[: MAX_PAYLOAD_BYTES - len(_TRUNCATED)]
+    return cut.decode("utf-8", "ignore") + _TRUNCATED
