@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from jobs.generate_events import expected
 from tests.e2e.harness import (
@@ -188,6 +189,9 @@ def assert_refused(job: Job) -> None:
     assert "twophase reset" in message, job.tail()
 
 
+# Six job starts on local-cluster (each first batch starts executors: ~30 s) take
+# 5-7 minutes on an idle 2-core machine; give a loaded machine room.
+@pytest.mark.timeout(1800)
 def test_random_sigkills_over_twenty_batches(
     target: Target, work: Path, event_files: list[Path]
 ) -> None:
