@@ -3,7 +3,7 @@
 DEV := scripts/dev.sh
 ARGS ?=
 
-.PHONY: setup test unit stop lint
+.PHONY: setup test unit stop lint bench-quick bench
 
 setup:
 	$(DEV) setup
@@ -19,3 +19,9 @@ stop:
 
 lint:
 	$(DEV) lint
+
+bench-quick:
+	.venv/bin/python -m bench --quick
+
+bench:
+	.venv/bin/python -m bench

@@ -1,0 +1,129 @@
+"""A fresh process that promotes or writes, for metrics 4 (memory) and 5 (recovery).
+
+::
+
+    python -m bench.child promote --staging-url URL --influx-url URL --influx-db DB --sink S
+    python -m bench.child direct --influx-url URL --influx-db DB --points N --seeds 3,4,5
+        [--stream]
+
+``promote`` opens the protocol like a restarted driver, claims the sink
+(fencing the bench's own run) and promotes every PRECOMMITTED epoch
+(``Committer.recover``). ``direct`` sends the lines of the given seeds
+straight to InfluxDB, one epoch per seed: prebuilt before the clock starts,
+or with ``--stream`` generated lazily in batches (the most frugal direct
+writer). Both print one JSON line: seconds, points, and the RSS before and
+the peak RSS during the measured part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from bench import rss
+from bench.lines import epoch_lines, iter_lines
+from bench.sides import QUERY_ID, BenchError
+from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.influx import make_writer
+from twophase.runtime import TwoPhase
+from twophase.sender import BatchSender
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.child")
+    ap.add_argument("mode", choices=("promote", "direct"))
+    ap.add_argument("--staging-url")
+    ap.add_argument("--influx-url", required=True)
+    ap.add_argument("--influx-db", required=True)
+    ap.add_argument("--sink")
+    ap.add_argument("--points", type=int, default=0)
+    ap.add_argument("--seeds", default="")
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--variant", default="core", help="promoter of bench.experiments.VARIANTS")
+    return ap.parse_args(argv)
+
+
+def promote(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
+    started = time.perf_counter()
+    staging = load_staging_config(env={}, staging_url=args.staging_url)
+    with TwoPhase.open(TwoPhaseConfig(staging, influx)) as tp:
+        committer = tp.committer
+        if args.variant != "core":
+            from bench.experiments import VARIANTS
+
+            committer = VARIANTS[args.variant](tp).committer
+        lease = tp.ledger.begin_run(args.sink, uuid.uuid4().hex, QUERY_ID)
+        opened = time.perf_counter()
+        before, reset = rss.current_kb(), rss.reset_peak()
+        promoted = committer.recover(lease)
+        done = time.perf_counter()
+    points = sum(p.delivered for p in promoted)
+    return _result(
+        done - started, points, before, reset, epochs=len(promoted), open_s=opened - started
+    )
+
+
+def direct(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    epochs = [] if args.stream else [epoch_lines(args.points, seed) for seed in seeds]
+    started = time.perf_counter()
+    writer = make_writer(influx)
+    sender = BatchSender.from_config(writer, influx)
+    opened = time.perf_counter()
+    before, reset = rss.current_kb(), rss.reset_peak()
+    if args.stream:
+        for seed in seeds:
+            for chunk in _chunks(iter_lines(args.points, seed), influx.batch_points):
+                _send(sender, chunk)
+    for lines in epochs:
+        _send(sender, lines)
+    done = time.perf_counter()
+    writer.close()
+    points = args.points * len(seeds)
+    return _result(
+        done - started, points, before, reset, epochs=len(seeds), open_s=opened - started
+    )
+
+
+def _send(sender: BatchSender, lines: Sequence[str]) -> None:
+    rejected = sender.send(lines)
+    if rejected:
+        raise BenchError(f"{len(rejected)} lines rejected: {rejected[0][1]}")
+
+
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    while chunk := list(itertools.islice(lines, size)):
+        yield chunk
+
+
+def _result(
+    seconds: float, points: int, before_kb: int, reset: bool, **extra: Any
+) -> dict[str, Any]:
+    peak = rss.peak_kb()
+    return {
+        "seconds": seconds,
+        "points": points,
+        "rss_before_mb": before_kb / 1024,
+        "peak_mb": peak / 1024,
+        "growth_mb": max(0, peak - before_kb) / 1024,
+        "peak_reset": reset,
+        **extra,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    influx = InfluxConfig(url=args.influx_url, api="v1", database=args.influx_db)
+    result = promote(args, influx) if args.mode == "promote" else direct(args, influx)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Metrics 4 (memory of the promoting process) and 5 (recovery by a fresh process).
+
+The bench process stages and decides epochs (PRECOMMITTED, not promoted);
+then a fresh child process (``bench.child``) promotes them, as a restarted
+driver would, and reports its time and peak RSS. The direct side is a fresh
+child too, sending the same lines.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench.context import DIRECT_INFLUX, MAIN, TP_INFLUX, Context
+from bench.lines import iter_lines
+from bench.servers import REPO
+from bench.sides import QUERY_ID, BenchError
+from bench.stats import Summary, entry, interleaved
+from twophase.runtime import TwoPhase
+from twophase.staging import Stager
+
+MEMORY_TARGET_MB = 50.0
+RECOVERY_TARGET = 0.8
+
+
+def run_child(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.child", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"bench.child {args[0]} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def decide_epochs(
+    tp: TwoPhase, sink: str, points: int, seeds: list[int], stager: Stager | None = None
+) -> None:
+    """Stage and decide one epoch per seed on ``sink``, leaving them PRECOMMITTED."""
+    stager = stager or tp.stager
+    lease = tp.ledger.begin_run(sink, uuid.uuid4().hex, QUERY_ID)
+    first = _next_epoch(tp, sink)
+    for offset, seed in enumerate(seeds):
+        message = stager.stage(sink, first + offset, iter_lines(points, seed))
+        tp.ledger.decide(lease, first + offset, [message])
+
+
+def _next_epoch(tp: TwoPhase, sink: str) -> int:
+    with tp.db.transaction() as cur:
+        cur.execute("SELECT last_decided_epoch FROM twophase_sinks WHERE sink_id = %s", (sink,))
+        row = cur.fetchone()
+    return 0 if row is None or row[0] is None else int(row[0]) + 1
+
+
+def promote_child(
+    ctx: Context, sink: str, influx_role: str = TP_INFLUX, variant: str = "core"
+) -> dict[str, Any]:
+    influx = ctx.scratch.influx(influx_role)
+    return run_child(
+        "promote",
+        "--staging-url", ctx.scratch.staging_url(MAIN),
+        "--influx-url", influx.url,
+        "--influx-db", str(influx.database),
+        "--sink", sink,
+        "--variant", variant,
+    )  # fmt: skip
+
+
+def direct_child(
+    ctx: Context, points: int, seeds: list[int], stream: bool, influx_role: str = DIRECT_INFLUX
+) -> dict[str, Any]:
+    influx = ctx.scratch.influx(influx_role)
+    args = ["direct", "--influx-url", influx.url, "--influx-db", str(influx.database)]
+    args += ["--points", str(points), "--seeds", ",".join(map(str, seeds))]
+    return run_child(*args, *(["--stream"] if stream else []))
+
+
+class Runs:
+    """Both sides' child results of one metric, repeat by repeat (seeds shared per repeat)."""
+
+    def __init__(self, ctx: Context, points: int, epochs: int, sink: str, stream: bool) -> None:
+        self.ctx, self.points, self.epochs, self.sink, self.stream = (
+            ctx,
+            points,
+            epochs,
+            sink,
+            stream,
+        )
+        self.seeds: dict[int, list[int]] = {}
+        self.results: dict[str, list[dict[str, Any]]] = {"twophase": [], "direct": []}
+
+    def seeds_of(self, repeat: int) -> list[int]:
+        if repeat not in self.seeds:
+            self.seeds[repeat] = [self.ctx.seeds.take() for _ in range(self.epochs)]
+        return self.seeds[repeat]
+
+    def twophase(self, value: Callable[[dict[str, Any]], float]) -> Callable[[int], float]:
+        def one(repeat: int) -> float:
+            decide_epochs(self.ctx.tp(), self.sink, self.points, self.seeds_of(repeat))
+            result = promote_child(self.ctx, self.sink)
+            if result["points"] != self.points * self.epochs:
+                raise BenchError(f"recovery promoted {result['points']} points")
+            self.results["twophase"].append(result)
+            return value(result)
+
+        return one
+
+    def direct(self, value: Callable[[dict[str, Any]], float]) -> Callable[[int], float]:
+        def one(repeat: int) -> float:
+            result = direct_child(self.ctx, self.points, self.seeds_of(repeat), self.stream)
+            self.results["direct"].append(result)
+            return value(result)
+
+        return one
+
+
+def _growth(result: dict[str, Any]) -> float:
+    return float(result["growth_mb"])
+
+
+def _rate(result: dict[str, Any]) -> float:
+    return float(result["points"]) / float(result["seconds"])
+
+
+def memory_at(ctx: Context, points: int) -> dict[str, Any]:
+    runs = Runs(ctx, points, 1, f"bench-memory-{points}", stream=True)
+    repeats = ctx.plan.memory_repeats
+    tp, dr = interleaved(repeats, runs.twophase(_growth), runs.direct(_growth))
+    median = statistics.median(tp)
+    return entry(
+        "MB peak RSS growth",
+        {"twophase": Summary.of(tp), "direct": Summary.of(dr)},
+        median / max(statistics.median(dr), 0.1),
+        "twophase / direct (medians; direct streams its lines in batches)",
+        f"< {MEMORY_TARGET_MB:g} MB growth of the promoting process",
+        median < MEMORY_TARGET_MB,
+        points=points,
+        peak_reset=all(r["peak_reset"] for r in runs.results["twophase"]),
+        rss_before_mb=round(runs.results["twophase"][0]["rss_before_mb"], 1),
+    )
+
+
+def measure_memory(ctx: Context) -> dict[str, Any]:
+    """Metric 4: peak RSS growth of a process promoting one epoch, per epoch size."""
+    by_size: dict[str, Any] = {}
+    for points in ctx.plan.memory_sizes:
+        ctx.log(
+            f"memory: promoting a {points:,}-point epoch in a child x {ctx.plan.memory_repeats}"
+        )
+        by_size[str(points)] = memory_at(ctx, points)
+    worst = max(by_size.values(), key=lambda e: e["sides"]["twophase"]["median"])
+    return {**worst, "holds": all(e["holds"] for e in by_size.values()), "by_size": by_size}
+
+
+def measure_recovery(ctx: Context) -> dict[str, Any]:
+    """Metric 5: points/s of a fresh process promoting N PRECOMMITTED epochs, vs direct."""
+    plan = ctx.plan
+    points, epochs = plan.recovery_points, plan.recovery_epochs
+    ctx.log(f"recovery: {epochs} epochs x {points:,} points x {plan.recovery_repeats}")
+    runs = Runs(ctx, points, epochs, "bench-recovery", stream=False)
+    tp, dr = interleaved(plan.recovery_repeats, runs.twophase(_rate), runs.direct(_rate))
+    ratio = statistics.median(tp) / statistics.median(dr)
+    return entry(
+        "points/s",
+        {"twophase": Summary.of(tp), "direct": Summary.of(dr)},
+        ratio,
+        "twophase / direct (medians)",
+        f">= {RECOVERY_TARGET}x direct",
+        ratio >= RECOVERY_TARGET,
+        epochs=epochs,
+        points_per_epoch=points,
+        peak_growth_mb=round(max(r["growth_mb"] for r in runs.results["twophase"]), 1),
+        open_s={
+            k: round(statistics.median(r["open_s"] for r in v), 3) for k, v in runs.results.items()
+        },
+    )

@@ -1,0 +1,72 @@
+"""How much to measure: the quick plan (under two minutes) and the full plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes and repeat counts of one run. Every figure in the results names its plan."""
+
+    name: str
+    # metric 1: epoch size -> repeats per side
+    throughput: tuple[tuple[int, int], ...]
+    # metric 2: 10-point epochs per side
+    fixed_epochs: int
+    # metric 3: committed epochs already in the store, points retained per such epoch,
+    # measured 10-point epochs per store
+    history: tuple[int, int]
+    history_points: int
+    history_epochs: int
+    # metric 4: epoch sizes whose promotion's peak RSS is measured, repeats per side
+    memory_sizes: tuple[int, ...]
+    memory_repeats: int
+    # metric 5: PRECOMMITTED epochs x points each, repeats per side
+    recovery_epochs: int
+    recovery_points: int
+    recovery_repeats: int
+    # metric 6: Spark runs per side (0: not run)
+    spark_repeats: int
+    # prototypes of proposed core changes: repeats per side at each size
+    experiment_sizes: tuple[int, ...]
+    experiment_repeats: int
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(size for size, _ in self.throughput)
+
+
+QUICK = Plan(
+    name="quick",
+    throughput=((1_000, 7), (10_000, 5), (100_000, 3), (1_000_000, 1)),
+    fixed_epochs=40,
+    history=(100, 10_000),
+    history_points=10,
+    history_epochs=30,
+    memory_sizes=(10_000, 1_000_000),
+    memory_repeats=1,
+    recovery_epochs=20,
+    recovery_points=50_000,
+    recovery_repeats=1,
+    spark_repeats=0,
+    experiment_sizes=(100_000,),
+    experiment_repeats=2,
+)
+
+FULL = Plan(
+    name="full",
+    throughput=((1_000, 15), (10_000, 9), (100_000, 5), (1_000_000, 3)),
+    fixed_epochs=200,
+    history=(100, 10_000),
+    history_points=100,
+    history_epochs=100,
+    memory_sizes=(10_000, 1_000_000),
+    memory_repeats=3,
+    recovery_epochs=20,
+    recovery_points=50_000,
+    recovery_repeats=3,
+    spark_repeats=2,
+    experiment_sizes=(100_000, 1_000_000),
+    experiment_repeats=3,
+)

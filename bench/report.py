@@ -1,0 +1,193 @@
+"""The results file, its Markdown table and the throughput chart."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TITLES = {
+    "throughput": "1 throughput",
+    "fixed_cost": "2 fixed cost (10-point epochs)",
+    "history": "3 flat with history",
+    "memory": "4 memory of the promoter",
+    "recovery": "5 recovery",
+    "spark_e2e": "6 Spark end to end",
+}
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()}",
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for text in handle:
+                if text.startswith("model name"):
+                    return text.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _number(value: float, unit: str) -> str:
+    if unit == "points/s":
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _side(side: dict[str, Any], unit: str) -> str:
+    return (
+        f"{_number(side['median'], unit)} ({_number(side['min'], unit)}-"
+        f"{_number(side['max'], unit)})"
+    )
+
+
+def _verdict(holds: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: "-"}[holds]
+
+
+def _rows(name: str, metric: dict[str, Any]) -> Iterator[str]:
+    title = TITLES.get(name, name)
+    if "skipped" in metric:
+        yield f"| {title} | - | - | - | - | skipped: {metric['skipped']} |"
+        return
+    for label, item in _parts(metric):
+        sides = list(item["sides"].items())
+        (a_name, a), (b_name, b) = sides[0], sides[1]
+        unit = item["unit"]
+        yield (
+            f"| {title}{label} | {a_name}: {_side(a, unit)} | {b_name}: {_side(b, unit)} "
+            f"| {unit} | {item['ratio']:.2f} | {item['target']} | {_verdict(item['holds'])} |"
+        )
+
+
+def _parts(metric: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    by_size = metric.get("by_size")
+    if not by_size:
+        yield "", metric
+        return
+    for size, item in by_size.items():
+        yield f", {_size(int(size))} points", item
+
+
+def _size(points: int) -> str:
+    return f"{points // 1_000_000}M" if points >= 1_000_000 else f"{points // 1_000}k"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    head = (
+        f"Run {results['started']} ({results['plan']}, {results['seconds']:.0f} s) on "
+        f"{results['machine']['cpus']} x {results['machine']['cpu']}, load average at start "
+        f"{results['machine']['load_average_at_start']}.\n\n"
+        "| metric | A median (min-max) | B median (min-max) | unit | ratio | target | holds |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    rows = [row for name, metric in results["metrics"].items() for row in _rows(name, metric)]
+    return head + "\n".join(rows) + "\n" + _experiment_table(results.get("experiments", {}))
+
+
+def _experiment_table(experiments: dict[str, Any]) -> str:
+    if not experiments:
+        return ""
+    lines = [
+        "\nPrototypes of proposed core changes (bench/experiments.py), same lines, rotated:\n",
+        "| experiment | variant | points/s median (min-max) | vs direct | stage s | commit s "
+        "| CPU s client / postgres / influxd |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, item in experiments.items():
+        for name, side in item["sides"].items():
+            phases = item["phases_s"].get(name, {})
+            cpu = item.get("cpu_s", {}).get(name)
+            cpu_text = " / ".join(f"{v:.2f}" for v in cpu.values()) if cpu else "-"
+            lines.append(
+                f"| {key} | {name} | {_side(side, item['unit'])} "
+                f"| {item['ratio_vs_direct'][name]:.2f} | {phases.get('stage_median', '-')} "
+                f"| {phases.get('commit_median', '-')} | {cpu_text} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict[str, Any], path: Path) -> bool:
+    """Throughput against epoch size for both sides (medians, min-max bars); False if no
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    by_size = results["metrics"].get("throughput", {}).get("by_size")
+    if not by_size:
+        return False
+    sizes = [int(s) for s in by_size]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for side, marker in (("twophase", "o"), ("direct", "s")):
+        _plot_side(ax, sizes, [by_size[str(s)]["sides"][side] for s in sizes], side, marker)
+    _plot_experiments(ax, results.get("experiments", {}))
+    ax.set_xscale("log")
+    ax.set_xlabel("points per epoch")
+    ax.set_ylabel("points/s (median, min-max)")
+    ax.set_title(f"twophase vs direct write, {results['started']} ({results['plan']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _plot_side(
+    ax: Any, sizes: list[int], sides: list[dict[str, Any]], label: str, marker: str
+) -> None:
+    medians = [s["median"] for s in sides]
+    low = [s["median"] - s["min"] for s in sides]
+    high = [s["max"] - s["median"] for s in sides]
+    ax.errorbar(sizes, medians, yerr=[low, high], marker=marker, capsize=3, label=label)
+
+
+def _plot_experiments(ax: Any, experiments: dict[str, Any]) -> None:
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for key, item in experiments.items():
+        if key.startswith("recovery"):
+            continue
+        for name, side in item["sides"].items():
+            if name not in ("direct", "core"):
+                curves.setdefault(f"prototype: {name}", []).append((item["points"], side["median"]))
+    for label, values in curves.items():
+        values.sort()
+        xs, ys = [p for p, _ in values], [v for _, v in values]
+        ax.plot(xs, ys, linestyle="--", marker="^", label=label)
+
+
+def write(results: dict[str, Any], folder: Path = RESULTS) -> dict[str, Path]:
+    """``<stamp>.json``, ``<stamp>.md`` and ``<stamp>.png`` in ``folder``; their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / results["started"]
+    paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
+    tmp = base.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(paths["json"])
+    paths["md"].write_text(markdown(results))
+    if chart(results, base.with_suffix(".png")):
+        paths["png"] = base.with_suffix(".png")
+    return paths

@@ -1,0 +1,97 @@
+"""The two sides of every comparison: one epoch through twophase, or straight to InfluxDB.
+
+* :class:`TwoPhaseSide`: stage (COPY through :class:`twophase.staging.Stager`),
+  then ``Committer.commit`` (recover, decide, promote, mark), exactly what a
+  sink does per epoch. One write per epoch.
+* :class:`DirectSide`: the at-least-once ``foreachBatch``: the same lines
+  through the same :class:`twophase.sender.BatchSender` and writer, no staging.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from twophase.committer import Committer
+from twophase.config import InfluxConfig
+from twophase.influx import InfluxWriter, make_writer
+from twophase.runtime import TwoPhase
+from twophase.sender import BatchSender
+from twophase.staging import Stager
+
+QUERY_ID = "twophase-bench"
+
+
+class BenchError(RuntimeError):
+    """A measured run did not do what it should (points missing, wrong state)."""
+
+
+@dataclass
+class Phases:
+    """Where a twophase epoch's time went, per epoch (seconds)."""
+
+    stage: list[float] = field(default_factory=list)
+    commit: list[float] = field(default_factory=list)
+
+
+class TwoPhaseSide:
+    """Runs epochs of one sink through the full protocol; ``run`` returns wall seconds."""
+
+    name = "twophase"
+
+    def __init__(
+        self,
+        tp: TwoPhase,
+        sink_id: str,
+        first_epoch: int = 0,
+        committer: Committer | None = None,
+        stager: Stager | None = None,
+    ) -> None:
+        self.tp = tp
+        self.sink_id = sink_id
+        self.epoch = first_epoch
+        self.lease = tp.ledger.begin_run(sink_id, uuid.uuid4().hex, QUERY_ID)
+        self.committer = committer or tp.committer
+        self.stager = stager or tp.stager
+        self.phases = Phases()
+
+    def run(self, lines: Sequence[str]) -> float:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        started = time.perf_counter()
+        message = self.stager.stage(self.sink_id, epoch, lines)
+        staged = time.perf_counter()
+        outcome = self.committer.commit(self.lease, epoch, [message])
+        done = time.perf_counter()
+        delivered = outcome.promoted.delivered if outcome.promoted else 0
+        if outcome.state != "COMMITTED" or delivered != len(lines):
+            raise BenchError(f"epoch {epoch}: {outcome.state}, {delivered}/{len(lines)} delivered")
+        self.phases.stage.append(staged - started)
+        self.phases.commit.append(done - staged)
+        return done - started
+
+    def rebegin(self) -> None:
+        """Claim the sink again (after another process fenced this run, e.g. a recovery child)."""
+        self.lease = self.tp.ledger.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
+
+
+class DirectSide:
+    """Sends an epoch's lines straight to InfluxDB in batches; ``run`` returns wall seconds."""
+
+    name = "direct"
+
+    def __init__(self, config: InfluxConfig, writer: InfluxWriter | None = None) -> None:
+        self.writer = writer or make_writer(config)
+        self.sender = BatchSender.from_config(self.writer, config)
+
+    def run(self, lines: Sequence[str]) -> float:
+        started = time.perf_counter()
+        rejected = self.sender.send(lines)
+        elapsed = time.perf_counter() - started
+        if rejected:
+            raise BenchError(f"direct write: {len(rejected)} lines rejected: {rejected[0][1]}")
+        return elapsed
+
+    def close(self) -> None:
+        self.writer.close()
