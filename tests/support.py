@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -110,3 +111,40 @@ def two_phase(staging: StagingConfig, influx: InfluxConfig, **parts: Any) -> Ite
 
 def staging_config_for(url: str, **overrides: Any) -> StagingConfig:
     return load_staging_config(env={}, staging_url=url, **overrides)
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A free port whose neighbour +2 is free too (influxd binds its RPC port there)."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port_is_free(port + 2):
+            return port
+    raise RuntimeError("no free pair of ports")
+
+
+def start_own_influx(root: Path, database: str) -> Any:
+    """A dedicated InfluxDB 1.x server on free ports, with ``database``; retried on a new
+    port when another process grabbed the chosen one between the check and influxd's bind."""
+    from scripts.services import InfluxServer, ServiceError
+
+    for attempt in range(3):
+        server = InfluxServer(root / f"influxd-{attempt}", free_port())
+        try:
+            server.start()
+        except ServiceError:
+            server.kill()
+            continue
+        server.create_database(database)
+        return server
+    raise RuntimeError("influxd did not start on three pairs of free ports")

@@ -353,3 +353,21 @@ def orphan_writes(url: str, sink_id: str | None = None) -> int:
         sink_id,
     )
     return int(rows[0][0])
+
+
+def wait_idle(job: Job, url: str, sink: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Until the stats query has run the no-data batch that follows a data batch (Spark
+    runs one to advance the watermark; its epoch has no point) and waits for input.
+    Armed then, a crash point fires in the next data epoch, not in an empty one."""
+
+    def idle() -> bool:
+        progress = [p for p in job.records("PROGRESS") if p["query"] == "stats"]
+        rows = epochs(url, sink)
+        return (
+            bool(progress)
+            and progress[-1]["input_rows"] == 0
+            and progress[-1]["batch"] >= max((row["epoch"] for row in rows), default=-1)
+            and all(row["state"] == "COMMITTED" for row in rows)
+        )
+
+    job.wait_for("the stats query to be idle", idle, timeout)

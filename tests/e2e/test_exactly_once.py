@@ -39,6 +39,7 @@ from tests.e2e.harness import (
     run_job,
     start_job,
     wait_exact,
+    wait_idle,
 )
 from tests.support import admin_conninfo
 
@@ -100,6 +101,9 @@ def test_sigkill_at_each_protocol_step_then_restart(
 
 def crash_and_recover(chain: Chain, point: str) -> None:
     """Arm ``point``, feed input, see the whole job die there, restart, check exactness."""
+    # Armed while idle, the point fires in the next data epoch, not in the empty
+    # batch Spark runs after each data batch to advance the watermark.
+    wait_idle(chain.job, chain.target.staging_url, SINK)
     orphans_before = orphan_writes(chain.target.staging_url)
     arm(chain.plan, f"{point}:1", "session")
     chain.feed(FILES_PER_STEP)
@@ -112,6 +116,13 @@ def crash_and_recover(chain: Chain, point: str) -> None:
     ]
     if point in ("after_decide", "promote_batch", "after_promote"):
         assert in_flight, (point, at_crash)  # decided, not (fully) promoted
+        assert all(
+            e["points"] > 0
+            for s, ep in in_flight
+            if s == SINK
+            for e in at_crash[s]
+            if e["epoch"] == ep
+        ), (point, at_crash)  # a data epoch, not an empty watermark batch
     if point == "after_stage":
         assert orphan_writes(chain.target.staging_url) > orphans_before  # staged, never voted on
 

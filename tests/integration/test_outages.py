@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,39 +12,24 @@ import pytest
 
 from scripts.services import InfluxServer, PostgresServer
 from tests.integration.test_protocol import M, lines, stage
-from tests.support import alembic, influx_count, staging_config_for, two_phase, unique
+from tests.support import (
+    alembic,
+    free_port,
+    influx_count,
+    staging_config_for,
+    start_own_influx,
+    two_phase,
+    unique,
+)
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.influx import make_writer
 from twophase.schema import COMMITTED
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port() -> int:
-    """A free port whose neighbour +2 is free too (influxd binds its RPC port there)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port_is_free(port + 2):
-            return port
-    raise RuntimeError("no free pair of ports")
-
-
 @pytest.fixture
 def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
-    port = free_port()
-    server = InfluxServer(tmp_path / "influx", port)
-    server.start()
-    server.create_database("outage")
+    server = start_own_influx(tmp_path, "outage")
     yield server
     server.stop()
 
