@@ -98,7 +98,7 @@ def own_postgres(tmp_path: Path) -> Iterator[PostgresServer]:
     server = PostgresServer(tmp_path / "pg", free_port())
     server.start()
     yield server
-    server.stop()
+    server.destroy()  # the cluster may live in /tmp (root): leave nothing behind
 
 
 def test_postgres_restarted_between_epochs(
