@@ -212,7 +212,11 @@ class _HttpDaemon:
 
     def _wait_healthy(self, timeout: float) -> None:
         def ready() -> bool:
-            if not self.is_running():
+            # While we are its parent, ask the process handle: /proc/<pid>/cmdline can
+            # read empty around exec, which made a healthy server look "exited".
+            proc = self._proc
+            alive = proc.poll() is None if proc is not None else self.is_running()
+            if not alive:
                 raise ServiceError(
                     f"{self.name} on port {self.port} exited during start-up; log "
                     f"{self.log_file}:\n{_tail(self.log_file)}"
