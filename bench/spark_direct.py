@@ -23,7 +23,6 @@ second (dead-letter) query.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -82,18 +81,7 @@ def start_queries(spark: Any, args: Any, sink: str) -> dict[str, Any]:
         "stats": stats_writer(stats, args, sink),
         "malformed": malformed.writeStream.format("noop"),
     }
-    queries = {}
-    for name, writer in writers.items():
-        writer = writer.queryName(name).option(
-            "checkpointLocation", os.path.join(args.checkpoint, name)
-        )
-        if args.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=args.trigger_interval)
-        queries[name] = writer.start()
-        job.emit("STARTED", query=name, id=str(queries[name].id), run_id=str(queries[name].runId))
-    return queries
+    return job.start_writers(writers, args)
 
 
 def split_argv(argv: Sequence[str]) -> tuple[str, list[str]]:

@@ -211,6 +211,11 @@ def start_queries(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         "stats": stats_writer(stats, options["stats"], args.stats_writer),
         "malformed": malformed.writeStream.format(FORMAT).options(**options["malformed"]),
     }
+    return start_writers(writers, args)
+
+
+def start_writers(writers: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Start each named stream writer with its own checkpoint and the job's trigger."""
     queries = {}
     for name, writer in writers.items():
         writer = writer.queryName(name).option(
