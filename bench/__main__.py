@@ -56,7 +56,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--experiments",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="measure the prototypes of proposed core changes (default: full mode)",
+        help="measure variants of the core: chunk sizes, background promotion (default: full mode)",
     )
     return ap.parse_args(argv)
 

@@ -4,10 +4,13 @@ For each epoch size, every variant runs the same lines, rotated A B C D...,
 B C D A..., each into its own InfluxDB database (so none overwrites another's
 points), and is compared with the direct write, the metric-1 baseline:
 
-* ``core``: today's Stager + Committer (the metric-1 twophase side);
-* ``fast``: FastStager + PrefetchPromoter (same schema, same wire requests);
-* ``fast_2w``: the same with two InfluxDB connections split by series;
-* ``chunked``: ChunkStager + ChunkPromoter (chunks of line protocol staged).
+* ``core``: the Stager + Committer (the metric-1 twophase side): chunks of
+  5,000 lines, one request per chunk;
+* ``chunk_1k``: chunks of 1,000 lines, five coalesced into one request;
+* ``chunk_20k``: chunks of 20,000 lines and requests of 20,000 points.
+
+and, with ``PipelinedCommitter``, the core promoting epoch N in the background
+while N+1 stages.
 """
 
 from __future__ import annotations
@@ -21,18 +24,11 @@ from bench.children import decide_epochs, direct_child, promote_child
 from bench.context import MAIN, Context
 from bench.cpu import CpuMeter
 from bench.lines import epoch_lines
-from bench.prototypes import (
-    ChunkPromoter,
-    ChunkStager,
-    FastStager,
-    PipelinedCommitter,
-    PrefetchPromoter,
-)
+from bench.prototypes import PipelinedCommitter
 from bench.servers import admin_conninfo
 from bench.sides import BenchError, DirectSide, TwoPhaseSide
 from bench.stats import Summary, rotated
 from twophase.committer import Committer, Promoter
-from twophase.influx import make_writer
 from twophase.runtime import TwoPhase
 from twophase.sender import BatchSender, RetryPolicy
 from twophase.staging import Stager
@@ -53,30 +49,29 @@ def _core(tp: TwoPhase) -> Built:
     return Built(tp.committer, tp.stager, tp.promoter)
 
 
-def _fast(writers: int) -> Variant:
+def _chunks(lines: int) -> Variant:
+    """Chunks of ``lines`` lines; requests of max(lines, the configured batch) points."""
+
     def make(tp: TwoPhase) -> Built:
         influx = tp.config.influx
-        writers_ = [tp.writer] + [make_writer(influx) for _ in range(writers - 1)]
-        senders = [BatchSender.from_config(w, influx) for w in writers_]
-        promoter = PrefetchPromoter(tp.ledger, tp.reader, tp.db, senders)
-        return Built(Committer(tp.ledger, promoter, tp.stager), FastStager(tp.db), promoter)
+        points = max(lines, influx.batch_points)
+        sender = BatchSender(
+            tp.writer,
+            RetryPolicy.from_config(influx),
+            max_points=points,
+            max_bytes=influx.batch_bytes,
+        )
+        promoter = Promoter(tp.ledger, tp.reader, sender, points, influx.batch_bytes)
+        stager = Stager(tp.db, chunk_points=lines, chunk_chars=influx.batch_bytes)
+        return Built(Committer(tp.ledger, promoter, stager), stager, promoter)
 
     return make
 
 
-def _chunked(tp: TwoPhase) -> Built:
-    influx = tp.config.influx
-    sender = BatchSender.from_config(tp.writer, influx)
-    policy = RetryPolicy.from_config(influx)
-    promoter = ChunkPromoter(tp.ledger, tp.reader, tp.db, sender, tp.writer, policy)
-    return Built(Committer(tp.ledger, promoter, tp.stager), ChunkStager(tp.db), promoter)
-
-
 VARIANTS: dict[str, Variant] = {
     "core": _core,
-    "fast": _fast(1),
-    "fast_2w": _fast(2),
-    "chunked": _chunked,
+    "chunk_1k": _chunks(1000),
+    "chunk_20k": _chunks(20_000),
 }
 
 
@@ -150,7 +145,7 @@ def _phases(side: TwoPhaseSide) -> dict[str, float]:
     }
 
 
-PIPELINED = ("core", "fast", "chunked")
+PIPELINED = ("core",)
 PIPELINE_EPOCHS = 5
 
 
@@ -215,7 +210,7 @@ def pipelined_experiment(ctx: Context, variants: Variants, size: int) -> dict[st
     }
 
 
-RECOVERY_VARIANTS = ("core", "fast", "chunked")
+RECOVERY_VARIANTS = ("core", "chunk_1k", "chunk_20k")
 
 
 def recovery_experiment(ctx: Context, variants: Variants) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from twophase.runtime import TwoPhase
 
 FLAT_TARGET = 1.2
 SINK = "bench-history"
-TABLES = ("twophase_epochs", "twophase_writes", "twophase_staged_points", "twophase_epoch_events")
+TABLES = ("twophase_epochs", "twophase_writes", "twophase_staged_chunks", "twophase_epoch_events")
 
 _SEED_SQL = (
     "INSERT INTO twophase_sinks (sink_id, query_id, owner_run_id, fencing_token,"
@@ -45,10 +45,13 @@ _SEED_SQL = (
     " committed_at) SELECT %(sink)s, epoch, 'COMMITTED', 'seed', %(query)s, ARRAY[write_id],"
     " 'seeded', %(points)s, %(points)s, 0, 1, now() - interval '1 hour',"
     " now() - interval '1 hour' FROM seeded",
-    "INSERT INTO twophase_staged_points (write_id, seq, line) SELECT write_id, s,"
-    " 'stream_stats,isp=acme,stream_id=s' || (s %% 100) || ' bytes_cdn=' || s || 'i,bytes_p2p='"
-    " || epoch || 'i,events=1i,users=1i ' || (1600000000000000000 + epoch::bigint * 1000000 + s)"
-    " FROM seeded, generate_series(0, %(points)s - 1) s",
+    "INSERT INTO twophase_staged_chunks (write_id, chunk, first_seq, ends, body)"
+    " SELECT write_id, 0, 0, array_agg(stop ORDER BY s), string_agg(line, E'\\n' ORDER BY s)"
+    " FROM (SELECT write_id, s, line, sum(length(line) + 1) OVER (PARTITION BY write_id"
+    " ORDER BY s) AS stop FROM (SELECT write_id, s, 'stream_stats,isp=acme,stream_id=s'"
+    " || (s %% 100) || ' bytes_cdn=' || s || 'i,bytes_p2p=' || epoch || 'i,events=1i,users=1i '"
+    " || (1600000000000000000 + epoch::bigint * 1000000 + s) AS line"
+    " FROM seeded, generate_series(0, %(points)s - 1) s) AS l) AS x GROUP BY write_id",
     "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
     " SELECT %(sink)s, epoch, ev, 'seed', 'seeded history' FROM seeded,"
     " unnest(ARRAY['decided', 'committed']) ev",
@@ -74,6 +77,9 @@ def row_counts(db: Database) -> dict[str, int]:
             cur.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 constant names
             row = cur.fetchone()
             counts[table] = int(row[0]) if row else 0
+        cur.execute("SELECT COALESCE(sum(cardinality(ends)), 0) FROM twophase_staged_chunks")
+        row = cur.fetchone()
+        counts["staged_points"] = int(row[0]) if row else 0
     return counts
 
 
@@ -130,24 +136,24 @@ def gc_effect(tp: TwoPhase) -> dict[str, Any]:
     after = row_counts(tp.db)
     with tp.db.connection() as conn:
         conn.autocommit = True
-        conn.execute("VACUUM twophase_staged_points")
+        conn.execute("VACUUM twophase_staged_chunks")
         conn.autocommit = False
     return {
         "seconds": round(took, 3),
         "epochs_purged": report.epochs_purged,
         "points_purged": report.points_purged,
-        "staged_points_before": before["twophase_staged_points"],
-        "staged_points_after": after["twophase_staged_points"],
-        "staged_points_mb_before": size_before,
-        "staged_points_mb_after_vacuum": _relation_mb(tp.db),
-        "bounded": after["twophase_staged_points"] == 0,
+        "staged_points_before": before["staged_points"],
+        "staged_points_after": after["staged_points"],
+        "staged_mb_before": size_before,
+        "staged_mb_after_vacuum": _relation_mb(tp.db),
+        "bounded": after["staged_points"] == 0 and after["twophase_staged_chunks"] == 0,
         "note": "epochs, writes and events rows stay (history); their points go",
     }
 
 
 def _relation_mb(db: Database) -> float:
     with db.transaction() as cur:
-        cur.execute("SELECT pg_total_relation_size('twophase_staged_points')")
+        cur.execute("SELECT pg_total_relation_size('twophase_staged_chunks')")
         row = cur.fetchone()
         return round(int(row[0]) / 2**20, 2) if row else 0.0
 
@@ -170,10 +176,10 @@ def explain_protocol(db: Database, side: TwoPhaseSide) -> dict[str, float]:
             "SELECT write_id FROM twophase_writes WHERE sink_id = %s AND epoch = %s",
             (sink, epoch),
         ),
-        "lines_of_write": (
-            "SELECT seq, line FROM twophase_staged_points WHERE write_id ="
+        "chunks_of_write": (
+            "SELECT first_seq, ends, body FROM twophase_staged_chunks WHERE write_id ="
             " (SELECT write_id FROM twophase_writes WHERE sink_id = %s AND epoch = %s"
-            " LIMIT 1) ORDER BY seq",
+            " LIMIT 1) ORDER BY chunk",
             (sink, epoch),
         ),
     }

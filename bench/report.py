@@ -108,7 +108,7 @@ def _experiment_table(experiments: dict[str, Any]) -> str:
     if not experiments:
         return ""
     lines = [
-        "\nPrototypes of proposed core changes (bench/experiments.py), same lines, rotated:\n",
+        "\nExperiments: variants of the core (bench/experiments.py), same lines, rotated:\n",
         "| experiment | variant | points/s median (min-max) | vs direct | stage s | commit s "
         "| CPU s client / postgres / influxd |",
         "|---|---|---|---|---|---|---|",

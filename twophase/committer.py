@@ -10,22 +10,32 @@ point set changes nothing (I4), and a COMMITTED epoch is never re-sent.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import functools
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from twophase.errors import PermanentError, TwoPhaseError
 from twophase.faults import crash_point
 from twophase.ledger import EpochPlan, Lease, Ledger
+from twophase.readahead import read_ahead
 from twophase.schema import PRECOMMITTED
 from twophase.sender import BatchSender, batches
-from twophase.staging import PROMOTE, CommitMessage, DeadLetter, LineChecksum, StagedReader, Stager
+from twophase.staging import (
+    PROMOTE,
+    CommitMessage,
+    DeadLetter,
+    LineChecksum,
+    StagedChunk,
+    StagedReader,
+    Stager,
+)
 
 log = logging.getLogger("twophase.committer")
-
-# (index of the write in the plan, seq, line)
-_Staged = tuple[int, int, str]
+_READ_AHEAD = 4  # pieces read from PostgreSQL while InfluxDB takes the current request
 
 
 @dataclass(frozen=True)
@@ -92,67 +102,142 @@ class Promoter:
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
-    def _staged(self, plan: EpochPlan) -> Iterator[_Staged]:
-        return itertools.chain.from_iterable(
-            ((index, seq, line) for seq, line in self._reader.lines(write.write_id))
-            for index, write in enumerate(plan.writes)
-        )
-
     def send(
         self, plan: EpochPlan, on_batch: Callable[[int], None] | None = None
     ) -> tuple[int, int]:
         """Send a plan's fixed point set once, in its fixed order; no state change.
 
+        Staged chunks go out as they are stored, several to a request up to
+        the batch limits; a chunk larger than the limits is cut into lines.
         Returns (delivered, rejected). Rejections become dead letters (once
-        each). ``on_batch`` gets the running count of points sent, for progress.
-        Raises PermanentError if the lines read back are not the decided ones
-        (I1). Used by :meth:`promote` and by replay of COMMITTED epochs.
+        each). ``on_batch`` gets the running count of points sent, for
+        progress. Raises PermanentError if the lines read back are not the
+        decided ones (I1). Used by :meth:`promote` and by replay of COMMITTED
+        epochs.
         """
-        sums = [LineChecksum() for _ in plan.writes]
-        counts = [0] * len(plan.writes)
-        delivered = rejected = 0
-        for batch in batches(
-            self._staged(plan),
-            self._batch_points,
-            self._batch_bytes,
-            size=lambda item: len(item[2]) + 1,
-        ):
-            rejects = self._sender.send([line for _, _, line in batch])
-            self._reader.add_dead_letters([_dead_letter(plan, batch[i], why) for i, why in rejects])
-            for index, _, line in batch:
-                sums[index].add(line)
-                counts[index] += 1
-            delivered += len(batch) - len(rejects)
-            rejected += len(rejects)
-            if on_batch is not None:
-                on_batch(delivered + rejected)
-            crash_point("promote_batch")
-        _check_unchanged(plan, sums, counts)
-        return delivered, rejected
+        tally = _Tally(plan)
+        with contextlib.closing(read_ahead(self._pieces(plan), _READ_AHEAD)) as pieces:
+            for request in _requests(pieces, self._batch_points, self._batch_bytes):
+                rejects = self._sender.send_joined(
+                    b"\n".join(piece.data for piece in request),
+                    sum(piece.points for piece in request),
+                    functools.partial(_lines_of, request),
+                )
+                self._reader.add_dead_letters(_dead_letters(plan, request, rejects))
+                tally.add(request, len(rejects))
+                if on_batch is not None:
+                    on_batch(tally.delivered + tally.rejected)
+                crash_point("promote_batch")
+        tally.check_unchanged()
+        return tally.delivered, tally.rejected
+
+    def _pieces(self, plan: EpochPlan) -> Iterator[_Piece]:
+        for index, write in enumerate(plan.writes):
+            for chunk in self._reader.chunks(write.write_id):
+                yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
 
 
-def _dead_letter(plan: EpochPlan, item: _Staged, reason: str) -> DeadLetter:
-    index, seq, line = item
-    return DeadLetter(
-        plan.sink_id,
-        plan.epoch,
-        plan.writes[index].write_id,
-        seq,
-        PROMOTE,
-        f"InfluxDB rejected the point: {reason}",
-        line,
-    )
+@dataclass(frozen=True)
+class _Piece:
+    """Lines ``start:stop`` of a staged chunk of the plan's write number ``index``, as sent."""
+
+    index: int
+    chunk: StagedChunk
+    start: int
+    stop: int
+    data: bytes  # the lines joined by newlines, UTF-8
+
+    @property
+    def points(self) -> int:
+        return self.stop - self.start
+
+    def lines(self) -> list[str]:
+        return self.chunk.lines(self.start, self.stop)
 
 
-def _check_unchanged(plan: EpochPlan, sums: Sequence[LineChecksum], counts: Sequence[int]) -> None:
-    """I1: what was read back is exactly what was staged and decided."""
-    for write, digest, count in zip(plan.writes, sums, counts, strict=True):
-        if count != write.points or digest.hexdigest() != write.checksum:
-            raise PermanentError(
-                f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
-                f"{write.write_id} changed after the decision ({count} read, {write.points} "
-                "staged); the epoch's state is left as it was for an operator to inspect"
+def _pieces_of(index: int, chunk: StagedChunk, max_points: int, max_bytes: int) -> Iterator[_Piece]:
+    """The chunk whole (the usual case), or cut into pieces within the batch limits."""
+    data = chunk.body.encode("utf-8")
+    if chunk.points <= max_points and len(data) <= max_bytes:
+        yield _Piece(index, chunk, 0, chunk.points, data)
+        return
+    start = 0
+    for group in batches(chunk.lines(), max_points, max_bytes, lambda x: len(x.encode()) + 1):
+        stop = start + len(group)
+        yield _Piece(index, chunk, start, stop, "\n".join(group).encode("utf-8"))
+        start = stop
+
+
+def _lines_of(request: Sequence[_Piece]) -> list[str]:
+    return [line for piece in request for line in piece.lines()]
+
+
+def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iterator[list[_Piece]]:
+    """Consecutive pieces grouped into requests of at most ``max_points`` and ``max_bytes``."""
+    request: list[_Piece] = []
+    points = size = 0
+    for piece in pieces:
+        if request and (points + piece.points > max_points or size + len(piece.data) > max_bytes):
+            yield request
+            request, points, size = [], 0, 0
+        request.append(piece)
+        points += piece.points
+        size += len(piece.data) + 1
+    if request:
+        yield request
+
+
+def _dead_letters(
+    plan: EpochPlan, request: Sequence[_Piece], rejects: Sequence[tuple[int, str]]
+) -> list[DeadLetter]:
+    """Each rejected line of a request, located in its chunk (seq = first_seq + offset)."""
+    starts = list(itertools.accumulate((p.points for p in request), initial=0))
+    letters = []
+    for i, reason in rejects:
+        number = bisect.bisect_right(starts, i) - 1
+        piece = request[number]
+        offset = piece.start + i - starts[number]
+        letters.append(
+            DeadLetter(
+                plan.sink_id,
+                plan.epoch,
+                plan.writes[piece.index].write_id,
+                piece.chunk.first_seq + offset,
+                PROMOTE,
+                f"InfluxDB rejected the point: {reason}",
+                piece.chunk.line(offset),
             )
+        )
+    return letters
+
+
+class _Tally:
+    """What a send read back (counts and checksums per write) and its outcome."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self._plan = plan
+        self._sums = [LineChecksum() for _ in plan.writes]
+        self._counts = [0] * len(plan.writes)
+        self.delivered = self.rejected = 0
+
+    def add(self, request: Sequence[_Piece], rejected: int) -> None:
+        for piece in request:
+            self._sums[piece.index].add_joined(piece.data)
+            self._counts[piece.index] += piece.points
+        self.delivered += sum(piece.points for piece in request) - rejected
+        self.rejected += rejected
+
+    def check_unchanged(self) -> None:
+        """I1: what was read back is exactly what was staged and decided."""
+        plan = self._plan
+        for write, digest, count in zip(plan.writes, self._sums, self._counts, strict=True):
+            if count != write.points or digest.hexdigest() != write.checksum:
+                raise PermanentError(
+                    f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
+                    f"{write.write_id} changed after the decision ({count} read, "
+                    f"{write.points} staged); the epoch's state is left as it was for an "
+                    "operator to inspect"
+                )
 
 
 class Committer:

@@ -102,15 +102,21 @@ def _expired_epochs(
     return [(s, e, list(ids)) for s, e, ids in cur.fetchall()]
 
 
+_COUNT_POINTS = (
+    "SELECT COALESCE(sum(cardinality(ends)), 0) FROM twophase_staged_chunks"
+    " WHERE write_id = ANY(%s)"
+)
+_DELETE_POINTS = (
+    "WITH gone AS (DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)"
+    " RETURNING cardinality(ends) AS n) SELECT COALESCE(sum(n), 0) FROM gone"
+)
+
+
 def _delete_points(cur: Cursor, write_ids: list[Any], dry_run: bool) -> int:
-    if dry_run:
-        cur.execute(
-            "SELECT count(*) FROM twophase_staged_points WHERE write_id = ANY(%s)", (write_ids,)
-        )
-        row = cur.fetchone()
-        return int(row[0]) if row else 0
-    cur.execute("DELETE FROM twophase_staged_points WHERE write_id = ANY(%s)", (write_ids,))
-    return cur.rowcount
+    """Delete (or, dry, count) the staged points of these writes; how many."""
+    cur.execute(_COUNT_POINTS if dry_run else _DELETE_POINTS, (write_ids,))
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def _orphan_writes(

@@ -255,7 +255,7 @@ class Ledger:
             if row is None:
                 state = _state_of(cur, sink_id, epoch)
                 raise StateError(f"sink {sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
-            cur.execute("DELETE FROM twophase_staged_points WHERE write_id = ANY(%s)", (row[0],))
+            cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (row[0],))
             _event(cur, sink_id, epoch, "aborted", actor, reason)
 
     def reset(self, sink_id: str, actor: str = "operator") -> None:
@@ -309,12 +309,8 @@ def _check_fence(sink: dict[str, Any], lease: Lease) -> None:
         )
 
 
-def _refuse_superseded_run(
-    cur: Cursor, sink_id: str, sink: dict[str, Any], run_id: str
-) -> None:
-    cur.execute(
-        "SELECT 1 FROM twophase_runs WHERE run_id = %s AND sink_id = %s", (run_id, sink_id)
-    )
+def _refuse_superseded_run(cur: Cursor, sink_id: str, sink: dict[str, Any], run_id: str) -> None:
+    cur.execute("SELECT 1 FROM twophase_runs WHERE run_id = %s AND sink_id = %s", (run_id, sink_id))
     if cur.fetchone() is not None:
         raise FencedError(
             f"run {run_id} of sink {sink_id!r} was fenced by a newer run "

@@ -162,10 +162,33 @@ class BatchSender:
         delivered. Auth, not-found and other permanent errors propagate at once.
         """
         delivery = _Delivery(self)
-        sized = ((i, line.encode("utf-8")) for i, line in enumerate(lines))
-        for batch in batches(sized, self._max_points, self._max_bytes, lambda p: len(p[1]) + 1):
+        for batch in batches(_encoded(lines), self._max_points, self._max_bytes, _line_size):
             delivery.deliver(batch)
         return delivery.rejected
+
+    def send_joined(
+        self, body: bytes, count: int, lines: Callable[[], Sequence[str]]
+    ) -> list[tuple[int, str]]:
+        """:meth:`send` for ``count`` lines already joined into one request ``body``.
+
+        ``body`` goes out as it is, in one request (staged chunks are stored
+        that way, so the common case costs no per-line work). Only when
+        InfluxDB refuses it (413, or 400/422 for bad lines) are the lines
+        taken apart, through ``lines()``, and split or bisected exactly as
+        :meth:`send` does; rejections are returned the same way. The caller
+        keeps ``body`` within the batch limits.
+        """
+        delivery = _Delivery(self)
+        delivery.deliver_body(body, count, lambda: list(_encoded(lines())))
+        return delivery.rejected
+
+
+def _encoded(lines: Iterable[str]) -> Iterator[tuple[int, bytes]]:
+    return ((i, line.encode("utf-8")) for i, line in enumerate(lines))
+
+
+def _line_size(item: tuple[int, bytes]) -> int:
+    return len(item[1]) + 1  # the newline
 
 
 class _Delivery:
@@ -178,13 +201,19 @@ class _Delivery:
         self.progress_at = sender._clock()
 
     def deliver(self, batch: list[tuple[int, bytes]]) -> None:
+        self.deliver_body(b"\n".join(line for _, line in batch), len(batch), lambda: batch)
+
+    def deliver_body(
+        self, body: bytes, count: int, batch: Callable[[], list[tuple[int, bytes]]]
+    ) -> None:
+        """Send ``body`` (``count`` lines); split ``batch()`` when InfluxDB refuses it."""
         try:
-            self.write_with_retry(batch)
+            self.write_with_retry(body, count)
         except BatchTooLargeError as exc:
-            self.split(batch, str(exc))
+            self.split(batch(), str(exc))
         except BadPointsError as exc:
             # with 1.x the good lines were written already; re-sending them is harmless
-            self.split(batch, exc.reason)
+            self.split(batch(), exc.reason)
 
     def split(self, batch: list[tuple[int, bytes]], reason: str) -> None:
         if len(batch) == 1:
@@ -194,13 +223,12 @@ class _Delivery:
         self.deliver(batch[:middle])
         self.deliver(batch[middle:])
 
-    def write_with_retry(self, batch: list[tuple[int, bytes]]) -> None:
-        body = b"\n".join(line for _, line in batch)
+    def write_with_retry(self, body: bytes, lines: int) -> None:
         for attempt in itertools.count(1):
             try:
                 self._sender._writer.write(body)
             except InfluxUnavailableError as exc:
-                self.wait_or_give_up(attempt, len(batch), exc)
+                self.wait_or_give_up(attempt, lines, exc)
                 continue
             self.progress_at = self._sender._clock()
             return

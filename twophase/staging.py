@@ -1,8 +1,9 @@
 """Phase 1: stage an epoch's points into PostgreSQL (executor side), and read them back.
 
 A *write* is one task attempt's output for one epoch. :meth:`Stager.stage`
-COPYs its lines and its dead letters and records the write, all in one
-transaction, and returns a :class:`CommitMessage` for the driver's vote.
+COPYs its lines (in chunks: see :class:`StagedChunk`) and its dead letters
+and records the write, all in one transaction, and returns a
+:class:`CommitMessage` for the driver's vote.
 Nothing reaches InfluxDB here.
 
 Idempotency: every call makes a new write (fresh ``write_id``); a retried task
@@ -13,16 +14,18 @@ count. Unchosen writes are orphans: :meth:`discard` or GC removes them.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from twophase.db import Database
+from twophase.errors import PermanentError
 from twophase.faults import crash_point
 
 if TYPE_CHECKING:
@@ -30,7 +33,10 @@ if TYPE_CHECKING:
 
 STAGE = "stage"
 PROMOTE = "promote"
-_CRASH_EVERY = 50  # rows between two checks of the mid-COPY crash point (a dict lookup)
+_CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (a dict lookup)
+CHUNK_POINTS = 5000  # lines per staged chunk: a promote request's worth by default
+CHUNK_CHARS = 1024 * 1024  # and at most this many characters (a longer line is a chunk alone)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,11 @@ class DeadLetter:
 
 
 class LineChecksum:
-    """Order-sensitive digest of a write's lines; staging and promotion must agree (I1)."""
+    """Order-sensitive digest of a write's lines; staging and promotion must agree (I1).
+
+    ``add_joined(a + "\n" + b)`` hashes what ``add(a); add(b)`` does, so lines
+    may be hashed one by one or a chunk at a time.
+    """
 
     def __init__(self) -> None:
         self._hash = hashlib.blake2b(digest_size=16)
@@ -72,15 +82,70 @@ class LineChecksum:
         self._hash.update(line.encode("utf-8"))
         self._hash.update(b"\n")
 
+    def add_joined(self, data: bytes) -> None:
+        """Add lines already joined by newlines and encoded as UTF-8."""
+        self._hash.update(data)
+        self._hash.update(b"\n")
+
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
 
-class Stager:
-    """Executor side of phase 1. One role: turn converted rows into a staged write."""
+@dataclass(frozen=True)
+class StagedChunk:
+    """Consecutive staged lines of one write, stored as one line-protocol body.
 
-    def __init__(self, db: Database):
+    ``body`` is the lines joined by newlines; ``ends[i]`` is the offset just
+    past line ``i``'s newline in ``body + "\n"``; line ``i`` has staged seq
+    ``first_seq + i``.
+    """
+
+    write_id: str
+    first_seq: int
+    ends: Sequence[int]
+    body: str
+
+    @classmethod
+    def of_lines(cls, write_id: str, first_seq: int, lines: Sequence[str]) -> StagedChunk:
+        ends = list(itertools.accumulate(len(line) + 1 for line in lines))
+        return cls(write_id, first_seq, ends, "\n".join(lines))
+
+    @property
+    def points(self) -> int:
+        return len(self.ends)
+
+    def line(self, index: int) -> str:
+        start = self.ends[index - 1] if index else 0
+        return self.body[start : self.ends[index] - 1]
+
+    def lines(self, start: int = 0, stop: int | None = None) -> list[str]:
+        return [self.line(i) for i in range(start, self.points if stop is None else stop)]
+
+    def check(self) -> StagedChunk:
+        """The chunk itself, if its line ends fit its body (PermanentError otherwise)."""
+        if not self.ends or self.ends[-1] != len(self.body) + 1:
+            raise PermanentError(
+                f"staged chunk of write {self.write_id} at seq {self.first_seq} is damaged:"
+                f" its line ends do not match its body of {len(self.body)} characters"
+            )
+        return self
+
+
+class Stager:
+    """Executor side of phase 1. One role: turn converted rows into a staged write.
+
+    Lines are staged in chunks of at most ``chunk_points`` lines and about
+    ``chunk_chars`` characters (a single longer line is a chunk of its own).
+    """
+
+    def __init__(
+        self, db: Database, chunk_points: int = CHUNK_POINTS, chunk_chars: int = CHUNK_CHARS
+    ):
+        if chunk_points < 1 or chunk_chars < 1:
+            raise ValueError("chunk_points and chunk_chars must be positive")
         self._db = db
+        self._chunk_points = chunk_points
+        self._chunk_chars = chunk_chars
 
     def stage(
         self,
@@ -96,23 +161,20 @@ class Stager:
         """COPY ``items`` (lines, or rows rejected at conversion) as one new write.
 
         All or nothing: the lines, the dead letters and the write record commit
-        in one transaction. ``items`` is consumed lazily (bounded memory).
+        in one transaction. ``items`` is consumed lazily (bounded memory: one
+        chunk of lines at a time; rejected rows are spooled to a temporary file).
         """
         write_id = uuid.uuid4()
-        checksum = LineChecksum()
         with tempfile.TemporaryFile() as spool, self._db.transaction() as cur:
-            with cur.copy("COPY twophase_staged_points (write_id, seq, line) FROM STDIN") as copy:
-                points, rejected = 0, 0
-                for item in items:
-                    if isinstance(item, str):
-                        copy.write_row((write_id, points, item))
-                        checksum.add(item)
-                        points += 1
-                        if points % _CRASH_EVERY == 0:
-                            crash_point("stage_rows")
-                    else:
-                        pickle.dump(item, spool)
-                        rejected += 1
+            with cur.copy(_COPY_CHUNKS) as copy:
+                chunks = _ChunkCopy(copy, write_id)
+                rejected = 0
+                for block in _blocks(items, self._chunk_points):
+                    lines = [item for item in block if isinstance(item, str)]
+                    if len(lines) != len(block):
+                        rejected += _spool_rejects(block, spool)
+                    for part in _split_by_chars(lines, self._chunk_chars):
+                        chunks.write(part)
             if rejected:
                 _copy_rejects(cur, sink_id, epoch, write_id, spool)
             cur.execute(
@@ -125,9 +187,9 @@ class Stager:
                     run_id,
                     partition_id,
                     attempt,
-                    points,
+                    chunks.points,
                     rejected,
-                    checksum.hexdigest(),
+                    chunks.checksum.hexdigest(),
                 ),
             )
         crash_point("after_stage")
@@ -137,9 +199,9 @@ class Stager:
             write_id=str(write_id),
             partition_id=partition_id,
             attempt=attempt,
-            points=points,
+            points=chunks.points,
             rejected=rejected,
-            checksum=checksum.hexdigest(),
+            checksum=chunks.checksum.hexdigest(),
             run_id=run_id,
             query_id=query_id,
         )
@@ -178,9 +240,69 @@ def delete_unchosen_writes(cur: psycopg.Cursor[Any], ids: list[uuid.UUID]) -> li
     )
     gone = [row[0] for row in cur.fetchall()]
     if gone:
-        cur.execute("DELETE FROM twophase_staged_points WHERE write_id = ANY(%s)", (gone,))
+        cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (gone,))
         cur.execute("DELETE FROM twophase_dead_letters WHERE write_id = ANY(%s)", (gone,))
     return gone
+
+
+# Binary COPY: measured 0.45 s instead of 0.70 s per million points (text COPY's
+# escaping cost the client 0.45 s of CPU and PostgreSQL 0.25 s more to parse).
+_COPY_CHUNKS = (
+    "COPY twophase_staged_chunks (write_id, chunk, first_seq, ends, body) FROM STDIN"
+    " (FORMAT BINARY)"
+)
+_CHUNK_TYPES = ("uuid", "int4", "int4", "int4[]", "text")
+
+
+class _ChunkCopy:
+    """Writes one write's chunks into a running COPY, counting and hashing its lines."""
+
+    def __init__(self, copy: psycopg.Copy, write_id: uuid.UUID) -> None:
+        copy.set_types(list(_CHUNK_TYPES))
+        self._copy = copy
+        self._write_id = write_id
+        self.chunks = 0
+        self.points = 0
+        self.checksum = LineChecksum()
+
+    def write(self, lines: list[str]) -> None:
+        chunk = StagedChunk.of_lines(str(self._write_id), self.points, lines)
+        self._copy.write_row((self._write_id, self.chunks, self.points, chunk.ends, chunk.body))
+        self.checksum.add_joined(chunk.body.encode("utf-8"))
+        before, self.points, self.chunks = self.points, self.points + len(lines), self.chunks + 1
+        for _ in range(self.points // _CRASH_EVERY - before // _CRASH_EVERY):
+            crash_point("stage_rows")  # the COPY is under way, nothing committed
+
+
+def _blocks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    iterator = iter(items)
+    while block := list(itertools.islice(iterator, size)):
+        yield block
+
+
+def _split_by_chars(lines: list[str], max_chars: int) -> Iterator[list[str]]:
+    """``lines`` cut so that each part's lines and newlines hold at most ``max_chars``."""
+    if not lines:
+        return
+    if sum(map(len, lines)) + len(lines) <= max_chars:  # the usual case, at C speed
+        yield lines
+        return
+    part: list[str] = []
+    chars = 0
+    for line in lines:
+        if part and chars + len(line) + 1 > max_chars:
+            yield part
+            part, chars = [], 0
+        part.append(line)
+        chars += len(line) + 1
+    yield part
+
+
+def _spool_rejects(block: list[str | Rejected], spool: IO[bytes]) -> int:
+    rejects = [item for item in block if not isinstance(item, str)]
+    for item in rejects:
+        pickle.dump(item, spool)
+    return len(rejects)
 
 
 def _spooled(spool: IO[bytes]) -> Iterator[Rejected]:
@@ -207,25 +329,33 @@ def _copy_rejects(
 class StagedReader:
     """Reads staged lines back for promotion, and records promote-time dead letters."""
 
-    def __init__(self, db: Database, fetch_size: int = 5000):
+    def __init__(self, db: Database, fetch_chunks: int = 2):
         self._db = db
-        self._fetch_size = fetch_size
+        self._fetch_chunks = fetch_chunks
 
-    def lines(self, write_id: str) -> Iterator[tuple[int, str]]:
-        """``(seq, line)`` of one write in seq order, through a server-side cursor.
+    def chunks(self, write_id: str) -> Iterator[StagedChunk]:
+        """One write's chunks in seq order, through a server-side cursor.
 
-        Deterministic order and bounded memory: at most ``fetch_size`` rows are
-        held at a time. Holds one pooled connection until exhausted or closed.
+        Deterministic order and bounded memory: at most ``fetch_chunks`` chunks
+        are held at a time. Holds one pooled connection until exhausted or
+        closed. A chunk whose line ends do not fit its body raises PermanentError.
         """
         with self._db.connection() as conn, conn.transaction():
             name = f"twophase_promote_{uuid.UUID(write_id).hex}"
-            with conn.cursor(name=name) as cur:
-                cur.itersize = self._fetch_size
+            with conn.cursor(name=name, binary=True) as cur:
+                cur.itersize = self._fetch_chunks
                 cur.execute(
-                    "SELECT seq, line FROM twophase_staged_points WHERE write_id = %s ORDER BY seq",
+                    "SELECT first_seq, ends, body FROM twophase_staged_chunks"
+                    " WHERE write_id = %s ORDER BY chunk",
                     (uuid.UUID(write_id),),
                 )
-                yield from cur
+                for first_seq, ends, body in cur:
+                    yield StagedChunk(write_id, first_seq, ends, body).check()
+
+    def lines(self, write_id: str) -> Iterator[tuple[int, str]]:
+        """``(seq, line)`` of one write in seq order (see :meth:`chunks`)."""
+        for chunk in self.chunks(write_id):
+            yield from enumerate(chunk.lines(), chunk.first_seq)
 
     def add_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         """Record dead letters; idempotent (a re-promotion records each one once)."""

@@ -58,6 +58,7 @@ def main() -> None:
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--epochs", type=int, required=True)
     ap.add_argument("--perturb", default="", help="comma-separated epochs to recompute differently")
+    ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
@@ -66,7 +67,7 @@ def main() -> None:
             url=args.influx_url,
             api="v1",
             database=args.influx_db,
-            batch_points=40,
+            batch_points=args.batch_points,
             retry_deadline_s=30,
             retry_initial_s=0.05,
             retry_max_s=1,

@@ -87,7 +87,7 @@ def test_recover_after_a_driver_crash_end_to_end(
     partly sent); `twophase recover` completes it: no PRECOMMITTED epoch is left and
     InfluxDB holds exactly the decided epochs' points."""
     env = {k: v for k, v in os.environ.items() if k != "TWOPHASE_CRASH_AT"}
-    env["TWOPHASE_CRASH_AT"] = "promote_batch:10"  # 8 batches per epoch: epoch 1, 2 sent
+    env["TWOPHASE_CRASH_AT"] = "promote_batch:11"  # 9 requests per epoch: epoch 1, 2 sent
     driver = subprocess.run(
         [
             *(sys.executable, "-m", "tests.integration.crash_driver"),

@@ -123,7 +123,7 @@ def test_abort_checks(cli: Cli, staging_url: str) -> None:
     }
     staged = sql(
         staging_url,
-        "SELECT count(*) FROM twophase_staged_points p JOIN twophase_epochs e"
+        "SELECT count(*) FROM twophase_staged_chunks p JOIN twophase_epochs e"
         " ON p.write_id = ANY(e.write_ids) WHERE e.epoch = 3 AND e.sink_id = 's'",
     )
     assert staged == [(0,)]

@@ -31,14 +31,18 @@ from twophase.config import InfluxConfig
 EPOCHS = 4
 SINK = "crash-sink"
 
-# (crash point, n-th time reached): each lands inside epoch 1 or 2, mid-sequence.
+# (crash point, n-th time reached, points per InfluxDB request): each lands inside
+# epoch 1 or 2, mid-sequence. Each write is one staged chunk of 100 lines: 40-point
+# requests cut every chunk (9 requests per epoch); 250-point requests carry two
+# whole chunks, then one (2 per epoch).
 CRASHES = [
-    ("stage_rows", 9),  # epoch 1, mid-COPY of its second write (2 checks per write)
-    ("after_stage", 5),  # epoch 1, after some writes staged, before decide
-    ("after_decide", 2),  # epoch 1 decided, not promoted
-    ("promote_batch", 10),  # epoch 1 (8 batches per epoch), after 2 of its batches
-    ("after_promote", 3),  # epoch 2 fully sent, not marked COMMITTED
-    ("after_mark", 2),  # epoch 1 COMMITTED, not in Spark's commit log: a replay
+    ("stage_rows", 9, 40),  # epoch 1, mid-COPY of its second write (2 checks per write)
+    ("after_stage", 5, 40),  # epoch 1, after some writes staged, before decide
+    ("after_decide", 2, 40),  # epoch 1 decided, not promoted
+    ("promote_batch", 11, 40),  # epoch 1, after 2 of its 9 requests
+    ("promote_batch", 3, 250),  # epoch 1, after its first request (two chunks)
+    ("after_promote", 3, 40),  # epoch 2 fully sent, not marked COMMITTED
+    ("after_mark", 2, 40),  # epoch 1 COMMITTED, not in Spark's commit log: a replay
 ]
 
 
@@ -49,6 +53,7 @@ def run_driver(
     run_id: str,
     crash: str | None = None,
     perturb: list[int] | None = None,
+    batch_points: int = 40,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TWOPHASE_CRASH_AT"}
     if crash:
@@ -73,6 +78,8 @@ def run_driver(
         run_id,
         "--perturb",
         ",".join(map(str, perturb or [])),
+        "--batch-points",
+        str(batch_points),
     ]
     return subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
@@ -120,24 +127,27 @@ def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:
     assert len(crash_free["dead"]) == 1 and crash_free["dead"][0][:2] == (BAD_EPOCH, "promote")
 
 
-@pytest.mark.parametrize(("point", "nth"), CRASHES, ids=[c[0] for c in CRASHES])
+@pytest.mark.parametrize(
+    ("point", "nth", "batch"), CRASHES, ids=[f"{c[0]}-{c[2]}" for c in CRASHES]
+)
 def test_sigkill_at_each_step_then_recover(
     point: str,
     nth: int,
+    batch: int,
     crash_free: dict[str, Any],
     staging_url: str,
     influx: InfluxConfig,
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "spark-commit-log"
-    crashed = run_driver(staging_url, influx, log, "run-1", crash=f"{point}:{nth}")
+    crashed = run_driver(staging_url, influx, log, "run-1", f"{point}:{nth}", batch_points=batch)
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
     assert crashed.stdout.count("COMMITTED") < EPOCHS  # it really died mid-sequence
 
     # The restarted run recomputes every epoch the crashed run had decided with
     # different values: only replay detection keeps them out of InfluxDB.
     decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
-    restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided)
+    restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, batch_points=batch)
     assert restarted.returncode == 0, restarted.stderr
 
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing or doubled

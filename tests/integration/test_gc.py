@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tests.integration.test_protocol import lines, scalar, stage
+from tests.integration.test_protocol import STAGED_POINTS, lines, scalar, stage
 
 LATER = datetime.now(timezone.utc) + timedelta(days=30)
 
@@ -18,11 +18,11 @@ def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> No
     assert tp.gc.collect().epochs_purged == 0  # within retention (7 days)
     dry = tp.gc.collect(now=LATER, dry_run=True)
     assert (dry.epochs_purged, dry.points_purged) == (1, 5)
-    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 10
+    assert scalar(staging_url, STAGED_POINTS) == 10
 
     report = tp.gc.collect(now=LATER)
     assert (report.epochs_purged, report.points_purged) == (1, 5)
-    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 5
+    assert scalar(staging_url, STAGED_POINTS) == 5
     assert scalar(staging_url, "SELECT purged_at IS NOT NULL FROM twophase_epochs WHERE epoch = 0")
     assert tp.gc.collect(now=LATER).epochs_purged == 0  # idempotent
     tp.committer.recover(lease)  # the PRECOMMITTED epoch still promotes in full
@@ -56,6 +56,6 @@ def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> N
         )
         == 0
     )
-    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 3
+    assert scalar(staging_url, STAGED_POINTS) == 3
     tp.committer.recover(lease)
     assert scalar(staging_url, "SELECT state FROM twophase_epochs WHERE epoch = 0") == "COMMITTED"

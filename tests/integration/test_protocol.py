@@ -14,6 +14,7 @@ from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
 from twophase.staging import CommitMessage
 
 M = "proto"
+STAGED_POINTS = "SELECT COALESCE(sum(cardinality(ends)), 0) FROM twophase_staged_chunks"
 
 
 def lines(epoch: int, n: int, value_offset: float = 0.0, host: str = "a") -> list[str]:
@@ -114,7 +115,7 @@ def test_failed_stage_leaves_nothing(tp: Any, staging_url: str) -> None:
 
     with pytest.raises(RuntimeError):
         tp.stager.stage("s", 0, rows_then_failure())
-    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 0
+    assert scalar(staging_url, STAGED_POINTS) == 0
     assert scalar(staging_url, "SELECT count(*) FROM twophase_writes") == 0
 
 
@@ -125,7 +126,7 @@ def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None
     tp.ledger.decide(lease, 0, chosen)
     removed = tp.stager.discard([m.write_id for m in chosen + failed_attempt])
     assert removed == 1
-    assert scalar(staging_url, "SELECT count(*) FROM twophase_staged_points") == 4
+    assert scalar(staging_url, STAGED_POINTS) == 4
     assert tp.stager.discard([m.write_id for m in failed_attempt]) == 0  # idempotent
     tp.promoter.promote(lease, 0)
     assert influx_count(tp.config.influx, M) == 4
@@ -260,13 +261,28 @@ def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> No
         tp.ledger.abort("s", 0, "too late")
 
 
-def test_changed_staged_points_are_detected_before_commit(tp: Any, staging_url: str) -> None:
+@pytest.mark.parametrize(
+    ("tamper", "error"),
+    [
+        # same length, one character changed: only the checksum can tell
+        ("UPDATE twophase_staged_chunks SET body = overlay(body placing 'X' from 3 for 1)",
+         "changed after the decision"),
+        # a line dropped from the end of the chunk, ends shortened to match
+        ("UPDATE twophase_staged_chunks SET body = left(body, ends[2] - 1), ends = ends[1:2]",
+         "changed after the decision"),
+        # the body no longer fits its line ends
+        ("UPDATE twophase_staged_chunks SET body = body || '1'", "damaged"),
+    ],
+)  # fmt: skip
+def test_changed_staged_points_are_detected_before_commit(
+    tp: Any, staging_url: str, tamper: str, error: str
+) -> None:
     """I1 is also checked: a tampered point set is refused, the epoch stays PRECOMMITTED."""
     lease = tp.ledger.begin_run("s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
-        conn.execute("UPDATE twophase_staged_points SET line = line || '1' WHERE seq = 1")
-    with pytest.raises(PermanentError, match="changed after the decision"):
+        conn.execute(tamper)
+    with pytest.raises(PermanentError, match=error):
         tp.promoter.promote(lease, 0)
     assert epoch_row(staging_url, "s", 0)["state"] == PRECOMMITTED
 

@@ -321,3 +321,45 @@ def test_from_config_uses_the_batch_limits() -> None:
     sender = BatchSender.from_config(writer, config, sleep=clock.sleep, clock=clock)
     assert sender.send(lines_of(10)) == []
     assert [len(b) for b in writer.bodies] == [4, 4, 2]
+
+
+# --- send_joined: a body already joined (staged chunks) ----------------------------------
+
+
+def test_send_joined_sends_the_body_as_it_is() -> None:
+    clock = FakeClock()
+    influx = FakeInflux(clock)
+    lines = lines_of(7)
+    asked: list[int] = []
+
+    def split() -> list[str]:
+        asked.append(1)
+        return lines
+
+    sender = make_sender(influx, clock)
+    assert sender.send_joined("\n".join(lines).encode(), len(lines), split) == []
+    assert influx.bodies == [lines] and asked == []  # no per-line work on success
+
+
+def test_send_joined_bisects_a_refused_body_like_send() -> None:
+    clock = FakeClock()
+    lines = lines_of(9)
+    lines[4] = "m bad=1 1"
+    influx = FakeInflux(clock, bad=lambda x: "bad field" if "bad" in x else None)
+    rejected = make_sender(influx, clock).send_joined(
+        "\n".join(lines).encode(), len(lines), lambda: lines
+    )
+    assert rejected == [(4, "partial write: bad field")]
+    assert set(influx.stored) == set(lines) - {lines[4]}
+
+
+def test_send_joined_retries_then_splits_a_body_too_large() -> None:
+    clock = FakeClock()
+    influx = FakeInflux(
+        clock,
+        fail=lambda n, _: TransientWriteError("503") if n == 1 else None,
+        max_lines=3,
+    )
+    lines = lines_of(8)
+    assert make_sender(influx, clock).send_joined("\n".join(lines).encode(), 8, lambda: lines) == []
+    assert set(influx.stored) == set(lines) and len(clock.sleeps) == 1

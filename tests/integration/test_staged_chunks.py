@@ -1,0 +1,196 @@
+"""Chunked staging against real servers: chunk layout, promote-time rejects inside a
+chunk, and migration 0002 moving one-row-per-point data into chunks and back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.integration.test_protocol import STAGED_POINTS, epoch_row, lines, scalar, stage
+from tests.support import (
+    admin_conninfo,
+    alembic,
+    create_database,
+    drop_database,
+    influx_rows,
+    staging_config_for,
+    two_phase,
+    unique,
+)
+from twophase.config import InfluxConfig, StagingConfig
+from twophase.points import Rejected
+from twophase.staging import LineChecksum, Stager
+
+M = "proto"
+
+
+def chunk_rows(url: str) -> list[tuple[int, int, int]]:
+    """(chunk, first_seq, lines) of every staged chunk, in order."""
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        rows = conn.execute(
+            "SELECT chunk, first_seq, cardinality(ends) FROM twophase_staged_chunks"
+            " ORDER BY write_id, chunk"
+        )
+        return [tuple(r) for r in rows]
+
+
+def test_a_large_write_is_staged_in_chunks_and_promoted_whole(tp: Any, staging_url: str) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    points = lines(0, 12_001)
+    (message,) = stage(tp, "s", 0, [points])
+    assert chunk_rows(staging_url) == [(0, 0, 5000), (1, 5000, 5000), (2, 10000, 2001)]
+    assert list(tp.reader.lines(message.write_id)) == list(enumerate(points))
+    tp.committer.commit(lease, 0, [message])
+    assert epoch_row(staging_url, "s", 0)["delivered"] == 12_001
+    assert len(influx_rows(tp.config.influx, M)) == 12_001
+
+
+def test_chunks_are_cut_by_characters_and_rows_rejected_at_conversion_take_no_seq(
+    tp: Any, staging: StagingConfig, staging_url: str
+) -> None:
+    """Lines keep consecutive seqs around rejected rows; a line longer than the chunk
+    limit is a chunk of its own; what is read back is what was staged."""
+    long_line = f'{M},host=big v="{"x" * 300}" 1700000000000000099'
+    items: list[str | Rejected] = [*lines(0, 4), Rejected(4, "no time", "{}"), long_line]
+    items += [*lines(1, 3), Rejected(9, "bad tag", "{}")]
+    stager = Stager(tp.db, chunk_points=3, chunk_chars=250)
+    message = stager.stage("s", 0, items)
+    assert (message.points, message.rejected) == (8, 2)
+    assert chunk_rows(staging_url) == [(0, 0, 3), (1, 3, 1), (2, 4, 1), (3, 5, 3)]
+    staged = [line for line in items if isinstance(line, str)]
+    assert list(tp.reader.lines(message.write_id)) == list(enumerate(staged))
+    digest = LineChecksum()
+    for line in staged:
+        digest.add(line)
+    assert message.checksum == digest.hexdigest()
+    stage_letters = scalar(
+        staging_url, "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM twophase_dead_letters"
+    )
+    assert stage_letters == "4,9"  # the rows' own indexes
+
+
+def test_point_rejected_inside_a_coalesced_request_is_addressed_by_seq(
+    tp: Any, staging_url: str
+) -> None:
+    """Three writes' chunks go out as one request; InfluxDB refuses one point of the
+    second write (a field type conflict): exactly that point is dead-lettered, with
+    its write, seq and text, and every other point is delivered."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))  # v is a float
+    conflicting = lines(1, 6)
+    conflicting[3] = f'{M},host=a,n=0 v="text",e=1i 1700001000000000003'
+    messages = stage(tp, "s", 1, [lines(2, 4), conflicting, lines(3, 5)])
+    outcome = tp.committer.commit(lease, 1, messages)
+    assert outcome.promoted is not None
+    assert (outcome.promoted.delivered, outcome.promoted.rejected) == (14, 1)
+    with psycopg.connect(admin_conninfo(staging_url)) as conn:
+        letters = conn.execute(
+            "SELECT write_id::text, seq, phase, payload, reason FROM twophase_dead_letters"
+        ).fetchall()
+    assert [row[:4] for row in letters] == [(messages[1].write_id, 3, "promote", conflicting[3])]
+    assert "field type conflict" in letters[0][4]
+    assert len(influx_rows(tp.config.influx, M)) == 5 + 14
+
+
+# --- migration 0002 ------------------------------------------------------------------
+
+AWKWARD = [
+    f'{M},host=a\\ b,n=1 v=1,s="tab\there" 1700000000000000001',
+    f'{M},host=ü,n=2 v=2,s="back\\\\slash \\"q\\"" 1700000000000000002',
+    f'{M},host=c,n=3 v=3,s="日本語" 1700000000000000003',
+]
+
+
+@pytest.fixture
+def db_at_0001(base_staging_url: str) -> Iterator[str]:
+    name = unique("twophase_mig")
+    url = create_database(base_staging_url, name)
+    done = alembic("upgrade", "0001_initial", url=url)
+    assert done.returncode == 0, done.stderr
+    yield url
+    drop_database(base_staging_url, name)
+
+
+def _stage_at_0001(url: str, writes: list[list[str]]) -> None:
+    """What 0001's code staged: one row per line, the write row, a decided epoch."""
+    ids = []
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        for number, points in enumerate(writes):
+            digest = LineChecksum()
+            for line in points:
+                digest.add(line)
+            write_id = conn.execute(
+                "INSERT INTO twophase_writes (write_id, sink_id, epoch, run_id, partition_id,"
+                " attempt, points, rejected, checksum) VALUES (gen_random_uuid(), 's', 0, 'r1',"
+                " %s, 0, %s, 0, %s) RETURNING write_id",
+                (number, len(points), digest.hexdigest()),
+            ).fetchone()[0]  # type: ignore[index]
+            ids.append(write_id)
+            with conn.cursor().copy(
+                "COPY twophase_staged_points (write_id, seq, line) FROM STDIN"
+            ) as copy:
+                for seq, line in enumerate(points):
+                    copy.write_row((write_id, seq, line))
+        conn.execute(
+            "INSERT INTO twophase_sinks (sink_id, query_id, owner_run_id, fencing_token,"
+            " last_decided_epoch) VALUES ('s', 'q1', 'r1', 1, 0)"
+        )
+        conn.execute(
+            "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
+            " VALUES ('r1', 's', 'q1', 1)"
+        )
+        conn.execute(
+            "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
+            " checksum, points_staged) VALUES ('s', 0, 'PRECOMMITTED', 'r1', 'q1', %s, 'x', %s)",
+            (ids, sum(len(w) for w in writes)),
+        )
+
+
+def _lines_at_0001(url: str) -> list[tuple[int, str]]:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        rows = conn.execute(
+            "SELECT p.seq, p.line FROM twophase_staged_points p JOIN twophase_writes w"
+            " USING (write_id) ORDER BY w.partition_id, p.seq"
+        )
+        return [tuple(r) for r in rows]
+
+
+def test_migration_moves_staged_lines_into_chunks_and_back(
+    db_at_0001: str, influx: InfluxConfig
+) -> None:
+    """An epoch decided before the upgrade is promoted after it, byte for byte (its
+    checksums still hold); the downgrade gives back the same lines."""
+    writes = [AWKWARD + lines(0, 5002), lines(1, 2)]
+    _stage_at_0001(db_at_0001, writes)
+    before = _lines_at_0001(db_at_0001)
+
+    assert alembic("upgrade", "head", url=db_at_0001).returncode == 0
+    assert chunk_rows(db_at_0001) in (
+        [(0, 0, 5000), (1, 5000, 5), (0, 0, 2)],
+        [(0, 0, 2), (0, 0, 5000), (1, 5000, 5)],
+    )  # two writes, in write-id order
+    with two_phase(staging_config_for(db_at_0001), influx) as tp:
+        assert scalar(db_at_0001, STAGED_POINTS) == 5007
+        lease = tp.ledger.begin_run("s", "r1", "q1")
+        (result,) = tp.committer.recover(lease)
+        assert (result.delivered, result.rejected) == (5007, 0)
+    rows = influx_rows(influx, M)
+    assert len(rows) == 5007
+    assert {dict(r[2])["s"] for r in rows if dict(r[2]).get("s")} == {
+        "tab\there",
+        'back\\slash "q"',
+        "日本語",
+    }
+
+    down = alembic("downgrade", "0001_initial", url=db_at_0001)
+    assert down.returncode == 0, down.stderr
+    assert _lines_at_0001(db_at_0001) == before
+
+
+def test_migration_of_an_empty_store(db_at_0001: str) -> None:
+    assert alembic("upgrade", "head", url=db_at_0001).returncode == 0
+    assert chunk_rows(db_at_0001) == []
+    assert alembic("downgrade", "0001_initial", url=db_at_0001).returncode == 0

@@ -1,0 +1,164 @@
+"""Staged chunks and the promoter's send loop over them, with a fake reader and InfluxDB.
+
+The promoter's request layout (chunks coalesced up to the batch limits,
+oversized chunks cut), its dead-letter addressing (seq = first_seq + offset)
+and its I1 checksums are pure logic; the integration tests run the same
+paths against PostgreSQL and InfluxDB.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
+from twophase.committer import Promoter
+from twophase.errors import PermanentError
+from twophase.ledger import EpochPlan, WriteRef
+from twophase.staging import DeadLetter, LineChecksum, StagedChunk
+
+# --- StagedChunk ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [["a"], ["m v=1", "m v=2"], ["", "x"], ['é,t=ü v="ß"', "tab\there", "back\\slash"]],
+)
+def test_chunk_gives_back_each_line(lines: list[str]) -> None:
+    chunk = StagedChunk.of_lines("w", 7, lines).check()
+    assert chunk.points == len(lines)
+    assert chunk.lines() == lines
+    assert [chunk.line(i) for i in range(len(lines))] == lines
+    assert chunk.lines(1) == lines[1:]
+    assert chunk.body == "\n".join(lines)
+
+
+def test_joined_checksum_equals_line_by_line() -> None:
+    lines = [*lines_of(17), "ünïcode v=1"]
+    one, joined = LineChecksum(), LineChecksum()
+    for line in lines:
+        one.add(line)
+    joined.add_joined("\n".join(lines[:5]).encode())
+    joined.add_joined("\n".join(lines[5:]).encode())
+    assert one.hexdigest() == joined.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("ends", "body"), [([], ""), ([3], "abcd"), ([2, 5], "a\nbcd"), ([4, 3], "abc\nd")]
+)
+def test_chunk_whose_ends_do_not_fit_its_body_is_refused(ends: list[int], body: str) -> None:
+    with pytest.raises(PermanentError, match="damaged"):
+        StagedChunk("w", 0, ends, body).check()
+
+
+# --- Promoter.send over chunks ----------------------------------------------------------
+
+
+class FakeReader:
+    """StagedReader's two calls the promoter makes, over chunks held in memory."""
+
+    def __init__(self, chunks: dict[str, list[StagedChunk]]) -> None:
+        self._chunks = chunks
+        self.letters: dict[tuple[str, int], DeadLetter] = {}
+
+    def chunks(self, write_id: str) -> Iterator[StagedChunk]:
+        yield from self._chunks[write_id]
+
+    def add_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        for letter in letters:
+            self.letters.setdefault((letter.write_id, letter.seq), letter)
+
+
+def staged(writes: list[list[str]], chunk_points: int) -> tuple[EpochPlan, FakeReader]:
+    """A plan of ``writes`` (lists of lines) staged in chunks of ``chunk_points`` lines."""
+    refs, chunks = [], {}
+    for number, lines in enumerate(writes):
+        write_id = f"w{number}"
+        digest = LineChecksum()
+        for line in lines:
+            digest.add(line)
+        refs.append(WriteRef(write_id, len(lines), digest.hexdigest()))
+        chunks[write_id] = [
+            StagedChunk.of_lines(write_id, start, lines[start : start + chunk_points])
+            for start in range(0, len(lines), chunk_points)
+        ]
+    plan = EpochPlan("s", 3, tuple(refs), sum(len(w) for w in writes))
+    return plan, FakeReader(chunks)
+
+
+def bad_if_marked(line: str) -> str | None:
+    return "field type conflict" if "bad" in line else None
+
+
+def promoter_for(reader: FakeReader, influx: FakeInflux, clock: FakeClock, points: int,
+                 size: int) -> Promoter:  # fmt: skip
+    sender = make_sender(influx, clock, max_points=points, max_bytes=size)
+    return Promoter(None, reader, sender, points, size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_send_delivers_every_line_once_in_order_and_addresses_rejects(seed: int) -> None:
+    """Random write sizes, chunk sizes, batch limits and bad lines: InfluxDB gets every
+    good line, requests stay within the limits, each bad line is one dead letter with
+    its own write, seq and text."""
+    rng = random.Random(seed)
+    writes = []
+    for w in range(rng.randint(1, 4)):
+        lines = [f"m,w={w} v={i}i {i}" for i in range(rng.randint(0, 60))]
+        for i in rng.sample(range(len(lines)), k=min(len(lines), rng.randint(0, 3))):
+            lines[i] = f"m,w={w} bad={i} {i}"
+        writes.append(lines)
+    chunk_points, points, size = rng.randint(1, 25), rng.randint(1, 30), rng.randint(40, 600)
+    plan, reader = staged(writes, chunk_points)
+    clock = FakeClock()
+    influx = FakeInflux(clock, bad=bad_if_marked)
+    promoter = promoter_for(reader, influx, clock, points, size)
+
+    delivered, rejected = promoter.send(plan)
+
+    good = [line for lines in writes for line in lines if "bad" not in line]
+    bad = {(f"w{w}", seq): line for w, lines in enumerate(writes)
+           for seq, line in enumerate(lines) if "bad" in line}  # fmt: skip
+    assert (delivered, rejected) == (len(good), len(bad))
+    assert set(influx.stored) == set(good)
+    assert {key: d.payload for key, d in reader.letters.items()} == bad
+    assert all("field type conflict" in d.reason for d in reader.letters.values())
+    assert all(len(body) <= points for body in influx.bodies)
+
+
+def test_small_chunks_are_coalesced_into_one_request() -> None:
+    writes = [lines_of(10), lines_of(10)[::-1], lines_of(3)]
+    plan, reader = staged(writes, chunk_points=4)
+    clock = FakeClock()
+    influx = FakeInflux(clock)
+    assert promoter_for(reader, influx, clock, 5000, 1 << 20).send(plan) == (23, 0)
+    assert influx.bodies == [[line for lines in writes for line in lines]]
+
+
+def test_chunk_larger_than_the_batch_is_cut_and_progress_reported_per_request() -> None:
+    plan, reader = staged([lines_of(25)], chunk_points=25)
+    clock = FakeClock()
+    influx = FakeInflux(clock)
+    progress: list[int] = []
+    assert promoter_for(reader, influx, clock, 10, 1 << 20).send(plan, progress.append) == (25, 0)
+    assert [len(body) for body in influx.bodies] == [10, 10, 5]
+    assert progress == [10, 20, 25]
+
+
+def test_request_refused_as_too_large_is_split() -> None:
+    plan, reader = staged([lines_of(12)], chunk_points=6)
+    clock = FakeClock()
+    influx = FakeInflux(clock, max_lines=5)
+    assert promoter_for(reader, influx, clock, 100, 1 << 20).send(plan) == (12, 0)
+    assert set(influx.stored) == set(lines_of(12))
+
+
+def test_changed_chunk_fails_the_checksum() -> None:
+    plan, reader = staged([lines_of(8)], chunk_points=4)
+    chunk = reader._chunks["w0"][1]
+    reader._chunks["w0"][1] = StagedChunk.of_lines("w0", 4, [*chunk.lines()[:3], "m v=9 1"])
+    clock = FakeClock()
+    with pytest.raises(PermanentError, match="changed after the decision"):
+        promoter_for(reader, FakeInflux(clock), clock, 100, 1 << 20).send(plan)
