@@ -132,9 +132,8 @@ class Promoter:
         return tally.delivered, tally.rejected
 
     def _pieces(self, plan: EpochPlan) -> Iterator[_Piece]:
-        for index, write in enumerate(plan.writes):
-            for chunk in self._reader.chunks(write.write_id):
-                yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
+        for index, chunk in self._reader.chunks_of([w.write_id for w in plan.writes]):
+            yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
 
 
 @dataclass(frozen=True)

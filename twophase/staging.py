@@ -326,6 +326,15 @@ def _copy_rejects(
             copy.write_row((sink_id, epoch, write_id, rej.index, STAGE, rej.reason, rej.payload))
 
 
+# Ordered by the writes' positions in the plan, then by chunk: an index scan per write.
+_CHUNKS_OF_WRITES = (
+    "SELECT w.position, c.first_seq, c.ends, c.body"
+    " FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(write_id, position)"
+    " JOIN twophase_staged_chunks c ON c.write_id = w.write_id"
+    " ORDER BY w.position, c.chunk"
+)
+
+
 class StagedReader:
     """Reads staged lines back for promotion, and records promote-time dead letters."""
 
@@ -333,24 +342,30 @@ class StagedReader:
         self._db = db
         self._fetch_chunks = fetch_chunks
 
-    def chunks(self, write_id: str) -> Iterator[StagedChunk]:
-        """One write's chunks in seq order, through a server-side cursor.
+    def chunks_of(self, write_ids: Sequence[str]) -> Iterator[tuple[int, StagedChunk]]:
+        """Every chunk of these writes as ``(index in write_ids, chunk)``, in that
+        order and then in seq order, through one server-side cursor.
 
-        Deterministic order and bounded memory: at most ``fetch_chunks`` chunks
-        are held at a time. Holds one pooled connection until exhausted or
-        closed. A chunk whose line ends do not fit its body raises PermanentError.
+        One query and one transaction for a whole epoch, however many tasks
+        staged it (a cursor per write cost a transaction per task). Bounded
+        memory: at most ``fetch_chunks`` chunks are held at a time. Holds one
+        pooled connection until exhausted or closed. A chunk whose line ends
+        do not fit its body raises PermanentError.
         """
+        ids = [uuid.UUID(w) for w in write_ids]
         with self._db.connection() as conn, conn.transaction():
-            name = f"twophase_promote_{uuid.UUID(write_id).hex}"
+            name = f"twophase_promote_{uuid.uuid4().hex}"
             with conn.cursor(name=name, binary=True) as cur:
                 cur.itersize = self._fetch_chunks
-                cur.execute(
-                    "SELECT first_seq, ends, body FROM twophase_staged_chunks"
-                    " WHERE write_id = %s ORDER BY chunk",
-                    (uuid.UUID(write_id),),
-                )
-                for first_seq, ends, body in cur:
-                    yield StagedChunk(write_id, first_seq, ends, body).check()
+                cur.execute(_CHUNKS_OF_WRITES, (ids,))
+                for position, first_seq, ends, body in cur:
+                    write_id = write_ids[position - 1]
+                    yield position - 1, StagedChunk(write_id, first_seq, ends, body).check()
+
+    def chunks(self, write_id: str) -> Iterator[StagedChunk]:
+        """One write's chunks in seq order (see :meth:`chunks_of`)."""
+        for _, chunk in self.chunks_of([write_id]):
+            yield chunk
 
     def lines(self, write_id: str) -> Iterator[tuple[int, str]]:
         """``(seq, line)`` of one write in seq order (see :meth:`chunks`)."""

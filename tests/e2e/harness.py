@@ -160,6 +160,7 @@ def start_job(
     max_files: int = 1,
     master: str = MASTER,
     stats_writer: str = "foreach-batch",
+    malformed_writer: str = "data-source",
     crash_plan: Path | None = None,
     extra_args: Sequence[str] = (),
     **env: str,
@@ -167,6 +168,11 @@ def start_job(
     """Start ``python jobs/session_metrics.py`` in a new session; returns at once.
 
     With ``crash_plan``, crash points can be armed while it runs (:func:`arm`).
+    ``malformed_writer`` defaults to the data source (not the job's default,
+    foreachBatch) because crash points count hits per process: with the
+    malformed-lines query committing through the data source's own Python
+    process, the driver's crash points land on the stats sink alone. Tests
+    without crash points run the job's default.
     """
     if crash_plan is not None:
         env["TWOPHASE_CRASH_PLAN"] = str(crash_plan)
@@ -189,6 +195,8 @@ def start_job(
         master,
         "--stats-writer",
         stats_writer,
+        "--malformed-writer",
+        malformed_writer,
         "--conf",
         "spark.ui.enabled=false",
         *trigger,

@@ -225,13 +225,21 @@ def test_random_sigkills_over_twenty_batches(
     for moment in moments:
         with psycopg.connect(admin_conninfo(target.staging_url), autocommit=True) as conn:
             baseline = {name: conn.execute(sql).fetchone() for name, sql in MOMENT_SQL.items()}
-            job = start_job(*args, available_now=False, master=CLUSTER, stats_writer="data-source")
+            job = start_job(
+                *args,
+                available_now=False,
+                master=CLUSTER,
+                stats_writer="data-source",  # the data source for the stats,
+                malformed_writer="foreach-batch",  # the adapter for the dead letters
+            )
             wait_for_moment(job, conn, moment, baseline, rng)
         if job.returncode is None:
             job.kill()
             kills.append(f"{moment}: {protocol_state(target)}")
     print(f"seed {seed}; killed at: " + "; ".join(kills))
-    final = run_job(*args, master=CLUSTER, stats_writer="data-source")
+    final = run_job(
+        *args, master=CLUSTER, stats_writer="data-source", malformed_writer="foreach-batch"
+    )
     assert final.returncode == 0, final.tail()
     assert len(kills) == 5, f"seed {seed}: the job ended by itself"
     assert len(epochs(target.staging_url, SINK)) >= 20

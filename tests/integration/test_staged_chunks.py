@@ -194,3 +194,31 @@ def test_migration_of_an_empty_store(db_at_0001: str) -> None:
     assert alembic("upgrade", "head", url=db_at_0001).returncode == 0
     assert chunk_rows(db_at_0001) == []
     assert alembic("downgrade", "0001_initial", url=db_at_0001).returncode == 0
+
+
+def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
+    tp: Any, staging_url: str
+) -> None:
+    """30 writes (empty ones, multi-chunk ones): chunks come back write by write in the
+    plan's order and seq by seq, so promotion sends the same sequence every time."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    stager = Stager(tp.db, chunk_points=4)
+    parts = [lines(0, 60)[i::30][: i % 7] for i in range(30)]
+    messages = [stager.stage("s", 0, part, partition_id=i) for i, part in enumerate(parts)]
+    tp.ledger.decide(lease, 0, messages)
+    plan = tp.ledger.plan_promotion(lease, 0)
+    read = list(tp.reader.chunks_of([w.write_id for w in plan.writes]))
+    expected = [
+        (index, seq, line)
+        for index, write in enumerate(plan.writes)
+        for seq, line in enumerate(parts[next(i for i, m in enumerate(messages)
+                                              if m.write_id == write.write_id)])
+    ]  # fmt: skip
+    got = [
+        (index, chunk.first_seq + offset, line)
+        for index, chunk in read
+        for offset, line in enumerate(chunk.lines())
+    ]
+    assert got == expected
+    assert tp.promoter.promote(lease, 0).delivered == sum(map(len, parts))
+    assert len(influx_rows(tp.config.influx, M)) == sum(map(len, parts))

@@ -63,8 +63,10 @@ class FakeReader:
         self._chunks = chunks
         self.letters: dict[tuple[str, int], DeadLetter] = {}
 
-    def chunks(self, write_id: str) -> Iterator[StagedChunk]:
-        yield from self._chunks[write_id]
+    def chunks_of(self, write_ids: Sequence[str]) -> Iterator[tuple[int, StagedChunk]]:
+        for index, write_id in enumerate(write_ids):
+            for chunk in self._chunks[write_id]:
+                yield index, chunk
 
     def add_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:
