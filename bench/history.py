@@ -45,13 +45,12 @@ _SEED_SQL = (
     " committed_at) SELECT %(sink)s, epoch, 'COMMITTED', 'seed', %(query)s, ARRAY[write_id],"
     " 'seeded', %(points)s, %(points)s, 0, 1, now() - interval '1 hour',"
     " now() - interval '1 hour' FROM seeded",
-    "INSERT INTO twophase_staged_chunks (write_id, chunk, first_seq, ends, body)"
-    " SELECT write_id, 0, 0, array_agg(stop ORDER BY s), string_agg(line, E'\\n' ORDER BY s)"
-    " FROM (SELECT write_id, s, line, sum(length(line) + 1) OVER (PARTITION BY write_id"
-    " ORDER BY s) AS stop FROM (SELECT write_id, s, 'stream_stats,isp=acme,stream_id=s'"
+    "INSERT INTO twophase_staged_chunks (write_id, chunk, first_seq, points, ends, body)"
+    " SELECT write_id, 0, 0, count(*), NULL, string_agg(line, E'\\n' ORDER BY s)"
+    " FROM (SELECT write_id, s, 'stream_stats,isp=acme,stream_id=s'"
     " || (s %% 100) || ' bytes_cdn=' || s || 'i,bytes_p2p=' || epoch || 'i,events=1i,users=1i '"
     " || (1600000000000000000 + epoch::bigint * 1000000 + s) AS line"
-    " FROM seeded, generate_series(0, %(points)s - 1) s) AS l) AS x GROUP BY write_id",
+    " FROM seeded, generate_series(0, %(points)s - 1) s) AS l GROUP BY write_id",
     "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
     " SELECT %(sink)s, epoch, ev, 'seed', 'seeded history' FROM seeded,"
     " unnest(ARRAY['decided', 'committed']) ev",
@@ -77,7 +76,7 @@ def row_counts(db: Database) -> dict[str, int]:
             cur.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 constant names
             row = cur.fetchone()
             counts[table] = int(row[0]) if row else 0
-        cur.execute("SELECT COALESCE(sum(cardinality(ends)), 0) FROM twophase_staged_chunks")
+        cur.execute("SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks")
         row = cur.fetchone()
         counts["staged_points"] = int(row[0]) if row else 0
     return counts
@@ -177,7 +176,7 @@ def explain_protocol(db: Database, side: TwoPhaseSide) -> dict[str, float]:
             (sink, epoch),
         ),
         "chunks_of_write": (
-            "SELECT first_seq, ends, body FROM twophase_staged_chunks WHERE write_id ="
+            "SELECT first_seq, points, ends, body FROM twophase_staged_chunks WHERE write_id ="
             " (SELECT write_id FROM twophase_writes WHERE sink_id = %s AND epoch = %s"
             " LIMIT 1) ORDER BY chunk",
             (sink, epoch),

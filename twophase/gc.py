@@ -103,12 +103,11 @@ def _expired_epochs(
 
 
 _COUNT_POINTS = (
-    "SELECT COALESCE(sum(cardinality(ends)), 0) FROM twophase_staged_chunks"
-    " WHERE write_id = ANY(%s)"
+    "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks WHERE write_id = ANY(%s)"
 )
 _DELETE_POINTS = (
     "WITH gone AS (DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)"
-    " RETURNING cardinality(ends) AS n) SELECT COALESCE(sum(n), 0) FROM gone"
+    " RETURNING points) SELECT COALESCE(sum(points), 0) FROM gone"
 )
 
 

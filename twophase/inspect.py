@@ -132,8 +132,8 @@ SELECT s.sink_id, s.query_id, s.owner_run_id,
 FROM twophase_sinks s
 CROSS JOIN LATERAL (SELECT count(*) AS n, min(epoch) AS first, min(decided_at) AS since
     FROM twophase_epochs e WHERE e.sink_id = s.sink_id AND e.state = %(pre)s) p
-CROSS JOIN LATERAL (SELECT COALESCE(sum(cardinality(c.ends)), 0) AS n,
-    COALESCE(sum(octet_length(c.body) - cardinality(c.ends) + 1), 0) AS bytes
+CROSS JOIN LATERAL (SELECT COALESCE(sum(c.points), 0) AS n,
+    COALESCE(sum(octet_length(c.body) - c.points + 1), 0) AS bytes
     FROM twophase_writes w JOIN twophase_staged_chunks c ON c.write_id = w.write_id
     WHERE w.sink_id = s.sink_id) st
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM twophase_dead_letters d

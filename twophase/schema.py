@@ -7,10 +7,11 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
 * ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
 * ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of
-  consecutive lines keyed by ``(write_id, chunk)``. ``body`` is the chunk's lines
-  joined by newlines -- an InfluxDB request body as it is -- and ``ends[i]`` is
-  the offset just past line ``i``'s newline in ``body || '\n'``; line ``i`` has
-  staged seq ``first_seq + i``. One row per up to 5,000 lines instead of one
+  consecutive lines keyed by ``(write_id, chunk)``. ``body`` is the chunk's
+  ``points`` lines joined by newlines -- an InfluxDB request body as it is;
+  line ``i`` has staged seq ``first_seq + i``. ``ends`` is NULL unless a line
+  holds a newline of its own; then ``ends[i]`` is the offset just past line
+  ``i``'s newline in ``body || '\n'``. One row per up to 5,000 lines instead of one
   per line cut the client's and PostgreSQL's CPU per point by about 40%
   (``bench/README.md``). ``body`` is compressed with lz4 where the server has
   it, else stored uncompressed (set by the migration: pglz halved COPY
@@ -153,7 +154,8 @@ staged_chunks = Table(
     Column("write_id", Uuid, nullable=False),
     Column("chunk", Integer, nullable=False),
     Column("first_seq", Integer, nullable=False),
-    Column("ends", ARRAY(Integer), nullable=False),
+    Column("points", Integer, nullable=False),
+    Column("ends", ARRAY(Integer), nullable=True),
     Column("body", Text, nullable=False),
     PrimaryKeyConstraint("write_id", "chunk"),
 )

@@ -26,12 +26,13 @@ depends_on = None
 
 LINES_PER_CHUNK = 5000
 
-# ends[i]: the offset just past line i's newline; length() counts characters, as
-# Python's len() does, in a UTF-8 database.
+# ends[i], kept only where a line holds a newline: the offset just past line i's
+# newline; length() counts characters, as Python's len() does, in a UTF-8 database.
 _LINES_TO_CHUNKS = """
-INSERT INTO twophase_staged_chunks (write_id, chunk, first_seq, ends, body)
-SELECT write_id, seq / :per_chunk, min(seq),
-       array_agg(stop ORDER BY seq), string_agg(line, E'\\n' ORDER BY seq)
+INSERT INTO twophase_staged_chunks (write_id, chunk, first_seq, points, ends, body)
+SELECT write_id, seq / :per_chunk, min(seq), count(*),
+       CASE WHEN bool_or(strpos(line, E'\\n') > 0) THEN array_agg(stop ORDER BY seq) END,
+       string_agg(line, E'\\n' ORDER BY seq)
 FROM (SELECT write_id, seq, line,
              sum(length(line) + 1) OVER (PARTITION BY write_id, seq / :per_chunk
                                          ORDER BY seq) AS stop
@@ -58,6 +59,13 @@ SELECT c.write_id, c.first_seq + e.i - 1,
        substr(c.body, COALESCE(c.ends[e.i - 1], 0) + 1,
               e.stop - COALESCE(c.ends[e.i - 1], 0) - 1)
 FROM twophase_staged_chunks c, unnest(c.ends) WITH ORDINALITY AS e(stop, i)
+WHERE c.ends IS NOT NULL
+UNION ALL
+SELECT c.write_id, c.first_seq + e.i - 1, e.line
+FROM twophase_staged_chunks c,
+     unnest(CASE WHEN c.body = '' THEN ARRAY[''] ELSE string_to_array(c.body, E'\\n') END)
+       WITH ORDINALITY AS e(line, i)
+WHERE c.ends IS NULL
 """
 
 
@@ -67,7 +75,8 @@ def upgrade() -> None:
         sa.Column("write_id", sa.Uuid(), nullable=False),
         sa.Column("chunk", sa.Integer(), nullable=False),
         sa.Column("first_seq", sa.Integer(), nullable=False),
-        sa.Column("ends", postgresql.ARRAY(sa.Integer()), nullable=False),
+        sa.Column("points", sa.Integer(), nullable=False),
+        sa.Column("ends", postgresql.ARRAY(sa.Integer()), nullable=True),
         sa.Column("body", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("write_id", "chunk", name=op.f("pk_twophase_staged_chunks")),
     )

@@ -14,7 +14,7 @@ from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
 from twophase.staging import CommitMessage
 
 M = "proto"
-STAGED_POINTS = "SELECT COALESCE(sum(cardinality(ends)), 0) FROM twophase_staged_chunks"
+STAGED_POINTS = "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks"
 
 
 def lines(epoch: int, n: int, value_offset: float = 0.0, host: str = "a") -> list[str]:
@@ -267,11 +267,12 @@ def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> No
         # same length, one character changed: only the checksum can tell
         ("UPDATE twophase_staged_chunks SET body = overlay(body placing 'X' from 3 for 1)",
          "changed after the decision"),
-        # a line dropped from the end of the chunk, ends shortened to match
-        ("UPDATE twophase_staged_chunks SET body = left(body, ends[2] - 1), ends = ends[1:2]",
+        # the last line dropped, the count lowered to match
+        ("UPDATE twophase_staged_chunks SET body = left(body, strpos(body, E'\\n')"
+         " + strpos(substr(body, strpos(body, E'\\n') + 1), E'\\n') - 1), points = 2",
          "changed after the decision"),
-        # the body no longer fits its line ends
-        ("UPDATE twophase_staged_chunks SET body = body || '1'", "damaged"),
+        # the count no longer fits the body
+        ("UPDATE twophase_staged_chunks SET body = body || E'\\nm v=1 1'", "damaged"),
     ],
 )  # fmt: skip
 def test_changed_staged_points_are_detected_before_commit(

@@ -21,8 +21,9 @@ from tests.support import (
     unique,
 )
 from twophase.config import InfluxConfig, StagingConfig
+from twophase.db import Database
 from twophase.points import Rejected
-from twophase.staging import LineChecksum, Stager
+from twophase.staging import LineChecksum, StagedReader, Stager
 
 M = "proto"
 
@@ -31,8 +32,7 @@ def chunk_rows(url: str) -> list[tuple[int, int, int]]:
     """(chunk, first_seq, lines) of every staged chunk, in order."""
     with psycopg.connect(admin_conninfo(url)) as conn:
         rows = conn.execute(
-            "SELECT chunk, first_seq, cardinality(ends) FROM twophase_staged_chunks"
-            " ORDER BY write_id, chunk"
+            "SELECT chunk, first_seq, points FROM twophase_staged_chunks ORDER BY write_id, chunk"
         )
         return [tuple(r) for r in rows]
 
@@ -222,3 +222,26 @@ def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
     assert got == expected
     assert tp.promoter.promote(lease, 0).delivered == sum(map(len, parts))
     assert len(influx_rows(tp.config.influx, M)) == sum(map(len, parts))
+
+
+def test_migration_keeps_the_bounds_of_lines_holding_newlines(db_at_0001: str) -> None:
+    """A line with a newline of its own (a caller's raw line; twophase's own
+    serializer never makes one) stays one line through the upgrade and back."""
+    odd = [f'{M} s="two\nlines" 1', f'{M} s="" 2', "", f"{M} v=1 3"]
+    _stage_at_0001(db_at_0001, [odd, lines(0, 3)])
+    before = _lines_at_0001(db_at_0001)
+    assert alembic("upgrade", "head", url=db_at_0001).returncode == 0
+    with psycopg.connect(admin_conninfo(db_at_0001)) as conn:
+        layout = conn.execute(
+            "SELECT points, ends IS NULL FROM twophase_staged_chunks ORDER BY points"
+        ).fetchall()
+        write_ids = [r[0] for r in conn.execute("SELECT write_id::text FROM twophase_writes"
+                                                " ORDER BY partition_id")]  # fmt: skip
+    assert layout == [(3, True), (4, False)]  # bounds kept only where needed
+    db = Database(staging_config_for(db_at_0001))
+    try:
+        assert [line for _, line in StagedReader(db).lines(write_ids[0])] == odd
+    finally:
+        db.close()
+    assert alembic("downgrade", "0001_initial", url=db_at_0001).returncode == 0
+    assert _lines_at_0001(db_at_0001) == before

@@ -45,12 +45,30 @@ def test_joined_checksum_equals_line_by_line() -> None:
     assert one.hexdigest() == joined.hexdigest()
 
 
+def test_a_line_holding_a_newline_keeps_its_bounds() -> None:
+    plain = StagedChunk.of_lines("w", 0, ["a", "b"])
+    assert plain.ends is None  # the body's newlines are the bounds
+    odd = StagedChunk.of_lines("w", 0, ['m s="x\ny"', "b", ""]).check()
+    assert odd.ends == [10, 12, 13]
+    assert odd.lines() == ['m s="x\ny"', "b", ""] and odd.line(1) == "b"
+
+
 @pytest.mark.parametrize(
-    ("ends", "body"), [([], ""), ([3], "abcd"), ([2, 5], "a\nbcd"), ([4, 3], "abc\nd")]
+    ("points", "ends", "body"),
+    [
+        (0, None, ""),  # no line at all
+        (2, None, "abcd"),  # one newline short
+        (1, None, "a\nb"),  # one newline too many
+        (1, [3], "abcd"),  # ends past the body
+        (2, [2, 5], "a\nbcd"),
+        (1, [2, 5], "a\nbcd"),  # ends and points disagree
+    ],
 )
-def test_chunk_whose_ends_do_not_fit_its_body_is_refused(ends: list[int], body: str) -> None:
+def test_chunk_whose_lines_do_not_fit_its_body_is_refused(
+    points: int, ends: list[int] | None, body: str
+) -> None:
     with pytest.raises(PermanentError, match="damaged"):
-        StagedChunk("w", 0, ends, body).check()
+        StagedChunk("w", 0, points, ends, body).check()
 
 
 # --- Promoter.send over chunks ----------------------------------------------------------
@@ -161,6 +179,7 @@ def test_changed_chunk_fails_the_checksum() -> None:
     plan, reader = staged([lines_of(8)], chunk_points=4)
     chunk = reader._chunks["w0"][1]
     reader._chunks["w0"][1] = StagedChunk.of_lines("w0", 4, [*chunk.lines()[:3], "m v=9 1"])
+    assert reader._chunks["w0"][1].points == chunk.points  # same count, other content
     clock = FakeClock()
     with pytest.raises(PermanentError, match="changed after the decision"):
         promoter_for(reader, FakeInflux(clock), clock, 100, 1 << 20).send(plan)
