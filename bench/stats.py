@@ -82,6 +82,22 @@ def entry(
     }
 
 
+def at_least_direct(
+    unit: str, tp: Sequence[float], dr: Sequence[float], target: float, **extra: Any
+) -> dict[str, Any]:
+    """An entry whose target is twophase's median at least ``target`` times direct's."""
+    ratio = statistics.median(tp) / statistics.median(dr)
+    return entry(
+        unit,
+        {"twophase": Summary.of(tp), "direct": Summary.of(dr)},
+        ratio,
+        "twophase / direct (medians)",
+        f">= {target}x direct",
+        ratio >= target,
+        **extra,
+    )
+
+
 def skipped(reason: str, **extra: Any) -> dict[str, Any]:
     """An entry for a metric that could not run (the reason says why)."""
     return {"skipped": reason, "holds": None, **extra}

@@ -28,6 +28,7 @@ import psycopg
 from twophase.db import Database
 from twophase.errors import PermanentError
 from twophase.faults import crash_point
+from twophase.sender import batches
 
 if TYPE_CHECKING:
     from twophase.points import Rejected
@@ -303,15 +304,7 @@ def _split_by_chars(lines: list[str], max_chars: int) -> Iterator[list[str]]:
     if sum(map(len, lines)) + len(lines) <= max_chars:  # the usual case, at C speed
         yield lines
         return
-    part: list[str] = []
-    chars = 0
-    for line in lines:
-        if part and chars + len(line) + 1 > max_chars:
-            yield part
-            part, chars = [], 0
-        part.append(line)
-        chars += len(line) + 1
-    yield part
+    yield from batches(lines, len(lines), max_chars, lambda line: len(line) + 1)
 
 
 def _spool_rejects(block: list[str | Rejected], spool: IO[bytes]) -> int:

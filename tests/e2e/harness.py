@@ -31,6 +31,10 @@ from tests.support import REPO, admin_conninfo, influx_rows
 from twophase.config import InfluxConfig
 
 JOB = REPO / "jobs" / "session_metrics.py"
+# The job's two sinks as the e2e tests name them: the stats and its dead letters.
+SINK = "dash"
+MALFORMED = SINK + ".malformed"
+SINKS = (SINK, MALFORMED)
 MEASUREMENT = "stream_stats"
 MASTER = "local[2,4]"  # two cores; a failed task is retried up to 4 times
 START_TIMEOUT_S = 180.0

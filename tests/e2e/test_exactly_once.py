@@ -25,6 +25,9 @@ import pytest
 
 from jobs.generate_events import expected
 from tests.e2e.harness import (
+    MALFORMED,
+    SINK,
+    SINKS,
     Job,
     Target,
     arm,
@@ -43,9 +46,6 @@ from tests.e2e.harness import (
 )
 from tests.support import admin_conninfo
 
-SINK = "dash"
-MALFORMED = SINK + ".malformed"
-SINKS = (SINK, MALFORMED)
 STEPS = ("after_stage", "after_decide", "promote_batch", "after_promote", "after_mark")
 FILES_PER_STEP = 3
 KILL_TIMEOUT_S = 120.0

@@ -27,6 +27,9 @@ import pytest
 
 from scripts.services import InfluxServer
 from tests.e2e.harness import (
+    MALFORMED,
+    SINK,
+    SINKS,
     Job,
     Target,
     arm,
@@ -44,9 +47,6 @@ from tests.integration.faultproxy import FaultProxy
 from tests.support import start_own_influx
 from twophase.config import InfluxConfig
 
-SINK = "dash"
-MALFORMED = SINK + ".malformed"
-SINKS = (SINK, MALFORMED)
 DATABASE = "e2e"
 FILES_PER_STEP = 2  # with --max-files-per-trigger 2: one epoch per step, 20-40 points
 KILL_TIMEOUT_S = 120.0
