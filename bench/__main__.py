@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from bench import children, history, report, spark_e2e, throughput
@@ -38,6 +39,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         prog="python -m bench", description="twophase against a direct write, with targets"
     )
     ap.add_argument("--quick", action="store_true", help="the under-two-minutes plan")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=report.RESULTS,
+        help="folder of the results files (default: bench/results)",
+    )
     ap.add_argument("--only", nargs="+", choices=list(METRICS), help="run only these metrics")
     ap.add_argument(
         "--spark",
@@ -107,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchSetupError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    paths = report.write(results)
+    paths = report.write(results, args.out)
     print(report.markdown(results))
     print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
     return 0

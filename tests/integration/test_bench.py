@@ -1,0 +1,55 @@
+"""Issue 5's harness runs as users run it: `python -m bench --quick` against the real
+servers writes a results file whose `metrics` hold, per metric, both sides' median,
+min and max, the ratio, the target and whether it holds; and it cleans up after itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from tests.support import REPO, admin_conninfo
+
+METRICS = ("throughput", "fixed_cost", "history", "memory", "recovery", "spark_e2e")
+
+
+def bench_databases(url: str) -> list[str]:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'twophase_bench_%'")
+        return [r[0] for r in rows]
+
+
+def test_quick_mode_writes_the_results_the_issue_asks_for(
+    base_staging_url: str, influx_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "TWOPHASE_STAGING_URL": base_staging_url,
+           "TWOPHASE_INFLUX_URL": influx_url}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (found,) = tmp_path.glob("*.json")
+    assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md", ".png"}
+    results = json.loads(found.read_text())
+    assert results["plan"] == "quick" and results["machine"]["cpus"] >= 1
+    metrics = results["metrics"]
+    assert tuple(metrics) == METRICS
+    assert "skipped" in metrics["spark_e2e"]  # metric 6 runs in full mode (or --spark)
+    for name in METRICS[:-1]:
+        metric = metrics[name]
+        assert {"unit", "sides", "ratio", "target", "holds"} <= set(metric), name
+        assert isinstance(metric["holds"], bool) and metric["ratio"] > 0, name
+        assert len(metric["sides"]) == 2, name
+        for side in metric["sides"].values():
+            assert side["min"] <= side["median"] <= side["max"], (name, side)
+    sizes = metrics["throughput"]["by_size"]
+    assert set(sizes) == {"1000", "10000", "100000", "1000000"}
+    assert all(sizes[s]["holds"] is None for s in ("1000", "10000"))  # no target below 100k
+    assert metrics["history"]["gc"]["bounded"] is True
+    assert found.stem in done.stdout and "| 5 recovery |" in done.stdout  # the table
+    assert bench_databases(base_staging_url) == []  # scratch databases dropped

@@ -1,0 +1,50 @@
+"""The README quotes the latest quick benchmark run, as issue 5 asks: the command, the
+run's table (checked against its results file), its chart, its date and machine."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.support import REPO
+
+RESULTS = REPO / "bench" / "results"
+
+
+def benchmark_section() -> str:
+    text = (REPO / "README.md").read_text()
+    return text[text.index("## Benchmarks") : text.index("## Development")]
+
+
+def quick_runs() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text())["plan"] == "quick")
+
+
+def test_readme_quotes_the_quick_command_and_the_latest_quick_run() -> None:
+    section = benchmark_section()
+    assert "python -m bench --quick" in section
+    stamps = set(re.findall(r"\d{8}T\d{6}Z", section))
+    latest = quick_runs()[-1]
+    assert latest.stem in stamps, f"README does not quote the latest quick run {latest.stem}"
+    assert f"](bench/results/{latest.stem}.png)" in section
+    assert (RESULTS / f"{latest.stem}.png").is_file()
+    results = json.loads(latest.read_text())
+    day = f"{latest.stem[:4]}-{latest.stem[4:6]}-{latest.stem[6:8]}"
+    assert day in section and f"{results['machine']['cpus']}-core" in section
+
+
+def test_readme_table_matches_the_results_file() -> None:
+    section = benchmark_section()
+    metrics = json.loads(quick_runs()[-1].read_text())["metrics"]
+    rows = {
+        "throughput, 100k-point epochs": metrics["throughput"]["by_size"]["100000"],
+        "throughput, 1M-point epochs": metrics["throughput"]["by_size"]["1000000"],
+        "flat with history": metrics["history"],
+        "recovery": metrics["recovery"],
+    }
+    for label, metric in rows.items():
+        line = next(x for x in section.splitlines() if x.startswith(f"| {label}"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3] == f"{metric['ratio']:.2f}", (label, cells)
+        assert cells[5] == ("yes" if metric["holds"] else "no"), (label, cells)
