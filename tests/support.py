@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig, load_staging_config
+from twophase.errors import TwoPhaseError
 from twophase.influx import query_v1
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +70,35 @@ def drop_database(base_url: str, name: str) -> None:
 def influx_admin(url: str, statement: str) -> None:
     """Run an InfluxQL admin statement; raises on errors InfluxDB reports inside a 200."""
     query_v1(url, None, statement, method="POST")
+
+
+def create_influx_database(url: str, name: str, attempts: int = 5) -> None:
+    """CREATE DATABASE ``name`` and wait until InfluxDB lists it.
+
+    A 1.x server has answered a CREATE with 200 and then refused writes with
+    "database not found" (seen once in CI, as in influxdb#5547 under rapid
+    create/drop), so the statement is re-issued (it is idempotent) until
+    SHOW DATABASES lists the database; the last error is raised otherwise.
+    """
+    problem = "never listed by SHOW DATABASES"
+    for attempt in range(attempts):
+        try:
+            influx_admin(url, f'CREATE DATABASE "{name}"')
+            if name in influx_databases(url):
+                return
+        except TwoPhaseError as exc:  # reported inside a 200, or a 5xx
+            problem = str(exc)
+        time.sleep(0.1 * (attempt + 1))
+    raise AssertionError(f"InfluxDB at {url} did not create database {name!r}: {problem}")
+
+
+def drop_influx_database(url: str, name: str) -> None:
+    influx_admin(url, f'DROP DATABASE "{name}"')
+
+
+def influx_databases(url: str) -> set[str]:
+    series = query_v1(url, None, "SHOW DATABASES")
+    return {row[0] for item in series for row in item.get("values") or []}
 
 
 def unique(prefix: str) -> str:

@@ -317,8 +317,16 @@ def job_rides_out_a_minute_without_influx(
     own_influx.stop()
     down_since = time.monotonic()
     inputs.feed()
-    job.wait_for("an epoch decided while InfluxDB is down", lambda: bool(pending(url)), OUTAGE_S)
+    # Wait for a promotion that is retrying, not merely for a decided epoch: an epoch
+    # with nothing to send (a no-data batch after the watermark moved) is PRECOMMITTED
+    # for a moment and then COMMITTED without InfluxDB.
+    job.wait_for(
+        "a promotion retrying while InfluxDB is down",
+        lambda: job.stderr().count("retrying in") > retries_before,
+        OUTAGE_S,
+    )
     waiting = pending(url)
+    assert len(waiting) == 1, waiting  # the driver promotes one epoch at a time
     while time.monotonic() - down_since < OUTAGE_S:
         assert job.returncode is None, job.tail()
         time.sleep(1.0)

@@ -14,8 +14,9 @@ import pytest
 from tests.support import (
     alembic,
     create_database,
+    create_influx_database,
     drop_database,
-    influx_admin,
+    drop_influx_database,
     require_env,
     staging_config_for,
     two_phase,
@@ -59,7 +60,7 @@ def influx_url() -> str:
 @pytest.fixture
 def influx(influx_url: str) -> Iterator[InfluxConfig]:
     name = unique("tp")
-    influx_admin(influx_url, f'CREATE DATABASE "{name}"')
+    create_influx_database(influx_url, name)
     yield InfluxConfig(
         url=influx_url,
         api="v1",
@@ -68,7 +69,7 @@ def influx(influx_url: str) -> Iterator[InfluxConfig]:
         retry_initial_s=0.05,
         retry_max_s=1,
     )
-    influx_admin(influx_url, f'DROP DATABASE "{name}"')
+    drop_influx_database(influx_url, name)
 
 
 @pytest.fixture

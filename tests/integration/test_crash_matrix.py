@@ -19,8 +19,9 @@ from tests.support import (
     REPO,
     admin_conninfo,
     create_database,
+    create_influx_database,
     drop_database,
-    influx_admin,
+    drop_influx_database,
     influx_rows,
     staging_config_for,
     two_phase,
@@ -96,13 +97,13 @@ def crash_free(
     """One crash-free run: what every crashed run must end up equal to."""
     name, db = unique("tp_clean"), unique("clean")
     url = create_database(base_staging_url, name, template=template_db)
-    influx_admin(influx_url, f'CREATE DATABASE "{db}"')
+    create_influx_database(influx_url, db)
     influx = InfluxConfig(url=influx_url, api="v1", database=db)
     done = run_driver(url, influx, tmp_path_factory.mktemp("clean") / "log", "clean")
     assert done.returncode == 0, done.stderr
     yield {"rows": influx_rows(influx, MEASUREMENT), "dead": dead_letters(url)}
     drop_database(base_staging_url, name)
-    influx_admin(influx_url, f'DROP DATABASE "{db}"')
+    drop_influx_database(influx_url, db)
 
 
 def dead_letters(url: str) -> list[tuple[Any, ...]]:

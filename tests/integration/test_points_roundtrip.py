@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from influxdb_client import Point, WritePrecision
 
+from tests.support import create_influx_database, drop_influx_database
 from twophase.errors import ConfigError
 from twophase.points import (
     MAX_SERIES_KEY_BYTES,
@@ -79,12 +80,6 @@ class Influx:
         return found
 
 
-def admin(url: str, statement: str) -> None:
-    data = urllib.parse.urlencode({"q": statement}).encode()
-    with OPENER.open(urllib.request.Request(f"{url}/query", data=data), timeout=30) as response:
-        assert response.status == 200
-
-
 @pytest.fixture
 def new_database(influx_v1_url: str) -> Iterator[Any]:
     """A factory of fresh databases, all dropped at the end of the test."""
@@ -92,13 +87,13 @@ def new_database(influx_v1_url: str) -> Iterator[Any]:
 
     def make() -> Influx:
         name = f"points_{uuid.uuid4().hex[:12]}"
-        admin(influx_v1_url, f'CREATE DATABASE "{name}"')
+        create_influx_database(influx_v1_url, name)
         created.append(name)
         return Influx(influx_v1_url, name)
 
     yield make
     for name in created:
-        admin(influx_v1_url, f'DROP DATABASE "{name}"')
+        drop_influx_database(influx_v1_url, name)
 
 
 @pytest.fixture

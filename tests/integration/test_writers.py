@@ -25,6 +25,7 @@ import pytest
 import urllib3
 
 from tests.integration.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_until
+from tests.support import create_influx_database, drop_influx_database
 from twophase.config import InfluxConfig, Secret
 from twophase.errors import (
     ConfigError,
@@ -66,13 +67,11 @@ def sender(
 
 @pytest.fixture
 def influx(influx_url: str) -> Iterator[InfluxConfig]:
-    """A fresh database of its own (query_v1 raises when CREATE DATABASE reports an error)."""
+    """A fresh database of its own."""
     name = f"tw_{uuid.uuid4().hex[:12]}"
-    query_v1(influx_url, None, f'CREATE DATABASE "{name}"', method="POST")
-    names = query_v1(influx_url, None, "SHOW DATABASES")[0]["values"]
-    assert [name] in names, f"CREATE DATABASE {name} answered OK but SHOW DATABASES lacks it"
+    create_influx_database(influx_url, name)
     yield InfluxConfig(url=influx_url, api="v1", database=name)
-    query_v1(influx_url, None, f'DROP DATABASE "{name}"', method="POST")
+    drop_influx_database(influx_url, name)
 
 
 # --- InfluxDB 1.x ---------------------------------------------------------------------
