@@ -62,6 +62,14 @@ def create_database(base_url: str, name: str, template: str | None = None) -> st
     return make_url(base_url).set(database=name).render_as_string(hide_password=False)
 
 
+def create_migrated_database(base_url: str, name: str, revision: str = "head") -> str:
+    """A fresh database migrated by the real ``alembic upgrade``, as users do; its URL."""
+    url = create_database(base_url, name)
+    done = alembic("upgrade", revision, url=url)
+    assert done.returncode == 0, done.stderr
+    return url
+
+
 def drop_database(base_url: str, name: str) -> None:
     with psycopg.connect(admin_conninfo(base_url), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

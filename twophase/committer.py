@@ -161,9 +161,10 @@ def _pieces_of(index: int, chunk: StagedChunk, max_points: int, max_bytes: int) 
         yield _Piece(index, chunk, 0, chunk.points, data)
         return
     start = 0
-    for group in batches(chunk.lines(), max_points, max_bytes, lambda x: len(x.encode()) + 1):
+    encoded = [line.encode("utf-8") for line in chunk.lines()]
+    for group in batches(encoded, max_points, max_bytes, lambda line: len(line) + 1):
         stop = start + len(group)
-        yield _Piece(index, chunk, start, stop, "\n".join(group).encode("utf-8"))
+        yield _Piece(index, chunk, start, stop, b"\n".join(group))
         start = stop
 
 
@@ -172,18 +173,11 @@ def _lines_of(request: Sequence[_Piece]) -> list[str]:
 
 
 def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iterator[list[_Piece]]:
-    """Consecutive pieces grouped into requests of at most ``max_points`` and ``max_bytes``."""
-    request: list[_Piece] = []
-    points = size = 0
-    for piece in pieces:
-        if request and (points + piece.points > max_points or size + len(piece.data) > max_bytes):
-            yield request
-            request, points, size = [], 0, 0
-        request.append(piece)
-        points += piece.points
-        size += len(piece.data) + 1
-    if request:
-        yield request
+    """Consecutive pieces grouped into requests of at most ``max_points`` points and
+    a body of at most ``max_bytes``."""
+    # Each piece is sized with the newline joining it to the next; the body has
+    # one newline fewer than pieces, hence the limit one byte over.
+    return batches(pieces, max_points, max_bytes + 1, lambda p: len(p.data) + 1, lambda p: p.points)
 
 
 def _dead_letters(

@@ -12,6 +12,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Generator, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -47,9 +48,11 @@ def read_ahead(items: Iterable[T], depth: int = 2) -> Generator[T, None, None]:
                 ahead.get(timeout=0.05)
 
 
+@dataclass(frozen=True)
 class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    """An exception raised by the source, carried to the consumer."""
+
+    error: BaseException
 
 
 def _produce(items: Iterable[T], ahead: queue.Queue[object], stop: threading.Event) -> None:

@@ -78,25 +78,31 @@ class RetryEvent:
 
 
 def batches(
-    items: Iterable[T], max_points: int, max_bytes: int, size: Callable[[T], int]
+    items: Iterable[T],
+    max_points: int,
+    max_bytes: int,
+    size: Callable[[T], int],
+    points: Callable[[T], int] = lambda _: 1,
 ) -> Iterator[list[T]]:
-    """Group ``items`` lazily, in order, into lists of at most ``max_points``
-    items whose ``size`` sums to at most ``max_bytes``.
+    """Group ``items`` lazily, in order, into lists whose ``points`` sum to at
+    most ``max_points`` and whose ``size`` sums to at most ``max_bytes``.
 
-    An item larger than ``max_bytes`` on its own forms a batch of one (the
-    server decides whether it is too large). ``size`` should include any
-    separator (one newline per line of line protocol).
+    An item over either limit on its own forms a batch of one (the server
+    decides whether it is too large). ``size`` should include any separator
+    (one newline per line of line protocol); ``points`` counts each item as
+    one point unless told otherwise (a piece of several lines).
     """
     if max_points < 1 or max_bytes < 1:
         raise ValueError("max_points and max_bytes must be positive")
     batch: list[T] = []
-    total = 0
+    count = total = 0
     for item in items:
-        item_size = size(item)
-        if batch and (len(batch) >= max_points or total + item_size > max_bytes):
+        item_points, item_size = points(item), size(item)
+        if batch and (count + item_points > max_points or total + item_size > max_bytes):
             yield batch
-            batch, total = [], 0
+            batch, count, total = [], 0, 0
         batch.append(item)
+        count += item_points
         total += item_size
     if batch:
         yield batch

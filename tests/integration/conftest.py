@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.support import (
-    alembic,
     create_database,
     create_influx_database,
+    create_migrated_database,
     drop_database,
     drop_influx_database,
     require_env,
@@ -33,9 +33,7 @@ def base_staging_url() -> str:
 @pytest.fixture(scope="session")
 def template_db(base_staging_url: str) -> Iterator[str]:
     name = unique("twophase_tpl")
-    url = create_database(base_staging_url, name)
-    done = alembic("upgrade", "head", url=url)
-    assert done.returncode == 0, done.stderr
+    create_migrated_database(base_staging_url, name)
     yield name
     drop_database(base_staging_url, name)
 

@@ -13,7 +13,7 @@ from tests.integration.test_protocol import STAGED_POINTS, epoch_row, lines, sca
 from tests.support import (
     admin_conninfo,
     alembic,
-    create_database,
+    create_migrated_database,
     drop_database,
     influx_rows,
     staging_config_for,
@@ -107,10 +107,7 @@ AWKWARD = [
 @pytest.fixture
 def db_at_0001(base_staging_url: str) -> Iterator[str]:
     name = unique("twophase_mig")
-    url = create_database(base_staging_url, name)
-    done = alembic("upgrade", "0001_initial", url=url)
-    assert done.returncode == 0, done.stderr
-    yield url
+    yield create_migrated_database(base_staging_url, name, "0001_initial")
     drop_database(base_staging_url, name)
 
 

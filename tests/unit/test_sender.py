@@ -137,6 +137,12 @@ def test_batches_by_bytes_keep_order_and_put_an_oversized_item_alone() -> None:
     assert all(sum(map(sizes.__getitem__, b)) <= 8 for b in got if len(b) > 1)
 
 
+def test_batches_by_points_of_several_per_item() -> None:
+    pieces = [("a", 3), ("b", 2), ("c", 4), ("big", 9), ("d", 1)]
+    got = list(batches(pieces, 5, 10**9, lambda _: 1, lambda piece: piece[1]))
+    assert [[name for name, _ in b] for b in got] == [["a", "b"], ["c"], ["big"], ["d"]]
+
+
 def test_batches_is_lazy() -> None:
     first_two = list(itertools.islice(batches(itertools.count(), 2, 100, lambda _: 1), 2))
     assert first_two == [[0, 1], [2, 3]]
