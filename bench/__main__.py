@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--only NAME ...] [--[no-]spark] [--[no-]experiments]``.
+"""``python -m bench [--quick] [--only NAME ...] [--[no-]spark]``.
 
 Runs the metrics in order against scratch databases it creates (and drops),
 then writes ``bench/results/<UTC stamp>.json`` / ``.md`` / ``.png`` and
@@ -59,12 +59,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         metavar="N",
         help="Spark job runs per side (default: 2 in full mode, 1 with --spark --quick)",
     )
-    ap.add_argument(
-        "--experiments",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="measure variants of the core: chunk sizes, background promotion (default: full mode)",
-    )
     return ap.parse_args(argv)
 
 
@@ -84,7 +78,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.spark_repeats is not None:
         plan = dataclasses.replace(plan, spark_repeats=max(1, args.spark_repeats))
     spark = args.spark if args.spark is not None else plan.spark_repeats > 0
-    experiments = args.experiments if args.experiments is not None else plan.name == "full"
     names = args.only or list(METRICS)
     started, clock = report.stamp(), time.monotonic()
     results: dict[str, Any] = {"started": started, "plan": plan.name, "machine": report.machine()}
@@ -97,10 +90,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 else skipped("not run: pass --spark (runs by default in full mode)")
                 for name in names
             }
-            if experiments:
-                from bench import experiments as exp
-
-                results["experiments"] = exp.measure_all(ctx)
         finally:
             ctx.close()
     results["seconds"] = round(time.monotonic() - clock, 1)

@@ -11,28 +11,27 @@
 (``Committer.recover``). ``direct`` sends the lines of the given seeds
 straight to InfluxDB, one epoch per seed: prebuilt before the clock starts,
 or with ``--stream`` generated lazily in batches (the most frugal direct
-writer). Both print one JSON line: seconds, points, and the RSS before and
-the peak RSS during the measured part.
+writer), through :class:`bench.direct.DirectWriter`. Both print one JSON
+line: seconds, points, and the RSS before and the peak RSS during the
+measured part.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from bench import rss
+from bench.direct import DirectWriter
 from bench.lines import epoch_lines, iter_lines
-from bench.sides import QUERY_ID, BenchError
+from bench.sides import QUERY_ID
 from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
-from twophase.influx import make_writer
 from twophase.runtime import TwoPhase
-from twophase.sender import BatchSender
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -45,7 +44,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--points", type=int, default=0)
     ap.add_argument("--seeds", default="")
     ap.add_argument("--stream", action="store_true")
-    ap.add_argument("--variant", default="core", help="promoter of bench.experiments.VARIANTS")
     return ap.parse_args(argv)
 
 
@@ -54,10 +52,6 @@ def promote(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
     staging = load_staging_config(env={}, staging_url=args.staging_url)
     with TwoPhase.open(TwoPhaseConfig(staging, influx)) as tp:
         committer = tp.committer
-        if args.variant != "core":
-            from bench.experiments import VARIANTS
-
-            committer = VARIANTS[args.variant](tp).committer
         lease = tp.ledger.begin_run(args.sink, uuid.uuid4().hex, QUERY_ID)
         opened = time.perf_counter()
         before, reset = rss.current_kb(), rss.reset_peak()
@@ -73,33 +67,20 @@ def direct(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     epochs = [] if args.stream else [epoch_lines(args.points, seed) for seed in seeds]
     started = time.perf_counter()
-    writer = make_writer(influx)
-    sender = BatchSender.from_config(writer, influx)
+    writer = DirectWriter(influx.url, influx.database or "")
     opened = time.perf_counter()
     before, reset = rss.current_kb(), rss.reset_peak()
     if args.stream:
         for seed in seeds:
-            for chunk in _chunks(iter_lines(args.points, seed), influx.batch_points):
-                _send(sender, chunk)
+            writer.write(iter_lines(args.points, seed))
     for lines in epochs:
-        _send(sender, lines)
+        writer.write(lines)
     done = time.perf_counter()
     writer.close()
     points = args.points * len(seeds)
     return _result(
         done - started, points, before, reset, epochs=len(seeds), open_s=opened - started
     )
-
-
-def _send(sender: BatchSender, lines: Sequence[str]) -> None:
-    rejected = sender.send(lines)
-    if rejected:
-        raise BenchError(f"{len(rejected)} lines rejected: {rejected[0][1]}")
-
-
-def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    while chunk := list(itertools.islice(lines, size)):
-        yield chunk
 
 
 def _result(

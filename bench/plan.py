@@ -28,9 +28,6 @@ class Plan:
     recovery_repeats: int
     # metric 6: Spark runs per side (0: not run)
     spark_repeats: int
-    # prototypes of proposed core changes: repeats per side at each size
-    experiment_sizes: tuple[int, ...]
-    experiment_repeats: int
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -50,8 +47,6 @@ QUICK = Plan(
     recovery_points=50_000,
     recovery_repeats=1,
     spark_repeats=0,
-    experiment_sizes=(100_000,),
-    experiment_repeats=2,
 )
 
 FULL = Plan(
@@ -67,6 +62,4 @@ FULL = Plan(
     recovery_points=50_000,
     recovery_repeats=3,
     spark_repeats=2,
-    experiment_sizes=(100_000, 1_000_000),
-    experiment_repeats=3,
 )

@@ -101,29 +101,7 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|\n"
     )
     rows = [row for name, metric in results["metrics"].items() for row in _rows(name, metric)]
-    return head + "\n".join(rows) + "\n" + _experiment_table(results.get("experiments", {}))
-
-
-def _experiment_table(experiments: dict[str, Any]) -> str:
-    if not experiments:
-        return ""
-    lines = [
-        "\nExperiments: variants of the core (bench/experiments.py), same lines, rotated:\n",
-        "| experiment | variant | points/s median (min-max) | vs direct | stage s | commit s "
-        "| CPU s client / postgres / influxd |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for key, item in experiments.items():
-        for name, side in item["sides"].items():
-            phases = item["phases_s"].get(name, {})
-            cpu = item.get("cpu_s", {}).get(name)
-            cpu_text = " / ".join(f"{v:.2f}" for v in cpu.values()) if cpu else "-"
-            lines.append(
-                f"| {key} | {name} | {_side(side, item['unit'])} "
-                f"| {item['ratio_vs_direct'][name]:.2f} | {phases.get('stage_median', '-')} "
-                f"| {phases.get('commit_median', '-')} | {cpu_text} |"
-            )
-    return "\n".join(lines) + "\n"
+    return head + "\n".join(rows) + "\n"
 
 
 def chart(results: dict[str, Any], path: Path) -> bool:
@@ -143,7 +121,6 @@ def chart(results: dict[str, Any], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for side, marker in (("twophase", "o"), ("direct", "s")):
         _plot_side(ax, sizes, [by_size[str(s)]["sides"][side] for s in sizes], side, marker)
-    _plot_experiments(ax, results.get("experiments", {}))
     ax.set_xscale("log")
     ax.set_xlabel("points per epoch")
     ax.set_ylabel("points/s (median, min-max)")
@@ -163,20 +140,6 @@ def _plot_side(
     low = [s["median"] - s["min"] for s in sides]
     high = [s["max"] - s["median"] for s in sides]
     ax.errorbar(sizes, medians, yerr=[low, high], marker=marker, capsize=3, label=label)
-
-
-def _plot_experiments(ax: Any, experiments: dict[str, Any]) -> None:
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for key, item in experiments.items():
-        if key.startswith("recovery"):
-            continue
-        for name, side in item["sides"].items():
-            if name not in ("direct", "core"):
-                curves.setdefault(f"prototype: {name}", []).append((item["points"], side["median"]))
-    for label, values in curves.items():
-        values.sort()
-        xs, ys = [p for p, _ in values], [v for _, v in values]
-        ax.plot(xs, ys, linestyle="--", marker="^", label=label)
 
 
 def write(results: dict[str, Any], folder: Path = RESULTS) -> dict[str, Path]:

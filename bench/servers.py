@@ -21,7 +21,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig, load_staging_config
-from twophase.influx import query_v1
+from twophase.influx.query import query_v1
 
 REPO = Path(__file__).resolve().parents[1]
 _ENV_HINT = 'start the servers and export their URLs: eval "$(scripts/dev.sh env)"'

@@ -3,8 +3,9 @@
 * :class:`TwoPhaseSide`: stage (COPY through :class:`twophase.staging.Stager`),
   then ``Committer.commit`` (recover, decide, promote, mark), exactly what a
   sink does per epoch. One write per epoch.
-* :class:`DirectSide`: the at-least-once ``foreachBatch``: the same lines
-  through the same :class:`twophase.sender.BatchSender` and writer, no staging.
+* :class:`DirectSide`: what a user writes instead: the same lines POSTed
+  straight to InfluxDB by :class:`bench.direct.DirectWriter` (none of
+  twophase's code), no staging.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.direct import DirectWriter
 from twophase.committer import Committer
 from twophase.config import InfluxConfig
-from twophase.influx import InfluxWriter, make_writer
+from twophase.model import EpochState
 from twophase.runtime import TwoPhase
-from twophase.sender import BatchSender
 from twophase.staging import Stager
 
 QUERY_ID = "twophase-bench"
@@ -65,7 +66,7 @@ class TwoPhaseSide:
         outcome = self.committer.commit(self.lease, epoch, [message])
         done = time.perf_counter()
         delivered = outcome.promoted.delivered if outcome.promoted else 0
-        if outcome.state != "COMMITTED" or delivered != len(lines):
+        if outcome.state != EpochState.COMMITTED or delivered != len(lines):
             raise BenchError(f"epoch {epoch}: {outcome.state}, {delivered}/{len(lines)} delivered")
         self.phases.stage.append(staged - started)
         self.phases.commit.append(done - staged)
@@ -81,16 +82,15 @@ class DirectSide:
 
     name = "direct"
 
-    def __init__(self, config: InfluxConfig, writer: InfluxWriter | None = None) -> None:
-        self.writer = writer or make_writer(config)
-        self.sender = BatchSender.from_config(self.writer, config)
+    def __init__(self, config: InfluxConfig) -> None:
+        self.writer = DirectWriter(config.url, config.database or "")
 
     def run(self, lines: Sequence[str]) -> float:
         started = time.perf_counter()
-        rejected = self.sender.send(lines)
+        sent = self.writer.write(lines)
         elapsed = time.perf_counter() - started
-        if rejected:
-            raise BenchError(f"direct write: {len(rejected)} lines rejected: {rejected[0][1]}")
+        if sent != len(lines):
+            raise BenchError(f"direct write: {sent} of {len(lines)} lines sent")
         return elapsed
 
     def close(self) -> None:

@@ -10,8 +10,8 @@ The same options, input, parsing, aggregation, session settings and
 differ. The stats query's ``foreachBatch`` converts each partition's rows to
 line protocol in Spark tasks (``mapInArrow``, as twophase's staging does, with
 the same :class:`twophase.points.PointBuilder`) and sends them straight to
-InfluxDB through the same :class:`twophase.sender.BatchSender`; rows that
-cannot become points are dropped. The malformed-lines query goes to Spark's
+InfluxDB through :class:`bench.direct.DirectWriter`; rows that cannot become
+points are dropped. The malformed-lines query goes to Spark's
 ``noop`` sink: a plain pipeline has nowhere to keep them.
 
 ``--stats-sink twophase`` keeps the ``noop`` malformed query but writes the
@@ -27,11 +27,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from bench.direct import DirectWriter
 from jobs import session_metrics as job
 from twophase.config import load_influx_config
-from twophase.influx import make_writer
 from twophase.points import PointBuilder, PointSpec
-from twophase.sender import BatchSender
 
 SPEC = PointSpec(
     measurement=job.MEASUREMENT,
@@ -46,12 +45,12 @@ def send_partition(spec: PointSpec, batches: Iterable[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
     config = load_influx_config()
-    writer = make_writer(config)
+    writer = DirectWriter(config.url, config.database or "")
     try:
         builder = PointBuilder(spec)
         rows = (row for batch in batches for row in batch.to_pylist())
         lines = [item for item in builder.convert(rows) if isinstance(item, str)]
-        BatchSender.from_config(writer, config).send(lines)
+        writer.write(lines)
     finally:
         writer.close()
     yield pa.RecordBatch.from_pydict({"points": [len(lines)]})

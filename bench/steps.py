@@ -35,7 +35,7 @@ def one_epoch(ctx: Context, points: int, writes: int, epoch: int) -> dict[str, f
     times["read_only"] = time.perf_counter()
     chunks = sum(1 for _ in tp.reader.chunks_of([m.write_id for m in messages]))
     times["read_per_write"] = time.perf_counter()  # a cursor per write, as before 0002
-    assert chunks == sum(1 for m in messages for _ in tp.reader.chunks(m.write_id))
+    assert chunks == sum(1 for m in messages for _ in tp.reader.chunks_of([m.write_id]))
     times["promote"] = time.perf_counter()
     tp.promoter.promote(lease, epoch)
     times["direct_send"] = time.perf_counter()

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from jobs.generate_events import Expected, event_files, expected, generate  # noqa: E402
 from twophase.config import load_config  # noqa: E402
-from twophase.influx import query_v1  # noqa: E402
+from twophase.influx.query import query_v1  # noqa: E402
 
 STATS_QUERY = 'SELECT * FROM "stream_stats" GROUP BY *'  # InfluxQL, a constant
 FIELDS = ("events", "bytes_p2p", "bytes_cdn")

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig, load_staging_config
 from twophase.errors import TwoPhaseError
-from twophase.influx import query_v1
+from twophase.influx.query import query_v1
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,8 @@
 
 A micro-batch (an *epoch*) is staged into PostgreSQL, decided (PRECOMMITTED),
 promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
-commit sink. See DESIGN.md for the protocol and its invariants.
+commit sink. ``docs/design.md`` in the repository holds the protocol, its
+invariants I1-I8, the contracts and the module map.
 """
 
 from __future__ import annotations

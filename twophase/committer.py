@@ -1,49 +1,26 @@
-"""Phase 2, driver side: promote decided epochs to InfluxDB, recover, commit.
+"""Phase 2, driver side: the per-epoch entry point a sink calls. Recover, decide, promote.
 
-``Promoter.promote`` streams one PRECOMMITTED epoch's fixed point set to
-InfluxDB and marks it COMMITTED. ``Committer.commit`` is what a sink calls
-once every task of an epoch has staged: recover older PRECOMMITTED epochs
-(I3), decide (the vote), promote. Both may be called any number of times for
-the same epoch: InfluxDB overwrites identical points, so re-sending a fixed
-point set changes nothing (I4), and a COMMITTED epoch is never re-sent.
+``Committer.commit`` is what a sink calls once every task of an epoch has
+staged: promote older PRECOMMITTED epochs first (I3), decide (the vote:
+PRECOMMITTED, I1), promote (COMMITTED, I2). It may be called any number of
+times for the same epoch: a Spark replay of a decided epoch is detected by
+the ledger, its new writes are discarded, and a COMMITTED epoch is never
+sent again (I4).
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import functools
-import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from twophase.errors import PermanentError, TwoPhaseError
 from twophase.faults import crash_point
-from twophase.ledger import EpochPlan, Lease, Ledger
-from twophase.readahead import read_ahead
-from twophase.schema import PRECOMMITTED
-from twophase.sender import BatchSender, batches
-from twophase.staging import (
-    PROMOTE,
-    CommitMessage,
-    DeadLetter,
-    LineChecksum,
-    StagedChunk,
-    StagedReader,
-    Stager,
-)
+from twophase.gc import GarbageCollector
+from twophase.ledger import Ledger
+from twophase.model import CommitMessage, EpochState, Lease
+from twophase.promoter import Promoter, PromoteResult
 
 log = logging.getLogger("twophase.committer")
-_READ_AHEAD = 4  # pieces read from PostgreSQL while InfluxDB takes the current request
-
-
-@dataclass(frozen=True)
-class PromoteResult:
-    sink_id: str
-    epoch: int
-    delivered: int
-    rejected: int
 
 
 @dataclass(frozen=True)
@@ -52,194 +29,19 @@ class CommitOutcome:
 
     sink_id: str
     epoch: int
-    state: str
+    state: EpochState
     replay: bool
     recovered: tuple[int, ...]
     promoted: PromoteResult | None
 
 
-class Promoter:
-    """Sends one decided epoch to InfluxDB and marks it COMMITTED.
-
-    Idempotent: the epoch's point set is fixed (I1) and sent in the same
-    order each time; a crash anywhere leaves the epoch PRECOMMITTED and the
-    next ``promote`` re-sends it whole. Rejected points become dead letters
-    (once each, however often promotion runs). Raises InfluxUnavailableError
-    when InfluxDB stays unreachable past the retry deadline; the epoch then
-    stays PRECOMMITTED for a later recovery.
-    """
-
-    def __init__(
-        self,
-        ledger: Ledger,
-        reader: StagedReader,
-        sender: BatchSender,
-        batch_points: int = 5000,
-        batch_bytes: int = 4 * 1024 * 1024,
-    ):
-        self._ledger = ledger
-        self._reader = reader
-        self._sender = sender
-        self._batch_points = batch_points
-        self._batch_bytes = batch_bytes
-
-    def promote(self, lease: Lease, epoch: int) -> PromoteResult:
-        plan = self._ledger.plan_promotion(lease, epoch)
-        try:
-            delivered, rejected = self.send(plan)
-        except TwoPhaseError as exc:
-            self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
-            raise
-        crash_point("after_promote")
-        self._ledger.mark_committed(lease, epoch, delivered, rejected)
-        crash_point("after_mark")
-        log.info(
-            "sink %s epoch %d committed: %d delivered, %d rejected",
-            lease.sink_id,
-            epoch,
-            delivered,
-            rejected,
-        )
-        return PromoteResult(lease.sink_id, epoch, delivered, rejected)
-
-    def send(
-        self, plan: EpochPlan, on_batch: Callable[[int], None] | None = None
-    ) -> tuple[int, int]:
-        """Send a plan's fixed point set once, in its fixed order; no state change.
-
-        Staged chunks go out as they are stored, several to a request up to
-        the batch limits; a chunk larger than the limits is cut into lines.
-        Returns (delivered, rejected). Rejections become dead letters (once
-        each). ``on_batch`` gets the running count of points sent, for
-        progress. Raises PermanentError if the lines read back are not the
-        decided ones (I1). Used by :meth:`promote` and by replay of COMMITTED
-        epochs.
-        """
-        tally = _Tally(plan)
-        with contextlib.closing(read_ahead(self._pieces(plan), _READ_AHEAD)) as pieces:
-            for request in _requests(pieces, self._batch_points, self._batch_bytes):
-                rejects = self._sender.send_joined(
-                    b"\n".join(piece.data for piece in request),
-                    sum(piece.points for piece in request),
-                    functools.partial(_lines_of, request),
-                )
-                self._reader.add_dead_letters(_dead_letters(plan, request, rejects))
-                tally.add(request, len(rejects))
-                if on_batch is not None:
-                    on_batch(tally.delivered + tally.rejected)
-                crash_point("promote_batch")
-        tally.check_unchanged()
-        return tally.delivered, tally.rejected
-
-    def _pieces(self, plan: EpochPlan) -> Iterator[_Piece]:
-        for index, chunk in self._reader.chunks_of([w.write_id for w in plan.writes]):
-            yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """Lines ``start:stop`` of a staged chunk of the plan's write number ``index``, as sent."""
-
-    index: int
-    chunk: StagedChunk
-    start: int
-    stop: int
-    data: bytes  # the lines joined by newlines, UTF-8
-
-    @property
-    def points(self) -> int:
-        return self.stop - self.start
-
-    def lines(self) -> list[str]:
-        return self.chunk.lines(self.start, self.stop)
-
-
-def _pieces_of(index: int, chunk: StagedChunk, max_points: int, max_bytes: int) -> Iterator[_Piece]:
-    """The chunk whole (the usual case), or cut into pieces within the batch limits."""
-    data = chunk.body.encode("utf-8")
-    if chunk.points <= max_points and len(data) <= max_bytes:
-        yield _Piece(index, chunk, 0, chunk.points, data)
-        return
-    start = 0
-    encoded = [line.encode("utf-8") for line in chunk.lines()]
-    for group in batches(encoded, max_points, max_bytes, lambda line: len(line) + 1):
-        stop = start + len(group)
-        yield _Piece(index, chunk, start, stop, b"\n".join(group))
-        start = stop
-
-
-def _lines_of(request: Sequence[_Piece]) -> list[str]:
-    return [line for piece in request for line in piece.lines()]
-
-
-def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iterator[list[_Piece]]:
-    """Consecutive pieces grouped into requests of at most ``max_points`` points and
-    a body of at most ``max_bytes``."""
-    # Each piece is sized with the newline joining it to the next; the body has
-    # one newline fewer than pieces, hence the limit one byte over.
-    return batches(pieces, max_points, max_bytes + 1, lambda p: len(p.data) + 1, lambda p: p.points)
-
-
-def _dead_letters(
-    plan: EpochPlan, request: Sequence[_Piece], rejects: Sequence[tuple[int, str]]
-) -> list[DeadLetter]:
-    """Each rejected line of a request, located in its chunk (seq = first_seq + offset)."""
-    starts = list(itertools.accumulate((p.points for p in request), initial=0))
-    letters = []
-    for i, reason in rejects:
-        number = bisect.bisect_right(starts, i) - 1
-        piece = request[number]
-        offset = piece.start + i - starts[number]
-        letters.append(
-            DeadLetter(
-                plan.sink_id,
-                plan.epoch,
-                plan.writes[piece.index].write_id,
-                piece.chunk.first_seq + offset,
-                PROMOTE,
-                f"InfluxDB rejected the point: {reason}",
-                piece.chunk.line(offset),
-            )
-        )
-    return letters
-
-
-class _Tally:
-    """What a send read back (counts and checksums per write) and its outcome."""
-
-    def __init__(self, plan: EpochPlan) -> None:
-        self._plan = plan
-        self._sums = [LineChecksum() for _ in plan.writes]
-        self._counts = [0] * len(plan.writes)
-        self.delivered = self.rejected = 0
-
-    def add(self, request: Sequence[_Piece], rejected: int) -> None:
-        for piece in request:
-            self._sums[piece.index].add_joined(piece.data)
-            self._counts[piece.index] += piece.points
-        self.delivered += sum(piece.points for piece in request) - rejected
-        self.rejected += rejected
-
-    def check_unchanged(self) -> None:
-        """I1: what was read back is exactly what was staged and decided."""
-        plan = self._plan
-        for write, digest, count in zip(plan.writes, self._sums, self._counts, strict=True):
-            if count != write.points or digest.hexdigest() != write.checksum:
-                raise PermanentError(
-                    f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
-                    f"{write.write_id} changed after the decision ({count} read, "
-                    f"{write.points} staged); the epoch's state is left as it was for an "
-                    "operator to inspect"
-                )
-
-
 class Committer:
     """The driver's per-epoch entry point: recover, decide, promote."""
 
-    def __init__(self, ledger: Ledger, promoter: Promoter, stager: Stager):
+    def __init__(self, ledger: Ledger, promoter: Promoter, gc: GarbageCollector):
         self._ledger = ledger
         self._promoter = promoter
-        self._stager = stager
+        self._gc = gc
 
     def recover(
         self, lease: Lease, on_promoted: Callable[[PromoteResult], None] | None = None
@@ -267,7 +69,7 @@ class Committer:
         decision = self._ledger.decide(lease, epoch, messages)
         crash_point("after_decide")
         if decision.replay:
-            self._stager.discard([m.write_id for m in messages])
+            self._gc.discard([m.write_id for m in messages])
             log.info(
                 "sink %s epoch %d is a replay (%s): new attempt discarded",
                 lease.sink_id,
@@ -275,7 +77,7 @@ class Committer:
                 decision.state,
             )
         promoted = None
-        if decision.state == PRECOMMITTED:
+        if decision.state == EpochState.PRECOMMITTED:
             promoted = self._promoter.promote(lease, epoch)
-        state = "COMMITTED" if promoted else decision.state
+        state = EpochState.COMMITTED if promoted else decision.state
         return CommitOutcome(lease.sink_id, epoch, state, decision.replay, recovered, promoted)

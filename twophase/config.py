@@ -1,4 +1,9 @@
-"""Configuration: one frozen object, parsed once, validated eagerly.
+"""Configuration: one table of settings, parsed once into frozen objects, validated eagerly.
+
+:data:`SETTINGS` is the single source of every setting: its option name, its
+environment variable, its type, its default, whether it is a secret, and its
+help. Parsing (:func:`load_config`), the CLI's connection flags and the Spark
+sink's options are all derived from it, so a setting is defined in one place.
 
 Values come from explicit arguments first, then ``TWOPHASE_*`` environment
 variables. Every error names the option (the environment variable when the
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,31 +28,106 @@ from twophase.errors import ConfigError
 
 ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "auto")
-OPTIONS = (
-    "staging_url",
-    "retention",
-    "orphan_grace",
-    "staging_connect_timeout",
-    "influx_url",
-    "influx_api",
-    "influx_db",
-    "influx_rp",
-    "influx_user",
-    "influx_password",
-    "influx_org",
-    "influx_bucket",
-    "influx_token",
-    "influx_timeout",
-    "influx_batch_points",
-    "influx_batch_bytes",
-    "influx_retry_deadline",
-    "influx_retry_initial",
-    "influx_retry_max",
-)
-SECRET_OPTIONS = ("influx_password", "influx_token")
+STAGING, INFLUX = "staging", "influx"
+# One promote request's worth of lines: also the staged chunk size, so that a chunk
+# goes out as one request.
+_REQUEST_POINTS = 5000
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: option ``name`` (lower case), its ``TWOPHASE_*`` variable, how to read it.
+
+    ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
+    ``int``, ``choice``, ``staging_url`` or ``http_url``. ``attr`` is its field
+    in :class:`StagingConfig` or :class:`InfluxConfig` (``section``). ``flag``
+    settings are also flags of the ``twophase`` CLI (``--influx-db``).
+    """
+
+    name: str
+    section: str
+    attr: str
+    kind: str
+    help: str
+    default: Any = None
+    required: bool = False
+    flag: bool = False
+    minimum: float = 0
+    choices: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    @property
+    def secret(self) -> bool:
+        return self.kind == "secret"
+
+    @property
+    def cli_flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _s(name: str, attr: str, kind: str, help: str, **more: Any) -> Setting:
+    return Setting(name, STAGING, attr, kind, help, **more)
+
+
+def _i(name: str, attr: str, kind: str, help: str, **more: Any) -> Setting:
+    return Setting(name, INFLUX, attr, kind, help, **more)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _s("staging_url", "url", "staging_url", "SQLAlchemy URL of the staging database "
+       "(postgresql+psycopg://user@host:5432/db)", required=True, flag=True),
+    _s("retention", "retention_s", "duration", "how long staged points of ended epochs are "
+       "kept for resending and verifying", default=7 * 86400),
+    _s("orphan_grace", "orphan_grace_s", "duration", "age after which a write of a "
+       "never-decided epoch is garbage", default=3600),
+    _s("staging_connect_timeout", "connect_timeout_s", "duration", "timeout of a connection "
+       "to the staging database", default=10),
+    _s("staging_chunk_points", "chunk_points", "int", "lines per staged chunk (a promote "
+       "request's worth)", default=_REQUEST_POINTS, minimum=1),
+    _s("staging_chunk_chars", "chunk_chars", "int", "characters per staged chunk (a longer "
+       "line is a chunk alone)", default=1024 * 1024, minimum=1),
+    _i("influx_url", "url", "http_url", "http(s)://host:port of InfluxDB", required=True,
+       flag=True),
+    _i("influx_api", "api", "choice", "v1 (/write), v2 (/api/v2/write) or auto (asks /ping)",
+       default="auto", choices=INFLUX_APIS, flag=True),
+    _i("influx_db", "database", "text", "1.x database", flag=True),
+    _i("influx_rp", "retention_policy", "text", "1.x retention policy", flag=True),
+    _i("influx_user", "username", "text", "1.x user"),
+    _i("influx_password", "password", "secret", "1.x password"),
+    _i("influx_org", "org", "text", "2.x organisation", flag=True),
+    _i("influx_bucket", "bucket", "text", "2.x bucket", flag=True),
+    _i("influx_token", "token", "secret", "2.x token"),
+    _i("influx_timeout", "timeout_s", "duration", "one HTTP request's timeout", default=10.0),
+    _i("influx_batch_points", "batch_points", "int", "points per promote request",
+       default=_REQUEST_POINTS, minimum=1),
+    _i("influx_batch_bytes", "batch_bytes", "int", "bytes per promote request",
+       default=4 * 1024 * 1024, minimum=1024),
+    _i("influx_retry_deadline", "retry_deadline_s", "duration", "how long promotion retries "
+       "without progress before failing (retryable)", default=300.0),
+    _i("influx_retry_initial", "retry_initial_s", "duration", "first backoff step",
+       default=0.5),
+    _i("influx_retry_max", "retry_max_s", "duration", "largest backoff step", default=30.0),
+)  # fmt: skip
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+OPTIONS = tuple(BY_NAME)
+SECRET_OPTIONS = tuple(s.name for s in SETTINGS if s.secret)
+CLI_FLAGS = tuple(s.name for s in SETTINGS if s.flag)
+
+
+def default(name: str) -> Any:
+    """The table's default of a setting (for the config objects' fields)."""
+    return BY_NAME[name].default
+
+
+def env_name(option: str) -> str:
+    """The environment variable of an option: ``influx_db`` -> ``TWOPHASE_INFLUX_DB``."""
+    return ENV_PREFIX + option.upper()
 
 
 @dataclass(frozen=True)
@@ -89,7 +169,7 @@ def mask_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class StagingConfig:
-    """Where the PostgreSQL staging store is.
+    """Where the PostgreSQL staging store is, and how staged data is kept.
 
     ``url`` is a SQLAlchemy URL (``postgresql+psycopg://user:pw@host:5432/db``);
     it may hold a password, so it is a :class:`Secret`. ``display_url`` is safe
@@ -97,9 +177,11 @@ class StagingConfig:
     """
 
     url: Secret
-    retention_s: float = 7 * 86400
-    orphan_grace_s: float = 3600
-    connect_timeout_s: float = 10
+    retention_s: float = default("retention")
+    orphan_grace_s: float = default("orphan_grace")
+    connect_timeout_s: float = default("staging_connect_timeout")
+    chunk_points: int = default("staging_chunk_points")
+    chunk_chars: int = default("staging_chunk_chars")
 
     @property
     def display_url(self) -> str:
@@ -126,11 +208,11 @@ class InfluxConfig:
 
     ``api`` is ``v1`` (``/write``: database, retention policy, user/password),
     ``v2`` (``/api/v2/write`` via influxdb-client: org, bucket, token) or
-    ``auto`` (resolved once through ``/ping``; see :func:`twophase.influx.resolve_api`).
+    ``auto`` (resolved once through ``/ping``; see :func:`twophase.influx.api.resolve_api`).
     """
 
     url: str
-    api: str = "auto"
+    api: str = default("influx_api")
     database: str | None = None
     retention_policy: str | None = None
     username: str | None = None
@@ -138,12 +220,12 @@ class InfluxConfig:
     org: str | None = None
     bucket: str | None = None
     token: Secret | None = None
-    timeout_s: float = 10.0
-    batch_points: int = 5000
-    batch_bytes: int = 4 * 1024 * 1024
-    retry_deadline_s: float = 300.0
-    retry_initial_s: float = 0.5
-    retry_max_s: float = 30.0
+    timeout_s: float = default("influx_timeout")
+    batch_points: int = default("influx_batch_points")
+    batch_bytes: int = default("influx_batch_bytes")
+    retry_deadline_s: float = default("influx_retry_deadline")
+    retry_initial_s: float = default("influx_retry_initial")
+    retry_max_s: float = default("influx_retry_max")
 
     def validate_for_api(self) -> None:
         """Check the settings the chosen API needs (after ``auto`` is resolved)."""
@@ -164,131 +246,125 @@ class TwoPhaseConfig:
     influx: InfluxConfig
 
 
-def env_name(option: str) -> str:
-    """The environment variable of an option: ``influx_db`` -> ``TWOPHASE_INFLUX_DB``."""
-    return ENV_PREFIX + option.upper()
-
-
 class _Source:
-    """Looks an option up in explicit values, then the environment; remembers the name used."""
+    """Looks a setting up in explicit values, then the environment, and parses it."""
 
     def __init__(self, explicit: Mapping[str, Any], env: Mapping[str, str]) -> None:
         self._explicit = {k: v for k, v in explicit.items() if v is not None}
         self._env = env
 
     def get(self, option: str) -> tuple[Any, str]:
+        """The raw value (None when unset) and the name it was given under."""
         if option in self._explicit:
             return self._explicit[option], option
         name = env_name(option)
         value = self._env.get(name)
         return (value if value not in ("", None) else None), name
 
-    def text(self, option: str, required: bool = False) -> str | None:
-        value, name = self.get(option)
-        if value is None:
-            if required:
+    def value(self, setting: Setting) -> Any:
+        """The parsed value, the table's default when unset; ConfigError naming it."""
+        if setting.secret or setting.kind == "staging_url":
+            raw, name = self._secret(setting.name)
+        else:
+            raw, name = self.get(setting.name)
+        if raw is None:
+            if setting.required:
                 raise ConfigError(name, "is required but not set")
-            return None
-        return str(value).strip()
+            return setting.default
+        return _PARSERS[setting.kind](setting, raw, name)
 
-    def secret(self, option: str) -> Secret | None:
+    def _secret(self, option: str) -> tuple[Secret | None, str]:
         value, name = self.get(option)
-        if isinstance(value, Secret):
-            return value
         if value is not None:
-            return Secret(str(value))
-        file_var = name + "_FILE" if name.startswith(ENV_PREFIX) else env_name(option) + "_FILE"
+            return (value if isinstance(value, Secret) else Secret(str(value))), name
+        file_var = env_name(option) + "_FILE"
         path = self._env.get(file_var)
         if not path:
-            return None
+            return None, name
         try:
             with open(path, encoding="utf-8") as handle:
-                return Secret(handle.read().strip())
+                return Secret(handle.read().strip()), name
         except OSError as exc:
             raise ConfigError(file_var, f"cannot read the file it names ({exc.strerror})") from None
 
-    def number(self, option: str, default: float, kind: type = float, minimum: float = 0) -> Any:
-        value, name = self.get(option)
-        if value is None:
-            return kind(default)
-        try:
-            number = kind(value)
-        except (TypeError, ValueError):
-            raise ConfigError(name, f"{value!r} is not a {kind.__name__}") from None
-        if number < minimum:
-            raise ConfigError(name, f"must be at least {minimum}")
-        return number
 
-    def duration(self, option: str, default: float) -> float:
-        value, name = self.get(option)
-        return default if value is None else parse_duration(value, name)
+def _text(setting: Setting, raw: Any, name: str) -> str:
+    return str(raw).strip()
 
 
-def _check_staging_url(url: Secret, option: str) -> None:
+def _secret(setting: Setting, raw: Secret, name: str) -> Secret:
+    return raw
+
+
+def _duration(setting: Setting, raw: Any, name: str) -> float:
+    return parse_duration(raw, name)
+
+
+def _int(setting: Setting, raw: Any, name: str) -> int:
+    try:
+        number = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"{raw!r} is not an integer") from None
+    if number < setting.minimum:
+        raise ConfigError(name, f"must be at least {setting.minimum}")
+    return number
+
+
+def _choice(setting: Setting, raw: Any, name: str) -> str:
+    value = str(raw).strip().lower()
+    if value not in setting.choices:
+        raise ConfigError(name, f"{value!r} is not one of {', '.join(setting.choices)}")
+    return value
+
+
+def _staging_url(setting: Setting, url: Secret, name: str) -> Secret:
     try:
         parsed = make_url(url.reveal())
     except (ArgumentError, ValueError):
         raise ConfigError(
-            option, "is not a database URL (postgresql+psycopg://user@host/db)"
+            name, "is not a database URL (postgresql+psycopg://user@host/db)"
         ) from None
     if not parsed.drivername.startswith("postgresql"):
-        raise ConfigError(option, f"must be a PostgreSQL URL, not {parsed.drivername!r}")
+        raise ConfigError(name, f"must be a PostgreSQL URL, not {parsed.drivername!r}")
     if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
-        raise ConfigError(option, "use the psycopg driver: postgresql+psycopg://...")
+        raise ConfigError(name, "use the psycopg driver: postgresql+psycopg://...")
+    return url
 
 
-def _check_http_url(url: str, option: str) -> str:
+def _http_url(setting: Setting, raw: Any, name: str) -> str:
+    url = str(raw)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(option, f"{mask_url(url)!r} is not an http(s) URL")
+        raise ConfigError(name, f"{mask_url(url)!r} is not an http(s) URL")
     if parts.password:
-        raise ConfigError(option, "must not hold a password; use TWOPHASE_INFLUX_PASSWORD")
+        raise ConfigError(name, "must not hold a password; use TWOPHASE_INFLUX_PASSWORD")
     return url.rstrip("/")
+
+
+_PARSERS: dict[str, Callable[[Setting, Any, str], Any]] = {
+    "text": _text,
+    "secret": _secret,
+    "duration": _duration,
+    "int": _int,
+    "choice": _choice,
+    "staging_url": _staging_url,
+    "http_url": _http_url,
+}
+
+
+def _section(section: str, env: Mapping[str, str] | None, explicit: Mapping[str, Any]) -> Any:
+    src = _Source(explicit, os.environ if env is None else env)
+    return {s.attr: src.value(s) for s in SETTINGS if s.section == section}
 
 
 def load_staging_config(env: Mapping[str, str] | None = None, **explicit: Any) -> StagingConfig:
     """The staging store settings (for processes that never talk to InfluxDB)."""
-    src = _Source(explicit, os.environ if env is None else env)
-    url = src.secret("staging_url")
-    if url is None:
-        raise ConfigError(env_name("staging_url"), "is required but not set")
-    _check_staging_url(url, src.get("staging_url")[1])
-    return StagingConfig(
-        url=url,
-        retention_s=src.duration("retention", 7 * 86400),
-        orphan_grace_s=src.duration("orphan_grace", 3600),
-        connect_timeout_s=src.duration("staging_connect_timeout", 10),
-    )
+    return StagingConfig(**_section(STAGING, env, explicit))
 
 
 def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) -> InfluxConfig:
     """The InfluxDB settings; ``api`` may still be ``auto`` afterwards."""
-    src = _Source(explicit, os.environ if env is None else env)
-    url_value, url_name = src.get("influx_url")
-    if url_value is None:
-        raise ConfigError(url_name, "is required but not set")
-    api = (src.text("influx_api") or "auto").lower()
-    if api not in INFLUX_APIS:
-        raise ConfigError(
-            src.get("influx_api")[1], f"{api!r} is not one of {', '.join(INFLUX_APIS)}"
-        )
-    config = InfluxConfig(
-        url=_check_http_url(str(url_value), url_name),
-        api=api,
-        database=src.text("influx_db"),
-        retention_policy=src.text("influx_rp"),
-        username=src.text("influx_user"),
-        password=src.secret("influx_password"),
-        org=src.text("influx_org"),
-        bucket=src.text("influx_bucket"),
-        token=src.secret("influx_token"),
-        timeout_s=src.duration("influx_timeout", 10.0),
-        batch_points=src.number("influx_batch_points", 5000, int, minimum=1),
-        batch_bytes=src.number("influx_batch_bytes", 4 * 1024 * 1024, int, minimum=1024),
-        retry_deadline_s=src.duration("influx_retry_deadline", 300.0),
-        retry_initial_s=src.duration("influx_retry_initial", 0.5),
-        retry_max_s=src.duration("influx_retry_max", 30.0),
-    )
+    config = InfluxConfig(**_section(INFLUX, env, explicit))
     if config.api != "auto":
         config.validate_for_api()
     return config

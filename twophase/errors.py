@@ -8,6 +8,11 @@ Callers branch on the class, never on the message:
   missing database, fenced run, reset checkpoint, invalid transition).
 * ``ConfigError``: a configuration value is missing or wrong; ``option`` names
   the option or environment variable.
+* ``PointError``: one row cannot become a point (a dead letter, not a failure).
+* ``UsageError``: an operation was asked for in a way that cannot work.
+
+Every exception class of twophase is defined here, so the hierarchy reads in
+one place.
 
 Messages never contain secrets: anything that may carry a password or token
 is masked before it reaches an exception.
@@ -75,3 +80,62 @@ class CheckpointResetError(PermanentError):
 
 class StateError(PermanentError):
     """A transition the epoch state machine does not allow, or an unknown sink/epoch."""
+
+
+class UnknownSinkError(StateError):
+    """The sink id names no sink of this staging store (a usage error for the CLI)."""
+
+
+class EpochRangeError(StateError):
+    """The epochs asked for are not recorded for the sink (a usage error for the CLI)."""
+
+
+class UsageError(TwoPhaseError):
+    """An operation was asked for in a way that cannot work (the CLI exits 2)."""
+
+
+class RefusedError(PermanentError):
+    """An operation will not act: a live run owns the sink, or the operator declined."""
+
+
+class PointError(TwoPhaseError):
+    """A row cannot become an InfluxDB point; ``reason`` says why, for a person."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class LineProtocolError(TwoPhaseError, ValueError):
+    """A line that is not valid InfluxDB line protocol."""
+
+
+class TransientWriteError(InfluxUnavailableError):
+    """One attempt failed for a reason that may pass (network, overload, restart).
+
+    ``retry_after`` is the server's Retry-After in seconds, when it sent one.
+    Nothing is known about which points of the body arrived.
+    """
+
+    def __init__(
+        self, message: str, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class BatchTooLargeError(InfluxRequestError):
+    """413: the body exceeds the server's limit; smaller bodies may pass."""
+
+
+class BadPointsError(InfluxRequestError):
+    """400/422: some points were refused; ``reason`` is InfluxDB's own message.
+
+    With 1.x ("partial write: ... dropped=N") the other points of the body
+    were written; which ones were refused is only known by re-sending parts.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -34,7 +34,7 @@ from pathlib import Path
 CRASH_ENV = "TWOPHASE_CRASH_AT"
 SCOPE_ENV = "TWOPHASE_CRASH_SCOPE"
 PLAN_ENV = "TWOPHASE_CRASH_PLAN"
-POINTS = (
+CRASH_POINTS = (
     "stage_rows",
     "after_stage",
     "after_decide",

@@ -14,6 +14,8 @@ write that a concurrent decision chooses (I1).
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -21,8 +23,7 @@ from typing import Any
 import psycopg
 
 from twophase.db import Database
-from twophase.schema import ABORTED, COMMITTED
-from twophase.staging import delete_unchosen_writes, lock_sinks_of_writes
+from twophase.model import EpochState
 
 Cursor = psycopg.Cursor[Any]
 
@@ -36,7 +37,8 @@ class GcReport:
 
 
 class GarbageCollector:
-    """One role: delete what no longer needs keeping. ``collect`` is idempotent."""
+    """One role: delete what no longer needs keeping. ``collect`` and ``discard``
+    are idempotent."""
 
     def __init__(self, db: Database, retention_s: float, orphan_grace_s: float, chunk: int = 200):
         self._db = db
@@ -52,6 +54,18 @@ class GarbageCollector:
         epochs, points = self._purge_expired(sink_id, now - self._retention, dry_run)
         orphans = self._remove_orphans(sink_id, now - self._grace, dry_run)
         return GcReport(epochs, points, orphans, dry_run)
+
+    def discard(self, write_ids: Sequence[str]) -> int:
+        """Delete writes that no decided epoch names, now (a Spark replay's new attempt,
+        Spark's ``abort``). A write chosen by a decision is never touched (I1).
+        Returns how many writes were removed.
+        """
+        ids = [uuid.UUID(w) for w in write_ids]
+        if not ids:
+            return 0
+        with self._db.transaction() as cur:
+            _lock_sinks_of_writes(cur, ids)
+            return len(_delete_unchosen_writes(cur, ids))
 
     def _purge_expired(
         self, sink_id: str | None, before: datetime, dry_run: bool
@@ -81,8 +95,8 @@ class GarbageCollector:
                 ids = _orphan_writes(cur, sink_id, staged_before, None if dry_run else self._chunk)
                 if not ids or dry_run:
                     return removed + len(ids)
-                lock_sinks_of_writes(cur, ids)
-                gone = delete_unchosen_writes(cur, ids)
+                _lock_sinks_of_writes(cur, ids)
+                gone = _delete_unchosen_writes(cur, ids)
                 removed += len(gone)
                 if len(gone) < len(ids):  # a decision chose some meanwhile: nothing more here
                     return removed
@@ -97,7 +111,7 @@ def _expired_epochs(
         " AND COALESCE(committed_at, aborted_at) < %s"
         " AND (%s::text IS NULL OR sink_id = %s)"
         " ORDER BY sink_id, epoch LIMIT %s FOR UPDATE SKIP LOCKED",
-        ([COMMITTED, ABORTED], before, sink_id, sink_id, limit),
+        ([EpochState.COMMITTED, EpochState.ABORTED], before, sink_id, sink_id, limit),
     )
     return [(s, e, list(ids)) for s, e, ids in cur.fetchall()]
 
@@ -131,3 +145,28 @@ def _orphan_writes(
         (sink_id, sink_id, staged_before, limit),
     )
     return [row[0] for row in cur.fetchall()]
+
+
+def _lock_sinks_of_writes(cur: Cursor, ids: list[uuid.UUID]) -> None:
+    """Lock the sink rows of these writes, as decide() does, so that a concurrent
+    decision cannot choose a write while it is being deleted."""
+    cur.execute(
+        "SELECT sink_id FROM twophase_sinks WHERE sink_id IN (SELECT DISTINCT sink_id"
+        " FROM twophase_writes WHERE write_id = ANY(%s)) ORDER BY sink_id FOR UPDATE",
+        (ids,),
+    )
+
+
+def _delete_unchosen_writes(cur: Cursor, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Remove the given writes, their lines and dead letters, unless a decision names them."""
+    cur.execute(
+        "DELETE FROM twophase_writes w WHERE w.write_id = ANY(%s) AND NOT EXISTS ("
+        " SELECT 1 FROM twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch"
+        " AND w.write_id = ANY(e.write_ids)) RETURNING w.write_id",
+        (ids,),
+    )
+    gone = [row[0] for row in cur.fetchall()]
+    if gone:
+        cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (gone,))
+        cur.execute("DELETE FROM twophase_dead_letters WHERE write_id = ANY(%s)", (gone,))
+    return gone

@@ -22,20 +22,10 @@ import psycopg
 
 from twophase.db import Database
 from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
-from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
-from twophase.staging import CommitMessage
+from twophase.model import CommitMessage, EpochPlan, EpochState, Lease
+from twophase.reader import decided_writes
 
 Cursor = psycopg.Cursor[Any]
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A run's claim on a sink. ``token`` is the fencing token of that run."""
-
-    sink_id: str
-    run_id: str
-    query_id: str | None
-    token: int
 
 
 @dataclass(frozen=True)
@@ -44,25 +34,8 @@ class Decision:
 
     sink_id: str
     epoch: int
-    state: str
+    state: EpochState
     replay: bool
-    points_staged: int
-
-
-@dataclass(frozen=True)
-class WriteRef:
-    write_id: str
-    points: int
-    checksum: str
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """What promotion of one PRECOMMITTED epoch must send: its fixed writes, in order."""
-
-    sink_id: str
-    epoch: int
-    writes: tuple[WriteRef, ...]
     points_staged: int
 
 
@@ -151,7 +124,8 @@ class Ledger:
             return _insert_decision(cur, lease, epoch, refs)
 
     def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
-        """Count a promotion attempt and return the epoch's fixed writes.
+        """Count a promotion attempt and return the epoch's fixed writes, in promotion
+        order (:func:`twophase.reader.decided_writes`).
 
         Raises FencedError for a stale lease and StateError unless the epoch
         is PRECOMMITTED.
@@ -160,20 +134,12 @@ class Ledger:
             _check_fence(_lock_sink(cur, lease.sink_id), lease)
             cur.execute(
                 "UPDATE twophase_epochs SET promote_attempts = promote_attempts + 1"
-                " WHERE sink_id = %s AND epoch = %s AND state = %s"
-                " RETURNING write_ids, points_staged",
-                (lease.sink_id, epoch, PRECOMMITTED),
+                " WHERE sink_id = %s AND epoch = %s AND state = %s",
+                (lease.sink_id, epoch, EpochState.PRECOMMITTED),
             )
-            row = cur.fetchone()
-            if row is None:
+            if cur.rowcount == 0:
                 raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is not PRECOMMITTED")
-            cur.execute(
-                "SELECT write_id, points, checksum FROM twophase_writes"
-                " WHERE write_id = ANY(%s) ORDER BY partition_id, write_id",
-                (row[0],),
-            )
-            writes = tuple(WriteRef(str(w), p, c) for w, p, c in cur.fetchall())
-            return EpochPlan(lease.sink_id, epoch, writes, row[1])
+            return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
 
     def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
         """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
@@ -188,11 +154,18 @@ class Ledger:
                 "UPDATE twophase_epochs SET state = %s, committed_at = now(), last_error = NULL,"
                 " points_delivered = %s, points_rejected_promote = %s"
                 " WHERE sink_id = %s AND epoch = %s AND state = %s",
-                (COMMITTED, delivered, rejected, lease.sink_id, epoch, PRECOMMITTED),
+                (
+                    EpochState.COMMITTED,
+                    delivered,
+                    rejected,
+                    lease.sink_id,
+                    epoch,
+                    EpochState.PRECOMMITTED,
+                ),
             )
             if cur.rowcount == 0:
                 state = _state_of(cur, lease.sink_id, epoch)
-                if state == COMMITTED:
+                if state == EpochState.COMMITTED:
                     return
                 raise StateError(
                     f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED"
@@ -232,7 +205,7 @@ class Ledger:
             cur.execute(
                 "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
                 " ORDER BY epoch",
-                (PRECOMMITTED, sink_id),
+                (EpochState.PRECOMMITTED, sink_id),
             )
             return [row[0] for row in cur.fetchall()]
 
@@ -249,7 +222,7 @@ class Ledger:
             cur.execute(
                 "UPDATE twophase_epochs SET state = %s, aborted_at = now(), last_error = %s"
                 " WHERE sink_id = %s AND epoch = %s AND state = %s RETURNING write_ids",
-                (ABORTED, reason, sink_id, epoch, PRECOMMITTED),
+                (EpochState.ABORTED, reason, sink_id, epoch, EpochState.PRECOMMITTED),
             )
             row = cur.fetchone()
             if row is None:
@@ -331,13 +304,13 @@ def _refuse_other_query(sink_id: str, sink: dict[str, Any], query_id: str | None
     )
 
 
-def _epoch_row(cur: Cursor, sink_id: str, epoch: int) -> tuple[str, int] | None:
+def _epoch_row(cur: Cursor, sink_id: str, epoch: int) -> tuple[EpochState, int] | None:
     cur.execute(
         "SELECT state, points_staged FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
         (sink_id, epoch),
     )
     row = cur.fetchone()
-    return (row[0], row[1]) if row else None
+    return (EpochState(row[0]), row[1]) if row else None
 
 
 def _state_of(cur: Cursor, sink_id: str, epoch: int) -> str:
@@ -348,13 +321,15 @@ def _state_of(cur: Cursor, sink_id: str, epoch: int) -> str:
 def _count_pending(cur: Cursor, sink_id: str) -> int:
     cur.execute(
         "SELECT count(*) FROM twophase_epochs WHERE state = %s AND sink_id = %s",
-        (PRECOMMITTED, sink_id),
+        (EpochState.PRECOMMITTED, sink_id),
     )
     row = cur.fetchone()
     return int(row[0]) if row else 0
 
 
-def _count_replay(cur: Cursor, lease: Lease, epoch: int, existing: tuple[str, int]) -> Decision:
+def _count_replay(
+    cur: Cursor, lease: Lease, epoch: int, existing: tuple[EpochState, int]
+) -> Decision:
     state, points = existing
     cur.execute(
         "UPDATE twophase_epochs SET replays = replays + 1 WHERE sink_id = %s AND epoch = %s",
@@ -402,7 +377,7 @@ def _insert_decision(
         (
             lease.sink_id,
             epoch,
-            PRECOMMITTED,
+            EpochState.PRECOMMITTED,
             lease.run_id,
             lease.query_id,
             [r[0] for r in refs],
@@ -424,7 +399,7 @@ def _insert_decision(
         lease.run_id,
         f"{len(refs)} writes, {points} points, {rejected} rejected at stage",
     )
-    return Decision(lease.sink_id, epoch, PRECOMMITTED, False, points)
+    return Decision(lease.sink_id, epoch, EpochState.PRECOMMITTED, False, points)
 
 
 def _combine_checksums(checksums: Sequence[str]) -> str:

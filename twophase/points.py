@@ -57,31 +57,30 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from twophase.errors import ConfigError
+from twophase.errors import ConfigError, PointError
 from twophase.lineproto import (
-    _BOOL_TYPES,
-    _ESCAPE_KEY,
-    _ESCAPE_MEASUREMENT,
-    _FIELD_KEY_SEPARATOR_BYTES,
-    _FLOAT_TYPES,
-    _INT_TYPES,
-    _MEASUREMENT_BACKSLASH,
-    _MISSING,
-    _NUMPY_TIME_TYPES,
+    BOOL_TYPES,
+    ESCAPE_KEY,
+    ESCAPE_MEASUREMENT,
+    FIELD_KEY_SEPARATOR_BYTES,
+    FLOAT_TYPES,
+    INT_TYPES,
     MAX_SERIES_KEY_BYTES,
     MAX_STRING_FIELD_BYTES,
-    PointError,
-    _escaped_tag_value,
-    _field_key_problem,
-    _field_text,
-    _float_name,
-    _show,
-    _tag_key_problem,
-    _tag_text,
-    _unrepresentable,
-    _utf8_size,
+    MEASUREMENT_BACKSLASH,
+    MISSING,
+    NUMPY_TIME_TYPES,
+    escaped_tag_value,
+    field_key_problem,
+    field_text,
+    float_name,
+    show,
+    tag_key_problem,
+    tag_text,
+    unrepresentable,
+    utf8_size,
 )
-from twophase.timestamps import _datetime_ns, _time_ns
+from twophase.timestamps import datetime_ns, time_ns
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -91,7 +90,6 @@ __all__ = [
     "MIN_TIME_NS",
     "PRECISIONS",
     "PointBuilder",
-    "PointError",
     "PointSpec",
     "Rejected",
     "row_payload",
@@ -151,7 +149,7 @@ class PointSpec:
             raise ConfigError("time", "must be a non-empty column name or None")
         tags = _column_names("tags", self.tag_columns)
         for column in tags:
-            _raise_for_key("tags", column, _tag_key_problem(column))
+            _raise_for_key("tags", column, tag_key_problem(column))
         if self.time_column in tags:
             raise ConfigError("tags", f"{self.time_column!r} is also the time column")
         if self.field_columns is None:
@@ -160,7 +158,7 @@ class PointSpec:
         if not fields:
             raise ConfigError("fields", "is empty; leave it unset to use every non-tag column")
         for column in fields:
-            _raise_for_key("fields", column, _field_key_problem(column))
+            _raise_for_key("fields", column, field_key_problem(column))
         if self.time_column in fields:
             raise ConfigError("fields", f"{self.time_column!r} is also the time column")
         both = sorted(set(fields) & set(tags))
@@ -179,10 +177,10 @@ class _FieldPlan:
     def of(cls, columns: Iterable[str]) -> _FieldPlan:
         # key=str: a stray non-string key must dead-letter its rows, not crash the sort.
         planned = tuple(
-            (column, f"{str(column).translate(_ESCAPE_KEY)}=", _field_key_problem(column))
+            (column, f"{str(column).translate(ESCAPE_KEY)}=", field_key_problem(column))
             for column in sorted(columns, key=str)
         )
-        return cls(planned, max((_utf8_size(prefix) - 1 for _, prefix, _ in planned), default=0))
+        return cls(planned, max((utf8_size(prefix) - 1 for _, prefix, _ in planned), default=0))
 
 
 @dataclass(frozen=True)
@@ -210,10 +208,10 @@ class PointBuilder:
         self._time_column = spec.time_column
         self._time_unit = PRECISIONS[spec.precision]
         self._omit_nulls = spec.null_fields == "omit"
-        self._measurement = spec.measurement.translate(_ESCAPE_MEASUREMENT)
+        self._measurement = spec.measurement.translate(ESCAPE_MEASUREMENT)
         # Point sorts tags and fields by key; precompute escaped "key=" once.
         self._tag_plan = tuple(
-            (column, f",{column.translate(_ESCAPE_KEY)}=") for column in sorted(spec.tag_columns)
+            (column, f",{column.translate(ESCAPE_KEY)}=") for column in sorted(spec.tag_columns)
         )
         not_fields = set(spec.tag_columns)
         if spec.time_column is not None:
@@ -247,7 +245,7 @@ class PointBuilder:
             plan = self._discovered_plan(row)
         fields = self._fields(row, plan)
         # Only long keys can exceed the limit (a character is at most 4 bytes).
-        if len(series) * 4 + _FIELD_KEY_SEPARATOR_BYTES + plan.longest_key_bytes > (
+        if len(series) * 4 + FIELD_KEY_SEPARATOR_BYTES + plan.longest_key_bytes > (
             MAX_SERIES_KEY_BYTES
         ):
             _check_key_size(series, row, plan)
@@ -257,16 +255,16 @@ class PointBuilder:
         parts: list[str] = []
         cache = self._tag_cache
         for column, prefix in self._tag_plan:
-            value = row.get(column, _MISSING)
+            value = row.get(column, MISSING)
             if type(value) is not str:
                 if value is None:
                     continue  # a null tag is simply absent, as in InfluxDB
-                value = _tag_text(column, value)
+                value = tag_text(column, value)
                 if value is None:
                     continue
             escaped = cache.get(value)
             if escaped is None:
-                escaped = _escaped_tag_value(column, value)
+                escaped = escaped_tag_value(column, value)
                 if len(cache) >= _TAG_CACHE_LIMIT:
                     cache.clear()
                 cache[value] = escaped
@@ -277,8 +275,8 @@ class PointBuilder:
     def _fields(self, row: Mapping[str, Any], plan: _FieldPlan) -> str:
         parts: list[str] = []
         for column, prefix, key_problem in plan.columns:
-            value = row.get(column, _MISSING)
-            text = _field_text(column, value)
+            value = row.get(column, MISSING)
+            text = field_text(column, value)
             if text is None:
                 if self._omit_nulls:
                     continue
@@ -308,16 +306,16 @@ class PointBuilder:
         column = self._time_column
         if column is None:
             return self._stamp()
-        value = row.get(column, _MISSING)
+        value = row.get(column, MISSING)
         if type(value) is int:
             stamp = value * self._time_unit
         elif type(value) is datetime:
-            stamp = _datetime_ns(value)
+            stamp = datetime_ns(value)
         else:
-            stamp = _time_ns(column, value, self._time_unit)
+            stamp = time_ns(column, value, self._time_unit)
         if not MIN_TIME_NS <= stamp <= MAX_TIME_NS:
             raise PointError(
-                f"time column {column!r} value {_show(value)} is outside InfluxDB's time range "
+                f"time column {column!r} value {show(value)} is outside InfluxDB's time range "
                 "(1677-09-21T00:12:43.145224194Z .. 2262-04-11T23:47:16.854775806Z)"
             )
         return stamp
@@ -357,22 +355,22 @@ def row_payload(row: Mapping[str, Any]) -> str:
 def _check_measurement(measurement: object) -> None:
     if not isinstance(measurement, str) or not measurement:
         raise ConfigError("measurement", "must be a non-empty string")
-    problem = _unrepresentable(measurement)
+    problem = unrepresentable(measurement)
     if problem is None and measurement.startswith("#"):
         problem = "starts with '#', which makes every line a comment InfluxDB ignores"
-    if problem is None and _MEASUREMENT_BACKSLASH.search(measurement):
+    if problem is None and MEASUREMENT_BACKSLASH.search(measurement):
         problem = (
             "has a backslash before a space, comma, '=', '\"' or at the end, "
             "which InfluxDB does not read back unchanged"
         )
-    escaped = measurement.translate(_ESCAPE_MEASUREMENT)
+    escaped = measurement.translate(ESCAPE_MEASUREMENT)
     # The shortest series key: the measurement, a separator and a 1-byte field key.
     if problem is None and (
-        _utf8_size(escaped) + _FIELD_KEY_SEPARATOR_BYTES + 1 > MAX_SERIES_KEY_BYTES
+        utf8_size(escaped) + FIELD_KEY_SEPARATOR_BYTES + 1 > MAX_SERIES_KEY_BYTES
     ):
         problem = f"is longer than InfluxDB's {MAX_SERIES_KEY_BYTES}-byte key limit allows"
     if problem is not None:
-        raise ConfigError("measurement", f"{_show(measurement)} {problem}")
+        raise ConfigError("measurement", f"{show(measurement)} {problem}")
 
 
 def _check_precision(precision: object) -> None:
@@ -387,7 +385,7 @@ def _check_null_fields(mode: object) -> None:
 
 def _column_names(option: str, columns: object) -> tuple[str, ...]:
     if isinstance(columns, str) or not isinstance(columns, tuple | list):
-        raise ConfigError(option, f"must be a list of column names, not {_show(columns)}")
+        raise ConfigError(option, f"must be a list of column names, not {show(columns)}")
     for column in columns:
         if not isinstance(column, str) or not column:
             raise ConfigError(option, f"{column!r} is not a column name (empty or not a string)")
@@ -407,10 +405,10 @@ def _raise_for_key(option: str, column: str, problem: str | None) -> None:
 
 def _check_key_size(series: str, row: Mapping[str, Any], plan: _FieldPlan) -> None:
     """InfluxDB's limit on measurement, tags and each written field key together."""
-    series_bytes = _utf8_size(series) + _FIELD_KEY_SEPARATOR_BYTES
+    series_bytes = utf8_size(series) + FIELD_KEY_SEPARATOR_BYTES
     for column, prefix, _ in plan.columns:
-        size = series_bytes + _utf8_size(prefix) - 1
-        if size > MAX_SERIES_KEY_BYTES and _field_text(column, row[column]) is not None:
+        size = series_bytes + utf8_size(prefix) - 1
+        if size > MAX_SERIES_KEY_BYTES and field_text(column, row[column]) is not None:
             raise PointError(
                 f"the measurement and tags with field {column!r} make a {size}-byte series "
                 f"key (escaped); InfluxDB refuses keys over {MAX_SERIES_KEY_BYTES} bytes"
@@ -422,8 +420,8 @@ def _check_key_size(series: str, row: Mapping[str, Any], plan: _FieldPlan) -> No
 
 def _json_default(value: Any) -> Any:
     # numpy numbers as JSON numbers; anything else (Decimal, datetime...) as text.
-    if isinstance(value, _BOOL_TYPES + _INT_TYPES + _FLOAT_TYPES) and not isinstance(
-        value, _NUMPY_TIME_TYPES
+    if isinstance(value, BOOL_TYPES + INT_TYPES + FLOAT_TYPES) and not isinstance(
+        value, NUMPY_TIME_TYPES
     ):
         return value.item()
     return str(value)
@@ -440,8 +438,8 @@ def _jsonable(value: Any, depth: int) -> Any:
         return {str(key): _jsonable(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(item, depth + 1) for item in value]
-    if isinstance(value, _FLOAT_TYPES) and not math.isfinite(value):
-        return _float_name(value)
+    if isinstance(value, FLOAT_TYPES) and not math.isfinite(value):
+        return float_name(value)
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twophase.committer import Committer, Promoter
+from twophase.committer import Committer
 from twophase.config import TwoPhaseConfig
 from twophase.db import Database
+from twophase.deadletters import DeadLetterLog
 from twophase.gc import GarbageCollector
-from twophase.influx import InfluxWriter, make_writer
+from twophase.influx.api import make_writer
+from twophase.influx.writers import InfluxWriter
 from twophase.ledger import Ledger
+from twophase.promoter import Promoter
+from twophase.reader import StagedReader
 from twophase.sender import BatchSender
-from twophase.staging import StagedReader, Stager
+from twophase.staging import Stager
 
 
 @dataclass(frozen=True)
@@ -47,21 +51,20 @@ class TwoPhase:
         """
         db = db or Database(config.staging)
         writer = writer or make_writer(config.influx)
-        sender = BatchSender.from_config(writer, config.influx)
-        ledger, reader, stager = Ledger(db), StagedReader(db), Stager(db)
-        promoter = Promoter(
-            ledger, reader, sender, config.influx.batch_points, config.influx.batch_bytes
-        )
+        ledger, reader = Ledger(db), StagedReader(db)
+        sender = BatchSender(writer, config.influx)
+        promoter = Promoter(ledger, reader, sender, DeadLetterLog(db), config.influx)
+        gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
         return cls(
             config=config,
             db=db,
             writer=writer,
-            stager=stager,
+            stager=Stager(db, config.staging),
             ledger=ledger,
             reader=reader,
             promoter=promoter,
-            committer=Committer(ledger, promoter, stager),
-            gc=GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s),
+            committer=Committer(ledger, promoter, gc),
+            gc=gc,
         )
 
     def close(self) -> None:

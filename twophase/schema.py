@@ -47,14 +47,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from twophase.model import EpochState, Phase
+
 SCHEMA_REVISION = "0002_staged_chunks"
 VERSION_TABLE = "twophase_alembic_version"
 TABLE_PREFIX = "twophase_"
 
-PRECOMMITTED = "PRECOMMITTED"
-COMMITTED = "COMMITTED"
-ABORTED = "ABORTED"
-EPOCH_STATES = (PRECOMMITTED, COMMITTED, ABORTED)
+EPOCH_STATES = tuple(state.value for state in EpochState)
+PHASES = tuple(phase.value for phase in Phase)
 
 metadata = MetaData(
     naming_convention={
@@ -173,7 +173,7 @@ dead_letters = Table(
     Column("payload", Text, nullable=False),
     _created_at(),
     UniqueConstraint("write_id", "phase", "seq"),
-    CheckConstraint("phase IN ('stage', 'promote')", name="phase"),
+    CheckConstraint(f"phase IN {PHASES!r}", name="phase"),
     Index(None, "sink_id", "epoch"),
 )
 

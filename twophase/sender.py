@@ -1,7 +1,7 @@
 """Delivering line protocol through an :class:`~twophase.influx.InfluxWriter`.
 
-Retry with backoff, batching by count and bytes, splitting on 413 and
-bisection on 400 -- all independent of HTTP, so pure logic a fake writer can
+Retry with backoff, splitting on 413 and bisection on 400 -- all
+independent of HTTP, so pure logic a fake writer can
 test. Correctness rests on one property of InfluxDB: re-sending a point
 (same measurement, tag set and timestamp) overwrites it with itself, so any
 body may be sent again, whole or in parts, without changing the result.
@@ -15,13 +15,11 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from twophase.config import InfluxConfig
-from twophase.errors import InfluxUnavailableError
-from twophase.influx import BadPointsError, BatchTooLargeError, InfluxWriter
+from twophase.errors import BadPointsError, BatchTooLargeError, InfluxUnavailableError
+from twophase.influx.writers import InfluxWriter
 
-T = TypeVar("T")
 log = logging.getLogger("twophase.sender")
 
 
@@ -34,9 +32,9 @@ class RetryPolicy:
     a send keeps retrying without progress before giving up.
     """
 
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    deadline_s: float = 300.0
+    initial_s: float
+    max_s: float
+    deadline_s: float
     jitter: float = 1.0
 
     def __post_init__(self) -> None:
@@ -77,112 +75,60 @@ class RetryEvent:
     error: Exception
 
 
-def batches(
-    items: Iterable[T],
-    max_points: int,
-    max_bytes: int,
-    size: Callable[[T], int],
-    points: Callable[[T], int] = lambda _: 1,
-) -> Iterator[list[T]]:
-    """Group ``items`` lazily, in order, into lists whose ``points`` sum to at
-    most ``max_points`` and whose ``size`` sums to at most ``max_bytes``.
-
-    An item over either limit on its own forms a batch of one (the server
-    decides whether it is too large). ``size`` should include any separator
-    (one newline per line of line protocol); ``points`` counts each item as
-    one point unless told otherwise (a piece of several lines).
-    """
-    if max_points < 1 or max_bytes < 1:
-        raise ValueError("max_points and max_bytes must be positive")
-    batch: list[T] = []
-    count = total = 0
-    for item in items:
-        item_points, item_size = points(item), size(item)
-        if batch and (count + item_points > max_points or total + item_size > max_bytes):
-            yield batch
-            batch, count, total = [], 0, 0
-        batch.append(item)
-        count += item_points
-        total += item_size
-    if batch:
-        yield batch
-
-
 class BatchSender:
-    """Sends line protocol in batches with retries, 413 splitting and 400 bisection.
+    """Sends request bodies of line protocol with retries, 413 splitting and 400 bisection.
 
-    Lines are sent in their given order, each batch left half before right
-    half, so the same input always produces the same sequence of requests.
-    A sender keeps no state between calls; concurrent ``send`` calls are safe
-    when the writer is.
+    Idempotent in effect (re-sending a body changes nothing in InfluxDB). A
+    refused body is split left half before right half, so the same input
+    always produces the same sequence of requests. The retry policy comes
+    from the config. A sender keeps no state between calls; concurrent
+    ``send`` calls are safe when the writer is.
     """
 
     def __init__(
         self,
         writer: InfluxWriter,
-        policy: RetryPolicy,
+        config: InfluxConfig,
+        *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
-        max_points: int = 5000,
-        max_bytes: int = 4 * 1024 * 1024,
         on_attempt_failed: Callable[[RetryEvent], None] | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self._writer = writer
-        self._policy = policy
+        self._policy = RetryPolicy.from_config(config)
         self._sleep = sleep
         self._clock = clock
-        self._max_points = max_points
-        self._max_bytes = max_bytes
         self._on_attempt_failed = on_attempt_failed
         self._rand = rand
 
-    @classmethod
-    def from_config(cls, writer: InfluxWriter, config: InfluxConfig, **kwargs: Any) -> BatchSender:
-        """A sender with the retry policy and batch limits of ``config``."""
-        return cls(
-            writer,
-            RetryPolicy.from_config(config),
-            max_points=config.batch_points,
-            max_bytes=config.batch_bytes,
-            **kwargs,
-        )
-
-    def send(self, lines: Sequence[str]) -> list[tuple[int, str]]:
-        """Deliver lines; return (index, reason) of the lines InfluxDB rejected.
-
-        Every other line was acknowledged on return. Transient errors
-        (InfluxUnavailableError from the writer) are retried with backoff
-        until ``policy.deadline_s`` has passed without progress -- measured
-        from the call's start or the last acknowledged request, whichever is
-        later, so a long send that keeps delivering is not cut off -- then
-        InfluxUnavailableError is raised: nothing is known about which lines
-        arrived; the caller re-sends the whole set later, which is idempotent.
-        The last attempt starts before the deadline, so the call may end up to
-        one request timeout after it.
-
-        413 splits a batch in halves recursively (a single line that is too
-        large is rejected with the reason). 400/422 bisects: the halves are
-        re-sent separately (idempotent) until each rejected line is isolated
-        and rejected with InfluxDB's reason; good lines of the same batch are
-        delivered. Auth, not-found and other permanent errors propagate at once.
-        """
-        delivery = _Delivery(self)
-        for batch in batches(_encoded(lines), self._max_points, self._max_bytes, _line_size):
-            delivery.deliver(batch)
-        return delivery.rejected
-
-    def send_joined(
+    def send(
         self, body: bytes, count: int, lines: Callable[[], Sequence[str]]
     ) -> list[tuple[int, str]]:
-        """:meth:`send` for ``count`` lines already joined into one request ``body``.
+        """Deliver ``count`` lines joined into one request ``body``; return (index,
+        reason) of the lines InfluxDB rejected.
 
         ``body`` goes out as it is, in one request (staged chunks are stored
-        that way, so the common case costs no per-line work). Only when
-        InfluxDB refuses it (413, or 400/422 for bad lines) are the lines
-        taken apart, through ``lines()``, and split or bisected exactly as
-        :meth:`send` does; rejections are returned the same way. The caller
-        keeps ``body`` within the batch limits.
+        that way, so the common case costs no per-line work); the caller keeps
+        it within the batch limits. Every other line was acknowledged on
+        return.
+
+        Transient errors (InfluxUnavailableError from the writer) are retried
+        with backoff until ``policy.deadline_s`` has passed without progress --
+        measured from the call's start or the last acknowledged request,
+        whichever is later, so a long send that keeps delivering is not cut
+        off -- then InfluxUnavailableError is raised: nothing is known about
+        which lines arrived; the caller re-sends the whole set later, which is
+        idempotent. The last attempt starts before the deadline, so the call
+        may end up to one request timeout after it.
+
+        Only when InfluxDB refuses the body are its lines taken apart, through
+        ``lines()``: 413 splits it in halves recursively (a single line that is
+        too large is rejected with the reason); 400/422 bisects: the halves
+        are re-sent separately (idempotent) until each rejected line is
+        isolated and rejected with InfluxDB's reason; good lines of the same
+        body are delivered. Auth, not-found and other permanent errors
+        propagate at once.
         """
         delivery = _Delivery(self)
         delivery.deliver_body(body, count, lambda: list(_encoded(lines())))
@@ -191,10 +137,6 @@ class BatchSender:
 
 def _encoded(lines: Iterable[str]) -> Iterator[tuple[int, bytes]]:
     return ((i, line.encode("utf-8")) for i, line in enumerate(lines))
-
-
-def _line_size(item: tuple[int, bytes]) -> int:
-    return len(item[1]) + 1  # the newline
 
 
 class _Delivery:

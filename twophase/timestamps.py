@@ -14,16 +14,16 @@ from datetime import date, datetime, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, DecimalException, localcontext
 from typing import Any
 
+from twophase.errors import PointError
 from twophase.lineproto import (
-    _BOOL_TYPES,
-    _FLOAT_TYPES,
-    _INT_TYPES,
-    _MISSING,
-    _NUMPY_TIME_TYPES,
-    PointError,
-    _is_null,
-    _show,
+    BOOL_TYPES,
+    FLOAT_TYPES,
+    INT_TYPES,
+    MISSING,
+    NUMPY_TIME_TYPES,
+    is_null,
     np,
+    show,
 )
 
 _NS_PER_DAY = 86_400 * 1_000_000_000
@@ -49,7 +49,7 @@ _NUMPY_UNIT_NS = {
 }
 
 
-def _datetime_ns(value: datetime) -> int:
+def datetime_ns(value: datetime) -> int:
     """Exact nanoseconds since the epoch; a naive datetime is UTC."""
     if value.tzinfo is None:
         delta = value - _NAIVE_EPOCH
@@ -60,11 +60,11 @@ def _datetime_ns(value: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
 
 
-def _time_ns(column: str, value: Any, unit: int) -> int:
+def time_ns(column: str, value: Any, unit: int) -> int:
     """The time column's value in nanoseconds (may be out of range); raises PointError."""
-    if value is _MISSING:
+    if value is MISSING:
         raise PointError(f"the row has no time column {column!r}")
-    if _is_null(value):
+    if is_null(value):
         raise PointError(f"time column {column!r} is null")
     try:
         stamp = _parse_time(value, unit)
@@ -72,28 +72,28 @@ def _time_ns(column: str, value: Any, unit: int) -> int:
         stamp = None
     if stamp is None:
         kind = "" if isinstance(value, str) else f" ({type(value).__name__})"
-        raise PointError(f"time column {column!r} cannot be parsed as a time: {_show(value)}{kind}")
+        raise PointError(f"time column {column!r} cannot be parsed as a time: {show(value)}{kind}")
     return stamp
 
 
 def _parse_time(value: Any, unit: int) -> int | None:
     """Nanoseconds, or None for a value that is not a time."""
-    if isinstance(value, _BOOL_TYPES + _NUMPY_TIME_TYPES[1:]):
+    if isinstance(value, BOOL_TYPES + NUMPY_TIME_TYPES[1:]):
         return None  # booleans and durations are integers to Python/numpy, not times
     if isinstance(value, datetime):
         nanos = getattr(value, "asm8", None)  # pandas Timestamp: keeps its nanoseconds
         if nanos is not None:
             return _numpy_time_ns(nanos)
-        return _datetime_ns(value)
+        return datetime_ns(value)
     if isinstance(value, date):
         return (value - _EPOCH_DATE).days * _NS_PER_DAY
     if isinstance(value, str):
         return _iso_ns(value)
-    if isinstance(value, _NUMPY_TIME_TYPES[:1]):
+    if isinstance(value, NUMPY_TIME_TYPES[:1]):
         return _numpy_time_ns(value)
-    if isinstance(value, _INT_TYPES):
+    if isinstance(value, INT_TYPES):
         return int(value) * unit
-    if isinstance(value, _FLOAT_TYPES):
+    if isinstance(value, FLOAT_TYPES):
         value = float(value)
         if not math.isfinite(value):
             return None
@@ -130,7 +130,7 @@ def _iso_ns(text: str) -> int | None:
         int(second or 0),
         tzinfo=timezone.utc,
     )
-    stamp = _datetime_ns(moment) + (int(fraction.ljust(9, "0")) if fraction else 0)
+    stamp = datetime_ns(moment) + (int(fraction.ljust(9, "0")) if fraction else 0)
     sign, offset_hours, offset_minutes = match.group(9, 10, 11)
     if sign is None:  # "Z" or no offset: UTC
         return stamp

@@ -25,132 +25,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from twophase.errors import StateError
-from twophase.inspect import EpochInfo, EpochRange, Inspector, epochs_are
-from twophase.ledger import WriteRef
-from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
-from twophase.staging import StagedReader
+from twophase.errors import LineProtocolError, StateError
+from twophase.lineproto import FieldValue, Tags, parse_line
+from twophase.model import EpochPlan, EpochState
+from twophase.reader import StagedReader
+from twophase.text import epochs_are
+from twophase.views import EpochInfo, EpochRange, Views
 
-FieldValue = bool | int | float | str
-Tags = tuple[tuple[str, str], ...]
 Series = tuple[str, Tags]
 Points = dict[Series, dict[int, dict[str, FieldValue]]]
 Query = Callable[[str], list[dict[str, Any]]]
 
 WINDOW_POINTS = 10_000  # expected timestamps per InfluxDB query (bounds the response)
 MAX_EXAMPLES = 3
-_TRUE = frozenset({"t", "T", "true", "True", "TRUE"})
-_FALSE = frozenset({"f", "F", "false", "False", "FALSE"})
-
-
-class LineProtocolError(ValueError):
-    """A line that is not valid InfluxDB line protocol."""
-
-
-@dataclass(frozen=True)
-class ParsedPoint:
-    measurement: str
-    tags: Tags  # sorted by key, as InfluxDB keys a series
-    fields: dict[str, FieldValue]
-    time_ns: int | None
-
-
-# -- line protocol -----------------------------------------------------------------------
-
-
-def _scan(line: str, pos: int, stops: str, escapable: str) -> tuple[str, int]:
-    """Text from ``pos`` up to the first unescaped character of ``stops``.
-
-    ``\\x`` for x in ``escapable`` stands for x; any other backslash is itself.
-    """
-    out: list[str] = []
-    end = len(line)
-    while pos < end:
-        char = line[pos]
-        if char == "\\" and pos + 1 < end and line[pos + 1] in escapable:
-            out.append(line[pos + 1])
-            pos += 2
-            continue
-        if char in stops:
-            break
-        out.append(char)
-        pos += 1
-    return "".join(out), pos
-
-
-def _scan_string(line: str, pos: int) -> tuple[str, int]:
-    """A quoted field value starting at the quote at ``pos``; returns it and the next pos."""
-    out: list[str] = []
-    pos += 1
-    while pos < len(line):
-        char = line[pos]
-        if char == "\\" and pos + 1 < len(line) and line[pos + 1] in '"\\':
-            out.append(line[pos + 1])
-            pos += 2
-            continue
-        if char == '"':
-            return "".join(out), pos + 1
-        out.append(char)
-        pos += 1
-    raise LineProtocolError("unterminated string field value")
-
-
-def _field_value(text: str) -> FieldValue:
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    try:
-        if text[-1:] in ("i", "u"):
-            return int(text[:-1])
-        return float(text)
-    except ValueError:
-        raise LineProtocolError(f"bad field value {text!r}") from None
-
-
-def _fields(line: str, pos: int) -> tuple[dict[str, FieldValue], int]:
-    fields: dict[str, FieldValue] = {}
-    while True:
-        key, pos = _scan(line, pos, "=, ", "=, ")
-        if pos >= len(line) or line[pos] != "=" or not key:
-            raise LineProtocolError("a field needs a key=value")
-        pos += 1
-        if line[pos : pos + 1] == '"':
-            value: FieldValue
-            value, pos = _scan_string(line, pos)
-            if line[pos : pos + 1] not in ("", ",", " "):
-                raise LineProtocolError(f"text after the string value of field {key!r}")
-        else:
-            text, pos = _scan(line, pos, ", ", "")
-            value = _field_value(text)
-        fields[key] = value
-        if pos >= len(line) or line[pos] == " ":
-            return fields, pos
-        pos += 1  # the comma before the next field
-
-
-def parse_line(line: str) -> ParsedPoint:
-    """One line of InfluxDB line protocol; raises LineProtocolError when it is not one."""
-    measurement, pos = _scan(line, 0, ", ", ", ")
-    if not measurement:
-        raise LineProtocolError("no measurement")
-    tags: list[tuple[str, str]] = []
-    while pos < len(line) and line[pos] == ",":
-        key, pos = _scan(line, pos + 1, "=, ", "=, ")
-        if pos >= len(line) or line[pos] != "=":
-            raise LineProtocolError(f"tag {key!r} has no value")
-        value, pos = _scan(line, pos + 1, ", ", "=, ")
-        tags.append((key, value))
-    if pos >= len(line) or line[pos] != " ":
-        raise LineProtocolError("no fields")
-    fields, pos = _fields(line, pos + 1)
-    stamp = line[pos:].strip()
-    try:
-        time_ns = int(stamp) if stamp else None
-    except ValueError:
-        raise LineProtocolError(f"bad timestamp {stamp!r}") from None
-    return ParsedPoint(measurement, tuple(sorted(tags)), fields, time_ns)
-
 
 # -- the expected state -------------------------------------------------------------------
 
@@ -362,18 +249,22 @@ def fetch(
 
 def choose_epochs(sink_id: str, epochs: Sequence[EpochInfo]) -> tuple[list[int], list[str]]:
     """The epochs that can be verified (COMMITTED, retained) and notes on the others."""
-    chosen = [e.epoch for e in epochs if e.state == COMMITTED and e.purged_at is None]
+    chosen = [e.epoch for e in epochs if e.state == EpochState.COMMITTED and e.purged_at is None]
     notes = []
     for what, numbers in (
         (
             "PRECOMMITTED (not delivered yet; run `twophase recover`)",
-            [e.epoch for e in epochs if e.state == PRECOMMITTED],
+            [e.epoch for e in epochs if e.state == EpochState.PRECOMMITTED],
         ),
         (
             "past retention (staged points purged)",
-            [e.epoch for e in epochs if e.state == COMMITTED and e.purged_at is not None],
+            [
+                e.epoch
+                for e in epochs
+                if e.state == EpochState.COMMITTED and e.purged_at is not None
+            ],
         ),
-        ("ABORTED (never delivered)", [e.epoch for e in epochs if e.state == ABORTED]),
+        ("ABORTED (never delivered)", [e.epoch for e in epochs if e.state == EpochState.ABORTED]),
     ):
         if numbers:
             notes.append(f"not verified: {epochs_are(numbers)} {what}")
@@ -383,13 +274,12 @@ def choose_epochs(sink_id: str, epochs: Sequence[EpochInfo]) -> tuple[list[int],
 
 
 def staged_lines(
-    reader: StagedReader, writes: Sequence[WriteRef], rejected: Container[tuple[str, int]]
+    reader: StagedReader, plan: EpochPlan, rejected: Container[tuple[str, int]]
 ) -> Iterator[str]:
     """An epoch's lines in promotion order, without those InfluxDB refused."""
-    for write in writes:
-        for seq, line in reader.lines(write.write_id):
-            if (write.write_id, seq) not in rejected:
-                yield line
+    for write_id, seq, line in reader.lines(plan):
+        if (write_id, seq) not in rejected:
+            yield line
 
 
 Progress = Callable[[str, str, int, int], None]  # (phase, unit, done, total), done cumulative
@@ -400,12 +290,12 @@ class Verifier:
 
     def __init__(
         self,
-        inspector: Inspector,
+        views: Views,
         reader: StagedReader,
         query: Query,
         retention_policy: str | None = None,
     ):
-        self._inspector = inspector
+        self._views = views
         self._reader = reader
         self._query = query
         self._rp = retention_policy
@@ -416,27 +306,7 @@ class Verifier:
         """Compare the COMMITTED, retained epochs of ``selection`` (in increasing order)."""
         report = progress or (lambda *_: None)
         chosen, notes = choose_epochs(sink_id, selection)
-        # Epochs after the selection that rewrote its points decide what InfluxDB holds.
-        later = self._inspector.epochs(sink_id, EpochRange(first=selection[-1].epoch + 1))
-        pending = [e.epoch for e in later if e.state == PRECOMMITTED]
-        if pending:
-            notes.append(
-                f"{epochs_are(pending)} PRECOMMITTED: points they rewrite may "
-                "differ until `twophase recover` delivers them"
-            )
-        rewriting = [e for e in later if e.state == COMMITTED and e.purged_at is None]
-        by_epoch = {e.epoch: e for e in [*selection, *rewriting]}
-        total = sum(by_epoch[n].points_staged for n in chosen) + sum(
-            e.points_staged for e in rewriting
-        )
-        rejected = self._inspector.rejected_at_promote(sink_id, list(by_epoch))
-        expected, done = Expected(), 0
-        for number, only_known in [(n, False) for n in chosen] + [
-            (e.epoch, True) for e in rewriting
-        ]:
-            writes = self._inspector.writes(sink_id, number)
-            done += expected.add(staged_lines(self._reader, writes, rejected), only_known)
-            report("read staged points", "points", done, total)
+        expected = self._expected(sink_id, selection, chosen, notes, report)
         planned = windows(expected.points)
         fetched = 0
 
@@ -455,3 +325,32 @@ class Verifier:
             differences=tuple(compare(expected.points, actual)),
             notes=tuple(notes + [f"unparseable staged line: {x}" for x in expected.examples]),
         )
+
+    def _expected(
+        self,
+        sink_id: str,
+        selection: Sequence[EpochInfo],
+        chosen: list[int],
+        notes: list[str],
+        report: Progress,
+    ) -> Expected:
+        """The chosen epochs' points, then updated by the later retained epochs that
+        rewrote them (they decide what InfluxDB holds); notes what cannot be known."""
+        later = self._views.epochs(sink_id, EpochRange(first=selection[-1].epoch + 1))
+        pending = [e.epoch for e in later if e.state == EpochState.PRECOMMITTED]
+        if pending:
+            notes.append(
+                f"{epochs_are(pending)} PRECOMMITTED: points they rewrite may "
+                "differ until `twophase recover` delivers them"
+            )
+        rewriting = [e for e in later if e.state == EpochState.COMMITTED and e.purged_at is None]
+        by_epoch = {e.epoch: e for e in [*selection, *rewriting]}
+        order = [(n, False) for n in chosen] + [(e.epoch, True) for e in rewriting]
+        total = sum(by_epoch[n].points_staged for n, _ in order)
+        rejected = self._reader.rejected_at_promote(sink_id, list(by_epoch))
+        expected, done = Expected(), 0
+        for number, only_known in order:
+            plan = self._reader.plan(sink_id, number)
+            done += expected.add(staged_lines(self._reader, plan, rejected), only_known)
+            report("read staged points", "points", done, total)
+        return expected

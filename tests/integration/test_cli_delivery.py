@@ -1,4 +1,4 @@
-"""recover, replay and verify against the real servers; the end-to-end ones run the
+"""recover, resend and verify against the real servers; the end-to-end ones run the
 installed ``twophase`` console script as a subprocess."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.integration.test_protocol import lines, stage
 from tests.support import REPO, influx_count, influx_rows
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError
-from twophase.influx import query_v1
+from twophase.influx.query import query_v1
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_recover_after_a_driver_crash_end_to_end(
     assert "OK: InfluxDB holds exactly the staged points" in check.out
 
 
-def test_replay_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> None:
+def test_resend_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> None:
     known_store(tp)
     tp.committer.recover(tp.ledger.begin_run(SINK, "r2", "q1"))
     committed = influx_rows(tp.config.influx, M)
@@ -148,47 +148,47 @@ def test_replay_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> 
     )
 
     make_idle(cli.staging_url)  # the query was stopped for the repair
-    replayed = cli.run("replay", "--sink", SINK, "--all", "--json")
-    assert replayed.code == 0, replayed.err
-    assert replayed.json() == {
+    resent = cli.run("resend", "--sink", SINK, "--all", "--json")
+    assert resent.code == 0, resent.err
+    assert resent.json() == {
         "sink_id": SINK,
-        "replayed": [
-            {"epoch": 0, "points_sent": 10, "points_rejected": 0},
-            {"epoch": 1, "points_sent": 10, "points_rejected": 0},
-            {"epoch": 2, "points_sent": 10, "points_rejected": 1},
-            {"epoch": 3, "points_sent": 10, "points_rejected": 0},
+        "resent": [
+            {"sink_id": SINK, "epoch": 0, "points_sent": 10, "points_rejected": 0},
+            {"sink_id": SINK, "epoch": 1, "points_sent": 10, "points_rejected": 0},
+            {"sink_id": SINK, "epoch": 2, "points_sent": 10, "points_rejected": 1},
+            {"sink_id": SINK, "epoch": 3, "points_sent": 10, "points_rejected": 0},
         ],
         "skipped_aborted": [],
         "skipped_purged": [],
     }
-    assert "replay: 41/41 points (100%)" in replayed.err
+    assert "resend: 41/41 points (100%)" in resent.err
     sink_t = [r for r in committed if ("host", "t") in r[1]]
     assert influx_rows(tp.config.influx, M) == [r for r in committed if r not in sink_t]
     assert cli.run("verify", "--sink", SINK).code == 0
     events = sql(
-        cli.staging_url, "SELECT count(*) FROM twophase_epoch_events WHERE event = 'replayed'"
+        cli.staging_url, "SELECT count(*) FROM twophase_epoch_events WHERE event = 'resent'"
     )
     assert events == [(4,)]
 
 
-def test_replay_refuses_what_it_cannot_resend(tp: Any, cli: Cli, staging_url: str) -> None:
+def test_resend_refuses_what_it_cannot_send(tp: Any, cli: Cli, staging_url: str) -> None:
     known_store(tp)
     make_idle(staging_url)
-    pending = cli("replay", "--sink", SINK, "--from", "2")
+    pending = cli("resend", "--sink", SINK, "--from", "2")
     assert pending.code == 1 and "epoch 3 is PRECOMMITTED" in pending.one_line_error()
-    assert cli("replay", "--sink", SINK).code == 2  # no epochs chosen
-    assert cli("replay", "--sink", SINK, "--epoch", "7").code == 2
-    live = cli("replay", "--sink", "t", "--all")
+    assert cli("resend", "--sink", SINK).code == 2  # no epochs chosen
+    assert cli("resend", "--sink", SINK, "--epoch", "7").code == 2
+    live = cli("resend", "--sink", "t", "--all")
     assert live.code == 1 and "owned by run r9" in live.one_line_error()
 
     sql(staging_url, "UPDATE twophase_epochs SET purged_at = now() WHERE epoch IN (0, 1)")
-    purged = cli("replay", "--sink", SINK, "--from", "0", "--to", "2")
+    purged = cli("resend", "--sink", SINK, "--from", "0", "--to", "2")
     assert purged.code == 1
     assert "epochs 0-1 are past retention" in purged.one_line_error()
-    assert sql(staging_url, "SELECT count(*) FROM twophase_epoch_events WHERE event = 'replayed'")[
+    assert sql(staging_url, "SELECT count(*) FROM twophase_epoch_events WHERE event = 'resent'")[
         0
     ] == (0,)
-    older = cli("replay", "--sink", SINK, "--epoch", "2")
+    older = cli("resend", "--sink", SINK, "--epoch", "2")
     assert older.code == 0, older.err
     assert "not re-sent" not in older.err  # epoch 3 is not COMMITTED: nothing later
 
@@ -198,7 +198,7 @@ def test_verify_reports_changed_and_extra_points(tp: Any, cli: Cli) -> None:
     config = tp.config.influx
     base = 1_700_000_000_000_000_000
     body = f"{M},host=a,n=1 v=99 {base + 1}\n{M},host=a,n=1 v=5 {base + 2 * 10**12 + 2}"
-    tp.promoter._sender.send(body.splitlines())
+    tp.promoter._sender.send(body.encode(), 2, body.splitlines)
     result = cli("verify", "--sink", SINK, "--json")
     assert result.code == 1
     (diff,) = result.json()["differences"]
@@ -226,12 +226,12 @@ def test_verify_of_an_old_epoch_accounts_for_later_rewrites(tp: Any, cli: Cli) -
     tp.committer.commit(lease, 1, stage(tp, SINK, 1, [lines(0, 3, value_offset=0.5)]))
     assert cli("verify", "--sink", SINK, "--epoch", "0").code == 0
     assert cli("verify", "--sink", SINK).code == 0
-    replay_old = cli("replay", "--sink", SINK, "--epoch", "0", "--force")
-    assert replay_old.code == 0
-    assert "epochs after 0 (up to 1) are not re-sent" in replay_old.err
+    resend_old = cli("resend", "--sink", SINK, "--epoch", "0", "--force")
+    assert resend_old.code == 0
+    assert "epochs after 0 (up to 1) are not re-sent" in resend_old.err
     stale = cli("verify", "--sink", SINK, "--epoch", "0", "--json").json()
     assert sum(d["different"] for d in stale["differences"]) == 3
-    assert cli("replay", "--sink", SINK, "--from", "0", "--force").code == 0
+    assert cli("resend", "--sink", SINK, "--from", "0", "--force").code == 0
     assert cli("verify", "--sink", SINK, "--epoch", "0").code == 0
 
 

@@ -21,7 +21,7 @@ from tests.integration.cli_helpers import (
 from tests.integration.test_protocol import lines, stage
 from tests.support import REPO
 from twophase.config import InfluxConfig
-from twophase.schema import COMMITTED
+from twophase.model import EpochState
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_reset_is_the_way_out_of_a_checkpoint_reset(tp: Any, cli: Cli, staging_u
     # the reset checkpoint's new query starts again at epoch 0
     lease = tp.ledger.begin_run(SINK, "r5", "q-new")
     outcome = tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 2, host="z")]))
-    assert (outcome.state, outcome.replay) == (COMMITTED, False)
+    assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
     assert cli("reset", "--sink", "nope", "--yes").code == 2
 
 
@@ -170,8 +170,8 @@ def test_gc_dry_run_then_for_real(cli: Cli, staging_url: str) -> None:
     )
     assert "gc: 1/1 sinks s (100%)" in done.err
     assert state(staging_url, 3) == "PRECOMMITTED"  # never purged: not delivered yet
-    replay = cli("replay", "--sink", SINK, "--epoch", "1")
-    assert replay.code == 1 and "epoch 1 is past retention" in replay.one_line_error()
+    resend = cli("resend", "--sink", SINK, "--epoch", "1")
+    assert resend.code == 1 and "epoch 1 is past retention" in resend.one_line_error()
     bad = cli("gc", "--retention", "7x")
     assert bad.code == 2
     assert "argument --retention: '7x' is not a duration" in bad.one_line_error()

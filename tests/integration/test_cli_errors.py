@@ -33,7 +33,7 @@ def staging_only_env(cli: Cli) -> dict[str, str]:
         (["--staging-url", "mysql://u@h/db", "status"], 2, "--staging-url: must be a PostgreSQL"),
         (["--influx-api", "v9", "recover"], 2, "--influx-api: 'v9' is not one of v1, v2, auto"),
         (["status", "--sink", "ghost"], 2, "unknown sink 'ghost' (the store has no sinks)"),
-        (["replay", "--sink", "ghost", "--all"], 2, "unknown sink 'ghost'"),
+        (["resend", "--sink", "ghost", "--all"], 2, "unknown sink 'ghost'"),
         (["dead-letters", "--sink", "ghost"], 2, "unknown sink 'ghost'"),
         (["gc", "--sink", "ghost", "--dry-run"], 2, "unknown sink 'ghost'"),
     ],

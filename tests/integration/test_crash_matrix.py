@@ -28,6 +28,7 @@ from tests.support import (
     unique,
 )
 from twophase.config import InfluxConfig
+from twophase.faults import CRASH_POINTS
 
 EPOCHS = 4
 SINK = "crash-sink"
@@ -120,6 +121,10 @@ def staging_summary(url: str) -> dict[str, Any]:
             " points_rejected_promote FROM twophase_epochs ORDER BY epoch"
         )
         return {"epochs": states.fetchall()}
+
+
+def test_the_matrix_covers_every_named_crash_point() -> None:
+    assert {point for point, _, _ in CRASHES} == set(CRASH_POINTS)
 
 
 def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:

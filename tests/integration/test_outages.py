@@ -23,8 +23,8 @@ from tests.support import (
 )
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
-from twophase.influx import make_writer
-from twophase.schema import COMMITTED
+from twophase.influx.api import make_writer
+from twophase.model import EpochState
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_influx_down_during_promote_then_back(
         outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 1000)]))
         assert flaky.restarter is not None
         flaky.restarter.join()
-        assert outcome.state == COMMITTED
+        assert outcome.state == EpochState.COMMITTED
         assert influx_count(influx, M) == 1000
 
 
@@ -110,9 +110,12 @@ def test_postgres_restarted_between_epochs(
     assert alembic("upgrade", "head", url=url).returncode == 0
     with two_phase(staging_config_for(url), influx) as tp:
         lease = tp.ledger.begin_run("s", "r1", "q1")
-        assert tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)])).state == COMMITTED
+        assert (
+            tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)])).state
+            == EpochState.COMMITTED
+        )
         own_postgres.restart()
         outcome = tp.committer.commit(lease, 1, stage(tp, "s", 1, [lines(1, 10)]))
-        assert outcome.state == COMMITTED
+        assert outcome.state == EpochState.COMMITTED
         assert tp.ledger.pending("s") == []
     assert influx_count(influx, M) == 20

@@ -10,8 +10,7 @@ import pytest
 
 from tests.support import admin_conninfo, influx_count, influx_rows
 from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
-from twophase.schema import ABORTED, COMMITTED, PRECOMMITTED
-from twophase.staging import CommitMessage
+from twophase.model import CommitMessage, EpochState
 
 M = "proto"
 STAGED_POINTS = "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks"
@@ -78,7 +77,11 @@ def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
     assert influx_count(tp.config.influx, M) == 0  # phase 1 sends nothing
 
     decision = tp.ledger.decide(lease, 0, messages)
-    assert (decision.state, decision.replay, decision.points_staged) == (PRECOMMITTED, False, 30)
+    assert (decision.state, decision.replay, decision.points_staged) == (
+        EpochState.PRECOMMITTED,
+        False,
+        30,
+    )
     assert influx_count(tp.config.influx, M) == 0  # nor does the vote
 
     result = tp.promoter.promote(lease, 0)
@@ -86,7 +89,7 @@ def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
     assert influx_count(tp.config.influx, M) == 30
     row = epoch_row(staging_url, "s", 0)
     assert row | {"attempts": 1} == {
-        "state": COMMITTED,
+        "state": EpochState.COMMITTED,
         "staged": 30,
         "delivered": 30,
         "rejected_stage": 0,
@@ -101,7 +104,11 @@ def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
 def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url: str) -> None:
     lease = tp.ledger.begin_run("s", "r1", "q1")
     outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
-    assert (outcome.state, outcome.replay, outcome.promoted.delivered) == (COMMITTED, False, 5)
+    assert (outcome.state, outcome.replay, outcome.promoted.delivered) == (
+        EpochState.COMMITTED,
+        False,
+        5,
+    )
     events = scalar(
         staging_url, "SELECT string_agg(event, ',' ORDER BY id) FROM twophase_epoch_events"
     )
@@ -124,10 +131,10 @@ def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None
     chosen = stage(tp, "s", 0, [lines(0, 4)])
     failed_attempt = stage(tp, "s", 0, [lines(0, 4)], attempt=1)
     tp.ledger.decide(lease, 0, chosen)
-    removed = tp.stager.discard([m.write_id for m in chosen + failed_attempt])
+    removed = tp.gc.discard([m.write_id for m in chosen + failed_attempt])
     assert removed == 1
     assert scalar(staging_url, STAGED_POINTS) == 4
-    assert tp.stager.discard([m.write_id for m in failed_attempt]) == 0  # idempotent
+    assert tp.gc.discard([m.write_id for m in failed_attempt]) == 0  # idempotent
     tp.promoter.promote(lease, 0)
     assert influx_count(tp.config.influx, M) == 4
 
@@ -141,7 +148,7 @@ def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: 
     lease2 = tp.ledger.begin_run("s", "r2", "q1")  # restart from the same checkpoint
     replay = stage(tp, "s", 0, [lines(0, 12, value_offset=100)], run="r2")
     outcome = tp.committer.commit(lease2, 0, replay)
-    assert (outcome.state, outcome.replay, outcome.promoted) == (COMMITTED, True, None)
+    assert (outcome.state, outcome.replay, outcome.promoted) == (EpochState.COMMITTED, True, None)
     assert influx_rows(tp.config.influx, M) == before
     assert epoch_row(staging_url, "s", 0)["replays"] == 1
     assert scalar(staging_url, "SELECT replays_detected FROM twophase_sinks") == 1
@@ -163,7 +170,7 @@ def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) ->
     lease2 = tp.ledger.begin_run("s", "r2", "q1")
     outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 3, 7.5)], run="r2"))
     assert outcome.recovered == (0,)
-    assert outcome.replay and outcome.state == COMMITTED
+    assert outcome.replay and outcome.state == EpochState.COMMITTED
     got = influx_rows(tp.config.influx, M)
     assert len(got) == 10
     assert sorted(dict(r[2])["v"] for r in got) == [float(i) for i in range(10)]
@@ -202,7 +209,7 @@ def test_newer_run_fences_older_run(tp: Any, staging_url: str) -> None:
         tp.promoter.promote(zombie, 0)
     assert influx_count(tp.config.influx, M) == 0
     assert scalar(staging_url, "SELECT count(*) FROM twophase_epochs WHERE epoch = 1") == 0
-    assert epoch_row(staging_url, "s", 0)["state"] == PRECOMMITTED
+    assert epoch_row(staging_url, "s", 0)["state"] == EpochState.PRECOMMITTED
     tp.committer.recover(fresh)
     assert influx_count(tp.config.influx, M) == 3
 
@@ -220,7 +227,7 @@ def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: Any) -> None:
     tp.ledger.reset("s")
     lease2 = tp.ledger.begin_run("s", "r2", "q2")
     outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 2, 50, host="b")]))
-    assert (outcome.state, outcome.replay) == (COMMITTED, False)
+    assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
 
 
 def test_unknown_epoch_below_last_is_refused(tp: Any) -> None:
@@ -241,7 +248,7 @@ def test_operator_abort(tp: Any, staging_url: str) -> None:
     lease = tp.ledger.begin_run("s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     tp.ledger.abort("s", 0, "bad data upstream")
-    assert epoch_row(staging_url, "s", 0)["state"] == ABORTED
+    assert epoch_row(staging_url, "s", 0)["state"] == EpochState.ABORTED
     assert tp.ledger.pending("s") == []
     with pytest.raises(StateError):
         tp.ledger.mark_committed(lease, 0, 3, 0)
@@ -249,7 +256,7 @@ def test_operator_abort(tp: Any, staging_url: str) -> None:
         tp.ledger.abort("s", 0, "twice")
     # a replay of the aborted epoch is detected and not sent
     outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
-    assert (outcome.state, outcome.replay) == (ABORTED, True)
+    assert (outcome.state, outcome.replay) == (EpochState.ABORTED, True)
     assert influx_count(tp.config.influx, M) == 0
 
 
@@ -285,7 +292,7 @@ def test_changed_staged_points_are_detected_before_commit(
         conn.execute(tamper)
     with pytest.raises(PermanentError, match=error):
         tp.promoter.promote(lease, 0)
-    assert epoch_row(staging_url, "s", 0)["state"] == PRECOMMITTED
+    assert epoch_row(staging_url, "s", 0)["state"] == EpochState.PRECOMMITTED
 
 
 def test_promotion_is_repeatable(tp: Any) -> None:

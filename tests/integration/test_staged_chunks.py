@@ -4,6 +4,7 @@ chunk, and migration 0002 moving one-row-per-point data into chunks and back."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -22,10 +23,18 @@ from tests.support import (
 )
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.db import Database
+from twophase.model import EpochPlan, LineChecksum, WriteRef
 from twophase.points import Rejected
-from twophase.staging import LineChecksum, StagedReader, Stager
+from twophase.reader import StagedReader
+from twophase.staging import Stager
 
 M = "proto"
+
+
+def write_lines(reader: StagedReader, write_id: str) -> list[tuple[int, str]]:
+    """(seq, line) of one write, read back as promotion reads it."""
+    plan = EpochPlan("s", 0, (WriteRef(write_id, 0, ""),))
+    return [(seq, line) for _, seq, line in reader.lines(plan)]
 
 
 def chunk_rows(url: str) -> list[tuple[int, int, int]]:
@@ -42,7 +51,7 @@ def test_a_large_write_is_staged_in_chunks_and_promoted_whole(tp: Any, staging_u
     points = lines(0, 12_001)
     (message,) = stage(tp, "s", 0, [points])
     assert chunk_rows(staging_url) == [(0, 0, 5000), (1, 5000, 5000), (2, 10000, 2001)]
-    assert list(tp.reader.lines(message.write_id)) == list(enumerate(points))
+    assert write_lines(tp.reader, message.write_id) == list(enumerate(points))
     tp.committer.commit(lease, 0, [message])
     assert epoch_row(staging_url, "s", 0)["delivered"] == 12_001
     assert len(influx_rows(tp.config.influx, M)) == 12_001
@@ -56,12 +65,12 @@ def test_chunks_are_cut_by_characters_and_rows_rejected_at_conversion_take_no_se
     long_line = f'{M},host=big v="{"x" * 300}" 1700000000000000099'
     items: list[str | Rejected] = [*lines(0, 4), Rejected(4, "no time", "{}"), long_line]
     items += [*lines(1, 3), Rejected(9, "bad tag", "{}")]
-    stager = Stager(tp.db, chunk_points=3, chunk_chars=250)
+    stager = Stager(tp.db, replace(staging, chunk_points=3, chunk_chars=250))
     message = stager.stage("s", 0, items)
     assert (message.points, message.rejected) == (8, 2)
     assert chunk_rows(staging_url) == [(0, 0, 3), (1, 3, 1), (2, 4, 1), (3, 5, 3)]
     staged = [line for line in items if isinstance(line, str)]
-    assert list(tp.reader.lines(message.write_id)) == list(enumerate(staged))
+    assert write_lines(tp.reader, message.write_id) == list(enumerate(staged))
     digest = LineChecksum()
     for line in staged:
         digest.add(line)
@@ -199,7 +208,7 @@ def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
     """30 writes (empty ones, multi-chunk ones): chunks come back write by write in the
     plan's order and seq by seq, so promotion sends the same sequence every time."""
     lease = tp.ledger.begin_run("s", "r1", "q1")
-    stager = Stager(tp.db, chunk_points=4)
+    stager = Stager(tp.db, replace(tp.config.staging, chunk_points=4))
     parts = [lines(0, 60)[i::30][: i % 7] for i in range(30)]
     messages = [stager.stage("s", 0, part, partition_id=i) for i, part in enumerate(parts)]
     tp.ledger.decide(lease, 0, messages)
@@ -237,7 +246,7 @@ def test_migration_keeps_the_bounds_of_lines_holding_newlines(db_at_0001: str) -
     assert layout == [(3, True), (4, False)]  # bounds kept only where needed
     db = Database(staging_config_for(db_at_0001))
     try:
-        assert [line for _, line in StagedReader(db).lines(write_ids[0])] == odd
+        assert [line for _, line in write_lines(StagedReader(db), write_ids[0])] == odd
     finally:
         db.close()
     assert alembic("downgrade", "0001_initial", url=db_at_0001).returncode == 0

@@ -26,26 +26,21 @@ import urllib3
 
 from tests.integration.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_until
 from tests.support import create_influx_database, drop_influx_database
+from tests.unit.test_sender import LineSender
 from twophase.config import InfluxConfig, Secret
 from twophase.errors import (
     ConfigError,
     InfluxAuthError,
     InfluxNotFoundError,
     InfluxUnavailableError,
-)
-from twophase.influx import (
-    AutoWriter,
     TransientWriteError,
-    V1Writer,
-    V2Writer,
-    make_writer,
-    query_v1,
-    resolve_api,
 )
-from twophase.sender import BatchSender, RetryEvent, RetryPolicy
+from twophase.influx.api import AutoWriter, make_writer, resolve_api
+from twophase.influx.query import query_v1
+from twophase.influx.writers import V1Writer, V2Writer
+from twophase.sender import BatchSender, RetryEvent
 
 T0 = 1_700_000_000_000_000_000
-FAST = RetryPolicy(initial_s=0.05, max_s=0.5, deadline_s=30)
 
 
 def points(n: int, measurement: str = "m", start: int = T0) -> list[str]:
@@ -59,10 +54,16 @@ def values(config: InfluxConfig) -> list[list[Any]]:
 
 
 def sender(
-    writer: Any, policy: RetryPolicy = FAST, events: list[RetryEvent] | None = None, **kwargs: Any
-) -> BatchSender:
+    writer: Any,
+    deadline_s: float = 30,
+    events: list[RetryEvent] | None = None,
+    max_points: int = 5000,
+) -> LineSender:
+    """Fast retries; lines in batches of ``max_points`` (see LineSender)."""
     callback = events.append if events is not None else None
-    return BatchSender(writer, policy, on_attempt_failed=callback, **kwargs)
+    retry = {"retry_initial_s": 0.05, "retry_max_s": 0.5, "retry_deadline_s": deadline_s}
+    config = InfluxConfig(url="http://unused", **retry)
+    return LineSender(BatchSender(writer, config, on_attempt_failed=callback), max_points)
 
 
 @pytest.fixture
@@ -381,10 +382,9 @@ def test_fault_for_two_seconds_then_exactly_once(
 
 def test_stall_beyond_the_deadline_is_unavailable(proxy: FaultProxy, influx: InfluxConfig) -> None:
     proxy.set_mode(STALL)
-    policy = RetryPolicy(initial_s=0.05, max_s=0.5, deadline_s=2.0)
     started = time.monotonic()
     with pytest.raises(InfluxUnavailableError) as caught:
-        sender(_through(proxy, influx, timeout_s=0.5), policy).send(points(5))
+        sender(_through(proxy, influx, timeout_s=0.5), deadline_s=2.0).send(points(5))
     elapsed = time.monotonic() - started
     assert 2.0 <= elapsed < 2.0 + 0.5 + 2.0  # the deadline plus at most one request timeout
     assert "timed out" in str(caught.value) and not isinstance(caught.value, TransientWriteError)

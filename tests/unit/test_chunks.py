@@ -14,10 +14,10 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
-from twophase.committer import Promoter
+from twophase.config import InfluxConfig
 from twophase.errors import PermanentError
-from twophase.ledger import EpochPlan, WriteRef
-from twophase.staging import DeadLetter, LineChecksum, StagedChunk
+from twophase.model import DeadLetter, EpochPlan, LineChecksum, StagedChunk, WriteRef
+from twophase.promoter import Promoter
 
 # --- StagedChunk ----------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ def test_chunk_whose_lines_do_not_fit_its_body_is_refused(
 
 
 class FakeReader:
-    """StagedReader's two calls the promoter makes, over chunks held in memory."""
+    """The promoter's reader (chunks held in memory) and its dead-letter log in one."""
 
     def __init__(self, chunks: dict[str, list[StagedChunk]]) -> None:
         self._chunks = chunks
@@ -86,7 +86,7 @@ class FakeReader:
             for chunk in self._chunks[write_id]:
                 yield index, chunk
 
-    def add_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+    def record(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:
             self.letters.setdefault((letter.write_id, letter.seq), letter)
 
@@ -104,7 +104,7 @@ def staged(writes: list[list[str]], chunk_points: int) -> tuple[EpochPlan, FakeR
             StagedChunk.of_lines(write_id, start, lines[start : start + chunk_points])
             for start in range(0, len(lines), chunk_points)
         ]
-    plan = EpochPlan("s", 3, tuple(refs), sum(len(w) for w in writes))
+    plan = EpochPlan("s", 3, tuple(refs))
     return plan, FakeReader(chunks)
 
 
@@ -114,8 +114,9 @@ def bad_if_marked(line: str) -> str | None:
 
 def promoter_for(reader: FakeReader, influx: FakeInflux, clock: FakeClock, points: int,
                  size: int) -> Promoter:  # fmt: skip
-    sender = make_sender(influx, clock, max_points=points, max_bytes=size)
-    return Promoter(None, reader, sender, points, size)  # type: ignore[arg-type]
+    sender = make_sender(influx, clock).sender
+    config = InfluxConfig(url="http://fake", batch_points=points, batch_bytes=size)
+    return Promoter(None, reader, sender, reader, config)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -8,8 +8,9 @@ import string
 import pytest
 from influxdb_client import Point
 
+from twophase.errors import LineProtocolError
+from twophase.lineproto import ParsedPoint, parse_line
 from twophase.points import PointBuilder, PointSpec
-from twophase.verify import LineProtocolError, ParsedPoint, parse_line
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,13 @@ from typing import Any
 import pytest
 
 from twophase.cli import build_parser, main
-from twophase.cli_store import _export_format
-from twophase.cli_support import Progress, UsageError, age, cell, selection_of, size, table
-from twophase.inspect import EpochRange, compact_ranges, epochs_are
+from twophase.cli.commands import selection_of
+from twophase.cli.console import ProgressBar
+from twophase.cli.render import cell, size, table
+from twophase.errors import UsageError
+from twophase.operations.store import export_format
+from twophase.text import age, compact_ranges, epochs_are
+from twophase.views import EpochRange
 
 
 class Clock:
@@ -61,7 +65,7 @@ def test_compact_ranges_and_epochs_are() -> None:
 
 def test_progress_off_a_terminal_prints_plain_lines_now_and_then() -> None:
     out, clock = io.StringIO(), Clock()
-    bar = Progress(out, "replay", 100, "points", tty=False, interval=2.0, clock=clock)
+    bar = ProgressBar(out, "resend", 100, "points", tty=False, interval=2.0, clock=clock)
     bar.update(10, "epoch 0")
     clock.now = 1.0
     bar.update(50)  # too soon: not shown
@@ -72,15 +76,15 @@ def test_progress_off_a_terminal_prints_plain_lines_now_and_then() -> None:
     bar.update(100)  # too soon
     bar.finish()  # the last state is always shown once
     assert out.getvalue().splitlines() == [
-        "replay: 10/100 points epoch 0 (10%)",
-        "replay: 60/100 points (60%)",
-        "replay: 100/100 points (100%)",
+        "resend: 10/100 points epoch 0 (10%)",
+        "resend: 60/100 points (60%)",
+        "resend: 100/100 points (100%)",
     ]
 
 
 def test_progress_on_a_terminal_redraws_one_line() -> None:
     out, clock = io.StringIO(), Clock()
-    bar = Progress(out, "gc", 4, "sinks", tty=True, clock=clock)
+    bar = ProgressBar(out, "gc", 4, "sinks", tty=True, clock=clock)
     bar.update(1)
     clock.now = 1.0
     bar.update(4)
@@ -88,7 +92,7 @@ def test_progress_on_a_terminal_redraws_one_line() -> None:
     frames = out.getvalue().split("\r")[1:]
     assert frames[0] == "gc [######" + "." * 18 + "]  25% 1/4 sinks\x1b[K"
     assert out.getvalue().endswith("100% 4/4 sinks\x1b[K\n")
-    assert Progress(io.StringIO(), "x", 0, "u", tty=False).finish() is None  # total 0: no crash
+    assert ProgressBar(io.StringIO(), "x", 0, "u", tty=False).finish() is None  # total 0: no crash
 
 
 def parse(*argv: str) -> Any:
@@ -112,7 +116,7 @@ def test_global_flags_before_or_after_the_command() -> None:
         (["gc", "--retention", "7x"], "twophase gc: error: argument --retention: '7x' is not a"),
         (["epochs", "--sink", "s", "--epoch", "x"], "argument --epoch: 'x' is not an epoch"),
         (["abort", "--sink", "s"], "the following arguments are required: --epoch"),
-        (["replay", "--sink", "s", "--all", "--epoch", "1"], "cannot be combined"),
+        (["resend", "--sink", "s", "--all", "--epoch", "1"], "cannot be combined"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(
@@ -139,7 +143,7 @@ def testselection_of() -> None:
 
 
 def test_export_format_by_extension() -> None:
-    assert _export_format("x.CSV") == "csv"
-    assert _export_format("dir/x.ndjson") == "jsonl"
+    assert export_format("x.CSV") == "csv"
+    assert export_format("dir/x.ndjson") == "jsonl"
     with pytest.raises(UsageError, match="--export"):
-        _export_format("x.txt")
+        export_format("x.txt")

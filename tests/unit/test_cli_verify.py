@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from twophase.errors import StateError
-from twophase.inspect import EpochInfo
-from twophase.replay import plan_replay
+from twophase.resend import plan_resend
 from twophase.verify import (
     Expected,
     Window,
@@ -24,6 +23,7 @@ from twophase.verify import (
     window_query,
     windows,
 )
+from twophase.views import EpochInfo
 
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
 A: Any = ("m", (("host", "a"),))
@@ -148,8 +148,8 @@ def test_choose_epochs_for_verify() -> None:
         choose_epochs("s", [epoch(0, purged=True)])
 
 
-def test_plan_replay() -> None:
-    plan = plan_replay("s", [epoch(0, purged=True), epoch(1), epoch(2, "ABORTED"), epoch(3)], True)
+def test_plan_resend() -> None:
+    plan = plan_resend("s", [epoch(0, purged=True), epoch(1), epoch(2, "ABORTED"), epoch(3)], True)
     assert (plan.epochs, plan.points, plan.skipped_aborted, plan.skipped_purged) == (
         (1, 3),
         20,
@@ -157,8 +157,8 @@ def test_plan_replay() -> None:
         (0,),
     )
     with pytest.raises(StateError, match=r"epochs 0-1 are past retention"):
-        plan_replay("s", [epoch(0, purged=True), epoch(1, purged=True), epoch(2)], False)
+        plan_resend("s", [epoch(0, purged=True), epoch(1, purged=True), epoch(2)], False)
     with pytest.raises(StateError, match="epoch 4 is PRECOMMITTED"):
-        plan_replay("s", [epoch(3), epoch(4, "PRECOMMITTED")], True)
+        plan_resend("s", [epoch(3), epoch(4, "PRECOMMITTED")], True)
     with pytest.raises(StateError, match=r"no COMMITTED epoch to re-send \(aborted: 2\)"):
-        plan_replay("s", [epoch(2, "ABORTED")], False)
+        plan_resend("s", [epoch(2, "ABORTED")], False)

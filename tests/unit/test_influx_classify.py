@@ -21,29 +21,27 @@ from urllib3.exceptions import NewConnectionError, ProtocolError, ReadTimeoutErr
 
 from twophase.config import InfluxConfig, Secret
 from twophase.errors import (
+    BadPointsError,
+    BatchTooLargeError,
     ConfigError,
     InfluxAuthError,
     InfluxNotFoundError,
     InfluxRequestError,
     InfluxUnavailableError,
     RetryableError,
+    TransientWriteError,
     TwoPhaseError,
 )
-from twophase.influx import (
-    BadPointsError,
-    BatchTooLargeError,
+from twophase.influx.api import make_writer, resolve_api
+from twophase.influx.classify import (
     Target,
-    TransientWriteError,
-    V1Writer,
-    V2Writer,
     classify_status,
-    make_writer,
     parse_retry_after,
-    query_v1,
-    resolve_api,
     server_message,
     transport_error,
 )
+from twophase.influx.query import query_v1
+from twophase.influx.writers import V1Writer, V2Writer
 
 V1 = Target("v1", "http://influx:8086", database="metrics", username="writer")
 V2 = Target("v2", "http://influx:8086", bucket="metrics", org="acme")

@@ -20,14 +20,13 @@ import pandas as pd
 import pytest
 from influxdb_client import Point, WritePrecision
 
-from twophase.errors import ConfigError, TwoPhaseError
+from twophase.errors import ConfigError, PointError, TwoPhaseError
 from twophase.points import (
     MAX_PAYLOAD_BYTES,
     MAX_SERIES_KEY_BYTES,
     MAX_TIME_NS,
     MIN_TIME_NS,
     PointBuilder,
-    PointError,
     PointSpec,
     Rejected,
     row_payload,

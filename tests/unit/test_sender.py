@@ -8,10 +8,17 @@ from collections.abc import Callable
 
 import pytest
 
+from twophase.batching import batches
 from twophase.config import InfluxConfig
-from twophase.errors import InfluxAuthError, InfluxNotFoundError, InfluxUnavailableError
-from twophase.influx import BadPointsError, BatchTooLargeError, TransientWriteError
-from twophase.sender import BatchSender, RetryEvent, RetryPolicy, batches
+from twophase.errors import (
+    BadPointsError,
+    BatchTooLargeError,
+    InfluxAuthError,
+    InfluxNotFoundError,
+    InfluxUnavailableError,
+    TransientWriteError,
+)
+from twophase.sender import BatchSender, RetryEvent, RetryPolicy
 
 
 class FakeClock:
@@ -70,11 +77,44 @@ class FakeInflux:
         pass
 
 
+class LineSender:
+    """Lines sent the simple way over a BatchSender: in order, in batches of at most
+    ``max_points`` lines and ``max_bytes`` bytes, each batch one body; rejections are
+    indexes into ``lines``."""
+
+    def __init__(self, sender: BatchSender, max_points: int = 5000, max_bytes: int = 4 << 20):
+        self.sender, self.max_points, self.max_bytes = sender, max_points, max_bytes
+
+    def send(self, lines: list[str]) -> list[tuple[int, str]]:
+        encoded = [line.encode() for line in lines]
+        rejected: list[tuple[int, str]] = []
+        for batch in batches(
+            range(len(lines)), self.max_points, self.max_bytes, lambda i: len(encoded[i]) + 1
+        ):
+            body = b"\n".join(encoded[i] for i in batch)
+            part = [lines[i] for i in batch]
+            sent = self.sender.send(body, len(batch), lambda part=part: part)  # type: ignore[misc]
+            rejected += [(batch[0] + i, reason) for i, reason in sent]
+        return rejected
+
+
+def fake_config(deadline_s: float = 60.0) -> InfluxConfig:
+    return InfluxConfig(
+        url="http://fake", retry_initial_s=0.5, retry_max_s=4.0, retry_deadline_s=deadline_s
+    )
+
+
 def make_sender(
-    writer: FakeInflux, clock: FakeClock, deadline_s: float = 60.0, **kwargs: object
-) -> BatchSender:
-    policy = RetryPolicy(initial_s=0.5, max_s=4.0, deadline_s=deadline_s)
-    return BatchSender(writer, policy, sleep=clock.sleep, clock=clock, **kwargs)  # type: ignore[arg-type]
+    writer: FakeInflux,
+    clock: FakeClock,
+    deadline_s: float = 60.0,
+    max_points: int = 5000,
+    max_bytes: int = 4 << 20,
+    **kwargs: object,
+) -> LineSender:
+    config = fake_config(deadline_s)
+    sender = BatchSender(writer, config, sleep=clock.sleep, clock=clock, **kwargs)  # type: ignore[arg-type]
+    return LineSender(sender, max_points, max_bytes)
 
 
 def lines_of(n: int) -> list[str]:
@@ -118,9 +158,9 @@ def test_policy_from_config_and_validation() -> None:
     config = InfluxConfig(url="http://x", retry_initial_s=0.2, retry_max_s=9, retry_deadline_s=42)
     assert RetryPolicy.from_config(config) == RetryPolicy(0.2, 9, 42)
     with pytest.raises(ValueError):
-        RetryPolicy(jitter=1.5)
+        RetryPolicy(0.5, 30, 300, jitter=1.5)
     with pytest.raises(ValueError):
-        RetryPolicy(initial_s=-1)
+        RetryPolicy(initial_s=-1, max_s=30, deadline_s=300)
 
 
 # --- batches() ------------------------------------------------------------------------
@@ -320,19 +360,20 @@ def test_empty_input_sends_nothing() -> None:
     assert writer.bodies == []
 
 
-def test_from_config_uses_the_batch_limits() -> None:
+def test_the_retry_policy_comes_from_the_config() -> None:
     clock = FakeClock()
-    writer = FakeInflux(clock)
-    config = InfluxConfig(url="http://x", batch_points=4)
-    sender = BatchSender.from_config(writer, config, sleep=clock.sleep, clock=clock)
-    assert sender.send(lines_of(10)) == []
-    assert [len(b) for b in writer.bodies] == [4, 4, 2]
+    writer = FakeInflux(clock, fail=lambda _n, _l: TransientWriteError("refused"))
+    config = fake_config(deadline_s=7)
+    sender = BatchSender(writer, config, sleep=clock.sleep, clock=clock)
+    with pytest.raises(InfluxUnavailableError, match="7s without progress"):
+        sender.send(b"m v=1i 1", 1, lambda: ["m v=1i 1"])
+    assert clock.sleeps and max(clock.sleeps) <= config.retry_max_s
 
 
-# --- send_joined: a body already joined (staged chunks) ----------------------------------
+# --- send: a body already joined (staged chunks) ----------------------------------
 
 
-def test_send_joined_sends_the_body_as_it_is() -> None:
+def test_send_sends_the_body_as_it_is() -> None:
     clock = FakeClock()
     influx = FakeInflux(clock)
     lines = lines_of(7)
@@ -343,23 +384,23 @@ def test_send_joined_sends_the_body_as_it_is() -> None:
         return lines
 
     sender = make_sender(influx, clock)
-    assert sender.send_joined("\n".join(lines).encode(), len(lines), split) == []
+    assert sender.sender.send("\n".join(lines).encode(), len(lines), split) == []
     assert influx.bodies == [lines] and asked == []  # no per-line work on success
 
 
-def test_send_joined_bisects_a_refused_body_like_send() -> None:
+def test_send_bisects_a_refused_body() -> None:
     clock = FakeClock()
     lines = lines_of(9)
     lines[4] = "m bad=1 1"
     influx = FakeInflux(clock, bad=lambda x: "bad field" if "bad" in x else None)
-    rejected = make_sender(influx, clock).send_joined(
+    rejected = make_sender(influx, clock).sender.send(
         "\n".join(lines).encode(), len(lines), lambda: lines
     )
     assert rejected == [(4, "partial write: bad field")]
     assert set(influx.stored) == set(lines) - {lines[4]}
 
 
-def test_send_joined_retries_then_splits_a_body_too_large() -> None:
+def test_send_retries_then_splits_a_body_too_large() -> None:
     clock = FakeClock()
     influx = FakeInflux(
         clock,
@@ -367,5 +408,5 @@ def test_send_joined_retries_then_splits_a_body_too_large() -> None:
         max_lines=3,
     )
     lines = lines_of(8)
-    assert make_sender(influx, clock).send_joined("\n".join(lines).encode(), 8, lambda: lines) == []
+    assert make_sender(influx, clock).sender.send("\n".join(lines).encode(), 8, lambda: lines) == []
     assert set(influx.stored) == set(lines) and len(clock.sleeps) == 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twophase.ledger import Lease
+from twophase.model import Lease
 from twophase.spark.commit import claim
 from twophase.spark.foreach import foreach_batch_writer
 from twophase.spark.options import SinkOptions, parse_options

@@ -27,10 +27,9 @@ from collections.abc import Sequence
 
 from twophase.committer import CommitOutcome
 from twophase.errors import PermanentError, TwoPhaseError
-from twophase.ledger import Lease
+from twophase.model import CommitMessage, Lease
 from twophase.runtime import TwoPhase
 from twophase.spark.options import SinkOptions
-from twophase.staging import CommitMessage
 
 log = logging.getLogger("twophase.spark")
 
@@ -97,7 +96,7 @@ def abort_epoch(sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]
     if not write_ids:
         return 0
     try:
-        removed = two_phase(sink).stager.discard(write_ids)
+        removed = two_phase(sink).gc.discard(write_ids)
     except TwoPhaseError as exc:
         log.warning(
             "sink %s epoch %d: abort could not discard %d writes (GC will): %s",

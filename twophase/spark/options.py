@@ -39,17 +39,8 @@ MODES = (POINTS, DEAD_LETTERS)
 REASON_COLUMN = "reason"
 PAYLOAD_COLUMN = "payload"
 
-SINK_OPTIONS = (
-    "sink_id",
-    "mode",
-    "measurement",
-    "tags",
-    "fields",
-    "time",
-    "precision",
-    "null_fields",
-)
 POINT_OPTIONS = ("measurement", "tags", "fields", "time", "precision", "null_fields")
+SINK_OPTIONS = ("sink_id", "mode", *POINT_OPTIONS)
 # Spark passes its own writeStream options to every sink; they are not ours to judge.
 SPARK_OPTIONS = ("checkpointlocation", "path", "queryname")
 MAX_SINK_ID_LENGTH = 200

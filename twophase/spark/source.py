@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
 from twophase.errors import ConfigError, PermanentError
+from twophase.model import CommitMessage
 from twophase.spark.commit import abort_epoch, commit_epoch
 from twophase.spark.options import SinkOptions, check_schema, parse_options
 from twophase.spark.stage import current_task, stage_task
-from twophase.staging import CommitMessage
 
 try:  # PySpark 4.1+: Arrow record batches straight from the JVM
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter

@@ -19,9 +19,10 @@ from pyspark import TaskContext
 
 from twophase.db import shared_database
 from twophase.errors import PermanentError
+from twophase.model import CommitMessage
 from twophase.points import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
-from twophase.staging import CommitMessage, Stager
+from twophase.staging import Stager
 
 # Local properties Spark sets on every job of a streaming micro-batch.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -76,7 +77,8 @@ def stage_task(sink: SinkOptions, data: Iterable[Any], task: TaskIdentity) -> Co
     driver's vote needs. Staging errors propagate, failing the task, which
     Spark may retry.
     """
-    stager = Stager(shared_database(sink.staging_config()))
+    config = sink.staging_config()
+    stager = Stager(shared_database(config), config)
     return stager.stage(
         sink.sink_id,
         task.epoch,

@@ -1,0 +1,180 @@
+"""The operations API called directly (no CLI): it returns data, reports through hooks,
+and refuses what the CLI refuses. The CLI tests run the same operations through the
+installed script."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cli_helpers import OTHER, SINK, known_store, make_idle
+from tests.integration.test_protocol import lines
+from tests.support import influx_rows
+from twophase import operations as ops
+from twophase.errors import (
+    EpochRangeError,
+    RefusedError,
+    StateError,
+    UnknownSinkError,
+    UsageError,
+)
+from twophase.influx.query import query_v1
+from twophase.model import EpochState
+from twophase.operations import Guard, Hooks, Progress
+from twophase.resend import Resender, plan_resend
+from twophase.runtime import TwoPhase
+from twophase.verify import staged_lines
+from twophase.views import EpochRange, Views
+
+M = "proto"
+
+
+class Recorder:
+    """Hooks that remember what an operation reported, and answer its questions."""
+
+    def __init__(self, answer: bool = True) -> None:
+        self.progress: list[Progress] = []
+        self.warnings: list[str] = []
+        self.questions: list[str] = []
+        self.answer = answer
+
+    def confirm(self, question: str) -> None:
+        self.questions.append(question)
+        if not self.answer:
+            raise RefusedError("declined")
+
+    def hooks(self) -> Hooks:
+        return Hooks(self.progress.append, self.warnings.append, self.confirm)
+
+
+def test_status_and_epochs_return_data(tp: Any) -> None:
+    known_store(tp)
+    staging = tp.config.staging
+    rows = {s.sink_id: s for s in ops.status(staging)}
+    assert set(rows) == {SINK, OTHER}
+    s = rows[SINK]
+    assert (s.last_committed_epoch, s.precommitted_epochs, s.oldest_precommitted_epoch) == (2, 1, 3)
+    assert s.dead_letters == 2 and s.owner_live
+    listing = ops.epochs(staging, SINK)
+    assert [e.state for e in listing.epochs] == [EpochState.COMMITTED] * 3 + [
+        EpochState.PRECOMMITTED
+    ]
+    assert listing.events is None
+    one = ops.epochs(staging, SINK, EpochRange(3, 3))
+    assert [e.event for e in one.events or ()] == ["decided"]
+    with pytest.raises(UsageError):
+        ops.epochs(staging, SINK, EpochRange(0, 1), last=2)
+    with pytest.raises(UnknownSinkError):
+        ops.status(staging, "ghost")
+    with pytest.raises(EpochRangeError):
+        ops.epochs(staging, SINK, EpochRange(9, 9))
+
+
+def test_recover_refuses_a_live_owner_then_reports_progress_when_forced(tp: Any) -> None:
+    known_store(tp)
+    with pytest.raises(RefusedError, match="owned by run r1"):
+        ops.recover(tp.config, SINK)
+    seen = Recorder()
+    report = ops.recover(tp.config, SINK, Guard(force=True), seen.hooks())
+    assert [(r.epoch, r.delivered, r.rejected) for r in report.recovered] == [(3, 10, 0)]
+    assert seen.progress[-1] == Progress("recover", "points", 10, 10, f"{SINK}#3")
+    assert any("going ahead because of --force" in w for w in seen.warnings)
+    assert ops.recover(tp.config, SINK, Guard(force=True)).recovered == ()
+
+
+def test_verify_and_resend_after_a_loss(tp: Any, staging_url: str) -> None:
+    known_store(tp)
+    ops.recover(tp.config, SINK, Guard(force=True))
+    assert ops.verify(tp.config, SINK).ok
+    influx = tp.config.influx
+    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    lost = ops.verify(tp.config, SINK)
+    assert not lost.ok and sum(d.missing for d in lost.differences) == 40
+    make_idle(staging_url)
+    seen = Recorder()
+    report = ops.resend(tp.config, SINK, hooks=seen.hooks())
+    assert [(r.epoch, r.points_sent, r.points_rejected) for r in report.resent] == [
+        (0, 10, 0),
+        (1, 10, 0),
+        (2, 10, 1),
+        (3, 10, 0),
+    ]
+    assert seen.progress[-1].done == seen.progress[-1].total == 41
+    assert ops.verify(tp.config, SINK, EpochRange(0, 3)).ok
+
+
+def test_abort_asks_and_a_declined_question_changes_nothing(tp: Any, staging_url: str) -> None:
+    known_store(tp)
+    make_idle(staging_url)
+    staging = tp.config.staging
+    declined = Recorder(answer=False)
+    with pytest.raises(RefusedError):
+        ops.abort(staging, SINK, 3, "bad data", hooks=declined.hooks())
+    assert "Its 10 staged points are deleted" in declined.questions[0]
+    assert ops.epochs(staging, SINK, EpochRange(3, 3)).epochs[0].state == EpochState.PRECOMMITTED
+    done = ops.abort(staging, SINK, 3, "bad data", hooks=Recorder().hooks())
+    assert (done.state, done.points_discarded, done.reason) == (EpochState.ABORTED, 10, "bad data")
+
+
+def test_gc_reset_and_dead_letters(tp: Any, staging_url: str, tmp_path: Path) -> None:
+    known_store(tp)
+    staging = tp.config.staging
+    listing = ops.dead_letters(staging, SINK)
+    assert listing.total == 2 and {d.phase for d in listing.dead_letters} == {"stage", "promote"}
+    export = ops.export_dead_letters(staging, SINK, str(tmp_path / "dl.jsonl"))
+    rows = [json.loads(x) for x in (tmp_path / "dl.jsonl").read_text().splitlines()]
+    assert export.exported == 2 and {r["phase"] for r in rows} == {"stage", "promote"}
+    dry = ops.gc(staging, SINK, retention_s=0, dry_run=True)
+    assert (dry.total("epochs_purged"), dry.total("points_purged")) == (3, 31)
+    seen = Recorder()
+    done = ops.gc(staging, SINK, retention_s=0, hooks=seen.hooks())
+    assert done.total("epochs_purged") == 3 and len(seen.questions) == 1
+    with pytest.raises(StateError, match="run `twophase recover --sink s` before"):
+        ops.reset(staging, SINK)
+    ops.recover(tp.config, SINK, Guard(force=True))
+    make_idle(staging_url)
+    reset = ops.reset(staging, SINK, hooks=Recorder().hooks())
+    assert (reset.sink_id, reset.query_id, reset.epochs_forgotten) == (SINK, "q1", 4)
+
+
+def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> None:
+    """One function gives an epoch's writes in promotion order: promotion, an
+    operator's resend and verify's rebuilt state all read the same sequence. Two tasks
+    write the same point keys with different values: the write promoted last wins, the
+    same way every time."""
+    sent: list[list[str]] = []
+
+    class Recording:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def write(self, body: bytes) -> None:
+            sent[-1] += body.decode().split("\n")
+            self.inner.write(body)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    config = replace(tp.config, influx=replace(tp.config.influx, batch_points=7))
+    with TwoPhase.open(config, writer=Recording(tp.writer)) as parts:
+        lease = parts.ledger.begin_run(SINK, "r1", "q1")
+        # staged in the order 2, 0, 1; partitions 0 and 2 write the same keys
+        for_part = {0: lines(0, 12), 1: lines(1, 5), 2: lines(0, 12, value_offset=0.5)}
+        messages = [
+            parts.stager.stage(SINK, 0, for_part[p], partition_id=p, run_id="r1", query_id="q1")
+            for p in (2, 0, 1)
+        ]
+        sent.append([])
+        parts.committer.commit(lease, 0, messages)
+        sent.append([])
+        epochs = Views(parts.db).epochs(SINK)
+        Resender(parts.db, parts.promoter).resend(plan_resend(SINK, epochs, True), "test")
+        verified = list(staged_lines(parts.reader, parts.reader.plan(SINK, 0), set()))
+    assert sent[0] == sent[1] == verified == for_part[0] + for_part[1] + for_part[2]
+    values = {row[0]: dict(row[2])["v"] for row in influx_rows(tp.config.influx, M)}
+    base = 1_700_000_000_000_000_000  # lines(0, ...)'s first timestamp
+    assert [values[base + i] for i in range(12)] == [i + 0.5 for i in range(12)]

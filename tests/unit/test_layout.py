@@ -1,0 +1,99 @@
+"""The shape of the package: small modules and functions, one vocabulary, one source per
+setting, the design document true to the code, and a CLI that only parses, calls and
+renders."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from twophase.config import SETTINGS
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "twophase"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+DESIGN = (REPO / "docs" / "design.md").read_text()
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_modules_and_functions_are_small(path: Path) -> None:
+    text = path.read_text()
+    assert len(text.splitlines()) <= 450
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 50
+    ]
+    assert long == []
+
+
+def test_the_design_maps_every_module() -> None:
+    mapped = set(re.findall(r"^\| `([\w/]+\.py)` \|", DESIGN, flags=re.M))
+    assert mapped == {_name(path) for path in MODULES}
+
+
+def test_every_invariant_cited_is_defined_in_the_design() -> None:
+    defined = set(re.findall(r"^- \*\*(I\d)\*\*", DESIGN, flags=re.M))
+    assert defined == {f"I{n}" for n in range(1, 9)}
+    sources = [*MODULES, REPO / "README.md"]
+    cited = {i for path in sources for i in re.findall(r"\bI(\d)\b", path.read_text())}
+    assert {f"I{n}" for n in cited} <= defined
+
+
+@pytest.mark.parametrize("text", ["5000", "4 * 1024 * 1024"])
+def test_each_default_is_written_once(text: str) -> None:
+    found = [
+        f"{_name(path)}:{number}"
+        for path in MODULES
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(rf"(?<![\w.]){re.escape(text)}(?![\w.])", line)
+    ]
+    assert len(found) == 1, found
+
+
+def test_the_readme_lists_every_setting() -> None:
+    readme = (REPO / "README.md").read_text()
+    missing = [s.env for s in SETTINGS if f"`{s.env}`" not in readme]
+    assert missing == []
+
+
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|COPY)\b")
+_PROTOCOL = ("db", "ledger", "reader", "staging", "promoter", "committer", "gc", "runtime")
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "cli").glob("*.py")), ids=_name)
+def test_the_cli_holds_no_sql_and_no_protocol(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    assert not [s for s in strings if isinstance(s, str) and _SQL.search(s)]
+    imported = {
+        n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module is not None
+    }
+    assert not {m for m in imported if m.split(".")[-1] in _PROTOCOL and m.startswith("twophase")}
+
+
+_RESEND_PATH = ("resend.py", "operations/delivery.py", "cli/parser.py", "cli/commands.py")
+
+
+@pytest.mark.parametrize("name", _RESEND_PATH)
+def test_the_resend_path_never_says_replay(name: str) -> None:
+    """An operator's resend is never called a replay: where the word appears on the
+    resend path, it is to name Spark's replays."""
+    lines = (PACKAGE / name).read_text().splitlines()
+    assert [line for line in lines if "replay" in line.lower() and "Spark" not in line] == []
+
+
+def test_there_is_no_replay_command() -> None:
+    from twophase.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert "resend" in commands and "replay" not in commands

@@ -1,0 +1,146 @@
+"""One function per command: read the arguments, call the operation, render its result.
+
+No SQL and no protocol logic here: that is :mod:`twophase.operations`. Each
+function returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from twophase import operations as ops
+from twophase.cli import render
+from twophase.cli.console import Console
+from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config
+from twophase.config import load_staging_config as _load_staging
+from twophase.errors import UsageError
+from twophase.views import EpochRange
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def full_config(args: argparse.Namespace) -> TwoPhaseConfig:
+    return load_config(**{name: getattr(args, name) for name in CLI_FLAGS})
+
+
+def staging_config(args: argparse.Namespace) -> StagingConfig:
+    return _load_staging(staging_url=args.staging_url)
+
+
+def selection_of(args: argparse.Namespace) -> EpochRange | None:
+    """--epoch N or --from A / --to B; None when none of them was given."""
+    first, last = getattr(args, "first", None), getattr(args, "last_epoch", None)
+    if args.epoch is not None:
+        if first is not None or last is not None:
+            raise UsageError("--epoch cannot be combined with --from/--to")
+        return EpochRange(args.epoch, args.epoch)
+    if first is None and last is None:
+        return None
+    if first is not None and last is not None and first > last:
+        raise UsageError(f"--from {first} is after --to {last}")
+    return EpochRange(first, last)
+
+
+def cmd_status(con: Console) -> int:
+    rows = ops.status(staging_config(con.args), con.args.sink, con.args.live_window)
+    con.emit({"sinks": rows}, render.status_lines(rows))
+    return EXIT_OK
+
+
+def cmd_epochs(con: Console) -> int:
+    args = con.args
+    listing = ops.epochs(staging_config(args), args.sink, selection_of(args), args.last)
+    data = {"sink_id": listing.sink_id, "epochs": listing.epochs}
+    if listing.events is not None:
+        data["events"] = listing.events
+    con.emit(data, render.epoch_lines(listing))
+    return EXIT_OK
+
+
+def cmd_dead_letters(con: Console) -> int:
+    args = con.args
+    config = staging_config(args)
+    if args.export:
+        done = ops.export_dead_letters(config, args.sink, args.export, args.epoch)
+        lines = [f"exported {done.exported} dead letters of sink {args.sink!r} to {done.file}"]
+        con.emit(done, lines)
+        return EXIT_OK
+    listing = ops.dead_letters(config, args.sink, args.epoch, args.limit or None)
+    con.emit(listing, render.dead_letter_lines(args.sink, listing))
+    return EXIT_OK
+
+
+def cmd_abort(con: Console) -> int:
+    args = con.args
+    config = staging_config(args)
+    done = ops.abort(config, args.sink, args.epoch, args.reason, con.guard(), con.hooks())
+    line = (
+        f"aborted epoch {done.epoch} of sink {done.sink_id!r}: {done.points_discarded} staged "
+        f"points discarded ({done.reason})"
+    )
+    con.emit(done, [line])
+    return EXIT_OK
+
+
+def cmd_gc(con: Console) -> int:
+    args = con.args
+    try:
+        summary = ops.gc(
+            staging_config(args),
+            args.sink,
+            args.retention,
+            args.orphan_grace,
+            args.dry_run,
+            con.hooks(),
+        )
+    finally:
+        con.finish_progress()
+    totals = {k: summary.total(k) for k in ("epochs_purged", "points_purged", "orphan_writes")}
+    con.emit(asdict(summary) | totals, render.gc_lines(summary))
+    return EXIT_OK
+
+
+def cmd_reset(con: Console) -> int:
+    args = con.args
+    done = ops.reset(staging_config(args), args.sink, con.guard(), con.hooks())
+    line = (
+        f"reset sink {done.sink_id!r}: unbound from query {done.query_id}, forgot "
+        f"{done.epochs_forgotten} epochs; the next query may start at any epoch"
+    )
+    con.emit(done, [line])
+    return EXIT_OK
+
+
+def cmd_recover(con: Console) -> int:
+    try:
+        report = ops.recover(full_config(con.args), con.args.sink, con.guard(), con.hooks())
+    finally:
+        con.finish_progress()
+    con.emit(report, render.recover_lines(report))
+    return EXIT_OK
+
+
+def cmd_resend(con: Console) -> int:
+    args = con.args
+    chosen = selection_of(args)
+    if args.all and chosen is not None:
+        raise UsageError("--all cannot be combined with --epoch/--from/--to")
+    if not args.all and chosen is None:
+        raise UsageError("choose epochs to re-send: --epoch N, --from A [--to B], or --all")
+    try:
+        report = ops.resend(full_config(args), args.sink, chosen, con.guard(), con.hooks())
+    finally:
+        con.finish_progress()
+    con.emit(report, render.resend_lines(report))
+    return EXIT_OK
+
+
+def cmd_verify(con: Console) -> int:
+    args = con.args
+    try:
+        report = ops.verify(full_config(args), args.sink, selection_of(args), con.hooks())
+    finally:
+        con.finish_progress()
+    con.emit(asdict(report) | {"ok": report.ok}, render.verify_lines(report))
+    return EXIT_OK if report.ok else EXIT_FAILED

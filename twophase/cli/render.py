@@ -1,0 +1,215 @@
+"""What the operations return, as the text lines of the CLI's tables and summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from twophase.operations import GcSummary, ResendReport
+from twophase.operations.delivery import RecoverReport
+from twophase.operations.store import DeadLetterListing, EpochListing
+from twophase.text import age, compact_ranges, iso, name_epochs, plural
+from twophase.verify import SeriesDiff, VerifyReport
+from twophase.views import EpochInfo, SinkStatus
+
+
+def cell(value: Any, width: int = 60) -> str:
+    """A table cell: '-' for nothing, times to the second, one line, at most ``width``."""
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return iso(value.replace(microsecond=0))
+    text = " ".join(str(value).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """Plain aligned columns; the last one is not padded."""
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in [list(headers), *cells]
+    ]
+
+
+def size(octets: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; bytes whole, GiB the largest unit."""
+    value = float(octets)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+_STATUS_HEADERS = (
+    "SINK",
+    "OWNER RUN",
+    "LIVE",
+    "DECIDED",
+    "COMMITTED",
+    "PRECOMMITTED",
+    "OLDEST",
+    "STAGED",
+    "SIZE",
+    "DEAD LETTERS",
+    "REPLAYS",
+    "LAST ERROR",
+)
+
+
+def status_lines(rows: Sequence[SinkStatus]) -> list[str]:
+    if not rows:
+        return ["no sinks in this staging store"]
+    return table(_STATUS_HEADERS, [_status_row(s) for s in rows])
+
+
+def _status_row(s: SinkStatus) -> tuple[Any, ...]:
+    oldest = None
+    if s.oldest_precommitted_epoch is not None:
+        oldest = f"{s.oldest_precommitted_epoch} ({age(s.oldest_precommitted_age_s)} old)"
+    return (
+        s.sink_id,
+        s.owner_run_id,
+        "yes" if s.owner_live else "no",
+        s.last_decided_epoch,
+        s.last_committed_epoch,
+        s.precommitted_epochs,
+        oldest,
+        s.staged_points,
+        size(s.staged_bytes),
+        s.dead_letters,
+        s.replays_detected,
+        s.last_error,
+    )
+
+
+_EPOCH_HEADERS = (
+    "EPOCH",
+    "STATE",
+    "STAGED",
+    "DELIVERED",
+    "REJECTED",
+    "ATTEMPTS",
+    "REPLAYS",
+    "DECIDED",
+    "ENDED",
+    "PURGED",
+    "ERROR",
+)
+
+
+def epoch_lines(listing: EpochListing) -> list[str]:
+    if not listing.epochs:
+        return [f"sink {listing.sink_id!r} has no epochs"]
+    lines = table(_EPOCH_HEADERS, [_epoch_row(e) for e in listing.epochs])
+    if listing.events is not None:
+        lines += ["", f"history of epoch {listing.epochs[0].epoch}:"]
+        lines += table(
+            ("AT", "EVENT", "RUN", "DETAIL"),
+            [(e.at, e.event, e.run_id, e.detail) for e in listing.events],
+        )
+    return lines
+
+
+def _epoch_row(e: EpochInfo) -> tuple[Any, ...]:
+    return (
+        e.epoch,
+        e.state,
+        e.points_staged,
+        e.points_delivered,
+        e.points_rejected_stage + (e.points_rejected_promote or 0),
+        e.promote_attempts,
+        e.replays,
+        e.decided_at,
+        e.committed_at or e.aborted_at,
+        e.purged_at,
+        e.last_error,
+    )
+
+
+def dead_letter_lines(sink_id: str, listing: DeadLetterListing) -> list[str]:
+    if not listing.total:
+        return [f"no dead letters for sink {sink_id!r}"]
+    rows = listing.dead_letters
+    lines = table(
+        ("EPOCH", "PHASE", "WRITE", "SEQ", "REASON", "PAYLOAD"),
+        [(d.epoch, d.phase, d.write_id[:8], d.seq, d.reason, d.payload) for d in rows],
+    )
+    if len(rows) < listing.total:
+        more = listing.total - len(rows)
+        lines.append(f"... {more} more (--limit 0 lists all; --export FILE saves)")
+    return lines
+
+
+def gc_lines(summary: GcSummary) -> list[str]:
+    lines = table(
+        ("SINK", "EPOCHS PURGED", "POINTS PURGED", "ORPHAN WRITES"),
+        [(s.sink_id, s.epochs_purged, s.points_purged, s.orphan_writes) for s in summary.sinks],
+    )
+    verb = "would purge" if summary.dry_run else "purged"
+    lines.append(
+        f"gc {verb} {summary.total('epochs_purged')} epochs "
+        f"({summary.total('points_purged')} staged points) past retention "
+        f"{age(summary.retention_s)} and {summary.total('orphan_writes')} orphaned writes"
+        + (" (dry run: nothing was removed)" if summary.dry_run else "")
+    )
+    return lines
+
+
+def recover_lines(report: RecoverReport) -> list[str]:
+    results = report.recovered
+    if not results:
+        return ["nothing to recover: no PRECOMMITTED epochs"]
+    rows = [(r.sink_id, r.epoch, r.delivered, r.rejected) for r in results]
+    lines = table(("SINK", "EPOCH", "DELIVERED", "REJECTED"), rows)
+    lines.append(f"recovered {plural(len(results), 'epoch')}; no PRECOMMITTED epoch is left")
+    if any(r.rejected for r in results):
+        lines.append("InfluxDB rejected some points: see `twophase dead-letters`")
+    return lines
+
+
+def resend_lines(report: ResendReport) -> list[str]:
+    rows = [(r.epoch, r.points_sent, r.points_rejected) for r in report.resent]
+    lines = table(("EPOCH", "SENT", "REJECTED"), rows)
+    sent = sum(r.points_sent for r in report.resent)
+    lines.append(
+        f"re-sent {plural(sent, 'point')} of {plural(len(report.resent), 'epoch')} "
+        f"of sink {report.sink_id!r}"
+    )
+    if report.skipped_aborted:
+        lines.append(f"skipped aborted epochs {compact_ranges(report.skipped_aborted)}")
+    return lines
+
+
+def verify_lines(report: VerifyReport) -> list[str]:
+    what = (
+        f"sink {report.sink_id!r}, {name_epochs(report.epochs)}: "
+        f"{report.points} points in {report.series} series"
+    )
+    lines = [f"note: {note}" for note in report.notes]
+    if report.ok:
+        return [*lines, f"OK: InfluxDB holds exactly the staged points ({what})"]
+    diffs = report.differences
+    lines += table(
+        ("MEASUREMENT", "TAGS", "EXPECTED", "INFLUX", "MISSING", "DIFFERENT", "EXTRA"),
+        [
+            (d.measurement, _tags(d.tags), d.points_expected, d.points_influx, *_counts(d))
+            for d in diffs
+        ],
+    )
+    lines += [f"  {d.measurement},{_tags(d.tags)}: {x}" for d in diffs[:10] for x in d.examples]
+    if report.unparseable:
+        lines.append(f"{report.unparseable} staged lines could not be parsed")
+    lines.append(f"DIFFERENCES in {len(diffs)} series ({what})")
+    return lines
+
+
+def _counts(diff: SeriesDiff) -> tuple[int, int, int]:
+    return diff.missing, diff.different, diff.extra
+
+
+def _tags(tags: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in tags.items())

@@ -1,0 +1,86 @@
+"""Which write API a server speaks (``auto``), and the writer for it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from twophase.config import InfluxConfig, env_name
+from twophase.errors import ConfigError
+from twophase.influx.classify import Target, classify_status, header
+from twophase.influx.http import auth_headers, request_once, secrets_of, timeout_of
+from twophase.influx.writers import InfluxWriter, V1Writer, V2Writer
+
+
+def resolve_api(config: InfluxConfig) -> InfluxConfig:
+    """The config with ``api`` fixed: ``auto`` is resolved once through ``GET /ping``.
+
+    ``X-Influxdb-Version`` 1.x -> ``v1``; 2.x, 3.x, ``v2...`` or Cloud -> ``v2``.
+    Raises ConfigError (naming TWOPHASE_INFLUX_API) when the server does not
+    say (VictoriaMetrics' /ping, for one), InfluxUnavailableError when it
+    cannot be reached, InfluxAuthError when /ping demands credentials that
+    fail, and ConfigError from ``validate_for_api`` when the chosen API lacks
+    a setting.
+    """
+    if config.api == "auto":
+        config = dataclasses.replace(config, api=_api_from_version(_ping_version(config)))
+    config.validate_for_api()
+    return config
+
+
+def _ping_version(config: InfluxConfig) -> str | None:
+    target = Target.of(config)
+    headers = auth_headers(config.username, config.password)
+    if config.token:  # InfluxDB 3 may require auth on /ping
+        headers = {"Authorization": f"Token {config.token.reveal()}"}
+    url, secrets = f"{config.url}/ping", secrets_of(config)
+    response = request_once("GET", url, timeout_of(config), headers, None, target, secrets)
+    version = header(response.headers, "X-Influxdb-Version")
+    if version is None and response.status in (401, 403):
+        raise classify_status(response.status, response.data, response.headers, target, secrets)
+    return version
+
+
+def _api_from_version(version: str | None) -> str:
+    option = env_name("influx_api")
+    if not version:
+        raise ConfigError(
+            option,
+            "the server's /ping sent no X-Influxdb-Version header, so the "
+            "API cannot be detected; set it explicitly to v1 or v2",
+        )
+    text = version.strip().lower().lstrip("v")
+    if text.startswith("1."):
+        return "v1"
+    if text.startswith(("2", "3")) or "cloud" in text:
+        return "v2"
+    raise ConfigError(option, f"unknown InfluxDB version {version!r}; set it to v1 or v2")
+
+
+def make_writer(config: InfluxConfig) -> InfluxWriter:
+    """A writer for the configured API.
+
+    With ``auto`` the API is resolved through ``/ping`` at the first write, so
+    an InfluxDB that is down when a process starts is retried like any other
+    outage (InfluxUnavailableError) instead of failing the process at once.
+    """
+    if config.api == "auto":
+        return AutoWriter(config)
+    config.validate_for_api()
+    return V1Writer(config) if config.api == "v1" else V2Writer(config)
+
+
+class AutoWriter:
+    """Resolves ``auto`` on the first write (retried by the sender while unreachable)."""
+
+    def __init__(self, config: InfluxConfig) -> None:
+        self._config = config
+        self._inner: InfluxWriter | None = None
+
+    def write(self, body: bytes) -> None:
+        if self._inner is None:
+            self._inner = make_writer(resolve_api(self._config))
+        self._inner.write(body)
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()

@@ -1,0 +1,222 @@
+"""InfluxDB's answers as twophase errors: one class per thing a caller can do about it.
+
+=====================================================  =========================
+connection refused/reset, timeouts, 429, 500, 502-504  ``TransientWriteError``
+413                                                    ``BatchTooLargeError``
+400, 422 (the points themselves are wrong)             ``BadPointsError``
+401, 403                                               ``InfluxAuthError``
+404 (and 1.x's 500 "retention policy not found")       ``InfluxNotFoundError``
+anything else                                          ``InfluxRequestError``
+=====================================================  =========================
+
+The classes are in :mod:`twophase.errors`. Callers branch on the class, never
+on a message. Every message is scrubbed of the secrets the caller knows
+(:func:`scrubbed`) before it is raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    LocationValueError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+    SSLError,
+)
+
+from twophase.config import env_name
+from twophase.errors import (
+    BadPointsError,
+    BatchTooLargeError,
+    InfluxAuthError,
+    InfluxNotFoundError,
+    InfluxRequestError,
+    TransientWriteError,
+    TwoPhaseError,
+)
+
+if TYPE_CHECKING:
+    from twophase.config import InfluxConfig
+
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+_MAX_MESSAGE = 500
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request addressed, for error messages. Holds no secrets."""
+
+    api: str
+    url: str
+    database: str | None = None
+    retention_policy: str | None = None
+    bucket: str | None = None
+    org: str | None = None
+    username: str | None = None
+
+    @classmethod
+    def of(cls, config: InfluxConfig) -> Target:
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+    def where(self) -> str:
+        if self.api == "v2":
+            return f"bucket {self.bucket!r} of org {self.org!r} at {self.url}"
+        rp = f", retention policy {self.retention_policy!r}" if self.retention_policy else ""
+        return f"database {self.database!r}{rp} at {self.url}"
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After (delta-seconds or HTTP date); None if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # HTTP dates are GMT by definition
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def server_message(body: bytes | str | None, headers: Mapping[str, str] | None = None) -> str:
+    """InfluxDB's own explanation: 1.x ``{"error": ...}``, 2.x ``{"message": ...}``, else text."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        for key in ("error", "message"):
+            if isinstance(parsed.get(key), str) and parsed[key]:
+                return _short(parsed[key])
+    said = header(headers, "X-Influxdb-Error")
+    return _short(said or text.strip())
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every (non-trivial) secret replaced by ``***``."""
+    for secret in secrets:
+        if secret and len(secret) >= 3:  # don't mangle messages over a 1-2 character "secret"
+            text = text.replace(secret, "***")
+    return text
+
+
+def classify_status(
+    status: int,
+    body: bytes | str | None,
+    headers: Mapping[str, str] | None,
+    target: Target,
+    secrets: Iterable[str] = (),
+) -> TwoPhaseError:
+    """The exception for a non-2xx answer to a write (see the module's table)."""
+    said = server_message(body, headers) or f"HTTP {status}"
+    return scrubbed(_classify(status, said, headers, target), secrets)
+
+
+def _classify(
+    status: int, said: str, headers: Mapping[str, str] | None, target: Target
+) -> TwoPhaseError:
+    where = target.where()
+    if status in (400, 422):
+        return BadPointsError(f"InfluxDB refused points ({status}) for {where}: {said}", said)
+    if status == 413:
+        return BatchTooLargeError(f"request too large (413) for {where}: {said}")
+    if status in (401, 403):
+        return InfluxAuthError(_auth_message(status, said, target))
+    if status == 404:
+        return InfluxNotFoundError(_not_found_message(said, target))
+    if status == 500 and "retention policy not found" in said:
+        # 1.x answers a missing retention policy with 500; retrying cannot create it
+        return InfluxNotFoundError(
+            f"{said} ({env_name('influx_rp')}) for {where}; create it or unset the option"
+        )
+    if status in TRANSIENT_STATUSES:
+        retry_after = parse_retry_after(header(headers, "Retry-After"))
+        return TransientWriteError(
+            f"InfluxDB unavailable ({status}) at {target.url}: {said}",
+            status=status,
+            retry_after=retry_after,
+        )
+    return InfluxRequestError(f"InfluxDB refused the request ({status}) for {where}: {said}")
+
+
+def _auth_message(status: int, said: str, target: Target) -> str:
+    what = "refused the credentials" if status == 401 else "denied permission"
+    if target.api == "v2":
+        fix = f"check {env_name('influx_token')} (or its _FILE) and its write access to the bucket"
+    else:
+        user = f" of user {target.username!r}" if target.username else " (no user given)"
+        fix = (
+            f"check {env_name('influx_user')} / {env_name('influx_password')}{user}"
+            " and the user's WRITE privilege on the database"
+        )
+    return f"InfluxDB {what} ({status}: {said}) for {target.where()}: {fix}"
+
+
+def _not_found_message(said: str, target: Target) -> str:
+    if target.api == "v2":
+        return (
+            f"bucket or org not found: bucket {target.bucket!r} "
+            f"({env_name('influx_bucket')}), org {target.org!r} ({env_name('influx_org')}) "
+            f"at {target.url}: {said} (an InfluxDB before 1.8 has no /api/v2/write: "
+            f"set {env_name('influx_api')}=v1)"
+        )
+    return (
+        f"database not found: {target.database!r} ({env_name('influx_db')}) at {target.url}: {said}"
+    )
+
+
+def transport_error(exc: BaseException, target: Target) -> TwoPhaseError:
+    """The exception for a request that got no HTTP answer (refused, reset, timed out)."""
+    if isinstance(exc, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return InfluxRequestError(f"TLS certificate of {target.url} not trusted: {exc}")
+    if isinstance(exc, LocationValueError):
+        return InfluxRequestError(f"bad InfluxDB URL {target.url}: {_short(str(exc))}")
+    if isinstance(exc, NewConnectionError | ConnectionRefusedError):  # before timeouts: a
+        what = "cannot connect"  # NewConnectionError is also a ConnectTimeoutError in urllib3
+    elif isinstance(exc, ConnectTimeoutError | ReadTimeoutError | TimeoutError):
+        what = "timed out"
+    elif isinstance(exc, ProtocolError | ConnectionError):
+        what = "connection broken"
+    else:
+        what = "request failed"
+    return TransientWriteError(
+        f"InfluxDB at {target.url}: {what} ({type(exc).__name__}: {_short(str(exc))})"
+    )
+
+
+def header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None:  # plain dicts (tests, some clients) are case-sensitive
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
+    return value
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
+
+
+def scrubbed(error: TwoPhaseError, secrets: Iterable[str]) -> TwoPhaseError:
+    secrets = list(secrets)
+    error.args = (scrub(str(error.args[0]), secrets),)
+    if isinstance(error, BadPointsError):
+        error.reason = scrub(error.reason, secrets)
+    return error

@@ -1,0 +1,113 @@
+"""Writers for the InfluxDB 1.x and 2.x write APIs.
+
+A writer sends one body of line protocol in one attempt and never retries:
+retrying, batching and bisection live in :mod:`twophase.sender`, which only
+needs the small :class:`InfluxWriter` interface. Every failure is raised
+classified (:mod:`twophase.influx.classify`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, cast
+from urllib.parse import urlencode
+
+import urllib3
+
+from twophase.config import InfluxConfig
+from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
+from twophase.influx.http import auth_headers, secrets_of, timeout_of
+
+
+class InfluxWriter(Protocol):
+    """Sends one body of line protocol (lines joined by '\\n', ns precision) in ONE attempt.
+
+    Idempotent in effect: InfluxDB overwrites a point with the same
+    measurement, tag set and timestamp, so sending the same body again
+    changes nothing. Raises a classified error; never retries itself.
+    """
+
+    def write(self, body: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class V1Writer:
+    """POST {url}/write?db=&rp=&precision=ns, user/password as HTTP basic auth.
+
+    Credentials never go into the URL, so they cannot reach logs or error
+    messages through it. urllib3's own retries are off: one call, one attempt.
+    """
+
+    def __init__(self, config: InfluxConfig) -> None:
+        params = {"db": config.database or "", "precision": "ns"}
+        if config.retention_policy:
+            params["rp"] = config.retention_policy
+        self._url = f"{config.url}/write?{urlencode(params)}"
+        self._headers = {
+            "Content-Type": "text/plain; charset=utf-8",
+            **auth_headers(config.username, config.password),
+        }
+        self._target = Target.of(dataclasses.replace(config, api="v1"))
+        self._secrets = secrets_of(config)
+        self._pool = urllib3.PoolManager(timeout=timeout_of(config), retries=False)
+
+    def write(self, body: bytes) -> None:
+        """One POST of ``body``; returns on 2xx, raises a classified error otherwise."""
+        try:
+            response = self._pool.request("POST", self._url, body=body, headers=self._headers)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise scrubbed(transport_error(exc, self._target), self._secrets) from None
+        if not 200 <= response.status < 300:
+            raise classify_status(
+                response.status, response.data, response.headers, self._target, self._secrets
+            )
+
+    def close(self) -> None:
+        self._pool.clear()
+
+
+class V2Writer:
+    """``/api/v2/write`` through influxdb-client (SYNCHRONOUS, retries off), token auth.
+
+    Without a token but with user and password, the 1.8 compatibility token
+    ``user:password`` is used.
+    """
+
+    def __init__(self, config: InfluxConfig) -> None:
+        from influxdb_client import InfluxDBClient
+        from influxdb_client.client.write_api import SYNCHRONOUS
+
+        token = config.token.reveal() if config.token else None
+        if token is None and config.username and config.password:
+            token = f"{config.username}:{config.password.reveal()}"
+        self._target = Target.of(dataclasses.replace(config, api="v2"))
+        self._secrets = secrets_of(config) + ((token,) if token else ())
+        self._bucket, self._org = config.bucket or "", config.org or ""
+        millis = int(config.timeout_s * 1000)
+        # the stubs say str/int, but None (no auth header) and (connect, read) are supported
+        options: dict[str, Any] = {"token": token, "org": config.org, "timeout": (millis, millis)}
+        self._client = InfluxDBClient(url=config.url, retries=False, **options)
+        self._api = self._client.write_api(write_options=SYNCHRONOUS)
+
+    def write(self, body: bytes) -> None:
+        """One write of ``body``; returns on 2xx, raises a classified error otherwise."""
+        from influxdb_client import WritePrecision
+        from influxdb_client.rest import ApiException
+
+        try:
+            self._api.write(
+                bucket=self._bucket,
+                org=self._org,
+                record=body,
+                write_precision=cast(Any, WritePrecision.NS),
+            )
+        except ApiException as exc:
+            raise classify_status(
+                int(exc.status or 0), exc.body, exc.headers, self._target, self._secrets
+            ) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise scrubbed(transport_error(exc, self._target), self._secrets) from None
+
+    def close(self) -> None:
+        self._client.close()

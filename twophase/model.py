@@ -1,0 +1,187 @@
+"""The protocol's value types, shared by the executor side and the driver side.
+
+Everything here is a frozen, picklable value (Spark ships commit messages
+from executors to the driver) or a pure helper both sides must agree on
+(:class:`LineChecksum`). No I/O; no other twophase module is imported.
+
+Words (``docs/design.md``): a *sink* is one output; an *epoch* one
+micro-batch of it (Spark's ``batchId``); a *write* one task attempt's staged
+output for an epoch; a *run* one start of a query. A Spark *replay* is an
+epoch Spark runs again after a crash; an operator's *resend* sends
+COMMITTED epochs to InfluxDB again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from twophase.errors import PermanentError
+
+
+class EpochState(str, Enum):
+    """An epoch's state; a ``str`` so that the database keeps plain text.
+
+    ``(none) -> PRECOMMITTED -> COMMITTED``, or ``PRECOMMITTED -> ABORTED`` by an
+    operator's decision only.
+    """
+
+    PRECOMMITTED = "PRECOMMITTED"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+    def __str__(self) -> str:  # the text, in messages and f-strings, on every Python
+        return self.value
+
+
+class Phase(str, Enum):
+    """Where a dead letter was refused: at stage time (a row) or by InfluxDB (a point)."""
+
+    STAGE = "stage"
+    PROMOTE = "promote"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A run's claim on a sink. ``token`` is the fencing token of that run (I5)."""
+
+    sink_id: str
+    run_id: str
+    query_id: str | None
+    token: int
+
+
+@dataclass(frozen=True)
+class CommitMessage:
+    """What a task tells the driver about its write (picklable; Spark ships it)."""
+
+    sink_id: str
+    epoch: int
+    write_id: str
+    partition_id: int
+    attempt: int
+    points: int
+    rejected: int
+    checksum: str
+    run_id: str | None = None
+    query_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A row (phase ``stage``) or point (phase ``promote``) that was not delivered, and why.
+
+    ``id`` and ``created_at`` are the store's: None until the letter is recorded.
+    """
+
+    sink_id: str
+    epoch: int
+    write_id: str
+    seq: int
+    phase: Phase
+    reason: str
+    payload: str
+    id: int | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class WriteRef:
+    """One decided write of an epoch: what promotion must read back (I1)."""
+
+    write_id: str
+    points: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The fixed writes of one decided epoch, in promotion order (I1, I4)."""
+
+    sink_id: str
+    epoch: int
+    writes: tuple[WriteRef, ...]
+
+
+class LineChecksum:
+    """Order-sensitive digest of a write's lines; staging and promotion must agree (I1).
+
+    ``add_joined(a + "\\n" + b)`` hashes what ``add(a); add(b)`` does, so lines
+    may be hashed one by one or a chunk at a time.
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+
+    def add(self, line: str) -> None:
+        self._hash.update(line.encode("utf-8"))
+        self._hash.update(b"\n")
+
+    def add_joined(self, data: bytes) -> None:
+        """Add lines already joined by newlines and encoded as UTF-8."""
+        self._hash.update(data)
+        self._hash.update(b"\n")
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+@dataclass(frozen=True)
+class StagedChunk:
+    """Consecutive staged lines of one write, stored as one line-protocol body.
+
+    ``body`` is the ``points`` lines joined by newlines; line ``i`` has staged
+    seq ``first_seq + i``. ``ends`` is None when no line holds a newline of
+    its own -- the body's newlines are then the line boundaries -- and
+    otherwise gives, for each line, the offset just past its newline in
+    ``body + "\\n"``. (Storing ``ends`` for every chunk cost 0.19 s of the
+    client's CPU per million points, a quarter of staging.)
+    """
+
+    write_id: str
+    first_seq: int
+    points: int
+    ends: Sequence[int] | None
+    body: str
+
+    @classmethod
+    def of_lines(cls, write_id: str, first_seq: int, lines: Sequence[str]) -> StagedChunk:
+        body = "\n".join(lines)
+        ends = None
+        if body.count("\n") != len(lines) - 1:  # some line holds a newline: keep its bounds
+            ends = list(itertools.accumulate(len(line) + 1 for line in lines))
+        return cls(write_id, first_seq, len(lines), ends, body)
+
+    @functools.cached_property
+    def _lines(self) -> list[str]:
+        if self.ends is None:
+            return self.body.split("\n")
+        starts = [0, *self.ends[:-1]]
+        return [self.body[a : b - 1] for a, b in zip(starts, self.ends, strict=True)]
+
+    def line(self, index: int) -> str:
+        return self._lines[index]
+
+    def lines(self, start: int = 0, stop: int | None = None) -> list[str]:
+        return self._lines[start:stop]
+
+    def check(self) -> StagedChunk:
+        """The chunk itself, if its line bounds fit its body (PermanentError otherwise)."""
+        if self.ends is None:
+            fits = self.points > 0 and self.body.count("\n") == self.points - 1
+        else:
+            fits = len(self.ends) == self.points > 0 and self.ends[-1] == len(self.body) + 1
+        if not fits:
+            raise PermanentError(
+                f"staged chunk of write {self.write_id} at seq {self.first_seq} is damaged:"
+                f" {self.points} line(s) do not fit its body of {len(self.body)} characters"
+            )
+        return self

@@ -1,0 +1,66 @@
+"""The operator's operations as plain functions: take a config, return frozen data.
+
+Like alembic's ``command`` module under its CLI: every ``twophase`` command
+is one function here, usable from Python (a notebook, a scheduler, a
+metrics exporter), and the CLI (:mod:`twophase.cli`) only parses arguments,
+calls one of them and renders what it returns. Nothing here prints, reads a
+terminal or exits; an operation talks to its caller through :class:`Hooks`
+(progress, warnings, confirmation of destructive steps).
+
+Store operations need only the staging settings (:mod:`.store`):
+:func:`status`, :func:`epochs`, :func:`dead_letters`,
+:func:`export_dead_letters`, :func:`abort`, :func:`gc`, :func:`reset`.
+Delivery operations also talk to InfluxDB (:mod:`.delivery`):
+:func:`recover`, :func:`resend`, :func:`verify`.
+
+Errors are twophase's own (:mod:`twophase.errors`): ``UnknownSinkError`` and
+``EpochRangeError`` for what is not recorded, ``UsageError`` for arguments that
+cannot work together, ``RefusedError`` when a live run owns the sink (and
+``Guard.force`` is off) or the caller declined a confirmation.
+"""
+
+from __future__ import annotations
+
+from twophase.operations.delivery import ResendReport, recover, resend, verify
+from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
+from twophase.operations.store import (
+    AbortReport,
+    DeadLetterListing,
+    EpochListing,
+    ExportReport,
+    GcSummary,
+    ResetReport,
+    SinkGc,
+    abort,
+    dead_letters,
+    epochs,
+    export_dead_letters,
+    gc,
+    reset,
+    status,
+)
+
+__all__ = [
+    "LIVE_WINDOW_S",
+    "AbortReport",
+    "DeadLetterListing",
+    "EpochListing",
+    "ExportReport",
+    "GcSummary",
+    "Guard",
+    "Hooks",
+    "Progress",
+    "ResendReport",
+    "ResetReport",
+    "SinkGc",
+    "abort",
+    "dead_letters",
+    "epochs",
+    "export_dead_letters",
+    "gc",
+    "recover",
+    "resend",
+    "reset",
+    "status",
+    "verify",
+]

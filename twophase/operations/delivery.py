@@ -1,0 +1,166 @@
+"""Operations that send to or read from InfluxDB: recover, resend, verify."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from twophase.config import TwoPhaseConfig
+from twophase.db import Database
+from twophase.errors import PermanentError
+from twophase.influx.api import resolve_api
+from twophase.influx.query import query_v1
+from twophase.model import EpochState
+from twophase.operations.hooks import (
+    SILENT,
+    UNFORCED,
+    Guard,
+    Hooks,
+    Progress,
+    actor,
+    refuse_if_live,
+)
+from twophase.promoter import PromoteResult
+from twophase.reader import StagedReader
+from twophase.resend import Resender, ResendPlan, ResentEpoch, plan_resend
+from twophase.runtime import TwoPhase
+from twophase.text import epochs_are
+from twophase.verify import Verifier, VerifyReport
+from twophase.views import CLI_RUN_PREFIX, EpochRange, Views
+
+
+@dataclass(frozen=True)
+class RecoverReport:
+    """The epochs recover promoted, in the order it promoted them."""
+
+    recovered: tuple[PromoteResult, ...]
+
+
+@dataclass(frozen=True)
+class ResendReport:
+    """The epochs a resend sent, and those it left out (aborted, past retention)."""
+
+    sink_id: str
+    resent: tuple[ResentEpoch, ...]
+    skipped_aborted: tuple[int, ...]
+    skipped_purged: tuple[int, ...]
+
+
+def recover(
+    config: TwoPhaseConfig,
+    sink_id: str | None = None,
+    guard: Guard = UNFORCED,
+    hooks: Hooks = SILENT,
+) -> RecoverReport:
+    """Promote every PRECOMMITTED epoch of one sink (or all), in epoch order (I3).
+
+    Claims each sink with work under a run of its own, which fences the
+    sink's previous run (I5): refused while a live run owns it, unless forced.
+    """
+    with TwoPhase.open(config) as tp:
+        views = Views(tp.db)
+        if sink_id is not None:
+            views.require_sink(sink_id)
+        sinks = [sink_id] if sink_id is not None else views.sink_ids()
+        work = {sink: pending for sink in sinks if (pending := tp.ledger.pending(sink))}
+        refuse_if_live(views, list(work), "recover", guard, hooks)
+        total = _points_pending(views, work)
+        results: list[PromoteResult] = []
+
+        def on_promoted(result: PromoteResult) -> None:
+            results.append(result)
+            sent = sum(r.delivered + r.rejected for r in results)
+            note = f"{result.sink_id}#{result.epoch}"
+            hooks.progress(Progress("recover", "points", sent, total, note))
+
+        for sink in work:
+            lease = tp.ledger.begin_run(sink, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
+            # Pending is read again under the new lease: the fenced run may have
+            # promoted some meanwhile.
+            tp.committer.recover(lease, on_promoted=on_promoted)
+    return RecoverReport(tuple(results))
+
+
+def _points_pending(views: Views, work: Mapping[str, Sequence[int]]) -> int:
+    return sum(
+        e.points_staged
+        for sink, pending in work.items()
+        for e in views.epochs(sink, EpochRange(pending[0], pending[-1]))
+        if e.state == EpochState.PRECOMMITTED
+    )
+
+
+def resend(
+    config: TwoPhaseConfig,
+    sink_id: str,
+    selection: EpochRange | None = None,
+    guard: Guard = UNFORCED,
+    hooks: Hooks = SILENT,
+) -> ResendReport:
+    """Send the retained points of COMMITTED epochs again, in increasing order.
+
+    ``selection`` None means every retained COMMITTED epoch (epochs past
+    retention are then left out and reported, not refused).
+    """
+    with TwoPhase.open(config) as tp:
+        views = Views(tp.db)
+        views.require_sink(sink_id)
+        chosen = views.select_epochs(sink_id, selection or EpochRange())
+        plan = plan_resend(sink_id, chosen, everything=selection is None)
+        refuse_if_live(views, [sink_id], "resend", guard, hooks)
+        _warn_about_left_out(views, plan, hooks)
+        done: list[ResentEpoch] = []
+
+        def on_epoch(epoch: ResentEpoch) -> None:
+            done.append(epoch)
+            sent = sum(e.points_sent + e.points_rejected for e in done)
+            hooks.progress(Progress("resend", "points", sent, plan.points, f"epoch {epoch.epoch}"))
+
+        Resender(tp.db, tp.promoter).resend(plan, actor(), on_epoch)
+    return ResendReport(sink_id, tuple(done), plan.skipped_aborted, plan.skipped_purged)
+
+
+def _warn_about_left_out(views: Views, plan: ResendPlan, hooks: Hooks) -> None:
+    if plan.skipped_purged:
+        hooks.warn(f"{epochs_are(plan.skipped_purged)} past retention: not re-sent")
+    after = views.epochs(plan.sink_id, EpochRange(first=plan.epochs[-1] + 1))
+    last = max((e.epoch for e in after if e.state == EpochState.COMMITTED), default=None)
+    if last is not None:
+        hooks.warn(
+            f"epochs after {plan.epochs[-1]} (up to {last}) are not re-sent: where they "
+            "rewrote points of the re-sent epochs (update output mode) InfluxDB now holds "
+            "the older values; "
+            f"re-send through epoch {last} to restore them (check with `twophase verify`)"
+        )
+
+
+def verify(
+    config: TwoPhaseConfig,
+    sink_id: str,
+    selection: EpochRange | None = None,
+    hooks: Hooks = SILENT,
+) -> VerifyReport:
+    """Compare what the store says was delivered with what InfluxDB holds (1.x API)."""
+    influx = resolve_api(config.influx)
+    if influx.api != "v1":
+        raise PermanentError(
+            "verify reads InfluxDB back with InfluxQL through the 1.x /query API; with the "
+            "2.x API (TWOPHASE_INFLUX_API=v2) verification is not supported"
+        )
+
+    def query(statement: str) -> list[dict[str, Any]]:
+        timeout = max(influx.timeout_s, 30.0)
+        password = influx.password
+        return query_v1(influx.url, influx.database, statement, influx.username, password, timeout)
+
+    def progress(label: str, unit: str, done: int, total: int) -> None:
+        hooks.progress(Progress(label, unit, done, total))
+
+    with Database(config.staging) as db:
+        views = Views(db)
+        views.require_sink(sink_id)
+        epochs = views.select_epochs(sink_id, selection or EpochRange())
+        verifier = Verifier(views, StagedReader(db), query, influx.retention_policy)
+        return verifier.verify(sink_id, epochs, progress)

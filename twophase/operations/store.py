@@ -1,0 +1,285 @@
+"""Operations on the staging store alone: none of them needs InfluxDB settings."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from twophase.config import StagingConfig
+from twophase.db import Database
+from twophase.errors import StateError, UnknownSinkError, UsageError
+from twophase.gc import GarbageCollector
+from twophase.ledger import Ledger
+from twophase.model import DeadLetter, EpochState
+from twophase.operations.hooks import (
+    LIVE_WINDOW_S,
+    SILENT,
+    UNFORCED,
+    Guard,
+    Hooks,
+    Progress,
+    actor,
+    refuse_if_live,
+)
+from twophase.text import age, iso
+from twophase.views import EpochEvent, EpochInfo, EpochRange, SinkStatus, Views
+
+LAST_EPOCHS = 20  # what `epochs` lists when no range is given
+EXPORT_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+# The export's columns, the store's id first.
+EXPORT_COLUMNS = ("id", *(f.name for f in fields(DeadLetter) if f.name != "id"))
+
+
+@dataclass(frozen=True)
+class EpochListing:
+    """Epochs of a sink in increasing order; ``events`` is one epoch's history, when asked."""
+
+    sink_id: str
+    epochs: tuple[EpochInfo, ...]
+    events: tuple[EpochEvent, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetterListing:
+    """The first ``limit`` dead letters of the decided writes and how many there are."""
+
+    total: int
+    dead_letters: tuple[DeadLetter, ...]
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    exported: int
+    file: str
+
+
+@dataclass(frozen=True)
+class AbortReport:
+    sink_id: str
+    epoch: int
+    state: EpochState
+    reason: str
+    points_discarded: int
+
+
+@dataclass(frozen=True)
+class SinkGc:
+    """What GC removed (or, dry, would remove) of one sink."""
+
+    sink_id: str
+    epochs_purged: int
+    points_purged: int
+    orphan_writes: int
+
+
+@dataclass(frozen=True)
+class GcSummary:
+    dry_run: bool
+    retention_s: float
+    orphan_grace_s: float
+    sinks: tuple[SinkGc, ...]
+
+    def total(self, key: str) -> int:
+        """The sum of one count (``epochs_purged``, ...) over the sinks."""
+        return sum(getattr(sink, key) for sink in self.sinks)
+
+
+@dataclass(frozen=True)
+class ResetReport:
+    sink_id: str
+    query_id: str | None
+    epochs_forgotten: int
+
+
+@contextmanager
+def _views(config: StagingConfig) -> Iterator[tuple[Database, Views]]:
+    with Database(config) as db:
+        yield db, Views(db)
+
+
+def status(
+    config: StagingConfig, sink_id: str | None = None, live_window_s: float = LIVE_WINDOW_S
+) -> list[SinkStatus]:
+    """Every sink at a glance (or one: UnknownSinkError if it does not exist)."""
+    with _views(config) as (_, views):
+        if sink_id is not None:
+            views.require_sink(sink_id)
+        return views.status(sink_id, live_window_s)
+
+
+def epochs(
+    config: StagingConfig,
+    sink_id: str,
+    selection: EpochRange | None = None,
+    last: int | None = None,
+) -> EpochListing:
+    """The epochs in ``selection``, or the ``last`` ones (default 20); a single
+    selected epoch comes with its history. EpochRangeError when none is recorded."""
+    if selection is not None and last is not None:
+        raise UsageError("--last cannot be combined with --epoch/--from/--to")
+    with _views(config) as (_, views):
+        views.require_sink(sink_id)
+        if selection is None:
+            rows = views.epochs(sink_id, last_n=LAST_EPOCHS if last is None else last)
+            return EpochListing(sink_id, tuple(rows))
+        rows = views.select_epochs(sink_id, selection)
+        single = selection.first is not None and selection.first == selection.last
+        events = tuple(views.events(sink_id, rows[0].epoch)) if single else None
+        return EpochListing(sink_id, tuple(rows), events)
+
+
+def dead_letters(
+    config: StagingConfig, sink_id: str, epoch: int | None = None, limit: int | None = 100
+) -> DeadLetterListing:
+    """The dead letters of the writes decisions chose (``limit`` None: all)."""
+    with _views(config) as (_, views):
+        _require_epoch(views, sink_id, epoch)
+        total = views.count_dead_letters(sink_id, epoch)
+        rows = tuple(views.dead_letters(sink_id, epoch, limit))
+    return DeadLetterListing(total, rows)
+
+
+def export_dead_letters(
+    config: StagingConfig, sink_id: str, path: str, epoch: int | None = None
+) -> ExportReport:
+    """Write every dead letter to ``path`` (``.csv`` or ``.jsonl``), all or nothing."""
+    form = export_format(path)
+    with _views(config) as (_, views):
+        _require_epoch(views, sink_id, epoch)
+        count = _export(views.dead_letters(sink_id, epoch), Path(path), form)
+    return ExportReport(count, path)
+
+
+def export_format(path: str) -> str:
+    """``csv`` or ``jsonl``, by the file's suffix; UsageError for any other."""
+    form = EXPORT_FORMATS.get(Path(path).suffix.lower())
+    if form is None:
+        raise UsageError(f"--export: {path!r} must end in {', '.join(EXPORT_FORMATS)}")
+    return form
+
+
+def _require_epoch(views: Views, sink_id: str, epoch: int | None) -> None:
+    views.require_sink(sink_id)
+    if epoch is not None:
+        views.select_epochs(sink_id, EpochRange(epoch, epoch))
+
+
+def _export(rows: Iterable[DeadLetter], target: Path, form: str) -> int:
+    """Write every row, then rename into place: a failed export leaves no partial file."""
+    partial = target.with_name(f".{target.name}.partial")
+    count = 0
+    with partial.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle) if form == "csv" else None
+        if writer is not None:
+            writer.writerow(EXPORT_COLUMNS)
+        for row in rows:
+            record = _record(row)
+            if writer is None:
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+            else:
+                writer.writerow([record[column] for column in EXPORT_COLUMNS])
+            count += 1
+    os.replace(partial, target)
+    return count
+
+
+def _record(letter: DeadLetter) -> dict[str, Any]:
+    created = letter.created_at
+    stamp = None if created is None else iso(created)
+    return asdict(letter) | {"phase": str(letter.phase), "created_at": stamp}
+
+
+def abort(
+    config: StagingConfig,
+    sink_id: str,
+    epoch: int,
+    reason: str = "aborted by an operator",
+    guard: Guard = UNFORCED,
+    hooks: Hooks = SILENT,
+) -> AbortReport:
+    """Discard a PRECOMMITTED epoch by an operator's decision (confirmed through hooks)."""
+    with _views(config) as (db, views):
+        views.require_sink(sink_id)
+        [info] = views.select_epochs(sink_id, EpochRange(epoch, epoch))
+        if info.state != EpochState.PRECOMMITTED:
+            raise StateError(
+                f"sink {sink_id!r} epoch {epoch} is {info.state}: only a PRECOMMITTED "
+                "epoch can be aborted"
+            )
+        refuse_if_live(views, [sink_id], "abort", guard, hooks)
+        sent = (
+            f" {info.promote_attempts} promotion attempt(s) ran already, so some of its points "
+            "may be in InfluxDB; abort does not remove them."
+            if info.promote_attempts
+            else ""
+        )
+        hooks.confirm(
+            f"Abort epoch {epoch} of sink {sink_id!r}? Its {info.points_staged} staged "
+            f"points are deleted and will never be delivered.{sent}"
+        )
+        Ledger(db).abort(sink_id, epoch, reason, actor())
+    return AbortReport(sink_id, epoch, EpochState.ABORTED, reason, info.points_staged)
+
+
+def gc(
+    config: StagingConfig,
+    sink_id: str | None = None,
+    retention_s: float | None = None,
+    orphan_grace_s: float | None = None,
+    dry_run: bool = False,
+    hooks: Hooks = SILENT,
+) -> GcSummary:
+    """Remove staged points past retention and orphaned writes (``dry_run``: count only)."""
+    retention = config.retention_s if retention_s is None else retention_s
+    grace = config.orphan_grace_s if orphan_grace_s is None else orphan_grace_s
+    with _views(config) as (db, views):
+        sinks = views.sinks_with_data()
+        if sink_id is not None:
+            if sink_id not in sinks:
+                raise UnknownSinkError(f"unknown sink {sink_id!r} (no epochs or writes)")
+            sinks = [sink_id]
+        if not dry_run:
+            hooks.confirm(
+                f"Delete the staged points of epochs that ended more than {age(retention)} ago "
+                f"(they can no longer be resent or verified) and orphaned writes older than "
+                f"{age(grace)}?"
+            )
+        collector = GarbageCollector(db, retention, grace)
+        done: list[SinkGc] = []
+        for sink in sinks:
+            report = collector.collect(sink_id=sink, dry_run=dry_run)
+            done.append(
+                SinkGc(sink, report.epochs_purged, report.points_purged, report.orphan_writes)
+            )
+            hooks.progress(Progress("gc", "sinks", len(done), len(sinks), sink))
+    return GcSummary(dry_run, retention, grace, tuple(done))
+
+
+def reset(
+    config: StagingConfig, sink_id: str, guard: Guard = UNFORCED, hooks: Hooks = SILENT
+) -> ResetReport:
+    """Unbind a sink from its query after a deliberate checkpoint reset (I6's way out)."""
+    with _views(config) as (db, views):
+        views.require_sink(sink_id)
+        [row] = views.status(sink_id, guard.live_window_s)
+        if row.precommitted_epochs:
+            raise StateError(
+                f"sink {sink_id!r} has {row.precommitted_epochs} PRECOMMITTED epochs: run "
+                f"`twophase recover --sink {sink_id}` before resetting it"
+            )
+        refuse_if_live(views, [sink_id], "reset", guard, hooks)
+        count = views.epoch_bounds(sink_id)[0]
+        hooks.confirm(
+            f"Reset sink {sink_id!r}? It is unbound from query {row.query_id} and its "
+            f"{count} epoch records are forgotten (their retained staged points become orphans "
+            "for gc: no resend or verify of them afterwards); the next query may start at any "
+            "epoch."
+        )
+        Ledger(db).reset(sink_id, actor())
+    return ResetReport(sink_id, row.query_id, count)

@@ -1,0 +1,94 @@
+"""Driver side: reading decided epochs back from the staging store, in promotion order.
+
+:func:`decided_writes` is the one place where the order of an epoch's writes
+is written down. Promotion, resend and verify all read an epoch through it,
+so they send (or rebuild) its points in the same order every time (I4: two
+writes of the same point within an epoch always land in the same order).
+Within a write, lines keep their staged order (seq).
+
+Read-only: nothing here changes the store.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+
+from twophase.db import Database
+from twophase.model import EpochPlan, Phase, StagedChunk, WriteRef
+
+Cursor = psycopg.Cursor[Any]
+
+# The promotion order of an epoch's writes: by the partition that staged them, then id.
+_DECIDED_WRITES = (
+    "SELECT w.write_id::text, w.points, w.checksum FROM twophase_epochs e"
+    " JOIN twophase_writes w ON w.write_id = ANY(e.write_ids)"
+    " WHERE e.sink_id = %s AND e.epoch = %s ORDER BY w.partition_id, w.write_id"
+)
+
+# Ordered by the writes' positions in the plan, then by chunk: an index scan per write.
+_CHUNKS_OF_WRITES = (
+    "SELECT w.position, c.first_seq, c.points, c.ends, c.body"
+    " FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(write_id, position)"
+    " JOIN twophase_staged_chunks c ON c.write_id = w.write_id"
+    " ORDER BY w.position, c.chunk"
+)
+
+
+def decided_writes(cur: Cursor, sink_id: str, epoch: int) -> tuple[WriteRef, ...]:
+    """The writes the epoch's decision chose, in promotion order (inside ``cur``'s
+    transaction, so that a caller holding a lock on the epoch reads them under it)."""
+    cur.execute(_DECIDED_WRITES, (sink_id, epoch))
+    return tuple(WriteRef(w, p, c) for w, p, c in cur.fetchall())
+
+
+class StagedReader:
+    """Reads decided epochs' staged lines, and their promote-time dead letters."""
+
+    def __init__(self, db: Database, fetch_chunks: int = 2):
+        self._db = db
+        self._fetch_chunks = fetch_chunks
+
+    def plan(self, sink_id: str, epoch: int) -> EpochPlan:
+        """The epoch's decided writes in promotion order (empty when it is not recorded)."""
+        with self._db.transaction() as cur:
+            return EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
+
+    def chunks_of(self, write_ids: Sequence[str]) -> Iterator[tuple[int, StagedChunk]]:
+        """Every chunk of these writes as ``(index in write_ids, chunk)``, in that
+        order and then in seq order, through one server-side cursor.
+
+        One query and one transaction for a whole epoch, however many tasks
+        staged it (a cursor per write cost a transaction per task). Bounded
+        memory: at most ``fetch_chunks`` chunks are held at a time. Holds one
+        pooled connection until exhausted or closed. A chunk whose lines do
+        not fit its body raises PermanentError.
+        """
+        ids = [uuid.UUID(w) for w in write_ids]
+        with self._db.connection() as conn, conn.transaction():
+            name = f"twophase_promote_{uuid.uuid4().hex}"
+            with conn.cursor(name=name, binary=True) as cur:
+                cur.itersize = self._fetch_chunks
+                cur.execute(_CHUNKS_OF_WRITES, (ids,))
+                for position, first_seq, points, ends, body in cur:
+                    chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body)
+                    yield position - 1, chunk.check()
+
+    def lines(self, plan: EpochPlan) -> Iterator[tuple[str, int, str]]:
+        """``(write_id, seq, line)`` of every line of the plan, in promotion order."""
+        for _, chunk in self.chunks_of([w.write_id for w in plan.writes]):
+            for seq, line in enumerate(chunk.lines(), chunk.first_seq):
+                yield chunk.write_id, seq, line
+
+    def rejected_at_promote(self, sink_id: str, epochs: Sequence[int]) -> set[tuple[str, int]]:
+        """(write_id, seq) of the staged lines InfluxDB refused: never part of what it holds."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT write_id::text, seq FROM twophase_dead_letters"
+                " WHERE sink_id = %s AND epoch = ANY(%s) AND phase = %s",
+                (sink_id, list(epochs), Phase.PROMOTE),
+            )
+            return {(w, s) for w, s in cur.fetchall()}
