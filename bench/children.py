@@ -61,9 +61,7 @@ def _next_epoch(tp: TwoPhase, sink: str) -> int:
     return 0 if row is None or row[0] is None else int(row[0]) + 1
 
 
-def promote_child(
-    ctx: Context, sink: str, influx_role: str = TP_INFLUX, variant: str = "core"
-) -> dict[str, Any]:
+def promote_child(ctx: Context, sink: str, influx_role: str = TP_INFLUX) -> dict[str, Any]:
     influx = ctx.scratch.influx(influx_role)
     return run_child(
         "promote",
@@ -71,7 +69,6 @@ def promote_child(
         "--influx-url", influx.url,
         "--influx-db", str(influx.database),
         "--sink", sink,
-        "--variant", variant,
     )  # fmt: skip
 
 

@@ -30,6 +30,9 @@ Cursor = psycopg.Cursor[Any]
 
 @dataclass(frozen=True)
 class GcReport:
+    """What one collection removed (or, dry, would remove); ``sink_id`` None: all sinks."""
+
+    sink_id: str | None
     epochs_purged: int
     points_purged: int
     orphan_writes: int
@@ -53,7 +56,7 @@ class GarbageCollector:
         now = now or datetime.now(timezone.utc)
         epochs, points = self._purge_expired(sink_id, now - self._retention, dry_run)
         orphans = self._remove_orphans(sink_id, now - self._grace, dry_run)
-        return GcReport(epochs, points, orphans, dry_run)
+        return GcReport(sink_id, epochs, points, orphans, dry_run)
 
     def discard(self, write_ids: Sequence[str]) -> int:
         """Delete writes that no decided epoch names, now (a Spark replay's new attempt,

@@ -74,7 +74,8 @@ def cmd_dead_letters(con: Console) -> int:
 def cmd_abort(con: Console) -> int:
     args = con.args
     config = staging_config(args)
-    done = ops.abort(config, args.sink, args.epoch, args.reason, con.guard(), con.hooks())
+    with con.hooks() as hooks:
+        done = ops.abort(config, args.sink, args.epoch, args.reason, con.guard(), hooks)
     line = (
         f"aborted epoch {done.epoch} of sink {done.sink_id!r}: {done.points_discarded} staged "
         f"points discarded ({done.reason})"
@@ -85,17 +86,9 @@ def cmd_abort(con: Console) -> int:
 
 def cmd_gc(con: Console) -> int:
     args = con.args
-    try:
-        summary = ops.gc(
-            staging_config(args),
-            args.sink,
-            args.retention,
-            args.orphan_grace,
-            args.dry_run,
-            con.hooks(),
-        )
-    finally:
-        con.finish_progress()
+    with con.hooks() as hooks:
+        config = staging_config(args)
+        summary = ops.gc(config, args.sink, args.retention, args.orphan_grace, args.dry_run, hooks)
     totals = {k: summary.total(k) for k in ("epochs_purged", "points_purged", "orphan_writes")}
     con.emit(asdict(summary) | totals, render.gc_lines(summary))
     return EXIT_OK
@@ -103,7 +96,8 @@ def cmd_gc(con: Console) -> int:
 
 def cmd_reset(con: Console) -> int:
     args = con.args
-    done = ops.reset(staging_config(args), args.sink, con.guard(), con.hooks())
+    with con.hooks() as hooks:
+        done = ops.reset(staging_config(args), args.sink, con.guard(), hooks)
     line = (
         f"reset sink {done.sink_id!r}: unbound from query {done.query_id}, forgot "
         f"{done.epochs_forgotten} epochs; the next query may start at any epoch"
@@ -113,10 +107,8 @@ def cmd_reset(con: Console) -> int:
 
 
 def cmd_recover(con: Console) -> int:
-    try:
-        report = ops.recover(full_config(con.args), con.args.sink, con.guard(), con.hooks())
-    finally:
-        con.finish_progress()
+    with con.hooks() as hooks:
+        report = ops.recover(full_config(con.args), con.args.sink, con.guard(), hooks)
     con.emit(report, render.recover_lines(report))
     return EXIT_OK
 
@@ -128,19 +120,15 @@ def cmd_resend(con: Console) -> int:
         raise UsageError("--all cannot be combined with --epoch/--from/--to")
     if not args.all and chosen is None:
         raise UsageError("choose epochs to re-send: --epoch N, --from A [--to B], or --all")
-    try:
-        report = ops.resend(full_config(args), args.sink, chosen, con.guard(), con.hooks())
-    finally:
-        con.finish_progress()
+    with con.hooks() as hooks:
+        report = ops.resend(full_config(args), args.sink, chosen, con.guard(), hooks)
     con.emit(report, render.resend_lines(report))
     return EXIT_OK
 
 
 def cmd_verify(con: Console) -> int:
     args = con.args
-    try:
-        report = ops.verify(full_config(args), args.sink, selection_of(args), con.hooks())
-    finally:
-        con.finish_progress()
+    with con.hooks() as hooks:
+        report = ops.verify(full_config(args), args.sink, selection_of(args), hooks)
     con.emit(asdict(report) | {"ok": report.ok}, render.verify_lines(report))
     return EXIT_OK if report.ok else EXIT_FAILED

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from datetime import datetime
 from enum import Enum
@@ -122,8 +123,13 @@ class Console:
         if self.stdin.readline().strip().lower() not in ("y", "yes"):
             raise RefusedError(f"{self.args.command}: not confirmed; nothing was changed")
 
-    def hooks(self) -> Hooks:
-        return Hooks(progress=self.progress, warn=self.warn, confirm=self.confirm)
+    @contextmanager
+    def hooks(self) -> Iterator[Hooks]:
+        """The operation's hooks; its last progress is shown when it ends, however it ends."""
+        try:
+            yield Hooks(progress=self.progress, warn=self.warn, confirm=self.confirm)
+        finally:
+            self.finish_progress()
 
     def guard(self) -> Guard:
         return Guard(self.args.live_window, getattr(self.args, "force", False))

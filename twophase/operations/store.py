@@ -14,7 +14,7 @@ from typing import Any
 from twophase.config import StagingConfig
 from twophase.db import Database
 from twophase.errors import StateError, UnknownSinkError, UsageError
-from twophase.gc import GarbageCollector
+from twophase.gc import GarbageCollector, GcReport
 from twophase.ledger import Ledger
 from twophase.model import DeadLetter, EpochState
 from twophase.operations.hooks import (
@@ -69,21 +69,11 @@ class AbortReport:
 
 
 @dataclass(frozen=True)
-class SinkGc:
-    """What GC removed (or, dry, would remove) of one sink."""
-
-    sink_id: str
-    epochs_purged: int
-    points_purged: int
-    orphan_writes: int
-
-
-@dataclass(frozen=True)
 class GcSummary:
     dry_run: bool
     retention_s: float
     orphan_grace_s: float
-    sinks: tuple[SinkGc, ...]
+    sinks: tuple[GcReport, ...]
 
     def total(self, key: str) -> int:
         """The sum of one count (``epochs_purged``, ...) over the sinks."""
@@ -251,12 +241,9 @@ def gc(
                 f"{age(grace)}?"
             )
         collector = GarbageCollector(db, retention, grace)
-        done: list[SinkGc] = []
+        done: list[GcReport] = []
         for sink in sinks:
-            report = collector.collect(sink_id=sink, dry_run=dry_run)
-            done.append(
-                SinkGc(sink, report.epochs_purged, report.points_purged, report.orphan_writes)
-            )
+            done.append(collector.collect(sink_id=sink, dry_run=dry_run))
             hooks.progress(Progress("gc", "sinks", len(done), len(sinks), sink))
     return GcSummary(dry_run, retention, grace, tuple(done))
 
