@@ -57,7 +57,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="Spark job runs per side (default: 2 in full mode, 1 with --spark --quick)",
+        help="Spark job runs per side and setting (default and minimum: 3)",
     )
     return ap.parse_args(argv)
 

@@ -26,7 +26,7 @@ class Plan:
     recovery_epochs: int
     recovery_points: int
     recovery_repeats: int
-    # metric 6: Spark runs per side (0: not run)
+    # metric 6: Spark runs per side and setting (0: not run; at least 3 when run)
     spark_repeats: int
 
     @property
@@ -61,5 +61,5 @@ FULL = Plan(
     recovery_epochs=20,
     recovery_points=50_000,
     recovery_repeats=3,
-    spark_repeats=2,
+    spark_repeats=3,
 )

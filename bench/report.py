@@ -75,11 +75,22 @@ def _rows(name: str, metric: dict[str, Any]) -> Iterator[str]:
         unit = item["unit"]
         yield (
             f"| {title}{label} | {a_name}: {_side(a, unit)} | {b_name}: {_side(b, unit)} "
-            f"| {unit} | {item['ratio']:.2f} | {item['target']} | {_verdict(item['holds'])} |"
+            f"| {unit} | {_ratio(item)} | {item['target']} | {_verdict(item['holds'])} |"
         )
 
 
+def _ratio(item: dict[str, Any]) -> str:
+    """The ratio, and for a target on a difference (seconds over plain) the difference."""
+    if "extra_s" in item:
+        return f"{item['ratio']:.2f} ({item['extra_s']:+.1f} s)"
+    return f"{item['ratio']:.2f}"
+
+
 def _parts(metric: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    if "parts" in metric:  # rows named by the metric itself
+        for name, item in metric["parts"].items():
+            yield f", {name}", item
+        return
     by_size = metric.get("by_size")
     if not by_size:
         yield "", metric

@@ -114,7 +114,11 @@ def random_event(rng: random.Random, ts: float) -> dict[str, Any]:
 
 def malformed(rng: random.Random, event: dict[str, Any]) -> str:
     """One malformed line of a random kind, built from a valid event."""
-    kind = rng.choice(MALFORMED_KINDS)
+    return malformed_line(rng.choice(MALFORMED_KINDS), event)
+
+
+def malformed_line(kind: str, event: dict[str, Any]) -> str:
+    """The malformed line of ``kind`` (one of :data:`MALFORMED_KINDS`) built from ``event``."""
     bad = dict(event)
     if kind == "truncated":
         text = json.dumps(event)
@@ -131,6 +135,8 @@ def malformed(rng: random.Random, event: dict[str, Any]) -> str:
         bad["stream_id"] = ""
     elif kind == "negative_bytes":
         bad["bytes_p2p"] = -1 - event["bytes_p2p"]
+    else:
+        raise ValueError(f"unknown kind of malformed line {kind!r}")
     return json.dumps(bad)
 
 

@@ -20,17 +20,18 @@ mode, so the stats go through ``twophase.spark.foreach_batch_writer`` (the
 same protocol); ``--stats-writer data-source`` uses the ``twophase-influx``
 format in complete mode instead.
 
-Malformed lines neither stop the job nor vanish: a second query writes each
-one, with its reason, to the dead-letter table under sink
-``<sink-id>.malformed`` (count them with ``twophase status`` or SQL),
-through ``foreach_batch_writer(mode="dead_letters")``; ``--malformed-writer
-data-source`` uses the ``twophase-influx`` format in ``dead_letters`` mode
-instead (measured: the whole job ran at 0.80-0.82 of a direct-write job
-that way, 0.91 through foreachBatch; ``bench/README.md``).
+One query reads and parses each line once, with Spark's JSON source and a
+schema. Malformed lines neither stop the job nor vanish: each line is
+classified in a projection (``reason``, null for a good event), and
+``twophase.spark.split_dead_letters`` stages the bad ones, with their
+reason, in the tasks that read them, under sink
+``<sink-id>.malformed``; the writer decides them with the stats' epoch, so
+each reaches the dead-letter table exactly once (count them with
+``twophase status`` or ``twophase dead-letters``). The good ones go on to
+the aggregation.
 
-Two queries, two checkpoints: ``<checkpoint>/stats`` and
-``<checkpoint>/malformed``. The staging database and InfluxDB come from the
-``TWOPHASE_*`` environment variables. Standard output carries one line per
+Checkpoint: ``<checkpoint>/stats``. The staging database and InfluxDB come
+from the ``TWOPHASE_*`` environment variables. Standard output carries one line per
 event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``.
 
 Exit status: 0 when ``--available-now`` consumed the input, 1 when a query
@@ -46,11 +47,14 @@ import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 MEASUREMENT = "stream_stats"
 MALFORMED_SUFFIX = ".malformed"
+CORRUPT = "_corrupt_record"
+BYTES = ("bytes_p2p", "bytes_cdn")
 EVENT_SCHEMA = (
     "timestamp double, stream_id string, isp string, user_id string, "
     "bytes_p2p bigint, bytes_cdn bigint"
@@ -97,13 +101,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "do update mode)",
     )
     ap.add_argument(
-        "--malformed-writer",
-        choices=(FOREACH_BATCH, DATA_SOURCE),
-        default=FOREACH_BATCH,
-        help="how malformed lines reach the dead-letter table: foreach-batch "
-        "(default) or the twophase-influx format in dead_letters mode",
-    )
-    ap.add_argument(
         "--master",
         default=None,
         help="Spark master when started with python (spark-submit: use its --master)",
@@ -116,9 +113,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="extra Spark configuration (repeatable)",
     )
     ap.add_argument(
-        "--no-ship-package",
+        "--ship-package",
         action="store_true",
-        help="do not add a zip of twophase to the executors (it is installed there)",
+        help="add a zip of twophase to the executors' path (when it is not installed there)",
     )
     return ap.parse_args(argv)
 
@@ -143,16 +140,33 @@ def spark_session(args: argparse.Namespace) -> Any:
     return spark
 
 
-def classified(lines: Any) -> Any:
-    """Raw lines -> columns ``payload``, ``reason`` (null when valid) and the event fields."""
+def read_events(spark: Any, args: argparse.Namespace) -> Any:
+    """The input through Spark's JSON source: one parse per line, the line kept when it
+    does not parse (PERMISSIVE mode, with partial results for the fields that did)."""
+    reader = (
+        spark.readStream.schema(f"{EVENT_SCHEMA}, {CORRUPT} STRING")
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT)
+    )
+    if args.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", str(args.max_files_per_trigger))
+    return reader.json(args.input)
+
+
+def classified(raw: Any) -> Any:
+    """Parsed lines -> ``payload``, ``reason`` (null when valid) and the event fields.
+
+    The payload is the line itself when it does not parse as an event, and the
+    parsed event as JSON when it parses but breaks a rule (Spark's JSON source
+    keeps no line it could read).
+    """
     from pyspark.sql import functions as F
 
-    event = F.col("e")
-    ts = event["timestamp"]
+    ts = F.col("timestamp")
     names = ("stream_id", "isp", "user_id")
     no_fields = ts.isNull()
-    for name in (*names, "bytes_p2p", "bytes_cdn"):
-        no_fields = no_fields & event[name].isNull()
+    for name in (*names, *BYTES):
+        no_fields = no_fields & F.col(name).isNull()
     reason = F.when(no_fields, F.lit("not a JSON object with event fields"))
     reason = reason.when(ts.isNull(), "timestamp missing or not a number")
     reason = reason.when(
@@ -160,13 +174,18 @@ def classified(lines: Any) -> Any:
         "timestamp is not a number of seconds within years 1..9999",
     )
     for name in names:
-        reason = reason.when(event[name].isNull() | (event[name] == ""), f"{name} missing or empty")
-    for name in ("bytes_p2p", "bytes_cdn"):
-        reason = reason.when(event[name].isNull(), f"{name} missing or not an integer")
-        reason = reason.when(event[name] < 0, f"{name} is negative")
-    return lines.select(
-        F.col("value").alias("payload"), F.from_json("value", EVENT_SCHEMA).alias("e")
-    ).select("payload", reason.alias("reason"), "e.*")
+        reason = reason.when(F.col(name).isNull() | (F.col(name) == ""), f"{name} missing or empty")
+    for name in BYTES:
+        reason = reason.when(F.col(name).isNull(), f"{name} missing or not an integer")
+        reason = reason.when(F.col(name) < 0, f"{name} is negative")
+    reason = reason.when(F.col(CORRUPT).isNotNull(), "not valid JSON")
+    fields = ["timestamp", *names, *BYTES]
+    # A projection, not a filter: the rows are split later, in Python, so nothing is
+    # pushed below the parse. Only bad rows carry a payload across to Python.
+    judged = raw.select("*", reason.alias("reason"))
+    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*fields)))
+    payload = F.when(F.col("reason").isNotNull(), line).alias("payload")
+    return judged.select(payload, "reason", *fields)
 
 
 def session_stats(events: Any, window: str, watermark: str) -> Any:
@@ -195,84 +214,70 @@ def session_stats(events: Any, window: str, watermark: str) -> Any:
     )
 
 
-def sink_options(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """The twophase-influx options of both queries (settings come from TWOPHASE_*)."""
+def sink_options(args: argparse.Namespace) -> dict[str, str]:
+    """The twophase-influx options of the stats sink (settings come from TWOPHASE_*)."""
     return {
-        "stats": {
-            "sink_id": args.sink_id,
-            "measurement": MEASUREMENT,
-            "tags": "stream_id,isp",
-            "time": "window_end",
-            "precision": "s",
-        },
-        "malformed": {"sink_id": args.sink_id + MALFORMED_SUFFIX, "mode": "dead_letters"},
+        "sink_id": args.sink_id,
+        "measurement": MEASUREMENT,
+        "tags": "stream_id,isp",
+        "time": "window_end",
+        "precision": "s",
+        "dead_letter_sink": args.sink_id + MALFORMED_SUFFIX,
     }
 
 
-def start_queries(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Start the stats query and the malformed-lines query (append, data source sink)."""
-    reader = spark.readStream.format("text")
-    if args.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", str(args.max_files_per_trigger))
-    lines = classified(reader.load(args.input))
+def start_query(spark: Any, args: argparse.Namespace) -> Any:
+    """Start the one query: parse once, split the malformed lines off, aggregate, write."""
+    lines = classified(read_events(spark, args))
     options = sink_options(args)
-    stats = session_stats(lines.where("reason IS NULL"), args.window, args.watermark)
-    malformed = lines.where("reason IS NOT NULL").select("reason", "payload")
-    writers = {
-        "stats": stats_writer(stats, options["stats"], args.stats_writer),
-        "malformed": malformed_writer(malformed, options["malformed"], args.malformed_writer),
-    }
-    return start_writers(writers, args)
+    if args.stats_writer == DATA_SOURCE:
+        import twophase.spark as tps
+
+        events = tps.split_dead_letters(lines, options)
+        stats = session_stats(events, args.window, args.watermark)
+        writer = stats.writeStream.format(FORMAT).outputMode("complete").options(**options)
+    else:
+        write = foreach_batch(options)
+        events = write.split_dead_letters(lines)
+        stats = session_stats(events, args.window, args.watermark)
+        writer = stats.writeStream.outputMode("update").foreachBatch(write)
+    return start_writer(writer, "stats", args)
 
 
-def start_writers(writers: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Start each named stream writer with its own checkpoint and the job's trigger."""
-    queries = {}
-    for name, writer in writers.items():
-        writer = writer.queryName(name).option(
-            "checkpointLocation", os.path.join(args.checkpoint, name)
-        )
-        if args.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=args.trigger_interval)
-        queries[name] = writer.start()
-        emit("STARTED", query=name, id=str(queries[name].id), run_id=str(queries[name].runId))
-    return queries
+def start_writer(writer: Any, name: str, args: argparse.Namespace) -> Any:
+    """Start a stream writer with its checkpoint under ``--checkpoint`` and the job's trigger."""
+    writer = writer.queryName(name).option(
+        "checkpointLocation", os.path.join(args.checkpoint, name)
+    )
+    if args.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=args.trigger_interval)
+    query = writer.start()
+    emit("STARTED", query=name, id=str(query.id), run_id=str(query.runId))
+    return query
 
 
-def stats_writer(stats: Any, options: dict[str, str], how: str) -> Any:
-    """Update mode through the foreachBatch adapter, or complete mode through the data source.
+def foreach_batch(options: dict[str, str]) -> Any:
+    """Update mode through the foreachBatch adapter.
 
     PySpark's Python data sources accept only append and complete output
     modes (Spark refuses update mode for them), so the dashboard's update
     mode goes through :func:`twophase.spark.foreach_batch_writer`: the same
-    protocol, driven from foreachBatch. ``data-source`` re-sends every window
-    of the state each micro-batch (complete mode keeps all state): fine for
-    demos and tests, not for a query that runs for weeks.
+    protocol, driven from foreachBatch. ``--stats-writer data-source``
+    re-sends every window of the state each micro-batch (complete mode keeps
+    all state): fine for demos and tests, not for a query that runs for weeks.
     """
     from twophase.spark import foreach_batch_writer
 
-    if how == DATA_SOURCE:
-        return stats.writeStream.format(FORMAT).outputMode("complete").options(**options)
-    write = foreach_batch_writer(
+    return foreach_batch_writer(
         options["sink_id"],
         measurement=options["measurement"],
         tags=options["tags"].split(","),
         time=options["time"],
         precision=options["precision"],
+        dead_letter_sink=options["dead_letter_sink"],
     )
-    return stats.writeStream.outputMode("update").foreachBatch(write)
-
-
-def malformed_writer(malformed: Any, options: dict[str, str], how: str) -> Any:
-    """Malformed lines into the dead-letter table, through foreachBatch or the data source."""
-    from twophase.spark import foreach_batch_writer
-
-    if how == DATA_SOURCE:
-        return malformed.writeStream.format(FORMAT).options(**options)
-    write = foreach_batch_writer(options["sink_id"], mode=options["mode"])
-    return malformed.writeStream.foreachBatch(write)
 
 
 def emit(kind: str, **fields: Any) -> None:
@@ -321,8 +326,8 @@ def explain(error: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 
-def fail(queries: dict[str, Any], code: int, message: str) -> int:
-    for query in queries.values():
+def fail(query: Any, code: int, message: str) -> int:
+    if query is not None:
         with contextlib.suppress(Exception):  # already failed or stopped
             query.stop()
     print(f"session_metrics: error: {message}", file=sys.stderr, flush=True)
@@ -330,12 +335,14 @@ def fail(queries: dict[str, Any], code: int, message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    threading.Thread(target=prepare, args=(args,), name="twophase-prepare", daemon=True).start()
     spark = spark_session(args)
     import twophase.spark as tps
 
-    if not args.no_ship_package:
+    if args.ship_package:
         tps.ship_package(spark)
-    tps.register(spark)
+    if args.stats_writer == DATA_SOURCE:
+        tps.register(spark)
     listener = progress_listener()
     spark.streams.addListener(listener)
     try:
@@ -345,39 +352,42 @@ def run(args: argparse.Namespace) -> int:
         spark.stop()
 
 
+def prepare(args: argparse.Namespace) -> None:
+    """Import twophase and open the sink's parts while the JVM starts (the driver's Python
+    only waits for it then): the first micro-batch finds the staging store connected."""
+    with contextlib.suppress(Exception):  # the query's own use reports any problem
+        from twophase.spark.commit import open_in_background
+        from twophase.spark.options import parse_options
+
+        open_in_background(parse_options(sink_options(args)))
+
+
 def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
-    """Start both queries, claim their sinks, and wait; the exit status."""
+    """Start the query, claim its sinks, and wait; the exit status."""
     import twophase.spark as tps
     from twophase.errors import TwoPhaseError
 
-    queries: dict[str, Any] = {}
+    query = None
     try:
-        queries = start_queries(spark, args)
-        options = sink_options(args)
-        for name, query in queries.items():
-            tps.claim_query(query, options[name])
+        query = start_query(spark, args)
+        tps.claim_query(query, sink_options(args))
     except TwoPhaseError as exc:
-        return fail(queries, EXIT_REFUSED, f"{type(exc).__name__}: {exc}")
+        return fail(query, EXIT_REFUSED, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # Spark's analysis errors carry the sink's ConfigError
-        return fail(queries, EXIT_REFUSED, explain(exc))
-    return wait(spark, queries, args.available_now)
+        return fail(query, EXIT_REFUSED, explain(exc))
+    return wait(query, args.available_now)
 
 
-def wait(spark: Any, queries: dict[str, Any], available_now: bool) -> int:
-    """Until every query finished (available-now) or one failed (then stop the others)."""
+def wait(query: Any, available_now: bool) -> int:
+    """Until the query finished (available-now) or failed; the exit status."""
     try:
-        if available_now:
-            for query in queries.values():
-                query.awaitTermination()
-        else:
-            spark.streams.awaitAnyTermination()
+        query.awaitTermination()
     except Exception as exc:
-        return fail(queries, EXIT_FAILED, explain(exc))
-    failed = [q for q in queries.values() if q.exception() is not None]
-    if failed:
-        return fail(queries, EXIT_FAILED, explain(failed[0].exception()))
+        return fail(query, EXIT_FAILED, explain(exc))
+    if query.exception() is not None:
+        return fail(query, EXIT_FAILED, explain(query.exception()))
     if not available_now:
-        return fail(queries, EXIT_FAILED, "a query stopped unexpectedly")
+        return fail(query, EXIT_FAILED, "the query stopped unexpectedly")
     emit("DONE")
     return 0
 

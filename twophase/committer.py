@@ -42,6 +42,10 @@ class Committer:
         self._ledger = ledger
         self._promoter = promoter
         self._gc = gc
+        # Leases whose last commit in this process left no epoch PRECOMMITTED: until
+        # they decide again, nothing can be pending (deciding for the sink takes
+        # their token, I5), so their next commit need not look.
+        self._settled: set[Lease] = set()
 
     def recover(
         self, lease: Lease, on_promoted: Callable[[PromoteResult], None] | None = None
@@ -64,10 +68,14 @@ class Committer:
         A replayed epoch (already decided by an earlier attempt or run) is
         detected: the new attempt's writes are discarded; a PRECOMMITTED epoch
         is completed from its original writes; a COMMITTED one is skipped.
+        Older PRECOMMITTED epochs are promoted first (I3), unless this
+        process's previous commit under the same lease left none.
         """
-        recovered = tuple(r.epoch for r in self.recover(lease))
-        decision = self._ledger.decide(lease, epoch, messages)
-        crash_point("after_decide")
+        settled = lease in self._settled
+        self._settled.discard(lease)
+        recovered = () if settled else tuple(r.epoch for r in self.recover(lease))
+        decision = self._ledger.decide(lease, epoch, messages, start_promotion=True)
+        crash_point("after_decide", lease.sink_id)
         if decision.replay:
             self._gc.discard([m.write_id for m in messages])
             log.info(
@@ -78,6 +86,7 @@ class Committer:
             )
         promoted = None
         if decision.state == EpochState.PRECOMMITTED:
-            promoted = self._promoter.promote(lease, epoch)
+            promoted = self._promoter.promote(lease, epoch, decision.plan)
+        self._settled.add(lease)
         state = EpochState.COMMITTED if promoted else decision.state
         return CommitOutcome(lease.sink_id, epoch, state, decision.replay, recovered, promoted)

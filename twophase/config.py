@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
+from twophase import dburl
 from twophase.errors import ConfigError
 
 ENV_PREFIX = "TWOPHASE_"
@@ -161,10 +159,7 @@ def parse_duration(text: str | float | int, option: str) -> float:
 
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (for logs and errors)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", url)
+    return dburl.mask(url)
 
 
 @dataclass(frozen=True)
@@ -189,17 +184,11 @@ class StagingConfig:
 
     def psycopg_conninfo(self) -> str:
         """The URL in the form psycopg accepts (no SQLAlchemy driver suffix)."""
-        return (
-            make_url(self.url.reveal())
-            .set(drivername="postgresql")
-            .render_as_string(hide_password=False)
-        )
+        return dburl.DbUrl.parse(self.url.reveal()).render(scheme="postgresql")
 
     def sqlalchemy_url(self) -> str:
-        url = make_url(self.url.reveal())
-        if url.drivername == "postgresql":
-            url = url.set(drivername="postgresql+psycopg")
-        return url.render_as_string(hide_password=False)
+        """The URL with the psycopg driver named (Alembic's engine)."""
+        return dburl.DbUrl.parse(self.url.reveal()).render(scheme="postgresql+psycopg")
 
 
 @dataclass(frozen=True)
@@ -319,15 +308,9 @@ def _choice(setting: Setting, raw: Any, name: str) -> str:
 
 def _staging_url(setting: Setting, url: Secret, name: str) -> Secret:
     try:
-        parsed = make_url(url.reveal())
-    except (ArgumentError, ValueError):
-        raise ConfigError(
-            name, "is not a database URL (postgresql+psycopg://user@host/db)"
-        ) from None
-    if not parsed.drivername.startswith("postgresql"):
-        raise ConfigError(name, f"must be a PostgreSQL URL, not {parsed.drivername!r}")
-    if parsed.drivername not in ("postgresql", "postgresql+psycopg"):
-        raise ConfigError(name, "use the psycopg driver: postgresql+psycopg://...")
+        dburl.DbUrl.parse(url.reveal()).check()
+    except dburl.BadUrl as exc:
+        raise ConfigError(name, str(exc)) from None
     return url
 
 

@@ -18,9 +18,14 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from twophase.config import StagingConfig
 from twophase.errors import SchemaError, StagingUnavailableError
-from twophase.schema import SCHEMA_REVISION, VERSION_TABLE
 
 log = logging.getLogger("twophase.db")
+
+# The Alembic head this code needs (a unit test keeps it equal to migrations/versions'
+# head) and Alembic's version table. Here rather than in twophase.schema so that
+# executors, which stage through this module, never import SQLAlchemy.
+SCHEMA_REVISION = "0002_staged_chunks"
+VERSION_TABLE = "twophase_alembic_version"
 
 _UPGRADE_HINT = (
     "run `alembic upgrade head` from the twophase repository root "

@@ -5,9 +5,14 @@ Arm a point in one of two ways:
 * ``TWOPHASE_CRASH_AT=<name>[:<n>]`` in a process's environment: the process
   kills itself the n-th time it reaches ``<name>`` (default the first).
 * ``TWOPHASE_CRASH_PLAN=<file>``: the point is read from that JSON file at
-  every check, ``{"at": "<name>[:<n>]", "scope": "process" | "session"}``,
-  so a running job can be armed from outside. A plan fires once across all
-  processes that read it: the first to fire creates ``<file>.fired``.
+  every check, ``{"at": "<name>[:<n>]", "scope": "process" | "session",
+  "sink": "<sink id>"}``, so a running job can be armed from outside. A plan
+  fires once across all processes that read it: the first to fire creates
+  ``<file>.fired``.
+
+With a sink (``"sink"`` in a plan, ``TWOPHASE_CRASH_SINK`` for the
+environment form), only that sink's steps count: a job whose driver commits
+two sinks per micro-batch can be killed in either one's protocol.
 
 Scope ``process`` (default; ``TWOPHASE_CRASH_SCOPE`` for the environment form)
 kills only the process that got there — in Spark, a task failure the
@@ -33,6 +38,7 @@ from pathlib import Path
 
 CRASH_ENV = "TWOPHASE_CRASH_AT"
 SCOPE_ENV = "TWOPHASE_CRASH_SCOPE"
+SINK_ENV = "TWOPHASE_CRASH_SINK"
 PLAN_ENV = "TWOPHASE_CRASH_PLAN"
 CRASH_POINTS = (
     "stage_rows",
@@ -45,14 +51,16 @@ CRASH_POINTS = (
 _hits: dict[str, int] = {}
 
 
-def crash_point(name: str) -> None:
-    """SIGKILL this process (or its whole session) if a crash point is armed here."""
+def crash_point(name: str, sink_id: str | None = None) -> None:
+    """SIGKILL this process (or its whole session) if a crash point is armed here, in
+    the step of sink ``sink_id``."""
     plan = os.environ.get(PLAN_ENV)
     if plan:
-        at, scope = _read_plan(plan)
+        at, scope, sink = _read_plan(plan)
     else:
         at, scope = os.environ.get(CRASH_ENV), os.environ.get(SCOPE_ENV, "process")
-    if not at:
+        sink = os.environ.get(SINK_ENV)
+    if not at or (sink is not None and sink != sink_id):
         return
     target, _, count = at.partition(":")
     if target != name:
@@ -65,12 +73,12 @@ def crash_point(name: str) -> None:
     _kill(scope)
 
 
-def _read_plan(path: str) -> tuple[str | None, str]:
+def _read_plan(path: str) -> tuple[str | None, str, str | None]:
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return None, "process"  # not armed (yet), or being rewritten
-    return plan.get("at"), plan.get("scope", "process")
+        return None, "process", None  # not armed (yet), or being rewritten
+    return plan.get("at"), plan.get("scope", "process"), plan.get("sink")
 
 
 def _claim(plan: str) -> bool:

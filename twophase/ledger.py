@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -37,6 +37,7 @@ class Decision:
     state: EpochState
     replay: bool
     points_staged: int
+    plan: EpochPlan | None = None  # with start_promotion, for a PRECOMMITTED outcome
 
 
 def _reset_hint(sink_id: str) -> str:
@@ -91,13 +92,23 @@ class Ledger:
 
     # -- phase 2: vote and commit -------------------------------------------------
 
-    def decide(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> Decision:
+    def decide(
+        self,
+        lease: Lease,
+        epoch: int,
+        messages: Sequence[CommitMessage],
+        *,
+        start_promotion: bool = False,
+    ) -> Decision:
         """Record ``epoch`` as PRECOMMITTED with exactly the writes in ``messages``.
 
         From here its point set is fixed (I1). If the epoch is already decided
         this is a replay: nothing changes but the replay counters, and the
         existing state is returned (``replay=True``); the caller promotes a
         PRECOMMITTED one from its original writes and skips a COMMITTED one.
+        With ``start_promotion`` (a caller that promotes next), a PRECOMMITTED
+        outcome also counts a promotion attempt and carries the plan, as
+        :meth:`plan_promotion` would in a transaction of its own.
         Raises FencedError for a stale lease, CheckpointResetError (I6),
         StateError for an unknown epoch below the sink's last one, and
         PermanentError if a message names a write that is not staged.
@@ -110,18 +121,10 @@ class Ledger:
                     f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
                     f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
                 )
-            existing = _epoch_row(cur, lease.sink_id, epoch)
-            if existing is not None:
-                return _count_replay(cur, lease, epoch, existing)
-            last = sink["last_decided_epoch"]
-            if last is not None and epoch <= last:
-                raise StateError(
-                    f"sink {lease.sink_id!r}: epoch {epoch} is not recorded but the sink has "
-                    f"decided up to epoch {last}; the checkpoint does not match the staging "
-                    f"store: {_reset_hint(lease.sink_id)}"
-                )
-            refs = _checked_writes(cur, lease.sink_id, epoch, messages)
-            return _insert_decision(cur, lease, epoch, refs)
+            decision = _vote(cur, sink, lease, epoch, messages)
+            if start_promotion and decision.state == EpochState.PRECOMMITTED:
+                decision = replace(decision, plan=_start_attempt(cur, lease, epoch))
+            return decision
 
     def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
         """Count a promotion attempt and return the epoch's fixed writes, in promotion
@@ -132,14 +135,7 @@ class Ledger:
         """
         with self._db.transaction() as cur:
             _check_fence(_lock_sink(cur, lease.sink_id), lease)
-            cur.execute(
-                "UPDATE twophase_epochs SET promote_attempts = promote_attempts + 1"
-                " WHERE sink_id = %s AND epoch = %s AND state = %s",
-                (lease.sink_id, epoch, EpochState.PRECOMMITTED),
-            )
-            if cur.rowcount == 0:
-                raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is not PRECOMMITTED")
-            return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
+            return _start_attempt(cur, lease, epoch)
 
     def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
         """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
@@ -325,6 +321,35 @@ def _count_pending(cur: Cursor, sink_id: str) -> int:
     )
     row = cur.fetchone()
     return int(row[0]) if row else 0
+
+
+def _vote(
+    cur: Cursor, sink: dict[str, Any], lease: Lease, epoch: int, messages: Sequence[CommitMessage]
+) -> Decision:
+    existing = _epoch_row(cur, lease.sink_id, epoch)
+    if existing is not None:
+        return _count_replay(cur, lease, epoch, existing)
+    last = sink["last_decided_epoch"]
+    if last is not None and epoch <= last:
+        raise StateError(
+            f"sink {lease.sink_id!r}: epoch {epoch} is not recorded but the sink has "
+            f"decided up to epoch {last}; the checkpoint does not match the staging "
+            f"store: {_reset_hint(lease.sink_id)}"
+        )
+    refs = _checked_writes(cur, lease.sink_id, epoch, messages)
+    return _insert_decision(cur, lease, epoch, refs)
+
+
+def _start_attempt(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:
+    """Count a promotion attempt of a PRECOMMITTED epoch; its writes in promotion order."""
+    cur.execute(
+        "UPDATE twophase_epochs SET promote_attempts = promote_attempts + 1"
+        " WHERE sink_id = %s AND epoch = %s AND state = %s",
+        (lease.sink_id, epoch, EpochState.PRECOMMITTED),
+    )
+    if cur.rowcount == 0:
+        raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is not PRECOMMITTED")
+    return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
 
 
 def _count_replay(

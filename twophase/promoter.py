@@ -14,7 +14,7 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from twophase.batching import batches
@@ -66,16 +66,19 @@ class Promoter:
         self._batch_points = config.batch_points
         self._batch_bytes = config.batch_bytes
 
-    def promote(self, lease: Lease, epoch: int) -> PromoteResult:
-        plan = self._ledger.plan_promotion(lease, epoch)
+    def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
+        """Send the epoch and mark it COMMITTED. ``plan`` is the attempt the decision
+        already started (:meth:`Ledger.decide` with ``start_promotion``); without it
+        an attempt is started here."""
+        plan = plan or self._ledger.plan_promotion(lease, epoch)
         try:
             delivered, rejected = self.send(plan)
         except TwoPhaseError as exc:
             self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
             raise
-        crash_point("after_promote")
+        crash_point("after_promote", lease.sink_id)
         self._ledger.mark_committed(lease, epoch, delivered, rejected)
-        crash_point("after_mark")
+        crash_point("after_mark", lease.sink_id)
         log.info(
             "sink %s epoch %d committed: %d delivered, %d rejected",
             lease.sink_id,
@@ -99,7 +102,7 @@ class Promoter:
         COMMITTED epochs.
         """
         tally = _Tally(plan)
-        with contextlib.closing(read_ahead(self._pieces(plan), _READ_AHEAD)) as pieces:
+        with contextlib.closing(self._read(plan)) as pieces:
             for request in _requests(pieces, self._batch_points, self._batch_bytes):
                 rejects = self._sender.send(
                     b"\n".join(piece.data for piece in request),
@@ -110,12 +113,24 @@ class Promoter:
                 tally.add(request, len(rejects))
                 if on_batch is not None:
                     on_batch(tally.delivered + tally.rejected)
-                crash_point("promote_batch")
+                crash_point("promote_batch", plan.sink_id)
         tally.check_unchanged()
         return tally.delivered, tally.rejected
 
-    def _pieces(self, plan: EpochPlan) -> Iterator[_Piece]:
-        for index, chunk in self._reader.chunks_of([w.write_id for w in plan.writes]):
+    def _read(self, plan: EpochPlan) -> Generator[_Piece, None, None]:
+        """The plan's pieces: nothing to read for an epoch without points; an epoch within
+        one request read at once (one round trip); a larger one through a server-side
+        cursor, read ahead in a thread while InfluxDB takes the current request."""
+        points = sum(w.points for w in plan.writes)
+        if points == 0:
+            return
+        small = points <= self._batch_points
+        pieces = self._pieces(plan, small)
+        yield from (pieces if small else read_ahead(pieces, _READ_AHEAD))
+
+    def _pieces(self, plan: EpochPlan, small: bool) -> Iterator[_Piece]:
+        chunks = self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
+        for index, chunk in chunks:
             yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
 
 

@@ -12,13 +12,13 @@ Read-only: nothing here changes the store.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
 
 from twophase.db import Database
-from twophase.model import EpochPlan, Phase, StagedChunk, WriteRef
+from twophase.model import CommitMessage, EpochPlan, Phase, StagedChunk, WriteRef
 
 Cursor = psycopg.Cursor[Any]
 
@@ -27,6 +27,12 @@ _DECIDED_WRITES = (
     "SELECT w.write_id::text, w.points, w.checksum FROM twophase_epochs e"
     " JOIN twophase_writes w ON w.write_id = ANY(e.write_ids)"
     " WHERE e.sink_id = %s AND e.epoch = %s ORDER BY w.partition_id, w.write_id"
+)
+
+_PARTITION_WRITES = (
+    "SELECT DISTINCT ON (partition_id) write_id, partition_id, attempt, points, rejected,"
+    " checksum FROM twophase_writes WHERE sink_id = %s AND epoch = %s AND run_id = %s"
+    " ORDER BY partition_id, attempt, staged_at, write_id"
 )
 
 # Ordered by the writes' positions in the plan, then by chunk: an index scan per write.
@@ -57,31 +63,65 @@ class StagedReader:
         with self._db.transaction() as cur:
             return EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
 
-    def chunks_of(self, write_ids: Sequence[str]) -> Iterator[tuple[int, StagedChunk]]:
+    def chunks_of(
+        self, write_ids: Sequence[str], *, small: bool = False
+    ) -> Iterator[tuple[int, StagedChunk]]:
         """Every chunk of these writes as ``(index in write_ids, chunk)``, in that
-        order and then in seq order, through one server-side cursor.
+        order and then in seq order, in one query.
 
         One query and one transaction for a whole epoch, however many tasks
-        staged it (a cursor per write cost a transaction per task). Bounded
-        memory: at most ``fetch_chunks`` chunks are held at a time. Holds one
-        pooled connection until exhausted or closed. A chunk whose lines do
-        not fit its body raises PermanentError.
+        staged it (a cursor per write cost a transaction per task). Through a
+        server-side cursor, memory is bounded: at most ``fetch_chunks`` chunks
+        are held at a time, and one pooled connection is held until exhausted
+        or closed. ``small`` (the caller knows the chunks fit in memory: an
+        epoch within one request) reads them at once, saving the cursor's
+        round trips. A chunk whose lines do not fit its body raises
+        PermanentError.
         """
         ids = [uuid.UUID(w) for w in write_ids]
+        rows: Iterable[tuple[Any, ...]]
+        if small:
+            with self._db.transaction() as cur:
+                cur.execute(_CHUNKS_OF_WRITES, (ids,), binary=True)
+                rows = cur.fetchall()
+        else:
+            rows = self._cursor(ids)
+        for position, first_seq, points, ends, body in rows:
+            chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body)
+            yield position - 1, chunk.check()
+
+    def _cursor(self, ids: list[uuid.UUID]) -> Iterator[tuple[Any, ...]]:
         with self._db.connection() as conn, conn.transaction():
             name = f"twophase_promote_{uuid.uuid4().hex}"
             with conn.cursor(name=name, binary=True) as cur:
                 cur.itersize = self._fetch_chunks
                 cur.execute(_CHUNKS_OF_WRITES, (ids,))
-                for position, first_seq, points, ends, body in cur:
-                    chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body)
-                    yield position - 1, chunk.check()
+                yield from cur
 
     def lines(self, plan: EpochPlan) -> Iterator[tuple[str, int, str]]:
         """``(write_id, seq, line)`` of every line of the plan, in promotion order."""
         for _, chunk in self.chunks_of([w.write_id for w in plan.writes]):
             for seq, line in enumerate(chunk.lines(), chunk.first_seq):
                 yield chunk.write_id, seq, line
+
+    def partition_writes(
+        self, sink_id: str, epoch: int, run_id: str, query_id: str | None
+    ) -> list[CommitMessage]:
+        """The commit messages of the writes ``run_id`` staged for an epoch, one per
+        partition, for a decision when no task result carries them (dead letters
+        split off upstream of a sink: see :mod:`twophase.spark.split`).
+
+        Every attempt of a partition's task stages the same rows (Spark re-reads
+        the same input split), and staging is all or nothing, so any complete
+        write stands for its partition: the first attempt's, then the oldest.
+        Writes of other runs (a crashed driver's) are never chosen.
+        """
+        with self._db.transaction() as cur:
+            cur.execute(_PARTITION_WRITES, (sink_id, epoch, run_id))
+            return [
+                CommitMessage(sink_id, epoch, str(w), p, a, n, r, c, run_id, query_id)
+                for w, p, a, n, r, c in cur.fetchall()
+            ]
 
     def rejected_at_promote(self, sink_id: str, epochs: Sequence[int]) -> set[tuple[str, int]]:
         """(write_id, seq) of the staged lines InfluxDB refused: never part of what it holds."""

@@ -47,10 +47,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from twophase.db import SCHEMA_REVISION, VERSION_TABLE
 from twophase.model import EpochState, Phase
 
-SCHEMA_REVISION = "0002_staged_chunks"
-VERSION_TABLE = "twophase_alembic_version"
+__all__ = ["SCHEMA_REVISION", "VERSION_TABLE", "metadata"]
+
 TABLE_PREFIX = "twophase_"
 
 EPOCH_STATES = tuple(state.value for state in EpochState)

@@ -67,7 +67,7 @@ class Stager:
         """
         write_id = uuid.uuid4()
         with tempfile.TemporaryFile() as spool, self._db.transaction() as cur:
-            chunks, rejected = self._copy_lines(cur, write_id, items, spool)
+            chunks, rejected = self._copy_lines(cur, sink_id, write_id, items, spool)
             if rejected:
                 _copy_rejects(cur, sink_id, epoch, write_id, spool)
             message = CommitMessage(
@@ -83,19 +83,20 @@ class Stager:
                 query_id=query_id,
             )
             _record_write(cur, message)
-        crash_point("after_stage")
+        crash_point("after_stage", sink_id)
         return message
 
     def _copy_lines(
         self,
         cur: psycopg.Cursor[Any],
+        sink_id: str,
         write_id: uuid.UUID,
         items: Iterable[str | Rejected],
         spool: IO[bytes],
     ) -> tuple[_ChunkCopy, int]:
         """COPY the lines in chunks; spool the rejected rows. (chunks, rejected count)"""
         with cur.copy(_COPY_CHUNKS) as copy:
-            chunks = _ChunkCopy(copy, write_id)
+            chunks = _ChunkCopy(copy, write_id, sink_id)
             rejected = 0
             for block in _blocks(items, self._chunk_points):
                 lines = [item for item in block if isinstance(item, str)]
@@ -136,10 +137,11 @@ _CHUNK_TYPES = ("uuid", "int4", "int4", "int4", "int4[]", "text")
 class _ChunkCopy:
     """Writes one write's chunks into a running COPY, counting and hashing its lines."""
 
-    def __init__(self, copy: psycopg.Copy, write_id: uuid.UUID) -> None:
+    def __init__(self, copy: psycopg.Copy, write_id: uuid.UUID, sink_id: str) -> None:
         copy.set_types(list(_CHUNK_TYPES))
         self._copy = copy
         self._write_id = write_id
+        self._sink_id = sink_id
         self.chunks = 0
         self.points = 0
         self.checksum = LineChecksum()
@@ -152,7 +154,7 @@ class _ChunkCopy:
         self.checksum.add_joined(chunk.body.encode("utf-8"))
         before, self.points, self.chunks = self.points, self.points + len(lines), self.chunks + 1
         for _ in range(self.points // _CRASH_EVERY - before // _CRASH_EVERY):
-            crash_point("stage_rows")  # the COPY is under way, nothing committed
+            crash_point("stage_rows", self._sink_id)  # the COPY is under way, nothing committed
 
 
 def _blocks(items: Iterable[T], size: int) -> Iterator[list[T]]:

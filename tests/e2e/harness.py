@@ -38,6 +38,7 @@ SINKS = (SINK, MALFORMED)
 MEASUREMENT = "stream_stats"
 MASTER = "local[2,4]"  # two cores; a failed task is retried up to 4 times
 START_TIMEOUT_S = 180.0
+KILL_TIMEOUT_S = 120.0  # for an armed crash point to fire once its input is fed
 JOB_TIMEOUT_S = 300.0
 EXACT_FIELDS = ("events", "bytes_p2p", "bytes_cdn")
 Key = tuple[int, str, str]  # (window end in epoch seconds, stream_id, isp)
@@ -164,7 +165,6 @@ def start_job(
     max_files: int = 1,
     master: str = MASTER,
     stats_writer: str = "foreach-batch",
-    malformed_writer: str = "data-source",
     crash_plan: Path | None = None,
     extra_args: Sequence[str] = (),
     **env: str,
@@ -172,11 +172,8 @@ def start_job(
     """Start ``python jobs/session_metrics.py`` in a new session; returns at once.
 
     With ``crash_plan``, crash points can be armed while it runs (:func:`arm`).
-    ``malformed_writer`` defaults to the data source (not the job's default,
-    foreachBatch) because crash points count hits per process: with the
-    malformed-lines query committing through the data source's own Python
-    process, the driver's crash points land on the stats sink alone. Tests
-    without crash points run the job's default.
+    The driver commits the stats' epoch, then the dead-letter sink's: a driver
+    crash point fires in the stats' steps first, unless the plan names a sink.
     """
     if crash_plan is not None:
         env["TWOPHASE_CRASH_PLAN"] = str(crash_plan)
@@ -199,8 +196,6 @@ def start_job(
         master,
         "--stats-writer",
         stats_writer,
-        "--malformed-writer",
-        malformed_writer,
         "--conf",
         "spark.ui.enabled=false",
         *trigger,
@@ -236,11 +231,13 @@ def run_job(*args: Any, timeout: float = JOB_TIMEOUT_S, **kwargs: Any) -> Job:
     return job
 
 
-def arm(plan: Path, at: str, scope: str = "session") -> None:
-    """Arm a crash point in the running job(s) reading ``plan``: fires once."""
+def arm(plan: Path, at: str, scope: str = "session", sink: str | None = None) -> None:
+    """Arm a crash point in the running job(s) reading ``plan``: fires once, in the steps
+    of ``sink`` when one is named."""
     disarm(plan)
     hidden = plan.with_name(plan.name + ".tmp")
-    hidden.write_text(json.dumps({"at": at, "scope": scope}))
+    armed = {"at": at, "scope": scope} | ({"sink": sink} if sink else {})
+    hidden.write_text(json.dumps(armed))
     hidden.replace(plan)
 
 

@@ -99,6 +99,17 @@ def test_options_are_validated_without_spark(staging_url: str) -> None:
         parse_options({"sink_id": "s", "mode": DEAD_LETTERS, "measurement": "m"})
     with pytest.raises(ConfigError, match="influx_token: is a secret"):
         foreach_batch_writer("s", measurement="m", influx_token=SECRET)
+    with pytest.raises(ConfigError, match="dead_letter_sink: must differ from sink_id 's'"):
+        parse_options({"sink_id": "s", "measurement": "m", "dead_letter_sink": "s"})
+    with pytest.raises(ConfigError, match="dead_letter_sink: must have no surrounding spaces"):
+        parse_options({"sink_id": "s", "measurement": "m", "dead_letter_sink": " d"})
+    with pytest.raises(ConfigError, match="dead_letter_sink: only applies to mode=points"):
+        parse_options({"sink_id": "s", "mode": DEAD_LETTERS, "dead_letter_sink": "d"})
+    with pytest.raises(ConfigError, match="dead_letter_sink: is not set for sink 's'"):
+        parse_options({"sink_id": "s", "measurement": "m"}).dead_letters()
+    split = parse_options({"sink_id": "s", "measurement": "m", "dead_letter_sink": "d"})
+    assert (split.dead_letters().sink_id, split.dead_letters().mode) == ("d", DEAD_LETTERS)
+    assert split.dead_letters().settings == split.settings
     sink = parse_options(
         {
             "Sink_Id": "s",

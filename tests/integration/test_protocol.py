@@ -318,3 +318,22 @@ def test_fenced_run_cannot_claim_the_sink_back(tp: Any) -> None:
         tp.ledger.begin_run("s", "r1", "q1")
     assert tp.ledger.begin_run("s", "r2", "q1") == newer  # the owner's own re-claim is a no-op
     tp.committer.commit(newer, 0, stage(tp, "s", 0, [lines(0, 2)], run="r2"))
+
+
+def test_partition_writes_take_one_write_per_partition_of_the_run(tp: Any) -> None:
+    """A decision without task results (dead letters split upstream) takes each
+    partition's first attempt of this run, never another run's or a second attempt."""
+    first = stage(tp, "s", 4, [lines(4, 2), lines(4, 3, host="b")])
+    retried = stage(tp, "s", 4, [lines(4, 2)], attempt=1)
+    crashed_run = stage(tp, "s", 4, [lines(4, 2), lines(4, 3), lines(4, 1)], run="r0")
+    stage(tp, "s", 5, [lines(5, 2)])  # another epoch
+    chosen = tp.reader.partition_writes("s", 4, "r1", "q1")
+    assert [(m.write_id, m.partition_id, m.attempt) for m in chosen] == [
+        (m.write_id, m.partition_id, m.attempt) for m in first
+    ]
+    assert chosen == first  # points, checksums, run and query as staged
+    assert retried[0] not in chosen and crashed_run[2] not in chosen
+    assert tp.reader.partition_writes("s", 4, "r2", "q1") == []
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    assert tp.committer.commit(lease, 4, chosen).promoted.delivered == 5
+    assert influx_count(tp.config.influx, M) == 5

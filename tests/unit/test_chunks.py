@@ -81,7 +81,9 @@ class FakeReader:
         self._chunks = chunks
         self.letters: dict[tuple[str, int], DeadLetter] = {}
 
-    def chunks_of(self, write_ids: Sequence[str]) -> Iterator[tuple[int, StagedChunk]]:
+    def chunks_of(
+        self, write_ids: Sequence[str], small: bool = False
+    ) -> Iterator[tuple[int, StagedChunk]]:
         for index, write_id in enumerate(write_ids):
             for chunk in self._chunks[write_id]:
                 yield index, chunk

@@ -39,6 +39,25 @@ def test_no_crash_point_set_runs_through() -> None:
     assert (done.returncode, done.stdout.split()) == (0, ["0", "1", "2", "3", "4"])
 
 
+SINK_SCRIPT = (
+    "from twophase.faults import crash_point\n"
+    "for i in range(5):\n"
+    "    crash_point('here', 'stats')\n"
+    "    crash_point('here', 'dead')\n"
+    "    print(i, flush=True)\n"
+)
+
+
+def test_a_point_armed_for_one_sink_counts_only_that_sinks_steps() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
+    env |= {"TWOPHASE_CRASH_AT": "here:2", "TWOPHASE_CRASH_SINK": "dead"}
+    done = subprocess.run(
+        [sys.executable, "-c", SINK_SCRIPT], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout.split() == ["0"]  # the second 'dead' hit, not the second hit overall
+
+
 def test_nth_hit_is_sigkilled() -> None:
     done = run("here:3")
     assert done.returncode == -signal.SIGKILL

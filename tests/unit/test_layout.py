@@ -97,3 +97,23 @@ def test_there_is_no_replay_command() -> None:
 
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert "resend" in commands and "replay" not in commands
+
+
+@pytest.mark.parametrize("module", ["twophase.spark.stage", "twophase.spark.split"])
+def test_executor_modules_import_no_driver_side_code(module: str) -> None:
+    """Spark unpickles a staging task or the split UDF in every Python worker: what it
+    imports is paid per worker, and the commit side (SQLAlchemy, the ledger, InfluxDB
+    writers) has no business there."""
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys, {module}; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'sqlalchemy', 'alembic', 'urllib3'} or m in {'twophase.ledger', "
+        "'twophase.committer', 'twophase.promoter', 'twophase.influx.writers'})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert done.stdout.split() == []

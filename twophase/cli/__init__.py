@@ -40,12 +40,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TextIO
 
-from sqlalchemy.engine import make_url
-
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console
 from twophase.cli.parser import build_parser
 from twophase.config import CLI_FLAGS
+from twophase.dburl import has_password
 from twophase.errors import (
     ConfigError,
     EpochRangeError,
@@ -89,11 +88,7 @@ def _logging(debug: bool, stream: TextIO) -> Iterator[None]:
 
 def _warn_password_flag(console: Console) -> None:
     url = console.args.staging_url
-    try:
-        has_password = bool(url and make_url(url).password)
-    except Exception:  # a bad URL is reported by the configuration step
-        has_password = False
-    if has_password:
+    if url and has_password(url):  # a bad URL is reported by the configuration step
         console.warn(
             "the password in --staging-url is visible to other users (process list, "
             "shell history); prefer TWOPHASE_STAGING_URL or TWOPHASE_STAGING_URL_FILE"

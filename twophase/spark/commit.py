@@ -47,6 +47,24 @@ def two_phase(sink: SinkOptions) -> TwoPhase:
         return parts
 
 
+def open_in_background(sink: SinkOptions) -> None:
+    """Start opening the sink's parts (connection pool, schema check, InfluxDB writer)
+    in a thread, so that the first micro-batch finds them ready.
+
+    Idempotent: :func:`two_phase` opens them once per process, and a caller that
+    needs them first waits for the opening. A failure is left to that caller,
+    which meets it again with its message.
+    """
+
+    def opening() -> None:
+        try:
+            two_phase(sink)
+        except Exception as exc:  # reported by the first real use, not from a thread
+            log.debug("opening sink %s in the background failed: %s", sink.sink_id, exc)
+
+    threading.Thread(target=opening, name="twophase-open", daemon=True).start()
+
+
 def claim(sink: SinkOptions, run_id: str, query_id: str | None) -> Lease:
     """Begin ``run_id`` on the sink once per process (fences older runs, I5).
 
@@ -65,15 +83,39 @@ def claim(sink: SinkOptions, run_id: str, query_id: str | None) -> Lease:
 
 
 def commit_epoch(
-    sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]
+    sink: SinkOptions,
+    epoch: int,
+    messages: Sequence[CommitMessage],
+    identity: tuple[str, str | None] | None = None,
 ) -> CommitOutcome | None:
-    """Decide and promote ``epoch`` from its tasks' messages; None if it had no task."""
-    if not messages:
+    """Decide and promote ``epoch`` from its tasks' messages; None if it had no task.
+
+    With a ``dead_letter_sink``, the rows split off upstream
+    (:mod:`twophase.spark.split`) are decided next, as that sink's epoch.
+    ``identity`` is the run and query when the caller knows them (foreachBatch);
+    otherwise the messages carry them.
+    """
+    if identity is None and messages:
+        identity = _identity(sink, epoch, messages)
+    if identity is None and sink.dead_letter_sink is not None:
+        # Rows may have been split off in this batch, and only the run finds them.
+        raise PermanentError(
+            f"sink {sink.sink_id!r} epoch {epoch}: no task reported its run, so the rows "
+            f"split off to {sink.dead_letter_sink!r} cannot be decided"
+        )
+    if identity is None:
         log.info("sink %s epoch %d had no tasks: nothing to decide", sink.sink_id, epoch)
         return None
-    run_id, query_id = _identity(sink, epoch, messages)
-    lease = claim(sink, run_id, query_id)
-    outcome = two_phase(sink).committer.commit(lease, epoch, messages)
+    outcome = None
+    if messages:
+        lease = claim(sink, *identity)
+        outcome = two_phase(sink).committer.commit(lease, epoch, messages)
+    # The points first, then the rows split off upstream: a crash between them
+    # leaves the dead letters to the replay of this micro-batch.
+    if sink.dead_letter_sink is not None:
+        _commit_split(sink.dead_letters(), epoch, *identity)
+    if outcome is None:
+        return None
     log.info(
         "sink %s epoch %d: %s%s, recovered %s, %d points delivered",
         sink.sink_id,
@@ -84,6 +126,14 @@ def commit_epoch(
         outcome.promoted.delivered if outcome.promoted else 0,
     )
     return outcome
+
+
+def _commit_split(dead: SinkOptions, epoch: int, run_id: str, query_id: str | None) -> None:
+    """Decide the dead-letter sink's epoch from the writes this run's tasks split off."""
+    parts = two_phase(dead)
+    messages = parts.reader.partition_writes(dead.sink_id, epoch, run_id, query_id)
+    if messages:
+        parts.committer.commit(claim(dead, run_id, query_id), epoch, messages)
 
 
 def abort_epoch(sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]) -> int:

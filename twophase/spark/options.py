@@ -17,9 +17,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 from twophase.config import (
     OPTIONS,
     SECRET_OPTIONS,
@@ -29,6 +26,7 @@ from twophase.config import (
     load_config,
     load_staging_config,
 )
+from twophase.dburl import has_password
 from twophase.errors import ConfigError
 from twophase.points import PointSpec
 
@@ -40,7 +38,7 @@ REASON_COLUMN = "reason"
 PAYLOAD_COLUMN = "payload"
 
 POINT_OPTIONS = ("measurement", "tags", "fields", "time", "precision", "null_fields")
-SINK_OPTIONS = ("sink_id", "mode", *POINT_OPTIONS)
+SINK_OPTIONS = ("sink_id", "mode", "dead_letter_sink", *POINT_OPTIONS)
 # Spark passes its own writeStream options to every sink; they are not ours to judge.
 SPARK_OPTIONS = ("checkpointlocation", "path", "queryname")
 MAX_SINK_ID_LENGTH = 200
@@ -62,6 +60,17 @@ class SinkOptions:
     mode: str
     spec: PointSpec | None
     settings: tuple[tuple[str, str], ...] = ()
+    dead_letter_sink: str | None = None
+
+    def dead_letters(self) -> SinkOptions:
+        """The sink that rows split off upstream go to (``dead_letter_sink``), with the
+        same settings; ConfigError when none was configured."""
+        if self.dead_letter_sink is None:
+            raise ConfigError(
+                "dead_letter_sink",
+                f"is not set for sink {self.sink_id!r}: set it to split dead letters off",
+            )
+        return SinkOptions(self.dead_letter_sink, DEAD_LETTERS, None, self.settings)
 
     def staging_config(self) -> StagingConfig:
         """The staging store settings (all an executor needs)."""
@@ -97,7 +106,8 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
             null_fields=values.get("null_fields", "reject").strip().lower(),
         )
     settings = {key: value for key, value in values.items() if key in OPTIONS}
-    return build_sink(values.get("sink_id", ""), mode, spec, settings, spec_values)
+    sink_id, dead = values.get("sink_id", ""), values.get("dead_letter_sink")
+    return build_sink(sink_id, mode, spec, settings, spec_values, dead)
 
 
 def build_sink(
@@ -106,6 +116,7 @@ def build_sink(
     spec: PointSpec | None,
     settings: Mapping[str, Any],
     given_point_options: Iterable[str] = (),
+    dead_letter_sink: str | None = None,
 ) -> SinkOptions:
     """Validate the parts of a sink and assemble it; see :func:`parse_options`.
 
@@ -131,7 +142,8 @@ def build_sink(
             raise ConfigError("measurement", "is required: the InfluxDB measurement to write")
         spec.validate()
     clean = _check_settings(settings)
-    sink = SinkOptions(sink_id, mode, spec, tuple(sorted(clean.items())))
+    dead = _check_dead_letter_sink(sink_id, mode, dead_letter_sink)
+    sink = SinkOptions(sink_id, mode, spec, tuple(sorted(clean.items())), dead)
     sink.config()  # fail fast: every setting, from options or environment, must validate
     return sink
 
@@ -172,19 +184,30 @@ def _columns(text: str | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in text.split(",")) if text.strip() else ()
 
 
-def _check_sink_id(sink_id: str) -> str:
+def _check_sink_id(sink_id: str, option: str = "sink_id") -> str:
     if not isinstance(sink_id, str) or not sink_id.strip():
         raise ConfigError(
-            "sink_id",
+            option,
             "is required: a stable name for this output, unique per "
             "query (like Kafka's transactional.id)",
         )
     if sink_id != sink_id.strip() or len(sink_id) > MAX_SINK_ID_LENGTH:
         raise ConfigError(
-            "sink_id",
+            option,
             f"must have no surrounding spaces and at most {MAX_SINK_ID_LENGTH} characters",
         )
     return sink_id
+
+
+def _check_dead_letter_sink(sink_id: str, mode: str, dead: str | None) -> str | None:
+    if dead is None:
+        return None
+    if mode != POINTS:
+        raise ConfigError("dead_letter_sink", "only applies to mode=points")
+    _check_sink_id(dead, "dead_letter_sink")
+    if dead == sink_id:
+        raise ConfigError("dead_letter_sink", f"must differ from sink_id {sink_id!r}")
+    return dead
 
 
 def _check_settings(settings: Mapping[str, Any]) -> dict[str, str]:
@@ -209,11 +232,7 @@ def _check_settings(settings: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _refuse_password(url: str) -> None:
-    try:
-        has_password = make_url(url).password is not None
-    except (ArgumentError, ValueError):
-        return  # load_config reports the malformed URL with its own message
-    if has_password:
+    if has_password(url):  # a malformed URL is reported by load_config
         raise ConfigError(
             "staging_url",
             "must not contain a password as a Spark option "

@@ -11,6 +11,7 @@ counts; the others are orphans that abort or GC removes.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
 _TRUNCATED = " ...[truncated]"
+MESSAGE_SCHEMA = "message binary"  # what a staging task of the foreachBatch adapter returns
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,10 @@ def current_task(
     )
 
 
-def stage_task(sink: SinkOptions, data: Iterable[Any], task: TaskIdentity) -> CommitMessage:
-    """Stage one partition's rows (Arrow record batches or Spark Rows) as one write.
+def stage_task(
+    sink: SinkOptions, rows: Iterable[Mapping[str, Any]], task: TaskIdentity
+) -> CommitMessage:
+    """Stage one partition's rows (mappings: see :func:`rows_of`) as one write.
 
     All or nothing (one PostgreSQL transaction); returns the message the
     driver's vote needs. Staging errors propagate, failing the task, which
@@ -82,7 +86,7 @@ def stage_task(sink: SinkOptions, data: Iterable[Any], task: TaskIdentity) -> Co
     return stager.stage(
         sink.sink_id,
         task.epoch,
-        items_of(sink, rows_of(data)),
+        items_of(sink, rows),
         partition_id=task.partition_id,
         attempt=task.attempt,
         run_id=task.run_id,
@@ -124,3 +128,19 @@ def storable(value: Any) -> str:
         return data.decode("utf-8")
     cut = data[: MAX_PAYLOAD_BYTES - len(_TRUNCATED)]
     return cut.decode("utf-8", "ignore") + _TRUNCATED
+
+
+def stage_arrow_partition(
+    sink: SinkOptions,
+    epoch: int,
+    run_id: str,
+    query_id: str | None,
+    batches: Iterable[Any],
+) -> Iterator[Any]:
+    """``mapInArrow`` body of the foreachBatch adapter: stage this partition, yield its
+    pickled CommitMessage (one row of :data:`MESSAGE_SCHEMA`)."""
+    import pyarrow as pa
+
+    task = current_task(epoch=epoch, run_id=run_id, query_id=query_id)
+    message = stage_task(sink, rows_of(batches), task)
+    yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
