@@ -375,7 +375,10 @@ def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
         return fail(query, EXIT_REFUSED, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # Spark's analysis errors carry the sink's ConfigError
         return fail(query, EXIT_REFUSED, explain(exc))
-    return wait(query, args.available_now)
+    try:
+        return wait(query, args.available_now)
+    finally:  # the run is over however the query ended: operators need no --force
+        tps.end_query(query, sink_options(args))
 
 
 def wait(query: Any, available_now: bool) -> int:

@@ -1,8 +1,9 @@
 """Assembles the protocol's parts from one configuration.
 
 ``TwoPhase.open(config)`` checks the staging schema, resolves the InfluxDB
-API, and wires stager, ledger, promoter, committer and GC. The Spark sink,
-the jobs and the CLI all start here, so they share one set of defaults.
+API, and wires stager, ledger, promoter, committer, GC and the runs' ends.
+The Spark sink, the jobs and the CLI all start here, so they share one set
+of defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from twophase.influx.writers import InfluxWriter
 from twophase.ledger import Ledger
 from twophase.promoter import Promoter
 from twophase.reader import StagedReader
+from twophase.runs import Runs
 from twophase.sender import BatchSender
 from twophase.staging import Stager
 
@@ -36,6 +38,7 @@ class TwoPhase:
     promoter: Promoter
     committer: Committer
     gc: GarbageCollector
+    runs: Runs
 
     @classmethod
     def open(
@@ -65,6 +68,7 @@ class TwoPhase:
             promoter=promoter,
             committer=Committer(ledger, promoter, gc),
             gc=gc,
+            runs=Runs(db),
         )
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 Tables (all prefixed ``twophase_`` so they can share a database with others):
 
 * ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query.
-* ``twophase_runs``: every start of a query against a sink (audit of fencing).
+* ``twophase_runs``: every start of a query against a sink (audit of fencing), and
+  when and how it ended (``ended_at``, ``end_reason``) if it said so.
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
 * ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
 * ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of
@@ -100,6 +101,8 @@ runs = Table(
     Column("query_id", Text, nullable=True),
     Column("fencing_token", BigInteger, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("end_reason", Text, nullable=True, comment="stopped or failed"),
 )
 
 epochs = Table(

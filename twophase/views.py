@@ -47,7 +47,11 @@ class SinkStatus:
     sink_id: str
     query_id: str | None
     owner_run_id: str | None
-    owner_live: bool
+    owner_live: bool  # owner_state == "live": a query is running (refused without --force)
+    # None (no owner, or the CLI's own run), "live", "ended" (it recorded its end),
+    # "unknown" (silent past the live window without an end: killed, hung or cut off)
+    owner_state: str | None
+    owner_end_reason: str | None  # stopped or failed, once ended
     fencing_token: int
     updated_at: datetime
     last_decided_epoch: int | None
@@ -94,14 +98,20 @@ class EpochEvent:
     detail: str | None
 
 
-_STATUS_SQL = """
-SELECT s.sink_id, s.query_id, s.owner_run_id,
-       s.owner_run_id IS NOT NULL AND left(s.owner_run_id, %(cli_len)s) <> %(cli)s
-         AND s.updated_at >= now() - %(window)s * interval '1 second',
+# The owning run's state (see SinkStatus.owner_state), over ``s`` and its run ``r``.
+_OWNER_STATE = """CASE
+    WHEN s.owner_run_id IS NULL OR left(s.owner_run_id, %(cli_len)s) = %(cli)s THEN NULL
+    WHEN r.ended_at IS NOT NULL THEN 'ended'
+    WHEN s.updated_at >= now() - %(window)s * interval '1 second' THEN 'live'
+    ELSE 'unknown' END"""
+_OWNER_RUN = "LEFT JOIN twophase_runs r ON r.sink_id = s.sink_id AND r.run_id = s.owner_run_id"
+
+_STATUS_SQL = f"""
+SELECT s.sink_id, s.query_id, s.owner_run_id, {_OWNER_STATE}, r.end_reason,
        s.fencing_token, s.updated_at, s.last_decided_epoch, s.last_committed_epoch,
        p.n, p.first, extract(epoch FROM now() - p.since)::float8,
        st.n, st.bytes, dl.n, s.replays_detected, s.last_error
-FROM twophase_sinks s
+FROM twophase_sinks s {_OWNER_RUN}
 CROSS JOIN LATERAL (SELECT count(*) AS n, min(epoch) AS first, min(decided_at) AS since
     FROM twophase_epochs e WHERE e.sink_id = s.sink_id AND e.state = %(pre)s) p
 CROSS JOIN LATERAL (SELECT COALESCE(sum(c.points), 0) AS n,
@@ -113,7 +123,7 @@ CROSS JOIN LATERAL (SELECT count(*) AS n FROM twophase_dead_letters d
     AND d.write_id = ANY(de.write_ids) WHERE d.sink_id = s.sink_id) dl
 WHERE %(sink)s::text IS NULL OR s.sink_id = %(sink)s
 ORDER BY s.sink_id
-"""
+"""  # noqa: S608 - constant fragments; every value is a parameter
 
 # Dead letters of the writes an epoch's decision chose: a failed or duplicate task attempt
 # rejected the same rows too, but its write is an orphan and its rejections do not count.
@@ -159,20 +169,25 @@ class Views:
         }
         with self._db.transaction() as cur:
             cur.execute(_STATUS_SQL, params)
-            return [SinkStatus(*row) for row in cur.fetchall()]
+            return [_sink_status(row) for row in cur.fetchall()]
 
     def live_owner(self, sink_id: str, live_window_s: float) -> tuple[str, datetime] | None:
         """(run id, last activity) of the run owning the sink if it is live, else None.
 
-        Live: not a CLI run, and the sink row was updated within the window (runs
-        update it when they start, decide and commit).
+        Live: not a CLI run, not ended, and the sink row was updated within the
+        window (runs update it when they start, decide and commit).
         """
+        params = {
+            "sink": sink_id,
+            "window": live_window_s,
+            "cli": CLI_RUN_PREFIX,
+            "cli_len": len(CLI_RUN_PREFIX),
+        }
         with self._db.transaction() as cur:
             cur.execute(
-                "SELECT owner_run_id, updated_at FROM twophase_sinks WHERE sink_id = %s"
-                " AND owner_run_id IS NOT NULL AND left(owner_run_id, %s) <> %s"
-                " AND updated_at >= now() - %s * interval '1 second'",
-                (sink_id, len(CLI_RUN_PREFIX), CLI_RUN_PREFIX, live_window_s),
+                f"SELECT s.owner_run_id, s.updated_at FROM twophase_sinks s {_OWNER_RUN}"  # noqa: S608
+                f" WHERE s.sink_id = %(sink)s AND {_OWNER_STATE} = 'live'",
+                params,
             )
             row = cur.fetchone()
             return (row[0], row[1]) if row else None
@@ -256,6 +271,13 @@ class Views:
             )
             for sink, number, write, seq, phase, *rest in cur:
                 yield DeadLetter(sink, number, write, seq, Phase(phase), *rest)
+
+
+def _sink_status(row: Sequence[Any]) -> SinkStatus:
+    """A status row; ``owner_live`` is derived from the owner's state (column 3)."""
+    values = list(row)
+    values.insert(3, row[3] == "live")
+    return SinkStatus(*values)
 
 
 def _epoch_info(row: Sequence[Any]) -> EpochInfo:

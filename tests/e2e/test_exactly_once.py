@@ -45,6 +45,7 @@ from tests.e2e.harness import (
     wait_exact,
     wait_idle,
 )
+from tests.integration.cli_helpers import make_cli
 from tests.support import admin_conninfo
 
 STEPS = ("after_stage", "after_decide", "promote_batch", "after_promote", "after_mark")
@@ -243,6 +244,9 @@ def test_random_sigkills_over_twenty_batches(
             job.kill()
             kills.append(f"{moment}: {protocol_state(target)}")
     print(f"seed {seed}; killed at: " + "; ".join(kills))
+    cli = make_cli(target.staging_url, target.influx)
+    refused = cli.run("recover", "--sink", SINK)  # the killed driver's run may be alive
+    assert refused.code == 1 and "stop its query first, or pass --force" in refused.err, refused
     final = run_job(*args, master=CLUSTER, stats_writer="data-source")
     assert final.returncode == 0, final.tail()
     assert len(kills) == 5, f"seed {seed}: the job ended by itself"
@@ -252,6 +256,13 @@ def test_random_sigkills_over_twenty_batches(
     assert decided_dead_letters(target.staging_url, MALFORMED) == expected(event_files).malformed
     for sink in SINKS:
         assert {e["state"] for e in epochs(target.staging_url, sink)} == {"COMMITTED"}
+    # The run that completed recorded its end: the operator needs no --force.
+    status = {s["sink_id"]: s for s in cli.run("status", "--json").json()["sinks"]}
+    ends = {sink: (status[sink]["owner_state"], status[sink]["owner_end_reason"]) for sink in SINKS}
+    assert ends == {sink: ("ended", "stopped") for sink in SINKS}, status
+    resent = cli.run("resend", "--sink", SINK, "--all")
+    assert resent.code == 0, resent
+    assert not mismatches(target.influx, event_files)  # the resend rewrote the same points
 
 
 KILL_MOMENTS = ("delay", "staged", "decided")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,14 @@ def spark(base_staging_url: str) -> Iterator[Any]:
     twophase.spark.register(session)
     yield session
     session.stop()
+
+
+def without_password(staging_url: str) -> str:
+    """The URL as a sink option may hold it (the password comes from PGPASSWORD)."""
+    url = make_url(staging_url)
+    return URL.create(
+        url.drivername, url.username, None, url.host, url.port, url.database
+    ).render_as_string()
 
 
 def start(spark: Any, checkpoint: Path, mode: str = "append", **options: str) -> Any:
@@ -130,10 +139,7 @@ def test_append_stream_is_written_once_per_epoch(
     """Raw events through the data source (append mode, row time from the event)."""
     from pyspark.sql import functions as F
 
-    url = make_url(staging_url)
-    no_password = URL.create(
-        url.drivername, url.username, None, url.host, url.port, url.database
-    ).render_as_string()
+    no_password = without_password(staging_url)
     feed(tmp_path / "input", event_files[:2])
     lines = spark.readStream.format("text").option("maxFilesPerTrigger", "1")
     events = (
@@ -172,3 +178,43 @@ def test_append_stream_is_written_once_per_epoch(
     assert staged > 0 and influx_count(influx, "raw") == staged
     (writes,) = query(staging_url, "SELECT count(*) FROM twophase_writes WHERE sink_id = 'raw'")
     assert writes[0] == sum(e["writes"] for e in decided)  # no orphan: nothing failed
+
+
+def test_a_watched_query_records_the_end_of_its_run(
+    spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig
+) -> None:
+    """``watch_query``: Spark's termination event ends the run (a stopped query), so
+    ``status`` shows it ended and ``recover`` needs no --force."""
+    import twophase.spark
+    from twophase import operations as ops
+    from twophase.config import load_config
+
+    settings = {
+        "staging_url": without_password(staging_url),
+        "influx_db": str(influx.database),
+        "influx_api": "v1",
+        "influx_url": influx.url,
+    }
+    write = foreach_batch_writer("watched", measurement="m", tags=["k"], **settings)
+    frame = spark.readStream.format("rate").option("rowsPerSecond", "5").load()
+    rows = frame.selectExpr("CAST(value % 3 AS STRING) AS k", "value AS v")
+    query_ = (
+        rows.writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    twophase.spark.watch_query(spark, query_, write.sink)
+    config = load_config(None, **(settings | {"staging_url": staging_url}))
+    staging = config.staging
+    deadline = time.monotonic() + 120
+    while not any(e["state"] == "COMMITTED" for e in epochs(staging_url, "watched")):
+        assert time.monotonic() < deadline and query_.exception() is None
+        time.sleep(0.5)
+    assert ops.status(staging, "watched")[0].owner_state == "live"
+    query_.stop()
+    while ops.status(staging, "watched")[0].owner_state != "ended":
+        assert time.monotonic() < deadline, ops.status(staging, "watched")
+        time.sleep(0.2)
+    ended = ops.status(staging, "watched")[0]
+    assert (ended.owner_run_id, ended.owner_end_reason) == (str(query_.runId), "stopped")
+    assert ops.recover(config, "watched").recovered == ()

@@ -26,6 +26,8 @@ STATUS_KEYS = {
     "query_id",
     "owner_run_id",
     "owner_live",
+    "owner_state",
+    "owner_end_reason",
     "fencing_token",
     "updated_at",
     "last_decided_epoch",
@@ -81,8 +83,8 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert text.code == 0, text.err
     header, row_s, row_t = text.out.splitlines()
     assert header.split()[:3] == ["SINK", "OWNER", "RUN"]
-    assert row_s.split()[:9] == [SINK, "r1", "yes", "3", "2", "1", "3", "(0s", "old)"]
-    assert row_t.split()[:3] == [OTHER, "r9", "yes"]
+    assert row_s.split()[:9] == [SINK, "r1", "live", "3", "2", "1", "3", "(0s", "old)"]
+    assert row_t.split()[:3] == [OTHER, "r9", "live"]
 
     result = cli("status", "--json")
     data = result.json()

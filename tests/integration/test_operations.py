@@ -178,3 +178,28 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> N
     values = {row[0]: dict(row[2])["v"] for row in influx_rows(tp.config.influx, M)}
     base = 1_700_000_000_000_000_000  # lines(0, ...)'s first timestamp
     assert [values[base + i] for i in range(12)] == [i + 0.5 for i in range(12)]
+
+
+def test_an_ended_run_is_not_live_and_a_silent_one_is_unknown(tp: Any, staging_url: str) -> None:
+    """A run that recorded its end needs no --force; one that went silent without an end
+    (a SIGKILLed driver) is live within the window, then unknown."""
+    known_store(tp)
+    state = {s.sink_id: (s.owner_state, s.owner_live) for s in ops.status(tp.config.staging)}
+    assert state == {SINK: ("live", True), OTHER: ("live", True)}
+    make_idle(staging_url, OTHER)
+    assert ops.status(tp.config.staging, OTHER)[0].owner_state == "unknown"
+    assert tp.runs.end(SINK, "r1", "stopped") is True
+    assert tp.runs.end(SINK, "r1", "failed") is False  # the first end stands
+    assert tp.runs.end(SINK, "r-never-claimed", "stopped") is False
+    with pytest.raises(UsageError, match="not 'crashed'"):
+        tp.runs.end(SINK, "r1", "crashed")
+    s = ops.status(tp.config.staging, SINK)[0]
+    assert (s.owner_run_id, s.owner_state, s.owner_end_reason, s.owner_live) == (
+        "r1",
+        "ended",
+        "stopped",
+        False,
+    )
+    report = ops.recover(tp.config, SINK)  # no --force, no warning: the owner stopped
+    assert [r.epoch for r in report.recovered] == [3]
+    assert ops.status(tp.config.staging, SINK)[0].owner_state is None  # the CLI's run now

@@ -47,7 +47,7 @@ def size(octets: int) -> str:
 _STATUS_HEADERS = (
     "SINK",
     "OWNER RUN",
-    "LIVE",
+    "RUN STATE",
     "DECIDED",
     "COMMITTED",
     "PRECOMMITTED",
@@ -73,7 +73,7 @@ def _status_row(s: SinkStatus) -> tuple[Any, ...]:
     return (
         s.sink_id,
         s.owner_run_id,
-        "yes" if s.owner_live else "no",
+        _run_state(s),
         s.last_decided_epoch,
         s.last_committed_epoch,
         s.precommitted_epochs,
@@ -84,6 +84,15 @@ def _status_row(s: SinkStatus) -> tuple[Any, ...]:
         s.replays_detected,
         s.last_error,
     )
+
+
+def _run_state(s: SinkStatus) -> str | None:
+    """live, ended (stopped|failed), unknown (silent: killed?), or nothing for no owner."""
+    if s.owner_state == "ended":
+        return f"ended ({s.owner_end_reason})"
+    if s.owner_state == "unknown":
+        return "unknown (silent; killed?)"
+    return s.owner_state
 
 
 _EPOCH_HEADERS = (

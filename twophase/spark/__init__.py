@@ -10,6 +10,9 @@
   epochs (no second query over the input).
 * :func:`claim_query` lets a driver claim the sink right after ``start()``,
   so a second query or a reset checkpoint is refused before it computes.
+* :func:`end_query` (after the query stopped) or :func:`watch_query` (a
+  listener) records that the query's run ended, so operators' commands tell
+  a stopped query from a live one.
 * :func:`ship_package` adds a zip of ``twophase`` to the executors' path.
 
 Importing this package needs PySpark; the core (``twophase``) does not.
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from twophase.model import Lease
+    from twophase.spark.ends import end_query, watch_query
     from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer
     from twophase.spark.options import SinkOptions, parse_options
     from twophase.spark.ship import package_zip, ship_package
@@ -42,6 +46,8 @@ _LAZY = {
     "package_zip": "ship",
     "ship_package": "ship",
     "split_dead_letters": "split",
+    "end_query": "ends",
+    "watch_query": "ends",
 }
 __all__ = [
     "FORMAT",
@@ -49,12 +55,14 @@ __all__ = [
     "SinkOptions",
     "TwoPhaseInfluxDataSource",
     "claim_query",
+    "end_query",
     "foreach_batch_writer",
     "package_zip",
     "parse_options",
     "register",
     "ship_package",
     "split_dead_letters",
+    "watch_query",
 ]
 
 

@@ -1,0 +1,85 @@
+"""A query's run records its end, so operators can tell a stopped query from a live one.
+
+Two ways, for the ``twophase-influx`` data source and the foreachBatch adapter
+alike (both run on the driver, where the query object is):
+
+* :func:`end_query` after the query stopped (``awaitTermination`` returned
+  or raised): synchronous, so a script that exits right after it has
+  recorded the end. ``jobs/session_metrics.py`` does this.
+* :func:`watch_query` right after ``start()``: a ``StreamingQueryListener``
+  records the end when Spark reports the query terminated (clean stop,
+  failure, or the end of an ``availableNow`` run). Listener events are
+  delivered asynchronously: a process that exits at once may not see it.
+
+Ending is advisory and never raises: a store that cannot be reached leaves
+the run looking live until ``--live-window`` passes, as a killed driver's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from twophase.errors import TwoPhaseError
+from twophase.runs import FAILED, STOPPED
+from twophase.spark.commit import two_phase
+from twophase.spark.options import SinkOptions, parse_options
+
+log = logging.getLogger("twophase.spark")
+
+
+def end_query(query: Any, sink: SinkOptions | Mapping[str, str]) -> None:
+    """Record that ``query``'s run ended for the sink (and its ``dead_letter_sink``):
+    ``failed`` when the query has an exception, else ``stopped``. Idempotent."""
+    try:
+        reason = FAILED if query.exception() is not None else STOPPED
+    except Exception as exc:  # Spark gone: the query stopped, how is unknown
+        log.debug("no exception status for query %s: %s", query.id, exc)
+        reason = STOPPED
+    end_run(_options(sink), str(query.runId), reason)
+
+
+def watch_query(spark: Any, query: Any, sink: SinkOptions | Mapping[str, str]) -> Any:
+    """Add a listener to ``spark`` that records the end of ``query``'s run; returns it
+    (``spark.streams.removeListener`` takes it off)."""
+    listener = _listener(str(query.id), _options(sink))
+    spark.streams.addListener(listener)
+    return listener
+
+
+def end_run(sink: SinkOptions, run_id: str, reason: str) -> None:
+    """Record the end of ``run_id`` for the sink and its dead-letter sink; log, never raise."""
+    sinks = [sink] if sink.dead_letter_sink is None else [sink, sink.dead_letters()]
+    for one in sinks:
+        try:
+            if two_phase(one).runs.end(one.sink_id, run_id, reason):
+                log.info("sink %s: run %s %s", one.sink_id, run_id, reason)
+        except TwoPhaseError as exc:
+            log.warning("sink %s: could not record that run %s ended: %s", one.sink_id, run_id, exc)
+
+
+def _options(sink: SinkOptions | Mapping[str, str]) -> SinkOptions:
+    return sink if isinstance(sink, SinkOptions) else parse_options(sink)
+
+
+def _listener(query_id: str, sink: SinkOptions) -> Any:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class RunEnds(StreamingQueryListener):
+        """Ends the run of one query when Spark reports it terminated."""
+
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.id) == query_id:
+                end_run(sink, str(event.runId), FAILED if event.exception else STOPPED)
+
+    return RunEnds()
