@@ -144,6 +144,48 @@ def chart(results: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def spark_chart(results: dict[str, Any], path: Path) -> bool:
+    """Metric 6: wall and steady-batch time of each side per files-per-trigger setting
+    (medians, min-max bars); False without matplotlib or Spark figures."""
+    parts = results["metrics"].get("spark_e2e", {}).get("parts")
+    if not parts:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4), dpi=110)
+    for ax, (what, unit) in zip(axes, (("wall", "s"), ("steady batch", "ms")), strict=True):
+        _spark_bars(ax, parts, what)
+        ax.set_title(f"{what} ({unit}), lower is better")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"Spark end to end, {results['started']}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _spark_bars(ax: Any, parts: dict[str, Any], what: str) -> None:
+    """Grouped bars: one group per setting, one bar per side (plain, job, sink only)."""
+    settings = sorted({name.split(",")[0] for name in parts}, key=lambda x: int(x.split()[0]))
+    for offset, side in enumerate(("plain", "job", "sink_only")):
+        medians, low, high = [], [], []
+        for setting in settings:
+            owner = "job" if side == "plain" else side
+            summary = parts[f"{setting}, {owner} {what}"]["sides"][side]
+            medians.append(summary["median"])
+            low.append(summary["median"] - summary["min"])
+            high.append(summary["max"] - summary["median"])
+        xs = [i + (offset - 1) * 0.27 for i in range(len(settings))]
+        ax.bar(xs, medians, 0.27, yerr=[low, high], capsize=3, label=side.replace("_", " "))
+    ax.set_xticks(range(len(settings)), settings)
+
+
 def _plot_side(
     ax: Any, sizes: list[int], sides: list[dict[str, Any]], label: str, marker: str
 ) -> None:
@@ -164,4 +206,7 @@ def write(results: dict[str, Any], folder: Path = RESULTS) -> dict[str, Path]:
     paths["md"].write_text(markdown(results))
     if chart(results, base.with_suffix(".png")):
         paths["png"] = base.with_suffix(".png")
+    spark = base.with_name(f"{base.name}-spark.png")
+    if spark_chart(results, spark):
+        paths["spark_png"] = spark
     return paths

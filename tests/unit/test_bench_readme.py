@@ -48,3 +48,19 @@ def test_readme_table_matches_the_results_file() -> None:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[3] == f"{metric['ratio']:.2f}", (label, cells)
         assert cells[5] == ("yes" if metric["holds"] else "no"), (label, cells)
+
+
+def test_readme_shows_the_spark_chart_drawn_from_the_quoted_full_run(tmp_path: Path) -> None:
+    """Metric 6's chart is drawn from the results file the README quotes; a run without
+    Spark figures draws none."""
+    from bench import report
+
+    text = (REPO / "README.md").read_text()
+    (stamp,) = set(re.findall(r"\(bench/results/(\d{8}T\d{6}Z)-spark\.png\)", text))
+    results = json.loads((RESULTS / f"{stamp}.json").read_text())
+    assert results["metrics"]["spark_e2e"]["parts"]
+    assert report.spark_chart(results, tmp_path / "spark.png")
+    assert (tmp_path / "spark.png").read_bytes()[:4] == b"\x89PNG"
+    assert (RESULTS / f"{stamp}-spark.png").is_file()
+    quick = json.loads(quick_runs()[-1].read_text())
+    assert not report.spark_chart(quick, tmp_path / "none.png")

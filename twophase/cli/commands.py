@@ -76,11 +76,7 @@ def cmd_abort(con: Console) -> int:
     config = staging_config(args)
     with con.hooks() as hooks:
         done = ops.abort(config, args.sink, args.epoch, args.reason, con.guard(), hooks)
-    line = (
-        f"aborted epoch {done.epoch} of sink {done.sink_id!r}: {done.points_discarded} staged "
-        f"points discarded ({done.reason})"
-    )
-    con.emit(done, [line])
+    con.emit(done, render.abort_lines(done))
     return EXIT_OK
 
 
@@ -98,11 +94,7 @@ def cmd_reset(con: Console) -> int:
     args = con.args
     with con.hooks() as hooks:
         done = ops.reset(staging_config(args), args.sink, con.guard(), hooks)
-    line = (
-        f"reset sink {done.sink_id!r}: unbound from query {done.query_id}, forgot "
-        f"{done.epochs_forgotten} epochs; the next query may start at any epoch"
-    )
-    con.emit(done, [line])
+    con.emit(done, render.reset_lines(done))
     return EXIT_OK
 
 

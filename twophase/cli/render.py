@@ -8,7 +8,7 @@ from typing import Any
 
 from twophase.operations import GcSummary, ResendReport
 from twophase.operations.delivery import RecoverReport
-from twophase.operations.store import DeadLetterListing, EpochListing
+from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
 from twophase.text import age, compact_ranges, iso, name_epochs, plural
 from twophase.verify import SeriesDiff, VerifyReport
 from twophase.views import EpochInfo, SinkStatus
@@ -151,6 +151,20 @@ def dead_letter_lines(sink_id: str, listing: DeadLetterListing) -> list[str]:
         more = listing.total - len(rows)
         lines.append(f"... {more} more (--limit 0 lists all; --export FILE saves)")
     return lines
+
+
+def abort_lines(done: AbortReport) -> list[str]:
+    return [
+        f"aborted epoch {done.epoch} of sink {done.sink_id!r}: {done.points_discarded} staged "
+        f"points discarded ({done.reason})"
+    ]
+
+
+def reset_lines(done: ResetReport) -> list[str]:
+    return [
+        f"reset sink {done.sink_id!r}: unbound from query {done.query_id}, forgot "
+        f"{done.epochs_forgotten} epochs; the next query may start at any epoch"
+    ]
 
 
 def gc_lines(summary: GcSummary) -> list[str]:
