@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import children, history, report, spark_e2e, throughput
+from bench import children, history, report, scrape, spark_e2e, throughput
 from bench.context import Context
 from bench.plan import FULL, QUICK
 from bench.servers import BenchSetupError, Servers, scratch
@@ -31,6 +31,7 @@ METRICS: dict[str, Metric] = {
     "memory": children.measure_memory,
     "recovery": children.measure_recovery,
     "spark_e2e": spark_e2e.measure_spark,
+    "scrape": scrape.measure_scrape,
 }
 
 

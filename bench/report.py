@@ -18,6 +18,7 @@ TITLES = {
     "memory": "4 memory of the promoter",
     "recovery": "5 recovery",
     "spark_e2e": "6 Spark end to end",
+    "scrape": "7 exporter scrape",
 }
 
 

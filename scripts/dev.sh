@@ -45,13 +45,34 @@ have_postgres() {
     command -v pg_ctl >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null
 }
 
+have_prometheus() {
+    command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1
+}
+
+quiet_packaged_prometheus() {
+    # Debian's postinst starts a system-wide Prometheus on 0.0.0.0:9090 where an init system
+    # lets it (not in containers: no systemd, policy-rc.d). Tests start their own on free
+    # ports; the packaged one would only hold 9090, so stop it and keep it from booting.
+    if [ -d /run/systemd/system ]; then
+        as_root systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    elif [ -x /etc/init.d/prometheus ]; then
+        as_root invoke-rc.d prometheus stop >/dev/null 2>&1 || true
+        as_root update-rc.d prometheus disable >/dev/null 2>&1 || true
+    fi
+}
+
 ensure_servers_installed() {
-    local missing=()
+    local missing=() prometheus_missing=0
     have_postgres || missing+=(postgresql)
     command -v influxd >/dev/null 2>&1 || missing+=(influxdb)
     command -v victoria-metrics >/dev/null 2>&1 || missing+=(victoria-metrics)
+    # Only for tests (tests/integration/test_prometheus.py): not started by `services start`.
+    have_prometheus || { missing+=(prometheus); prometheus_missing=1; }
     if [ "${#missing[@]}" -gt 0 ]; then
         apt_install "${missing[@]}"
+    fi
+    if [ "$prometheus_missing" -eq 1 ]; then
+        quiet_packaged_prometheus
     fi
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Local PostgreSQL, InfluxDB 1.x and VictoriaMetrics servers for development and tests.
+"""Local PostgreSQL, InfluxDB 1.x, VictoriaMetrics and Prometheus servers for dev and tests.
 
 Everything lives under a root folder (by default ``<repo>/.local``), never in system paths,
 so several instances can coexist and tests can start, kill and restart their own copies.
@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import pwd
 import shlex
@@ -30,8 +31,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCAL_DIR = REPO_ROOT / ".local"
@@ -128,7 +130,7 @@ def _find_binary(name: str, env_var: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Detached HTTP daemons (InfluxDB, VictoriaMetrics)
+# Detached HTTP daemons (InfluxDB, VictoriaMetrics, Prometheus)
 # --------------------------------------------------------------------------------------------
 
 
@@ -351,6 +353,95 @@ class VictoriaMetricsServer(_HttpDaemon):
             "-search.latencyOffset=0s",
             "-search.disableCache",
         ]
+
+
+class PrometheusServer(_HttpDaemon):
+    """Prometheus (tested with Debian's 2.42) scraping ``scrape_targets`` ("host:port").
+
+    Not one of :func:`default_servers`: each test starts its own with its own targets.
+    """
+
+    name = "prometheus"
+    health_path = "/-/ready"
+    healthy_status = 200
+
+    def __init__(
+        self,
+        root: Path,
+        port: int,
+        scrape_targets: Sequence[str] = (),
+        scrape_interval_s: float = 1.0,
+        rule_files: Sequence[Path] = (),
+    ) -> None:
+        super().__init__(root, port)
+        self.scrape_targets = tuple(scrape_targets)
+        self.scrape_interval_s = scrape_interval_s
+        self.rule_files = tuple(Path(f).resolve() for f in rule_files)
+        self.config_file = self.root / "prometheus.yml"
+        self.data_dir = self.root / "data"
+
+    def _prepare(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(self._config())
+
+    def _config(self) -> str:
+        # JSON strings are YAML strings: no YAML library needed, and paths stay quoted.
+        interval = f"{max(1, round(self.scrape_interval_s * 1000))}ms"
+        rules = "".join(f"  - {json.dumps(str(f))}\n" for f in self.rule_files)
+        targets = ", ".join(json.dumps(t) for t in self.scrape_targets)
+        return f"""\
+global:
+  scrape_interval: {interval}
+  scrape_timeout: {interval}
+  evaluation_interval: {interval}
+
+rule_files:{"" if rules else " []"}
+{rules}
+scrape_configs:
+  - job_name: twophase
+    static_configs:
+      - targets: [{targets}]
+"""
+
+    def _command(self) -> list[str]:
+        return [
+            _find_binary("prometheus", "TWOPHASE_PROMETHEUS"),
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.data_dir}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--web.enable-lifecycle",
+        ]
+
+    def _api(self, path: str, params: dict[str, str]) -> Any:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with _HTTP.open(url, timeout=10) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:  # 400/422/503: the error is in the JSON body
+            raw = exc.read()
+        except OSError as exc:
+            raise ServiceError(f"{path} on {self.url}: {exc}") from exc
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise ServiceError(f"{path} on {self.url}: not JSON: {raw[:200]!r}") from None
+        if body.get("status") != "success":
+            raise ServiceError(f"{path} on {self.url}: {body.get('error', body)}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """PromQL instant query (at ``at``, Unix seconds, else now): ``data.result``."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = repr(at)
+        return list(self._api("/api/v1/query", params)["result"])
+
+    def query_range(
+        self, expr: str, start: float, end: float, step_s: float = 1.0
+    ) -> list[dict[str, Any]]:
+        """PromQL range query over [start, end] (Unix seconds): ``data.result``."""
+        params = {"query": expr, "start": repr(start), "end": repr(end), "step": repr(step_s)}
+        return list(self._api("/api/v1/query_range", params)["result"])
 
 
 # --------------------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ SETTINGS: tuple[Setting, ...] = (
     _i("influx_retry_initial", "retry_initial_s", "duration", "first backoff step",
        default=0.5),
     _i("influx_retry_max", "retry_max_s", "duration", "largest backoff step", default=30.0),
+    _i("metrics_port", "metrics_port", "int", "port of the Prometheus endpoint of the process "
+       "that promotes (the Spark driver): its InfluxDB requests; off when unset", minimum=1),
 )  # fmt: skip
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 OPTIONS = tuple(BY_NAME)
@@ -215,6 +217,7 @@ class InfluxConfig:
     retry_deadline_s: float = default("influx_retry_deadline")
     retry_initial_s: float = default("influx_retry_initial")
     retry_max_s: float = default("influx_retry_max")
+    metrics_port: int | None = None
 
     def validate_for_api(self) -> None:
         """Check the settings the chosen API needs (after ``auto`` is resolved)."""

@@ -24,7 +24,7 @@ log = logging.getLogger("twophase.db")
 # The Alembic head this code needs (a unit test keeps it equal to migrations/versions'
 # head) and Alembic's version table. Here rather than in twophase.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0003_run_ends"
+SCHEMA_REVISION = "0004_sink_counters"
 VERSION_TABLE = "twophase_alembic_version"
 
 _UPGRADE_HINT = (

@@ -22,7 +22,13 @@ from __future__ import annotations
 
 
 class TwoPhaseError(Exception):
-    """Base of every error twophase raises on purpose."""
+    """Base of every error twophase raises on purpose.
+
+    ``http_status`` is the status of the InfluxDB answer it stands for, when
+    there was one (for the driver's metrics, :mod:`twophase.influx.metering`).
+    """
+
+    http_status: int | None = None
 
 
 class ConfigError(TwoPhaseError, ValueError):

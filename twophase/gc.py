@@ -85,11 +85,7 @@ class GarbageCollector:
                 epochs += len(expired)
                 if dry_run:
                     return epochs, points
-                cur.execute(
-                    "UPDATE twophase_epochs SET purged_at = now() WHERE (sink_id, epoch) IN"
-                    " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
-                    ([s for s, _, _ in expired], [e for _, e, _ in expired]),
-                )
+                cur.execute(_MARK_PURGED, ([s for s, _, _ in expired], [e for _, e, _ in expired]))
 
     def _remove_orphans(self, sink_id: str | None, staged_before: datetime, dry_run: bool) -> int:
         removed = 0
@@ -118,6 +114,16 @@ def _expired_epochs(
     )
     return [(s, e, list(ids)) for s, e, ids in cur.fetchall()]
 
+
+# Marks epochs purged and takes their bytes off their sinks' retained total.
+_MARK_PURGED = (
+    "WITH purged AS (UPDATE twophase_epochs SET purged_at = now(), staged_bytes = 0"
+    " FROM (SELECT sink_id AS s, epoch AS e, staged_bytes AS b FROM twophase_epochs"
+    " WHERE (sink_id, epoch) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))) old"
+    " WHERE sink_id = old.s AND epoch = old.e RETURNING old.s, old.b)"
+    " UPDATE twophase_sinks SET staged_bytes = GREATEST(staged_bytes - g.b, 0)"
+    " FROM (SELECT s, sum(b) AS b FROM purged GROUP BY s) g WHERE sink_id = g.s"
+)
 
 _COUNT_POINTS = (
     "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks WHERE write_id = ANY(%s)"

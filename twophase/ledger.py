@@ -12,32 +12,39 @@ and marks of one sink are serialised, and checks the caller's fencing token
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
-import psycopg
-
 from twophase.db import Database
-from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
+from twophase.errors import (
+    CheckpointResetError,
+    FencedError,
+    PermanentError,
+    StagingUnavailableError,
+    StateError,
+)
 from twophase.model import CommitMessage, EpochPlan, EpochState, Lease
-from twophase.reader import decided_writes
+from twophase.transitions import (
+    Cursor,
+    Decision,
+    WriteRow,
+    check_fence,
+    count_committed,
+    count_fenced,
+    count_pending,
+    epoch_row,
+    event,
+    insert_decision,
+    lock_sink,
+    start_attempt,
+    state_of,
+)
 
-Cursor = psycopg.Cursor[Any]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The outcome of a vote: the epoch's state afterwards and whether it was a replay."""
-
-    sink_id: str
-    epoch: int
-    state: EpochState
-    replay: bool
-    points_staged: int
-    plan: EpochPlan | None = None  # with start_promotion, for a PRECOMMITTED outcome
+__all__ = ["Decision", "Ledger"]
 
 
 def _reset_hint(sink_id: str) -> str:
@@ -53,6 +60,17 @@ class Ledger:
     def __init__(self, db: Database):
         self._db = db
 
+    @contextmanager
+    def _fenced_counted(self, sink_id: str) -> Iterator[None]:
+        """Count a step refused to a fenced run (metrics: a fenced run still active)."""
+        try:
+            yield
+        except FencedError:
+            # The refusal is what matters: a store gone meanwhile must not hide it.
+            with contextlib.suppress(StagingUnavailableError), self._db.transaction() as cur:
+                count_fenced(cur, sink_id)
+            raise
+
     # -- runs and fencing -------------------------------------------------------
 
     def begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
@@ -65,12 +83,12 @@ class Ledger:
         has taken the sink meanwhile: then FencedError (I5), so that a zombie
         driver's new process cannot take the sink back.
         """
-        with self._db.transaction() as cur:
+        with self._fenced_counted(sink_id), self._db.transaction() as cur:
             cur.execute(
                 "INSERT INTO twophase_sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
                 (sink_id,),
             )
-            sink = _lock_sink(cur, sink_id)
+            sink = lock_sink(cur, sink_id)
             if sink["owner_run_id"] == run_id:
                 return Lease(sink_id, run_id, sink["query_id"], sink["fencing_token"])
             _refuse_superseded_run(cur, sink_id, sink, run_id)
@@ -87,7 +105,7 @@ class Ledger:
                 " fencing_token = EXCLUDED.fencing_token, started_at = now()",
                 (run_id, sink_id, query_id, token),
             )
-            _event(cur, sink_id, None, "run_started", run_id, f"fencing token {token}")
+            event(cur, sink_id, None, "run_started", run_id, f"fencing token {token}")
             return Lease(sink_id, run_id, query_id or sink["query_id"], token)
 
     # -- phase 2: vote and commit -------------------------------------------------
@@ -113,9 +131,9 @@ class Ledger:
         StateError for an unknown epoch below the sink's last one, and
         PermanentError if a message names a write that is not staged.
         """
-        with self._db.transaction() as cur:
-            sink = _lock_sink(cur, lease.sink_id)
-            _check_fence(sink, lease)
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            sink = lock_sink(cur, lease.sink_id)
+            check_fence(sink, lease)
             if sink["query_id"] is not None and lease.query_id != sink["query_id"]:
                 raise CheckpointResetError(
                     f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
@@ -123,7 +141,7 @@ class Ledger:
                 )
             decision = _vote(cur, sink, lease, epoch, messages)
             if start_promotion and decision.state == EpochState.PRECOMMITTED:
-                decision = replace(decision, plan=_start_attempt(cur, lease, epoch))
+                decision = replace(decision, plan=start_attempt(cur, lease, epoch))
             return decision
 
     def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
@@ -133,9 +151,9 @@ class Ledger:
         Raises FencedError for a stale lease and StateError unless the epoch
         is PRECOMMITTED.
         """
-        with self._db.transaction() as cur:
-            _check_fence(_lock_sink(cur, lease.sink_id), lease)
-            return _start_attempt(cur, lease, epoch)
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            check_fence(lock_sink(cur, lease.sink_id), lease)
+            return start_attempt(cur, lease, epoch)
 
     def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
         """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
@@ -143,9 +161,9 @@ class Ledger:
         Idempotent for an epoch that is already COMMITTED. Raises FencedError
         for a stale lease and StateError for an epoch in another state.
         """
-        with self._db.transaction() as cur:
-            sink = _lock_sink(cur, lease.sink_id)
-            _check_fence(sink, lease)
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            sink = lock_sink(cur, lease.sink_id)
+            check_fence(sink, lease)
             cur.execute(
                 "UPDATE twophase_epochs SET state = %s, committed_at = now(), last_error = NULL,"
                 " points_delivered = %s, points_rejected_promote = %s"
@@ -160,19 +178,14 @@ class Ledger:
                 ),
             )
             if cur.rowcount == 0:
-                state = _state_of(cur, lease.sink_id, epoch)
+                state = state_of(cur, lease.sink_id, epoch)
                 if state == EpochState.COMMITTED:
                     return
                 raise StateError(
                     f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED"
                 )
-            cur.execute(
-                "UPDATE twophase_sinks SET last_committed_epoch = GREATEST(%s,"
-                " COALESCE(last_committed_epoch, %s)), last_error = NULL, updated_at = now()"
-                " WHERE sink_id = %s",
-                (epoch, epoch, lease.sink_id),
-            )
-            _event(
+            count_committed(cur, lease.sink_id, epoch, delivered, rejected)
+            event(
                 cur,
                 lease.sink_id,
                 epoch,
@@ -193,7 +206,7 @@ class Ledger:
                     "UPDATE twophase_epochs SET last_error = %s WHERE sink_id = %s AND epoch = %s",
                     (message, sink_id, epoch),
                 )
-                _event(cur, sink_id, epoch, "promote_failed", None, message)
+                event(cur, sink_id, epoch, "promote_failed", None, message)
 
     def pending(self, sink_id: str) -> list[int]:
         """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3)."""
@@ -214,18 +227,26 @@ class Ledger:
         StateError for an unknown epoch or one that is not PRECOMMITTED.
         """
         with self._db.transaction() as cur:
-            _lock_sink(cur, sink_id)
+            lock_sink(cur, sink_id)
             cur.execute(
-                "UPDATE twophase_epochs SET state = %s, aborted_at = now(), last_error = %s"
-                " WHERE sink_id = %s AND epoch = %s AND state = %s RETURNING write_ids",
-                (EpochState.ABORTED, reason, sink_id, epoch, EpochState.PRECOMMITTED),
+                "UPDATE twophase_epochs e SET state = %s, aborted_at = now(), last_error = %s,"
+                " staged_bytes = 0 FROM (SELECT staged_bytes FROM twophase_epochs"
+                " WHERE sink_id = %s AND epoch = %s) old"
+                " WHERE e.sink_id = %s AND e.epoch = %s AND e.state = %s"
+                " RETURNING e.write_ids, old.staged_bytes",
+                (EpochState.ABORTED, reason, *(sink_id, epoch) * 2, EpochState.PRECOMMITTED),
             )
             row = cur.fetchone()
             if row is None:
-                state = _state_of(cur, sink_id, epoch)
+                state = state_of(cur, sink_id, epoch)
                 raise StateError(f"sink {sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
             cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (row[0],))
-            _event(cur, sink_id, epoch, "aborted", actor, reason)
+            cur.execute(
+                "UPDATE twophase_sinks SET epochs_aborted = epochs_aborted + 1,"
+                " staged_bytes = GREATEST(staged_bytes - %s, 0) WHERE sink_id = %s",
+                (row[1], sink_id),
+            )
+            event(cur, sink_id, epoch, "aborted", actor, reason)
 
     def reset(self, sink_id: str, actor: str = "operator") -> None:
         """Unbind the sink from its query after a deliberate checkpoint reset (I6's way out).
@@ -234,8 +255,8 @@ class Ledger:
         history. Raises StateError while epochs are PRECOMMITTED (recover first).
         """
         with self._db.transaction() as cur:
-            _lock_sink(cur, sink_id)
-            if _count_pending(cur, sink_id):
+            lock_sink(cur, sink_id)
+            if count_pending(cur, sink_id):
                 raise StateError(
                     f"sink {sink_id!r} has PRECOMMITTED epochs: run `twophase recover --sink "
                     f"{sink_id}` before resetting it"
@@ -246,36 +267,15 @@ class Ledger:
             removed = len(cur.fetchall())
             cur.execute(
                 "UPDATE twophase_sinks SET query_id = NULL, last_decided_epoch = NULL,"
-                " owner_run_id = NULL, fencing_token = fencing_token + 1, updated_at = now()"
+                " owner_run_id = NULL, fencing_token = fencing_token + 1, updated_at = now(),"
+                " epochs_committed = 0, epochs_aborted = 0, staged_bytes = 0"
                 " WHERE sink_id = %s",
                 (sink_id,),
             )
-            _event(cur, sink_id, None, "reset", actor, f"forgot {removed} epochs")
+            event(cur, sink_id, None, "reset", actor, f"forgot {removed} epochs")
 
 
 # -- helpers: each runs inside the caller's transaction -------------------------
-
-_SINK_COLUMNS = ("fencing_token", "owner_run_id", "query_id", "last_decided_epoch")
-
-
-def _lock_sink(cur: Cursor, sink_id: str) -> dict[str, Any]:
-    cur.execute(
-        "SELECT fencing_token, owner_run_id, query_id, last_decided_epoch"
-        " FROM twophase_sinks WHERE sink_id = %s FOR UPDATE",
-        (sink_id,),
-    )
-    row = cur.fetchone()
-    if row is None:
-        raise StateError(f"unknown sink {sink_id!r}")
-    return dict(zip(_SINK_COLUMNS, row, strict=True))
-
-
-def _check_fence(sink: dict[str, Any], lease: Lease) -> None:
-    if sink["fencing_token"] != lease.token:
-        raise FencedError(
-            f"run {lease.run_id} of sink {lease.sink_id!r} was fenced by a newer run "
-            f"({sink['owner_run_id']}); this run may no longer decide or commit epochs"
-        )
 
 
 def _refuse_superseded_run(cur: Cursor, sink_id: str, sink: dict[str, Any], run_id: str) -> None:
@@ -300,33 +300,10 @@ def _refuse_other_query(sink_id: str, sink: dict[str, Any], query_id: str | None
     )
 
 
-def _epoch_row(cur: Cursor, sink_id: str, epoch: int) -> tuple[EpochState, int] | None:
-    cur.execute(
-        "SELECT state, points_staged FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
-        (sink_id, epoch),
-    )
-    row = cur.fetchone()
-    return (EpochState(row[0]), row[1]) if row else None
-
-
-def _state_of(cur: Cursor, sink_id: str, epoch: int) -> str:
-    row = _epoch_row(cur, sink_id, epoch)
-    return row[0] if row else "not recorded"
-
-
-def _count_pending(cur: Cursor, sink_id: str) -> int:
-    cur.execute(
-        "SELECT count(*) FROM twophase_epochs WHERE state = %s AND sink_id = %s",
-        (EpochState.PRECOMMITTED, sink_id),
-    )
-    row = cur.fetchone()
-    return int(row[0]) if row else 0
-
-
 def _vote(
     cur: Cursor, sink: dict[str, Any], lease: Lease, epoch: int, messages: Sequence[CommitMessage]
 ) -> Decision:
-    existing = _epoch_row(cur, lease.sink_id, epoch)
+    existing = epoch_row(cur, lease.sink_id, epoch)
     if existing is not None:
         return _count_replay(cur, lease, epoch, existing)
     last = sink["last_decided_epoch"]
@@ -336,20 +313,7 @@ def _vote(
             f"decided up to epoch {last}; the checkpoint does not match the staging "
             f"store: {_reset_hint(lease.sink_id)}"
         )
-    refs = _checked_writes(cur, lease.sink_id, epoch, messages)
-    return _insert_decision(cur, lease, epoch, refs)
-
-
-def _start_attempt(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:
-    """Count a promotion attempt of a PRECOMMITTED epoch; its writes in promotion order."""
-    cur.execute(
-        "UPDATE twophase_epochs SET promote_attempts = promote_attempts + 1"
-        " WHERE sink_id = %s AND epoch = %s AND state = %s",
-        (lease.sink_id, epoch, EpochState.PRECOMMITTED),
-    )
-    if cur.rowcount == 0:
-        raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is not PRECOMMITTED")
-    return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
+    return insert_decision(cur, lease, epoch, _checked_writes(cur, lease.sink_id, epoch, messages))
 
 
 def _count_replay(
@@ -364,13 +328,13 @@ def _count_replay(
         "UPDATE twophase_sinks SET replays_detected = replays_detected + 1 WHERE sink_id = %s",
         (lease.sink_id,),
     )
-    _event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, f"epoch was {state}")
+    event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, f"epoch was {state}")
     return Decision(lease.sink_id, epoch, state, True, points)
 
 
 def _checked_writes(
     cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage]
-) -> list[tuple[uuid.UUID, int, int, str]]:
+) -> list[WriteRow]:
     ids = [uuid.UUID(m.write_id) for m in messages]
     if len(set(ids)) != len(ids):
         raise PermanentError(f"sink {sink_id!r} epoch {epoch}: a write id is named twice")
@@ -387,55 +351,3 @@ def _checked_writes(
             "(removed by GC or staged for another sink/epoch); the epoch must be re-run"
         )
     return [found[i] for i in ids]
-
-
-def _insert_decision(
-    cur: Cursor, lease: Lease, epoch: int, refs: list[tuple[uuid.UUID, int, int, str]]
-) -> Decision:
-    points = sum(r[1] for r in refs)
-    rejected = sum(r[2] for r in refs)
-    checksum = _combine_checksums(sorted(r[3] for r in refs))
-    cur.execute(
-        "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
-        " checksum, points_staged, points_rejected_stage) VALUES (%s, %s, %s, %s, %s, %s, %s,"
-        " %s, %s)",
-        (
-            lease.sink_id,
-            epoch,
-            EpochState.PRECOMMITTED,
-            lease.run_id,
-            lease.query_id,
-            [r[0] for r in refs],
-            checksum,
-            points,
-            rejected,
-        ),
-    )
-    cur.execute(
-        "UPDATE twophase_sinks SET last_decided_epoch = %s, query_id = COALESCE(query_id, %s),"
-        " updated_at = now() WHERE sink_id = %s",
-        (epoch, lease.query_id, lease.sink_id),
-    )
-    _event(
-        cur,
-        lease.sink_id,
-        epoch,
-        "decided",
-        lease.run_id,
-        f"{len(refs)} writes, {points} points, {rejected} rejected at stage",
-    )
-    return Decision(lease.sink_id, epoch, EpochState.PRECOMMITTED, False, points)
-
-
-def _combine_checksums(checksums: Sequence[str]) -> str:
-    return hashlib.blake2b("".join(checksums).encode(), digest_size=16).hexdigest()
-
-
-def _event(
-    cur: Cursor, sink_id: str, epoch: int | None, event: str, run_id: str | None, detail: str | None
-) -> None:
-    cur.execute(
-        "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
-        " VALUES (%s, %s, %s, %s, %s)",
-        (sink_id, epoch, event, run_id, detail),
-    )

@@ -91,6 +91,7 @@ class DeadLetter:
     payload: str
     id: int | None = None
     created_at: datetime | None = None
+    requeued_in: int | None = None  # the correction (epoch -n) that carried it again
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from twophase.config import TwoPhaseConfig
 from twophase.db import Database
 from twophase.deadletters import DeadLetterLog
 from twophase.gc import GarbageCollector
+from twophase.influx import metering
 from twophase.influx.api import make_writer
 from twophase.influx.writers import InfluxWriter
 from twophase.ledger import Ledger
@@ -50,12 +51,18 @@ class TwoPhase:
         """Connect, check the schema (SchemaError when behind) and wire the parts.
 
         ``db`` and ``writer`` default to ones made from ``config``; passing them
-        shares a pool, or wraps the writer (metrics, fault injection in tests).
+        shares a pool, or wraps the writer (fault injection in tests). With
+        ``metrics_port`` set, the writer is metered and this process serves
+        its metrics there (:mod:`twophase.influx.metering`).
         """
         db = db or Database(config.staging)
         writer = writer or make_writer(config.influx)
+        on_retry = None
+        if config.influx.metrics_port is not None:
+            metering.serve(config.influx.metrics_port)
+            writer, on_retry = metering.MeteredWriter(writer), metering.count_retry
         ledger, reader = Ledger(db), StagedReader(db)
-        sender = BatchSender(writer, config.influx)
+        sender = BatchSender(writer, config.influx, on_attempt_failed=on_retry)
         promoter = Promoter(ledger, reader, sender, DeadLetterLog(db), config.influx)
         gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
         return cls(

@@ -2,10 +2,14 @@
 
 Tables (all prefixed ``twophase_`` so they can share a database with others):
 
-* ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query.
+* ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query,
+  and running totals (``SINK_COUNTERS``) for metrics.
 * ``twophase_runs``: every start of a query against a sink (audit of fencing), and
   when and how it ended (``ended_at``, ``end_reason``) if it said so.
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
+  Spark's batch ids are epochs 0, 1, 2...; an operator's *correction* (dead
+  letters requeued, :mod:`twophase.requeue`) is epoch ``-n`` for the sink's
+  n-th correction, so the two sequences never collide.
 * ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
 * ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of
   consecutive lines keyed by ``(write_id, chunk)``. ``body`` is the chunk's
@@ -19,7 +23,8 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   speed). A write names its sink and epoch, so rows carry only the write id.
   There is no foreign key on purpose (an RI trigger per row costs COPY
   time); the write row is inserted in the same transaction as the COPY.
-* ``twophase_dead_letters``: rows and points that could not be delivered, with the reason.
+* ``twophase_dead_letters``: rows and points that could not be delivered, with the reason;
+  ``requeued_in`` names the correction that carried a point again.
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
 
 ``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
@@ -69,6 +74,29 @@ metadata = MetaData(
 )
 
 
+# Running totals of a sink, kept by the ledger in the transactions that already lock
+# its row, so that a metrics scrape reads one row per sink (twophase.exporter).
+# ``corrections`` is the number of the sink's last correction (epoch -n).
+SINK_COUNTERS = (
+    "epochs_committed",
+    "epochs_aborted",
+    "points_staged",
+    "points_delivered",
+    "points_rejected_stage",
+    "points_rejected_promote",
+    "points_requeued",
+    "promote_attempts",
+    "promote_retries",
+    "fenced_attempts",
+    "staged_bytes",
+    "corrections",
+)
+
+
+def _counter(name: str) -> Column[int]:
+    return Column(name, BigInteger, nullable=False, server_default="0")
+
+
 def _created_at() -> Column[datetime]:
     return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
 
@@ -86,6 +114,8 @@ sinks = Table(
     Column("last_error", Text, nullable=True),
     _created_at(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    *(_counter(name) for name in SINK_COUNTERS),
+    Column("last_committed_at", DateTime(timezone=True), nullable=True),
 )
 
 runs = Table(
@@ -131,6 +161,7 @@ epochs = Table(
     Column("committed_at", DateTime(timezone=True), nullable=True),
     Column("aborted_at", DateTime(timezone=True), nullable=True),
     Column("purged_at", DateTime(timezone=True), nullable=True),
+    Column("staged_bytes", BigInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("sink_id", "epoch"),
     CheckConstraint(f"state IN {EPOCH_STATES!r}", name="state"),
     Index(None, "state", "sink_id", "epoch", postgresql_where="state = 'PRECOMMITTED'"),
@@ -176,6 +207,13 @@ dead_letters = Table(
     Column("reason", Text, nullable=False),
     Column("payload", Text, nullable=False),
     _created_at(),
+    Column(
+        "requeued_in",
+        BigInteger,
+        nullable=True,
+        comment="the correction (epoch -n) that carried it again",
+    ),
+    Column("requeued_at", DateTime(timezone=True), nullable=True),
     UniqueConstraint("write_id", "phase", "seq"),
     CheckConstraint(f"phase IN {PHASES!r}", name="phase"),
     Index(None, "sink_id", "epoch"),

@@ -43,12 +43,20 @@ def compact_ranges(numbers: Sequence[int]) -> str:
 
 
 def name_epochs(numbers: Sequence[int]) -> str:
-    """``'epoch 3'`` or ``'epochs 0-2, 5'``."""
+    """``'epoch 3'``, ``'epochs 0-2, 5'``, or with corrections ``'epochs 4, c1, c2'``."""
     if len(set(numbers)) == 1:
-        return f"epoch {numbers[0]}"
-    return f"epochs {compact_ranges(numbers)}"
+        return f"epoch {epoch_label(numbers[0])}"
+    batch = [n for n in numbers if n >= 0]
+    parts = [compact_ranges(batch)] if batch else []
+    return "epochs " + ", ".join(parts + [f"c{n}" for n in sorted({-n for n in numbers if n < 0})])
 
 
 def epochs_are(numbers: Sequence[int]) -> str:
     """``'epoch 3 is'`` or ``'epochs 0-2, 5 are'``: the subject of a message about epochs."""
     return name_epochs(numbers) + (" is" if len(set(numbers)) == 1 else " are")
+
+
+def epoch_label(epoch: int) -> str:
+    """An epoch as operators read it: Spark's batch id, or ``c<n>`` for the sink's
+    n-th correction (epoch ``-n``, :mod:`twophase.requeue`)."""
+    return f"c{-epoch}" if epoch < 0 else str(epoch)

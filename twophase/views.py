@@ -19,6 +19,7 @@ from twophase.model import DeadLetter, EpochState, Phase
 
 # Runs the CLI starts (recover) are named so; they never count as a live query.
 CLI_RUN_PREFIX = "cli-"
+LIVE_WINDOW_S = 600.0  # an owner active this recently is taken for a live query
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,18 @@ class SinkStatus:
     oldest_precommitted_age_s: float | None
     staged_points: int
     staged_bytes: int
-    dead_letters: int
+    dead_letters: int  # not requeued
     replays_detected: int
     last_error: str | None
+    corrections: int  # corrections made (dead letters requeued): epochs -1..-n
 
 
 @dataclass(frozen=True)
 class EpochInfo:
-    """One epoch's row (``twophase epochs``); ``points_delivered`` is None until COMMITTED."""
+    """One epoch's row (``twophase epochs``); ``points_delivered`` is None until COMMITTED.
+
+    A negative ``epoch`` is a correction (:mod:`twophase.requeue`).
+    """
 
     sink_id: str
     epoch: int
@@ -99,19 +104,19 @@ class EpochEvent:
 
 
 # The owning run's state (see SinkStatus.owner_state), over ``s`` and its run ``r``.
-_OWNER_STATE = """CASE
+OWNER_STATE_SQL = """CASE
     WHEN s.owner_run_id IS NULL OR left(s.owner_run_id, %(cli_len)s) = %(cli)s THEN NULL
     WHEN r.ended_at IS NOT NULL THEN 'ended'
     WHEN s.updated_at >= now() - %(window)s * interval '1 second' THEN 'live'
     ELSE 'unknown' END"""
-_OWNER_RUN = "LEFT JOIN twophase_runs r ON r.sink_id = s.sink_id AND r.run_id = s.owner_run_id"
+OWNER_RUN_SQL = "LEFT JOIN twophase_runs r ON r.sink_id = s.sink_id AND r.run_id = s.owner_run_id"
 
 _STATUS_SQL = f"""
-SELECT s.sink_id, s.query_id, s.owner_run_id, {_OWNER_STATE}, r.end_reason,
+SELECT s.sink_id, s.query_id, s.owner_run_id, {OWNER_STATE_SQL}, r.end_reason,
        s.fencing_token, s.updated_at, s.last_decided_epoch, s.last_committed_epoch,
        p.n, p.first, extract(epoch FROM now() - p.since)::float8,
-       st.n, st.bytes, dl.n, s.replays_detected, s.last_error
-FROM twophase_sinks s {_OWNER_RUN}
+       st.n, st.bytes, dl.n, s.replays_detected, s.last_error, s.corrections
+FROM twophase_sinks s {OWNER_RUN_SQL}
 CROSS JOIN LATERAL (SELECT count(*) AS n, min(epoch) AS first, min(decided_at) AS since
     FROM twophase_epochs e WHERE e.sink_id = s.sink_id AND e.state = %(pre)s) p
 CROSS JOIN LATERAL (SELECT COALESCE(sum(c.points), 0) AS n,
@@ -120,7 +125,7 @@ CROSS JOIN LATERAL (SELECT COALESCE(sum(c.points), 0) AS n,
     WHERE w.sink_id = s.sink_id) st
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM twophase_dead_letters d
     JOIN twophase_epochs de ON de.sink_id = d.sink_id AND de.epoch = d.epoch
-    AND d.write_id = ANY(de.write_ids) WHERE d.sink_id = s.sink_id) dl
+    AND d.write_id = ANY(de.write_ids) WHERE d.sink_id = s.sink_id AND d.requeued_in IS NULL) dl
 WHERE %(sink)s::text IS NULL OR s.sink_id = %(sink)s
 ORDER BY s.sink_id
 """  # noqa: S608 - constant fragments; every value is a parameter
@@ -185,8 +190,8 @@ class Views:
         }
         with self._db.transaction() as cur:
             cur.execute(
-                f"SELECT s.owner_run_id, s.updated_at FROM twophase_sinks s {_OWNER_RUN}"  # noqa: S608
-                f" WHERE s.sink_id = %(sink)s AND {_OWNER_STATE} = 'live'",
+                f"SELECT s.owner_run_id, s.updated_at FROM twophase_sinks s {OWNER_RUN_SQL}"  # noqa: S608
+                f" WHERE s.sink_id = %(sink)s AND {OWNER_STATE_SQL} = 'live'",
                 params,
             )
             row = cur.fetchone()
@@ -195,16 +200,22 @@ class Views:
     def epochs(
         self, sink_id: str, selection: EpochRange = EpochRange(), last_n: int | None = None
     ) -> list[EpochInfo]:
-        """Epochs in ``selection`` in increasing order (only the last ``last_n`` if given)."""
-        sql = (
-            f"SELECT {_EPOCH_COLUMNS} FROM twophase_epochs WHERE sink_id = %s"  # noqa: S608
+        """Epochs in ``selection`` in increasing order, corrections last; with ``last_n``
+        only the last ``last_n`` Spark epochs and the last ``last_n`` corrections."""
+        part = (
+            f"(SELECT {_EPOCH_COLUMNS} FROM twophase_epochs WHERE sink_id = %s"  # noqa: S608
             " AND (%s::bigint IS NULL OR epoch >= %s) AND (%s::bigint IS NULL OR epoch <= %s)"
-            " ORDER BY epoch DESC LIMIT %s"
+        )
+        sql = (
+            f"{part} AND epoch >= 0 ORDER BY epoch DESC LIMIT %s)"
+            f" UNION ALL {part} AND epoch < 0 ORDER BY epoch ASC LIMIT %s)"
         )
         first, last = selection.first, selection.last
+        where = (sink_id, first, first, last, last, last_n)
         with self._db.transaction() as cur:
-            cur.execute(sql, (sink_id, first, first, last, last, last_n))
-            return [_epoch_info(row) for row in reversed(cur.fetchall())]
+            cur.execute(sql, where + where)
+            rows = [_epoch_info(row) for row in cur.fetchall()]
+        return sorted(rows, key=lambda e: (e.epoch < 0, abs(e.epoch)))
 
     def select_epochs(self, sink_id: str, selection: EpochRange) -> list[EpochInfo]:
         """Like :meth:`epochs`, but an empty result is an EpochRangeError saying what exists."""
@@ -265,7 +276,7 @@ class Views:
             cur.itersize = 2000
             cur.execute(
                 "SELECT d.sink_id, d.epoch, d.write_id::text, d.seq, d.phase, d.reason,"
-                f" d.payload, d.id, d.created_at {_DECIDED_DEAD_LETTERS}"  # constant, no user data
+                f" d.payload, d.id, d.created_at, d.requeued_in {_DECIDED_DEAD_LETTERS}"  # constant
                 " AND (%s::bigint IS NULL OR d.epoch = %s) ORDER BY d.epoch, d.id LIMIT %s",
                 (sink_id, epoch, epoch, limit),
             )

@@ -40,6 +40,7 @@ STATUS_KEYS = {
     "dead_letters",
     "replays_detected",
     "last_error",
+    "corrections",
 }
 EPOCH_KEYS = {
     "sink_id",
@@ -69,6 +70,7 @@ DEAD_LETTER_KEYS = {
     "reason",
     "payload",
     "created_at",
+    "requeued_in",
 }
 
 
@@ -144,7 +146,7 @@ def test_one_epoch_shows_its_history(cli: Cli) -> None:
         (["--epoch", "9"], "sink 's' has epochs 0..3; epoch 9 is not recorded"),
         (["--from", "5", "--to", "3"], "--from 5 is after --to 3"),
         (["--from", "7"], "epochs 7.. is not recorded"),
-        (["--epoch", "-1"], "argument --epoch: '-1' is not an epoch number"),
+        (["--epoch", "-1"], "argument --epoch: '-1' is not an epoch (an integer >= 0, or cN"),
         (["--epoch", "1", "--to", "2"], "--epoch cannot be combined with --from/--to"),
         (["--last", "1", "--from", "2"], "--last cannot be combined"),
     ],

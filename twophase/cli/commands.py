@@ -7,6 +7,8 @@ function returns the exit code.
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from dataclasses import asdict
 
 from twophase import operations as ops
@@ -15,6 +17,7 @@ from twophase.cli.console import Console
 from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
+from twophase.requeue import RequeueFilter
 from twophase.views import EpochRange
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -60,6 +63,10 @@ def cmd_epochs(con: Console) -> int:
 
 def cmd_dead_letters(con: Console) -> int:
     args = con.args
+    if args.requeue:
+        return _requeue(con)
+    if args.reason is not None or args.dry_run:
+        raise UsageError("--reason and --dry-run go with --requeue")
     config = staging_config(args)
     if args.export:
         done = ops.export_dead_letters(config, args.sink, args.export, args.epoch)
@@ -68,6 +75,17 @@ def cmd_dead_letters(con: Console) -> int:
         return EXIT_OK
     listing = ops.dead_letters(config, args.sink, args.epoch, args.limit or None)
     con.emit(listing, render.dead_letter_lines(args.sink, listing))
+    return EXIT_OK
+
+
+def _requeue(con: Console) -> int:
+    args = con.args
+    if args.export or args.first is not None or args.last_epoch is not None:
+        raise UsageError("--requeue takes --epoch N and --reason TEXT, not --export/--from/--to")
+    chosen = RequeueFilter(args.epoch, args.reason)
+    with con.hooks() as hooks:
+        report = ops.requeue(full_config(args), args.sink, chosen, args.dry_run, con.guard(), hooks)
+    con.emit(report, render.requeue_lines(report))
     return EXIT_OK
 
 
@@ -124,3 +142,18 @@ def cmd_verify(con: Console) -> int:
         report = ops.verify(full_config(args), args.sink, selection_of(args), hooks)
     con.emit(asdict(report) | {"ok": report.ok}, render.verify_lines(report))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_metrics(con: Console) -> int:
+    """Serve until SIGTERM or Ctrl-C."""
+    args = con.args
+    exporter = ops.start_exporter(staging_config(args), args.port, args.host, args.live_window)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    con.err.write(f"twophase: serving metrics on http://{args.host}:{exporter.port}/metrics\n")
+    con.err.flush()
+    try:
+        stop.wait()
+    finally:
+        exporter.close()
+    return EXIT_OK

@@ -14,6 +14,7 @@ from twophase.cli import commands as cmd
 from twophase.cli.console import Console
 from twophase.config import BY_NAME, CLI_FLAGS, parse_duration
 from twophase.errors import ConfigError
+from twophase.exporter import DEFAULT_PORT
 from twophase.operations import LIVE_WINDOW_S
 from twophase.text import age
 
@@ -28,13 +29,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def _epoch(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an epoch number (an integer >= 0)")
-    return value
+    """A Spark epoch (``17``) or a correction (``c3``: epoch -3)."""
+    number, sign = (text[1:], -1) if text[:1].lower() == "c" else (text, 1)
+    if not number.isdigit() or (sign < 0 and int(number) == 0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an epoch (an integer >= 0, or cN for the N-th correction)"
+        )
+    return sign * int(number)
 
 
 def _count(text: str) -> int:
@@ -121,11 +122,26 @@ def _inspection(command: Callable[[str, Handler, str], Any]) -> None:
     sub = command("verify", cmd.cmd_verify, "compare the staged points with InfluxDB")
     _sink(sub)
     _epochs(sub)
-    sub = command("dead-letters", cmd.cmd_dead_letters, "list or export rejected rows and points")
+    sub = command(
+        "dead-letters", cmd.cmd_dead_letters, "list, export or requeue rejected rows and points"
+    )
     _sink(sub)
     _epochs(sub, single_only=False)
     sub.add_argument("--export", metavar="FILE", help="write all to FILE (.csv or .jsonl)")
     sub.add_argument("--limit", type=_count, default=100, metavar="N", help="0 lists all")
+    sub.add_argument(
+        "--requeue",
+        action="store_true",
+        help="deliver the points InfluxDB refused again, once, as a correction of the sink",
+    )
+    sub.add_argument("--reason", metavar="TEXT", help="with --requeue: only reasons holding TEXT")
+    sub.add_argument("--dry-run", action="store_true", help="with --requeue: count, send nothing")
+    _guard(sub, confirm=False)
+    sub = command("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
+    sub.add_argument("action", choices=["serve"], help="serve: run the exporter until stopped")
+    sub.add_argument("--port", type=_count, default=DEFAULT_PORT, metavar="N")
+    sub.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    _live_window(sub)
 
 
 def _actions(command: Callable[[str, Handler, str], Any]) -> None:

@@ -7,9 +7,9 @@ from datetime import datetime
 from typing import Any
 
 from twophase.operations import GcSummary, ResendReport
-from twophase.operations.delivery import RecoverReport
+from twophase.operations.delivery import RecoverReport, RequeueReport
 from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
-from twophase.text import age, compact_ranges, iso, name_epochs, plural
+from twophase.text import age, compact_ranges, epoch_label, iso, name_epochs, plural
 from twophase.verify import SeriesDiff, VerifyReport
 from twophase.views import EpochInfo, SinkStatus
 
@@ -55,6 +55,7 @@ _STATUS_HEADERS = (
     "STAGED",
     "SIZE",
     "DEAD LETTERS",
+    "CORRECTIONS",
     "REPLAYS",
     "LAST ERROR",
 )
@@ -69,7 +70,8 @@ def status_lines(rows: Sequence[SinkStatus]) -> list[str]:
 def _status_row(s: SinkStatus) -> tuple[Any, ...]:
     oldest = None
     if s.oldest_precommitted_epoch is not None:
-        oldest = f"{s.oldest_precommitted_epoch} ({age(s.oldest_precommitted_age_s)} old)"
+        label = epoch_label(s.oldest_precommitted_epoch)
+        oldest = f"{label} ({age(s.oldest_precommitted_age_s)} old)"
     return (
         s.sink_id,
         s.owner_run_id,
@@ -81,6 +83,7 @@ def _status_row(s: SinkStatus) -> tuple[Any, ...]:
         s.staged_points,
         size(s.staged_bytes),
         s.dead_letters,
+        s.corrections,
         s.replays_detected,
         s.last_error,
     )
@@ -115,7 +118,7 @@ def epoch_lines(listing: EpochListing) -> list[str]:
         return [f"sink {listing.sink_id!r} has no epochs"]
     lines = table(_EPOCH_HEADERS, [_epoch_row(e) for e in listing.epochs])
     if listing.events is not None:
-        lines += ["", f"history of epoch {listing.epochs[0].epoch}:"]
+        lines += ["", f"history of epoch {epoch_label(listing.epochs[0].epoch)}:"]
         lines += table(
             ("AT", "EVENT", "RUN", "DETAIL"),
             [(e.at, e.event, e.run_id, e.detail) for e in listing.events],
@@ -125,7 +128,7 @@ def epoch_lines(listing: EpochListing) -> list[str]:
 
 def _epoch_row(e: EpochInfo) -> tuple[Any, ...]:
     return (
-        e.epoch,
+        epoch_label(e.epoch),
         e.state,
         e.points_staged,
         e.points_delivered,
@@ -144,12 +147,50 @@ def dead_letter_lines(sink_id: str, listing: DeadLetterListing) -> list[str]:
         return [f"no dead letters for sink {sink_id!r}"]
     rows = listing.dead_letters
     lines = table(
-        ("EPOCH", "PHASE", "WRITE", "SEQ", "REASON", "PAYLOAD"),
-        [(d.epoch, d.phase, d.write_id[:8], d.seq, d.reason, d.payload) for d in rows],
+        ("EPOCH", "PHASE", "WRITE", "SEQ", "REQUEUED", "REASON", "PAYLOAD"),
+        [
+            (
+                epoch_label(d.epoch),
+                d.phase,
+                d.write_id[:8],
+                d.seq,
+                _requeued(d.requeued_in),
+                d.reason,
+                d.payload,
+            )
+            for d in rows
+        ],
     )
     if len(rows) < listing.total:
         more = listing.total - len(rows)
         lines.append(f"... {more} more (--limit 0 lists all; --export FILE saves)")
+    return lines
+
+
+def _requeued(epoch: int | None) -> str:
+    return "-" if epoch is None else f"in {epoch_label(epoch)}"
+
+
+def requeue_lines(report: RequeueReport) -> list[str]:
+    lines = []
+    earlier = [r for r in report.promoted if r is not report.result]
+    if earlier:
+        pending = name_epochs([r.epoch for r in earlier])
+        lines.append(f"promoted first (they were pending): {pending}")
+    if report.correction is None:
+        return [*lines, f"no dead letters of sink {report.sink_id!r} to requeue"]
+    what = (
+        f"{plural(report.requeued, 'dead letter')} of "
+        f"{name_epochs(report.from_epochs)} as correction c{report.correction}"
+    )
+    if report.dry_run:
+        return [*lines, f"would requeue {what} (dry run: nothing sent)"]
+    done = report.result
+    if done is None:  # cannot happen once recover returned; said for completeness
+        return [*lines, f"requeued {what}; run `twophase recover --sink {report.sink_id}`"]
+    lines.append(f"requeued {what}: {done.delivered} delivered, {done.rejected} rejected again")
+    if done.rejected:
+        lines.append("the points rejected again are dead letters of the correction")
     return lines
 
 
@@ -186,7 +227,7 @@ def recover_lines(report: RecoverReport) -> list[str]:
     results = report.recovered
     if not results:
         return ["nothing to recover: no PRECOMMITTED epochs"]
-    rows = [(r.sink_id, r.epoch, r.delivered, r.rejected) for r in results]
+    rows = [(r.sink_id, epoch_label(r.epoch), r.delivered, r.rejected) for r in results]
     lines = table(("SINK", "EPOCH", "DELIVERED", "REJECTED"), rows)
     lines.append(f"recovered {plural(len(results), 'epoch')}; no PRECOMMITTED epoch is left")
     if any(r.rejected for r in results):

@@ -124,7 +124,9 @@ def classify_status(
 ) -> TwoPhaseError:
     """The exception for a non-2xx answer to a write (see the module's table)."""
     said = server_message(body, headers) or f"HTTP {status}"
-    return scrubbed(_classify(status, said, headers, target), secrets)
+    error = scrubbed(_classify(status, said, headers, target), secrets)
+    error.http_status = status
+    return error
 
 
 def _classify(

@@ -11,7 +11,8 @@ Store operations need only the staging settings (:mod:`.store`):
 :func:`status`, :func:`epochs`, :func:`dead_letters`,
 :func:`export_dead_letters`, :func:`abort`, :func:`gc`, :func:`reset`.
 Delivery operations also talk to InfluxDB (:mod:`.delivery`):
-:func:`recover`, :func:`resend`, :func:`verify`.
+:func:`recover`, :func:`resend`, :func:`verify`, :func:`requeue`.
+The exporter (:mod:`.metrics`): :func:`start_exporter`.
 
 Errors are twophase's own (:mod:`twophase.errors`): ``UnknownSinkError`` and
 ``EpochRangeError`` for what is not recorded, ``UsageError`` for arguments that
@@ -21,8 +22,16 @@ cannot work together, ``RefusedError`` when a live run owns the sink (and
 
 from __future__ import annotations
 
-from twophase.operations.delivery import ResendReport, recover, resend, verify
+from twophase.operations.delivery import (
+    RequeueReport,
+    ResendReport,
+    recover,
+    requeue,
+    resend,
+    verify,
+)
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
+from twophase.operations.metrics import start_exporter
 from twophase.operations.store import (
     AbortReport,
     DeadLetterListing,
@@ -49,6 +58,7 @@ __all__ = [
     "Guard",
     "Hooks",
     "Progress",
+    "RequeueReport",
     "ResendReport",
     "ResetReport",
     "abort",
@@ -57,8 +67,10 @@ __all__ = [
     "export_dead_letters",
     "gc",
     "recover",
+    "requeue",
     "resend",
     "reset",
+    "start_exporter",
     "status",
     "verify",
 ]

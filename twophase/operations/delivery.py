@@ -1,4 +1,4 @@
-"""Operations that send to or read from InfluxDB: recover, resend, verify."""
+"""Operations that send to or read from InfluxDB: recover, resend, requeue, verify."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from twophase.operations.hooks import (
 )
 from twophase.promoter import PromoteResult
 from twophase.reader import StagedReader
+from twophase.requeue import EVERY_LETTER, RequeueFilter, Requeuer, RequeueSelection
 from twophase.resend import Resender, ResendPlan, ResentEpoch, plan_resend
 from twophase.runtime import TwoPhase
 from twophase.text import epochs_are
@@ -81,6 +82,80 @@ def recover(
             # promoted some meanwhile.
             tp.committer.recover(lease, on_promoted=on_promoted)
     return RecoverReport(tuple(results))
+
+
+@dataclass(frozen=True)
+class RequeueReport:
+    """What a requeue carried (or, dry, would carry) as correction ``-correction``.
+
+    ``promoted`` holds the sink's PRECOMMITTED epochs promoted first (I3) and
+    then the correction; ``stage_letters`` rows rejected at staging were left
+    alone (they never became points).
+    """
+
+    sink_id: str
+    dry_run: bool
+    correction: int | None
+    requeued: int
+    from_epochs: tuple[int, ...]
+    stage_letters: int
+    promoted: tuple[PromoteResult, ...] = ()
+
+    @property
+    def result(self) -> PromoteResult | None:
+        """The correction's promotion, once it ran."""
+        epoch = -self.correction if self.correction else None
+        return next((r for r in self.promoted if r.epoch == epoch), None)
+
+
+def requeue(
+    config: TwoPhaseConfig,
+    sink_id: str,
+    chosen: RequeueFilter = EVERY_LETTER,
+    dry_run: bool = False,
+    guard: Guard = UNFORCED,
+    hooks: Hooks = SILENT,
+) -> RequeueReport:
+    """Deliver the sink's promote-time dead letters again, once, as a correction
+    (:mod:`twophase.requeue`). Claims the sink like ``recover`` (refused while a
+    live run owns it, unless forced); a crash at any step is finished by ``recover``."""
+    with TwoPhase.open(config) as tp:
+        views = Views(tp.db)
+        views.require_sink(sink_id)
+        requeuer = Requeuer(tp.db, tp.stager)
+        selection = requeuer.select(sink_id, chosen)
+        if selection.stage_letters:
+            hooks.warn(
+                f"{selection.stage_letters} rows rejected at staging are not requeued: they"
+                " never became points; fix the input and process those rows again"
+            )
+        if dry_run or not selection.ids:
+            return _requeue_report(selection, dry_run)
+        refuse_if_live(views, [sink_id], "requeue", guard, hooks)
+        lease = tp.ledger.begin_run(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
+        earlier = tp.committer.recover(lease)  # I3: what is pending goes first
+        selection = requeuer.select(sink_id, chosen)  # again, under the lease
+        if not selection.ids:
+            return _requeue_report(selection, False, earlier)
+        requeuer.decide(lease, selection)
+        hooks.progress(Progress("requeue", "points", 0, len(selection.ids)))
+        done = tp.committer.recover(lease)
+        hooks.progress(Progress("requeue", "points", len(selection.ids), len(selection.ids)))
+    return _requeue_report(selection, False, (*earlier, *done))
+
+
+def _requeue_report(
+    selection: RequeueSelection, dry_run: bool, promoted: Sequence[PromoteResult] = ()
+) -> RequeueReport:
+    return RequeueReport(
+        selection.sink_id,
+        dry_run,
+        selection.correction if selection.ids else None,
+        len(selection.ids),
+        selection.epochs,
+        selection.stage_letters,
+        tuple(promoted),
+    )
 
 
 def _points_pending(views: Views, work: Mapping[str, Sequence[int]]) -> int:

@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 
 from twophase.errors import RefusedError
 from twophase.text import age
-from twophase.views import Views
+from twophase.views import LIVE_WINDOW_S, Views
 
-LIVE_WINDOW_S = 600.0  # an owner active this recently is taken for a live query
+__all__ = ["LIVE_WINDOW_S", "Guard", "Hooks", "Progress", "actor", "refuse_if_live"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,159 @@
+"""The exporter over a real staging store, scraped over HTTP, and the driver's metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.cli_helpers import known_store, sql
+from tests.integration.test_protocol import lines, stage
+from tests.support import admin_conninfo, free_port, two_phase
+from twophase.config import InfluxConfig, StagingConfig
+from twophase.errors import FencedError, InfluxUnavailableError
+from twophase.exporter import Exporter, metric_names
+from twophase.model import Lease
+from twophase.operations import start_exporter
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def exporter(staging: StagingConfig) -> Iterator[Exporter]:
+    running = start_exporter(staging, port=0, host="127.0.0.1", live_window_s=600)
+    yield running
+    running.close()
+
+
+def test_a_scrape_reports_every_sink(tp: Any, exporter: Exporter, staging_url: str) -> None:
+    known_store(tp)  # s: 0-2 committed (a row and a point rejected), 3 PRECOMMITTED
+    got = scrape(exporter.port)
+    s = {"sink": "s"}
+    assert value(got, "twophase_store_up") == 1
+    assert value(got, "twophase_last_decided_epoch", **s) == 3
+    assert value(got, "twophase_last_committed_epoch", **s) == 2
+    assert value(got, "twophase_epochs", state="precommitted", **s) == 1
+    assert value(got, "twophase_epochs", state="committed", **s) == 3
+    assert value(got, "twophase_points_staged_total", **s) == 41  # 4 epochs, 1 bad point
+    assert value(got, "twophase_points_delivered_total", **s) == 30
+    assert value(got, "twophase_points_rejected_total", phase="stage", **s) == 1
+    assert value(got, "twophase_points_rejected_total", phase="promote", **s) == 1
+    assert value(got, "twophase_dead_letters", phase="promote", **s) == 1
+    assert value(got, "twophase_oldest_precommitted_age_seconds", **s) > 0
+    assert value(got, "twophase_run_state", state="live", **s) == 1
+    assert value(got, "twophase_commit_duration_seconds_count", **s) == 3
+    assert value(got, "twophase_promote_attempts_total", **s) == 3
+    retained = sql(
+        staging_url,
+        "SELECT sum(octet_length(c.body)) FROM twophase_staged_chunks c JOIN twophase_epochs e"
+        " ON c.write_id = ANY(e.write_ids) WHERE e.sink_id = 's'",
+    )[0][0]
+    assert value(got, "twophase_staged_bytes", **s) == retained > 0
+    assert {name for name, _ in got} <= metric_names()
+
+    tp.ledger.abort("s", 3, "test")
+    tp.runs.end("s", "r1", "stopped")
+    tp.ledger.begin_run("t", "r10", "q9")  # fences r9 of sink t
+    with pytest.raises(FencedError):
+        tp.ledger.decide(Lease("t", "r9", "q9", 1), 1, [])
+    got = scrape(exporter.port)
+    assert value(got, "twophase_epochs", state="aborted", **s) == 1
+    assert value(got, "twophase_oldest_precommitted_age_seconds", **s) == 0
+    assert value(got, "twophase_run_state", state="ended", **s) == 1
+    assert value(got, "twophase_run_state", state="live", **s) == 0
+    assert value(got, "twophase_staged_bytes", **s) < retained
+    assert value(got, "twophase_fenced_attempts_total", sink="t") == 1
+
+
+def test_the_histogram_counts_each_new_commit_once(tp: Any, exporter: Exporter) -> None:
+    lease = tp.ledger.begin_run("h", "r1", "q1")
+    for epoch in range(3):
+        tp.committer.commit(lease, epoch, stage(tp, "h", epoch, [lines(epoch, 5)]))
+    assert value(scrape(exporter.port), "twophase_commit_duration_seconds_count", sink="h") == 3
+    assert value(scrape(exporter.port), "twophase_commit_duration_seconds_count", sink="h") == 3
+    tp.committer.commit(lease, 3, stage(tp, "h", 3, [lines(3, 5)]))
+    got = scrape(exporter.port)
+    assert value(got, "twophase_commit_duration_seconds_count", sink="h") == 4
+    assert value(got, "twophase_commit_duration_seconds_bucket", sink="h", le="+Inf") == 4
+
+
+def test_an_unreachable_store_is_store_up_zero_until_it_is_back(
+    tp: Any, exporter: Exporter, staging_url: str
+) -> None:
+    known_store(tp)
+    name = staging_url.rsplit("/", 1)[1]
+    block = f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'
+    kick = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s"
+    admin = admin_conninfo(staging_url, "postgres")
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(block)
+        conn.execute(kick, (name,))
+        try:
+            down = scrape(exporter.port)
+        finally:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    assert value(down, "twophase_store_up") == 0
+    assert not [key for key in down if key[0] == "twophase_last_decided_epoch"]
+    up = scrape(exporter.port)
+    assert value(up, "twophase_store_up") == 1
+    assert value(up, "twophase_last_decided_epoch", sink="s") == 3
+
+
+def test_the_driver_serves_its_influx_request_metrics(
+    staging: StagingConfig, influx: InfluxConfig
+) -> None:
+    port = free_port()
+    metered = dataclasses.replace(influx, metrics_port=port)
+    with two_phase(staging, metered) as tp:
+        lease = tp.ledger.begin_run("d", "r1", "q1")
+        bad = 'proto,host=a v="text" 1700000000000000001'
+        tp.committer.commit(lease, 0, stage(tp, "d", 0, [lines(0, 5)]))
+        tp.committer.commit(lease, 1, stage(tp, "d", 1, [[*lines(1, 4), bad]]))
+        before = scrape(port)
+    assert value(before, "twophase_influx_responses_total", status_class="2xx") >= 2
+    assert value(before, "twophase_influx_responses_total", status_class="4xx") >= 1
+    assert value(before, "twophase_influx_sent_bytes_total") > 0
+    assert value(before, "twophase_influx_request_duration_seconds_count") >= 3
+
+    closed = dataclasses.replace(
+        influx, url=f"http://127.0.0.1:{free_port()}", metrics_port=port, retry_deadline_s=0.3
+    )
+    with two_phase(staging, closed) as tp:
+        lease = tp.ledger.begin_run("d2", "r1", "q1")
+        with pytest.raises(InfluxUnavailableError):
+            tp.committer.commit(lease, 0, stage(tp, "d2", 0, [lines(0, 5)]))
+    after = scrape(port)
+    assert value(after, "twophase_influx_retries_total", reason="transport") >= 1
+    assert value(after, "twophase_influx_responses_total", status_class="transport") >= 2
+
+
+def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: Any, exporter: Exporter) -> None:
+    known_store(tp)
+    tp.ledger.abort("s", 3, "test")
+    assert value(scrape(exporter.port), "twophase_staged_bytes", sink="s") > 0
+    later = datetime.now(timezone.utc) + timedelta(days=30)
+    assert tp.gc.collect("s", now=later).epochs_purged == 4
+    got = scrape(exporter.port)
+    assert value(got, "twophase_staged_bytes", sink="s") == 0
+    assert value(got, "twophase_staged_bytes", sink="t") > 0  # another sink's stay

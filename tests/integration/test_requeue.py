@@ -1,0 +1,192 @@
+"""Requeue of dead letters (``twophase dead-letters --requeue``), exactly once.
+
+The scenario of the issue: another writer put a string field ``v`` into
+measurement ``rq``; the sink's float ``v`` points are refused (field type
+conflict) and become dead letters. The operator drops the conflicting
+measurement and requeues: InfluxDB then holds every point once. The
+installed ``twophase`` script runs as a real process and is SIGKILLed at
+every step of the requeue; ``recover`` (and, when the crash came before the
+decision, a second requeue) must give the same result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.cli_helpers import Cli, make_cli, sql
+from tests.integration.test_protocol import stage
+from tests.support import influx_rows
+from twophase.config import InfluxConfig
+from twophase.influx.query import query_v1
+
+SINK = "rq-sink"
+GOOD, CONFLICTED = "ok", "rq"
+BASE = 1_700_000_000_000_000_000
+EPOCHS, GOOD_PER_EPOCH, BAD_PER_EPOCH = 3, 6, 3
+LEGACY = f'{CONFLICTED},e=legacy,n=0 v="text" {BASE + 999}'
+
+
+def epoch_lines(epoch: int) -> list[str]:
+    base = BASE + epoch * 1_000_000
+    good = [
+        f"{GOOD},e={epoch},n={i} v={epoch * 10 + i}.5 {base + i}" for i in range(GOOD_PER_EPOCH)
+    ]
+    bad = [
+        f"{CONFLICTED},e={epoch},n={i} v={epoch * 10 + i}.25 {base + i}"
+        for i in range(BAD_PER_EPOCH)
+    ]
+    return good + bad
+
+
+def expected(measurement: str) -> list[tuple[Any, ...]]:
+    rows = []
+    for epoch in range(EPOCHS):
+        count = GOOD_PER_EPOCH if measurement == GOOD else BAD_PER_EPOCH
+        offset = 0.5 if measurement == GOOD else 0.25
+        rows += [(epoch, i, epoch * 10 + i + offset) for i in range(count)]
+    return sorted(rows)
+
+
+def held(influx: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
+    """(epoch, n, v) of every point InfluxDB holds, duplicates included (none may be)."""
+    out = []
+    for _, tags, fields in influx_rows(influx, measurement):
+        tag = dict(tags)
+        if tag["e"] != "legacy":
+            out.append((int(tag["e"]), int(tag["n"]), dict(fields)["v"]))
+    return sorted(out)
+
+
+@pytest.fixture
+def cli(staging_url: str, influx: InfluxConfig) -> Cli:
+    return make_cli(staging_url, influx)
+
+
+def rejected_store(tp: Any, influx: InfluxConfig) -> int:
+    """Commit the epochs after the conflicting write: their ``rq`` points are dead letters."""
+    influx_write(influx, LEGACY)
+    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    for epoch in range(EPOCHS):
+        lines = epoch_lines(epoch)
+        tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [lines[:4], lines[4:]]))
+    tp.runs.end(SINK, "r1", "stopped")
+    return EPOCHS * BAD_PER_EPOCH
+
+
+def influx_write(influx: InfluxConfig, line: str) -> None:
+    import urllib.request
+
+    url = f"{influx.url}/write?db={influx.database}&precision=ns"
+    urllib.request.urlopen(urllib.request.Request(url, data=line.encode(), method="POST"))
+
+
+def drop_conflicting(influx: InfluxConfig) -> None:
+    """The operator's fix: the measurement holding the conflicting field goes."""
+    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{CONFLICTED}"', method="POST")
+
+
+def letters(staging_url: str) -> list[tuple[Any, ...]]:
+    return sql(
+        staging_url,
+        "SELECT epoch, phase, requeued_in FROM twophase_dead_letters WHERE sink_id = %s"
+        " ORDER BY id",
+        SINK,
+    )
+
+
+def test_rejected_again_stay_dead_letters_once(
+    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+) -> None:
+    rejected = rejected_store(tp, influx)
+    dry = cli("dead-letters", "--sink", SINK, "--requeue", "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    assert dry.json()["dry_run"] is True and dry.json()["requeued"] == rejected
+    assert all(r[2] is None for r in letters(staging_url))  # a dry run changes nothing
+
+    again = cli("dead-letters", "--sink", SINK, "--requeue")
+    assert again.code == 0, again.err
+    assert f"{rejected} dead letters of epochs 0-2 as correction c1" in again.out
+    assert f"0 delivered, {rejected} rejected again" in again.out
+    rows = letters(staging_url)
+    assert [r for r in rows if r[0] >= 0] == [
+        (e, "promote", -1) for e in range(3) for _ in range(3)
+    ]
+    assert [r for r in rows if r[0] < 0] == [(-1, "promote", None)] * rejected
+    status = cli("status", "--sink", SINK, "--json").json()["sinks"][0]
+    assert status["dead_letters"] == rejected and status["corrections"] == 1
+    listing = cli("epochs", "--sink", SINK, "--json").json()["epochs"]
+    assert [(e["epoch"], e["state"]) for e in listing][-1] == (-1, "COMMITTED")
+    assert "c1" in cli("epochs", "--sink", SINK).out
+
+    drop_conflicting(influx)
+    fixed = cli("dead-letters", "--sink", SINK, "--requeue", "--reason", "field type conflict")
+    assert fixed.code == 0, fixed.err
+    assert f"{rejected} dead letters of epoch c1 as correction c2" in fixed.out
+    assert held(influx, CONFLICTED) == expected(CONFLICTED)
+    assert held(influx, GOOD) == expected(GOOD)
+    assert cli("status", "--sink", SINK, "--json").json()["sinks"][0]["dead_letters"] == 0
+
+
+def test_stage_time_dead_letters_are_not_requeued(
+    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+) -> None:
+    from twophase.points import Rejected
+
+    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    rows: list[Any] = [*epoch_lines(0)[:2], Rejected(2, "field 'v' is null", '{"v": null}')]
+    tp.committer.commit(lease, 0, stage(tp, SINK, 0, [rows]))
+    tp.runs.end(SINK, "r1", "stopped")
+    done = cli("dead-letters", "--sink", SINK, "--requeue")
+    assert done.code == 0, done.err
+    assert "1 rows rejected at staging are not requeued" in done.err
+    assert f"no dead letters of sink {SINK!r} to requeue" in done.out
+
+
+def test_requeue_refuses_a_live_run_and_bad_flags(tp: Any, cli: Cli, influx: InfluxConfig) -> None:
+    rejected_store(tp, influx)
+    tp.ledger.begin_run(SINK, "r2", "q1")  # a new run of the query, live
+    refused = cli("dead-letters", "--sink", SINK, "--requeue")
+    assert refused.code == 1 and "owned by run r2" in refused.one_line_error()
+    usage = cli("dead-letters", "--sink", SINK, "--reason", "x")
+    assert usage.code == 2 and "--requeue" in usage.one_line_error()
+
+
+# Every step of a requeue: staged but not decided, decided, mid-promotion (the second
+# of several requests), all sent but not marked, marked.
+CRASH_STEPS = ("after_stage", "after_decide", "promote_batch:2", "after_promote", "after_mark")
+
+
+@pytest.mark.parametrize("crash_at", CRASH_STEPS)
+def test_sigkill_at_each_step_of_a_requeue_then_recover(
+    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig, crash_at: str
+) -> None:
+    rejected = rejected_store(tp, influx)
+    drop_conflicting(influx)
+    env = cli.env() | {"TWOPHASE_CRASH_AT": crash_at, "TWOPHASE_INFLUX_BATCH_POINTS": "2"}
+    killed = cli.run("dead-letters", "--sink", SINK, "--requeue", env=env)
+    assert killed.code == -9, (killed.code, killed.err)
+
+    recovered = cli.run("recover", "--sink", SINK)
+    assert recovered.code == 0, recovered.err
+    again = cli.run("dead-letters", "--sink", SINK, "--requeue")
+    assert again.code == 0, again.err
+    decided_before_crash = crash_at != "after_stage"
+    if decided_before_crash:
+        assert f"no dead letters of sink {SINK!r} to requeue" in again.out
+    else:
+        assert f"{rejected} dead letters of epochs 0-2 as correction c1" in again.out
+
+    assert held(influx, CONFLICTED) == expected(CONFLICTED)  # every point, once
+    assert held(influx, GOOD) == expected(GOOD)
+    assert {r[2] for r in letters(staging_url)} == {-1}  # all requeued, in c1, no c2
+    states = sql(staging_url, "SELECT epoch, state FROM twophase_epochs WHERE epoch < 0")
+    assert states == [(-1, "COMMITTED")]
+    counts = sql(
+        staging_url,
+        "SELECT corrections, points_requeued, points_rejected_promote FROM twophase_sinks"
+        " WHERE sink_id = %s",
+        SINK,
+    )
+    assert counts == [(1, rejected, rejected)]

@@ -1,0 +1,113 @@
+"""Pure logic of the metrics: the exporter's families and histogram, the driver's labels,
+and how corrections are named."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from twophase.cli.parser import _epoch
+from twophase.errors import BadPointsError, InfluxAuthError, TransientWriteError
+from twophase.exporter import DURATION_BUCKETS, SinkRow, _Durations, metric_names, sink_families
+from twophase.influx.classify import Target, classify_status
+from twophase.influx.metering import retry_reason, status_class
+from twophase.text import epoch_label, name_epochs
+
+pytestmark = pytest.mark.unit
+
+
+def test_durations_are_a_cumulative_histogram() -> None:
+    d = _Durations()
+    for epoch, seconds in ((3, 0.04), (4, 0.3), (5, 7.0), (6, 5000.0)):
+        d.observe(epoch, seconds)
+    buckets = dict(d.buckets())
+    assert buckets["0.05"] == 1 and buckets["0.5"] == 2 and buckets["10.0"] == 3
+    assert buckets["1800.0"] == 3 and buckets["+Inf"] == 4
+    assert d.seen == 6 and d.sum == pytest.approx(5007.34)
+    assert len(d.buckets()) == len(DURATION_BUCKETS) + 1
+
+
+def _row(**changes: object) -> SinkRow:
+    values: dict[str, object] = {name: 0 for name in SinkRow.__dataclass_fields__}
+    values.update(sink_id="s", last_decided_epoch=None, last_committed_epoch=None)
+    values.update(last_commit_at=None, run_state=None, oldest_precommitted_age_s=0.0)
+    values.update(changes)
+    return SinkRow(**values)  # type: ignore[arg-type]
+
+
+def _exposed(rows: list[SinkRow]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    class One:
+        def collect(self):  # type: ignore[no-untyped-def]
+            yield from sink_families(rows, {})
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_a_sink_that_never_decided_has_no_epoch_gauges_and_run_state_none() -> None:
+    got = _exposed([_row()])
+    names = {name for name, _ in got}
+    assert "twophase_last_decided_epoch" not in names
+    assert "twophase_last_commit_timestamp_seconds" not in names
+    assert got[("twophase_run_state", (("sink", "s"), ("state", "none")))] == 1
+    assert got[("twophase_run_state", (("sink", "s"), ("state", "live")))] == 0
+
+
+def test_pending_dead_letters_are_rejected_minus_requeued() -> None:
+    got = _exposed([_row(points_rejected_promote=7, points_requeued=5, points_rejected_stage=2)])
+    assert got[("twophase_dead_letters", (("phase", "promote"), ("sink", "s")))] == 2
+    assert got[("twophase_dead_letters", (("phase", "stage"), ("sink", "s")))] == 2
+    assert got[("twophase_points_rejected_total", (("phase", "promote"), ("sink", "s")))] == 7
+
+
+def test_names_and_labels_follow_prometheus_conventions() -> None:
+    names = metric_names()
+    assert all(name.startswith("twophase_") for name in names)
+    assert "twophase_points_delivered_total" in names
+    got = _exposed([_row(last_decided_epoch=12, last_commit_at=1.0, run_state="live")])
+    labels = {name for _, pairs in got for name, _ in pairs}
+    assert labels == {"sink", "state", "phase", "le"}  # bounded: never an epoch or a run id
+
+
+TARGET = Target("v1", "http://influx:8086", "db")
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (None, "2xx"),
+        (classify_status(400, b'{"error":"partial write"}', None, TARGET), "4xx"),
+        (classify_status(401, b"", None, TARGET), "4xx"),
+        (classify_status(503, b"", None, TARGET), "5xx"),
+        (TransientWriteError("connection refused"), "transport"),
+        (BadPointsError("made up here", "x"), "transport"),
+    ],
+)
+def test_status_class(error: Exception | None, expected: str) -> None:
+    assert status_class(error) == expected
+
+
+def test_retry_reason() -> None:
+    assert retry_reason(TransientWriteError("slow down", status=429)) == "throttled"
+    assert retry_reason(TransientWriteError("down", status=503)) == "unavailable"
+    assert retry_reason(TransientWriteError("refused")) == "transport"
+    assert retry_reason(InfluxAuthError("no")) == "transport"
+
+
+def test_corrections_are_named_cn() -> None:
+    assert epoch_label(-3) == "c3" and epoch_label(7) == "7"
+    assert name_epochs([-1]) == "epoch c1"
+    assert name_epochs([4, 0, 1, 2, -2, -1]) == "epochs 0-2, 4, c1, c2"
+    assert _epoch("c3") == -3 and _epoch("12") == 12
+    for bad in ("-1", "c0", "c", "x3", "3.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _epoch(bad)

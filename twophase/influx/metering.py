@@ -1,0 +1,113 @@
+"""In-process metrics of the process that promotes (the Spark driver): its InfluxDB requests.
+
+Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink
+option): then :func:`serve` starts one Prometheus endpoint per process, and
+:class:`MeteredWriter` wraps the writer so that every request is measured:
+its latency, its answer by status class (``2xx``, ``4xx``, ``5xx``, or
+``transport`` when none came), the bytes sent, and the retries the sender
+makes by reason (``throttled``: 429; ``unavailable``: 5xx; ``transport``).
+
+The metrics live in :data:`REGISTRY`, not in prometheus-client's global
+one, so that importing twophase adds nothing to an application's own
+``/metrics``; embed them with ``REGISTRY`` where wanted. What the store
+knows (epochs, points, dead letters) comes from the exporter
+(:mod:`twophase.exporter`), which any process can run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from twophase.errors import TransientWriteError, TwoPhaseError
+from twophase.influx.writers import InfluxWriter
+from twophase.sender import RetryEvent
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+# Request latencies from a loopback write (ms) to a request that waits out a timeout.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+REQUEST_SECONDS = Histogram(
+    "twophase_influx_request_duration_seconds",
+    "Duration of one write request to InfluxDB, answered or failed.",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+RESPONSES = Counter(
+    "twophase_influx_responses",
+    "Write requests to InfluxDB by the class of their answer (transport: no answer).",
+    ["status_class"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "twophase_influx_retries",
+    "Write attempts the sender retries, by reason (throttled, unavailable, transport).",
+    ["reason"],
+    registry=REGISTRY,
+)
+SENT_BYTES = Counter(
+    "twophase_influx_sent_bytes",
+    "Bytes of line protocol sent to InfluxDB (each attempt counts).",
+    registry=REGISTRY,
+)
+STATUS_CLASSES = ("2xx", "4xx", "5xx", "transport")
+RETRY_REASONS = ("throttled", "unavailable", "transport")
+
+_served: dict[int, object] = {}
+_lock = threading.Lock()
+
+
+def status_class(error: BaseException | None) -> str:
+    """The class of InfluxDB's answer: ``2xx`` for no error, ``transport`` for none."""
+    if error is None:
+        return "2xx"
+    status = error.http_status if isinstance(error, TwoPhaseError) else None
+    return f"{status // 100}xx" if status else "transport"
+
+
+def retry_reason(error: BaseException) -> str:
+    status = error.status if isinstance(error, TransientWriteError) else None
+    if status == 429:
+        return "throttled"
+    return "unavailable" if status else "transport"
+
+
+class MeteredWriter:
+    """An :class:`InfluxWriter` that measures each request of the one it wraps.
+
+    Same contract as the wrapped writer (one attempt, idempotent in effect,
+    classified errors): it only observes.
+    """
+
+    def __init__(self, inner: InfluxWriter) -> None:
+        self._inner = inner
+
+    def write(self, body: bytes) -> None:
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            self._inner.write(body)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            REQUEST_SECONDS.observe(time.perf_counter() - started)
+            RESPONSES.labels(status_class(error)).inc()
+            SENT_BYTES.inc(len(body))
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def count_retry(event: RetryEvent) -> None:
+    """The sender's ``on_attempt_failed`` hook."""
+    RETRIES.labels(retry_reason(event.error)).inc()
+
+
+def serve(port: int, host: str = "0.0.0.0") -> None:
+    """Start this process's metrics endpoint on ``port`` once (idempotent per port)."""
+    with _lock:
+        if port not in _served:
+            _served[port] = start_http_server(port, addr=host, registry=REGISTRY)
