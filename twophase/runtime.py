@@ -47,18 +47,22 @@ class TwoPhase:
         config: TwoPhaseConfig,
         db: Database | None = None,
         writer: InfluxWriter | None = None,
+        *,
+        serve_metrics: bool = False,
     ) -> TwoPhase:
         """Connect, check the schema (SchemaError when behind) and wire the parts.
 
         ``db`` and ``writer`` default to ones made from ``config``; passing them
         shares a pool, or wraps the writer (fault injection in tests). With
-        ``metrics_port`` set, the writer is metered and this process serves
-        its metrics there (:mod:`twophase.influx.metering`).
+        ``serve_metrics`` (the Spark driver) and ``metrics_port`` set, the
+        writer is metered and this process serves its metrics there
+        (:mod:`twophase.influx.metering`); the CLI never does, so an operator's
+        shell holding the job's environment does not take the driver's port.
         """
         db = db or Database(config.staging)
         writer = writer or make_writer(config.influx)
         on_retry = None
-        if config.influx.metrics_port is not None:
+        if serve_metrics and config.influx.metrics_port is not None:
             metering.serve(config.influx.metrics_port)
             writer, on_retry = metering.MeteredWriter(writer), metering.count_retry
         ledger, reader = Ledger(db), StagedReader(db)

@@ -7,15 +7,17 @@ from __future__ import annotations
 import os
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import URL, make_url
 
 from tests.e2e.harness import epochs, feed, query
-from tests.support import influx_count
+from tests.support import free_port, influx_count
 from twophase.config import InfluxConfig
 from twophase.errors import ConfigError
 from twophase.spark import foreach_batch_writer, parse_options
@@ -136,9 +138,14 @@ def test_options_are_validated_without_spark(staging_url: str) -> None:
 def test_append_stream_is_written_once_per_epoch(
     spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig, event_files: list[Path]
 ) -> None:
-    """Raw events through the data source (append mode, row time from the event)."""
+    """Raw events through the data source (append mode, row time from the event); the
+    driver serves its InfluxDB request metrics on ``metrics_port``."""
     from pyspark.sql import functions as F
 
+    from twophase.influx.metering import REGISTRY
+
+    sent_before = REGISTRY.get_sample_value("twophase_influx_sent_bytes_total") or 0.0
+    port = free_port()
     no_password = without_password(staging_url)
     feed(tmp_path / "input", event_files[:2])
     lines = spark.readStream.format("text").option("maxFilesPerTrigger", "1")
@@ -165,6 +172,7 @@ def test_append_stream_is_written_once_per_epoch(
             influx_db=str(influx.database),
             influx_api="v1",
             influx_url=influx.url,
+            metrics_port=str(port),
         )
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
@@ -178,6 +186,15 @@ def test_append_stream_is_written_once_per_epoch(
     assert staged > 0 and influx_count(influx, "raw") == staged
     (writes,) = query(staging_url, "SELECT count(*) FROM twophase_writes WHERE sink_id = 'raw'")
     assert writes[0] == sum(e["writes"] for e in decided)  # no orphan: nothing failed
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        scraped = {
+            s.name: s.value
+            for family in text_string_to_metric_families(answer.read().decode())
+            for s in family.samples
+            if not s.labels or s.labels.get("status_class") == "2xx"
+        }
+    assert scraped["twophase_influx_sent_bytes_total"] > sent_before
+    assert scraped["twophase_influx_responses_total"] >= 2  # one request per epoch at least
 
 
 def test_a_watched_query_records_the_end_of_its_run(

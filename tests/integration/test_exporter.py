@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cli_helpers import known_store, sql
 from tests.integration.test_protocol import lines, stage
-from tests.support import admin_conninfo, free_port, two_phase
+from tests.support import admin_conninfo, free_port, port_is_free, two_phase
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.exporter import Exporter, metric_names
@@ -115,7 +116,10 @@ def test_an_unreachable_store_is_store_up_zero_until_it_is_back(
             conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
     assert value(down, "twophase_store_up") == 0
     assert not [key for key in down if key[0] == "twophase_last_decided_epoch"]
-    up = scrape(exporter.port)
+    # The pool reconnects with backoff: a scrape or two may still find it reconnecting.
+    deadline = time.monotonic() + 30
+    while value(up := scrape(exporter.port), "twophase_store_up") != 1:
+        assert time.monotonic() < deadline, "the exporter never saw the store again"
     assert value(up, "twophase_store_up") == 1
     assert value(up, "twophase_last_decided_epoch", sink="s") == 3
 
@@ -125,7 +129,7 @@ def test_the_driver_serves_its_influx_request_metrics(
 ) -> None:
     port = free_port()
     metered = dataclasses.replace(influx, metrics_port=port)
-    with two_phase(staging, metered) as tp:
+    with two_phase(staging, metered, serve_metrics=True) as tp:
         lease = tp.ledger.begin_run("d", "r1", "q1")
         bad = 'proto,host=a v="text" 1700000000000000001'
         tp.committer.commit(lease, 0, stage(tp, "d", 0, [lines(0, 5)]))
@@ -139,12 +143,15 @@ def test_the_driver_serves_its_influx_request_metrics(
     closed = dataclasses.replace(
         influx, url=f"http://127.0.0.1:{free_port()}", metrics_port=port, retry_deadline_s=0.3
     )
-    with two_phase(staging, closed) as tp:
+    with two_phase(staging, closed, serve_metrics=True) as tp:
         lease = tp.ledger.begin_run("d2", "r1", "q1")
         with pytest.raises(InfluxUnavailableError):
             tp.committer.commit(lease, 0, stage(tp, "d2", 0, [lines(0, 5)]))
     after = scrape(port)
     assert value(after, "twophase_influx_retries_total", reason="transport") >= 1
+    unserved = free_port()
+    with two_phase(staging, dataclasses.replace(influx, metrics_port=unserved)):
+        assert port_is_free(unserved)  # the CLI's processes never take the driver's port
     assert value(after, "twophase_influx_responses_total", status_class="transport") >= 2
 
 

@@ -43,7 +43,7 @@ def two_phase(sink: SinkOptions) -> TwoPhase:
     with _lock:
         parts = _parts.get(sink.settings)
         if parts is None:
-            parts = _parts[sink.settings] = TwoPhase.open(sink.config())
+            parts = _parts[sink.settings] = TwoPhase.open(sink.config(), serve_metrics=True)
         return parts
 
 
