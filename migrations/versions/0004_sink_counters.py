@@ -27,6 +27,8 @@ down_revision = "0003_run_ends"
 branch_labels = None
 depends_on = None
 
+# A copy of twophase.schema.SINK_COUNTERS as of this revision, on purpose: a migration is a
+# frozen step and must not change when the package's schema moves on.
 COUNTERS = (
     "epochs_committed",
     "epochs_aborted",
