@@ -40,6 +40,7 @@ from twophase.transitions import (
     event,
     insert_decision,
     lock_sink,
+    release_requeued,
     start_attempt,
     state_of,
 )
@@ -223,8 +224,10 @@ class Ledger:
     def abort(self, sink_id: str, epoch: int, reason: str, actor: str = "operator") -> None:
         """PRECOMMITTED -> ABORTED by an explicit operator decision; its staged points go.
 
-        Never automatic: a decided epoch is otherwise always promoted. Raises
-        StateError for an unknown epoch or one that is not PRECOMMITTED.
+        Never automatic: a decided epoch is otherwise always promoted. An aborted
+        correction gives its dead letters back (no longer requeued: a later
+        requeue may carry them). Raises StateError for an unknown epoch or one
+        that is not PRECOMMITTED.
         """
         with self._db.transaction() as cur:
             lock_sink(cur, sink_id)
@@ -246,6 +249,8 @@ class Ledger:
                 " staged_bytes = GREATEST(staged_bytes - %s, 0) WHERE sink_id = %s",
                 (row[1], sink_id),
             )
+            if epoch < 0:
+                release_requeued(cur, sink_id, epoch)
             event(cur, sink_id, epoch, "aborted", actor, reason)
 
     def reset(self, sink_id: str, actor: str = "operator") -> None:

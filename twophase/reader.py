@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from twophase.db import Database
-from twophase.model import CommitMessage, EpochPlan, Phase, StagedChunk, WriteRef
+from twophase.model import CommitMessage, EpochPlan, EpochState, Phase, StagedChunk, WriteRef
 
 Cursor = psycopg.Cursor[Any]
 
@@ -41,6 +41,20 @@ _CHUNKS_OF_WRITES = (
     " FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(write_id, position)"
     " JOIN twophase_staged_chunks c ON c.write_id = w.write_id"
     " ORDER BY w.position, c.chunk"
+)
+
+
+# Refused lines, less those a correction delivered: requeued, while no correction is
+# pending and no dead letter of the same line is left unrequeued (refused again, or
+# given back by an aborted correction).
+_STILL_REFUSED = (
+    "SELECT d.write_id::text, d.seq FROM twophase_dead_letters d"
+    " WHERE d.sink_id = %(sink)s AND d.epoch = ANY(%(epochs)s) AND d.phase = %(phase)s"
+    " AND NOT (d.requeued_in IS NOT NULL"
+    " AND NOT EXISTS (SELECT 1 FROM twophase_dead_letters x WHERE x.sink_id = d.sink_id"
+    "   AND x.phase = d.phase AND x.payload = d.payload AND x.requeued_in IS NULL)"
+    " AND NOT EXISTS (SELECT 1 FROM twophase_epochs c WHERE c.sink_id = d.sink_id"
+    "   AND c.epoch < 0 AND c.state = %(pending)s))"
 )
 
 
@@ -124,11 +138,16 @@ class StagedReader:
             ]
 
     def rejected_at_promote(self, sink_id: str, epochs: Sequence[int]) -> set[tuple[str, int]]:
-        """(write_id, seq) of the staged lines InfluxDB refused: never part of what it holds."""
+        """(write_id, seq) of the staged lines InfluxDB refused and still does not hold:
+        a line requeued and delivered by a committed correction is not among them."""
         with self._db.transaction() as cur:
             cur.execute(
-                "SELECT write_id::text, seq FROM twophase_dead_letters"
-                " WHERE sink_id = %s AND epoch = ANY(%s) AND phase = %s",
-                (sink_id, list(epochs), Phase.PROMOTE),
+                _STILL_REFUSED,
+                {
+                    "sink": sink_id,
+                    "epochs": list(epochs),
+                    "phase": Phase.PROMOTE,
+                    "pending": EpochState.PRECOMMITTED,
+                },
             )
             return {(w, s) for w, s in cur.fetchall()}

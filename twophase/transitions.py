@@ -166,6 +166,17 @@ def count_committed(cur: Cursor, sink_id: str, epoch: int, delivered: int, rejec
     )
 
 
+def release_requeued(cur: Cursor, sink_id: str, correction: int) -> None:
+    """An aborted correction's dead letters are dead letters again (not requeued)."""
+    cur.execute(
+        "WITH freed AS (UPDATE twophase_dead_letters SET requeued_in = NULL, requeued_at = NULL"
+        " WHERE sink_id = %(s)s AND requeued_in = %(c)s RETURNING 1)"
+        " UPDATE twophase_sinks SET points_requeued = points_requeued"
+        " - (SELECT count(*) FROM freed) WHERE sink_id = %(s)s",
+        {"s": sink_id, "c": correction},
+    )
+
+
 def _combine_checksums(checksums: Sequence[str]) -> str:
     return hashlib.blake2b("".join(checksums).encode(), digest_size=16).hexdigest()
 

@@ -336,7 +336,10 @@ class Verifier:
     ) -> Expected:
         """The chosen epochs' points, then updated by the later retained epochs that
         rewrote them (they decide what InfluxDB holds); notes what cannot be known."""
-        later = self._views.epochs(sink_id, EpochRange(first=selection[-1].epoch + 1))
+        # Spark epochs after the selection's last (corrections, numbered below 0, are
+        # verified when selected: a correction only carries points its epochs lacked).
+        last = max(e.epoch for e in selection)
+        later = [e for e in self._views.epochs(sink_id, EpochRange(first=last + 1)) if e.epoch >= 0]
         pending = [e.epoch for e in later if e.state == EpochState.PRECOMMITTED]
         if pending:
             notes.append(

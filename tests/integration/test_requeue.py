@@ -127,6 +127,33 @@ def test_rejected_again_stay_dead_letters_once(
     assert held(influx, CONFLICTED) == expected(CONFLICTED)
     assert held(influx, GOOD) == expected(GOOD)
     assert cli("status", "--sink", SINK, "--json").json()["sinks"][0]["dead_letters"] == 0
+    for selection in ([], ["--epoch", "1"], ["--epoch", "c2"], ["--from", "c2", "--to", "2"]):
+        checked = cli("verify", "--sink", SINK, *selection)
+        assert checked.code == 0, (selection, checked.out, checked.err)
+
+
+def test_an_aborted_correction_gives_its_dead_letters_back(
+    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+) -> None:
+    rejected = rejected_store(tp, influx)
+    drop_conflicting(influx)
+    env = cli.env() | {"TWOPHASE_CRASH_AT": "after_decide"}
+    assert cli.run("dead-letters", "--sink", SINK, "--requeue", env=env).code == -9
+    assert {r[2] for r in letters(staging_url) if r[0] >= 0} == {-1}
+    aborted = cli("abort", "--sink", SINK, "--epoch", "c1", "--yes")
+    assert aborted.code == 0, aborted.err
+    assert {r[2] for r in letters(staging_url)} == {None}
+    again = cli("dead-letters", "--sink", SINK, "--requeue")
+    assert f"{rejected} dead letters of epochs 0-2 as correction c2" in again.out, again.err
+    assert held(influx, CONFLICTED) == expected(CONFLICTED)
+    assert cli("verify", "--sink", SINK).code == 0
+    counts = sql(
+        staging_url,
+        "SELECT corrections, points_requeued, epochs_aborted FROM twophase_sinks"
+        " WHERE sink_id = %s",
+        SINK,
+    )
+    assert counts == [(2, rejected, 1)]
 
 
 def test_stage_time_dead_letters_are_not_requeued(
