@@ -152,7 +152,7 @@ run_step() {
 
 lint_steps() {
     local paths=() path
-    for path in twophase tests migrations scripts jobs bench; do
+    for path in twophase tests scripts jobs bench; do
         [ -e "$path" ] && paths+=("$path")
     done
     run_step "ruff" "$VENV/bin/ruff" check "${paths[@]}"

@@ -21,15 +21,15 @@ from twophase.errors import SchemaError, StagingUnavailableError
 
 log = logging.getLogger("twophase.db")
 
-# The Alembic head this code needs (a unit test keeps it equal to migrations/versions'
+# The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
 SCHEMA_REVISION = "0004_sink_counters"
 VERSION_TABLE = "twophase_alembic_version"
 
 _UPGRADE_HINT = (
-    "run `alembic upgrade head` from the twophase repository root "
-    "with TWOPHASE_STAGING_URL set to this database"
+    "run `twophase db upgrade` (or `alembic upgrade head` from the twophase repository "
+    "root) with TWOPHASE_STAGING_URL set to this database"
 )
 
 

@@ -28,7 +28,7 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
 
 ``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
-equal to ``migrations/versions``' head.
+equal to ``twophase/migrations/versions``' head.
 """
 
 from __future__ import annotations

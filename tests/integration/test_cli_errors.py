@@ -81,7 +81,7 @@ def test_store_without_schema(cli: Cli, staging_url: str) -> None:
     try:
         result = cli.run("status", env=cli.env() | {"TWOPHASE_STAGING_URL": url})
         assert result.code == 1
-        assert "run `alembic upgrade head`" in result.one_line_error()
+        assert "run `twophase db upgrade`" in result.one_line_error()
     finally:
         drop_database(staging_url, name)
 

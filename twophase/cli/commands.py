@@ -157,3 +157,14 @@ def cmd_metrics(con: Console) -> int:
     finally:
         exporter.close()
     return EXIT_OK
+
+
+def cmd_db(con: Console) -> int:
+    args = con.args
+    config = staging_config(args)
+    if args.action == "current":
+        report = ops.current_schema(config)
+    else:
+        report = ops.upgrade_schema(config, args.revision)
+    con.emit(asdict(report) | {"at_head": report.at_head}, render.schema_lines(report))
+    return EXIT_OK

@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from twophase import __version__
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console
 from twophase.config import BY_NAME, CLI_FLAGS, parse_duration
@@ -137,6 +138,9 @@ def _inspection(command: Callable[[str, Handler, str], Any]) -> None:
     sub.add_argument("--reason", metavar="TEXT", help="with --requeue: only reasons holding TEXT")
     sub.add_argument("--dry-run", action="store_true", help="with --requeue: count, send nothing")
     _guard(sub, confirm=False)
+    sub = command("db", cmd.cmd_db, "the staging schema: upgrade it, or show its revision")
+    sub.add_argument("action", choices=["upgrade", "current"])
+    sub.add_argument("--revision", default="head", metavar="REV", help="upgrade to (head)")
     sub = command("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
     sub.add_argument("action", choices=["serve"], help="serve: run the exporter until stopped")
     sub.add_argument("--port", type=_count, default=DEFAULT_PORT, metavar="N")
@@ -178,6 +182,7 @@ def build_parser() -> Parser:
         description="Operate a twophase staging store (Spark -> PostgreSQL -> "
         "InfluxDB, exactly once).",
     )
+    parser.add_argument("--version", action="version", version=f"twophase {__version__}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from twophase.operations import GcSummary, ResendReport
 from twophase.operations.delivery import RecoverReport, RequeueReport
+from twophase.operations.schema import SchemaReport
 from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
 from twophase.text import age, compact_ranges, epoch_label, iso, name_epochs, plural
 from twophase.verify import SeriesDiff, VerifyReport
@@ -192,6 +193,15 @@ def requeue_lines(report: RequeueReport) -> list[str]:
     if done.rejected:
         lines.append("the points rejected again are dead letters of the correction")
     return lines
+
+
+def schema_lines(report: SchemaReport) -> list[str]:
+    before, after = report.before or "no schema", report.after or "no schema"
+    where = f"staging schema of {report.url}"
+    if before == after:
+        state = "at the head" if report.at_head else f"this twophase needs {report.head}"
+        return [f"{where}: {after} ({state})"]
+    return [f"{where}: {before} -> {after}"]
 
 
 def abort_lines(done: AbortReport) -> list[str]:

@@ -12,7 +12,8 @@ Store operations need only the staging settings (:mod:`.store`):
 :func:`export_dead_letters`, :func:`abort`, :func:`gc`, :func:`reset`.
 Delivery operations also talk to InfluxDB (:mod:`.delivery`):
 :func:`recover`, :func:`resend`, :func:`verify`, :func:`requeue`.
-The exporter (:mod:`.metrics`): :func:`start_exporter`.
+The exporter (:mod:`.metrics`): :func:`start_exporter`. The schema from the
+installed package (:mod:`.schema`): :func:`upgrade_schema`, :func:`current_schema`.
 
 Errors are twophase's own (:mod:`twophase.errors`): ``UnknownSinkError`` and
 ``EpochRangeError`` for what is not recorded, ``UsageError`` for arguments that
@@ -32,6 +33,7 @@ from twophase.operations.delivery import (
 )
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
+from twophase.operations.schema import SchemaReport, current_schema, upgrade_schema
 from twophase.operations.store import (
     AbortReport,
     DeadLetterListing,
@@ -61,7 +63,9 @@ __all__ = [
     "RequeueReport",
     "ResendReport",
     "ResetReport",
+    "SchemaReport",
     "abort",
+    "current_schema",
     "dead_letters",
     "epochs",
     "export_dead_letters",
@@ -72,5 +76,6 @@ __all__ = [
     "reset",
     "start_exporter",
     "status",
+    "upgrade_schema",
     "verify",
 ]
