@@ -160,6 +160,10 @@ class _HttpDaemon:
     def _command(self) -> list[str]:
         raise NotImplementedError
 
+    def _env(self) -> dict[str, str] | None:
+        """The process's environment (None: this process's)."""
+        return None
+
     # -- state --------------------------------------------------------------------------------
     def is_reachable(self) -> bool:
         """Something healthy answers on our port (it may not be our process)."""
@@ -203,6 +207,7 @@ class _HttpDaemon:
             # receive the terminal's Ctrl-C meant for pytest.
             self._proc = subprocess.Popen(
                 self._command(),
+                env=self._env(),
                 stdin=devnull,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -442,6 +447,104 @@ scrape_configs:
         """PromQL range query over [start, end] (Unix seconds): ``data.result``."""
         params = {"query": expr, "start": repr(start), "end": repr(end), "step": repr(step_s)}
         return list(self._api("/api/v1/query_range", params)["result"])
+
+
+class _SparkDaemon(_HttpDaemon):
+    """A standalone Spark master or worker from the pip-installed PySpark, on loopback.
+
+    ``port`` is its web UI (the health check reads ``/json/``); ``rpc_port`` the one
+    Spark speaks on. Its logs and work directory live under ``root``.
+    """
+
+    health_path = "/json/"
+    healthy_status = 200
+
+    def __init__(self, root: Path, port: int, rpc_port: int) -> None:
+        super().__init__(root, port)
+        self.rpc_port = rpc_port
+
+    def _env(self) -> dict[str, str]:
+        home = spark_home()
+        # A worker's environment is its executors': it must not carry the staging store of
+        # whoever started it (tests pass theirs to executors through spark.executorEnv.*).
+        inherited = {
+            k: v for k, v in os.environ.items() if not k.startswith(("TWOPHASE_", "PGPASSWORD"))
+        }
+        return {
+            **inherited,
+            "SPARK_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.root / "logs"),
+            "SPARK_WORKER_DIR": str(self.root / "work"),
+        }
+
+    def _spark_class(self, main: str, *args: str) -> list[str]:
+        # --properties-file names our root: pid() recognises the JVM by it.
+        conf = self.root / "spark.conf"
+        conf.write_text("spark.ui.showConsoleProgress false\n")
+        bin_ = spark_home() / "bin" / "spark-class"
+        return [str(bin_), main, *args, "--properties-file", str(conf)]
+
+
+class SparkMasterServer(_SparkDaemon):
+    name = "spark-master"
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.rpc_port}"
+
+    def _command(self) -> list[str]:
+        return self._spark_class(
+            "org.apache.spark.deploy.master.Master",
+            *("--host", "127.0.0.1", "--port", str(self.rpc_port)),
+            *("--webui-port", str(self.port)),
+        )
+
+    def alive_workers(self) -> int:
+        try:
+            with _HTTP.open(self.url + "/json/", timeout=5) as response:
+                return int(json.loads(response.read()).get("aliveworkers", 0))
+        except (OSError, ValueError):
+            return 0
+
+
+class SparkWorkerServer(_SparkDaemon):
+    name = "spark-worker"
+
+    def __init__(
+        self, root: Path, port: int, rpc_port: int, master_url: str, cores: int = 1
+    ) -> None:
+        super().__init__(root, port, rpc_port)
+        self.master_url = master_url
+        self.cores = cores
+
+    def _prepare(self) -> None:
+        (self.root / "work").mkdir(parents=True, exist_ok=True)
+
+    def _command(self) -> list[str]:
+        return self._spark_class(
+            "org.apache.spark.deploy.worker.Worker",
+            self.master_url,
+            *("--host", "127.0.0.1", "--port", str(self.rpc_port)),
+            *("--webui-port", str(self.port), "--cores", str(self.cores), "--memory", "1g"),
+            *("--work-dir", str(self.root / "work")),
+        )
+
+
+def spark_home() -> Path:
+    """The pip-installed PySpark's folder: it holds bin/spark-class and the jars."""
+    explicit = os.environ.get("SPARK_HOME")
+    if explicit:
+        return Path(explicit)
+    found = subprocess.run(
+        [sys.executable, "-c", "import pyspark, os; print(os.path.dirname(pyspark.__file__))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        raise ServiceError("pyspark is not installed in this Python: run `scripts/dev.sh setup`")
+    return Path(found.stdout.strip())
 
 
 # --------------------------------------------------------------------------------------------

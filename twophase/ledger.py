@@ -140,7 +140,7 @@ class Ledger:
                     f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
                     f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
                 )
-            decision = _vote(cur, sink, lease, epoch, messages)
+            decision = _vote(cur, sink, lease, epoch, messages, self._db.config.display_url)
             if start_promotion and decision.state == EpochState.PRECOMMITTED:
                 decision = replace(decision, plan=start_attempt(cur, lease, epoch))
             return decision
@@ -306,7 +306,12 @@ def _refuse_other_query(sink_id: str, sink: dict[str, Any], query_id: str | None
 
 
 def _vote(
-    cur: Cursor, sink: dict[str, Any], lease: Lease, epoch: int, messages: Sequence[CommitMessage]
+    cur: Cursor,
+    sink: dict[str, Any],
+    lease: Lease,
+    epoch: int,
+    messages: Sequence[CommitMessage],
+    store: str,
 ) -> Decision:
     existing = epoch_row(cur, lease.sink_id, epoch)
     if existing is not None:
@@ -318,7 +323,8 @@ def _vote(
             f"decided up to epoch {last}; the checkpoint does not match the staging "
             f"store: {_reset_hint(lease.sink_id)}"
         )
-    return insert_decision(cur, lease, epoch, _checked_writes(cur, lease.sink_id, epoch, messages))
+    refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
+    return insert_decision(cur, lease, epoch, refs)
 
 
 def _count_replay(
@@ -338,7 +344,7 @@ def _count_replay(
 
 
 def _checked_writes(
-    cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage]
+    cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage], store: str
 ) -> list[WriteRow]:
     ids = [uuid.UUID(m.write_id) for m in messages]
     if len(set(ids)) != len(ids):
@@ -350,6 +356,13 @@ def _checked_writes(
     )
     found = {row[0]: row for row in cur.fetchall()}
     missing = [str(i) for i in ids if i not in found]
+    elsewhere = sorted({m.store for m in messages if m.store and m.store != store})
+    if missing and elsewhere:
+        raise PermanentError(
+            f"sink {sink_id!r} epoch {epoch}: the tasks staged into {', '.join(elsewhere)}, but"
+            f" this driver decides in {store}: give the executors the driver's staging store"
+            " (spark.executorEnv.TWOPHASE_STAGING_URL, or the staging_url option)"
+        )
     if missing:
         raise PermanentError(
             f"sink {sink_id!r} epoch {epoch}: writes {', '.join(missing)} are not staged "

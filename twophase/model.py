@@ -73,6 +73,7 @@ class CommitMessage:
     checksum: str
     run_id: str | None = None
     query_id: str | None = None
+    store: str | None = None  # the staging store it went to (masked URL), to name a mismatch
 
 
 @dataclass(frozen=True)

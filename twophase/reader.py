@@ -130,10 +130,11 @@ class StagedReader:
         write stands for its partition: the first attempt's, then the oldest.
         Writes of other runs (a crashed driver's) are never chosen.
         """
+        store = self._db.config.display_url
         with self._db.transaction() as cur:
             cur.execute(_PARTITION_WRITES, (sink_id, epoch, run_id))
             return [
-                CommitMessage(sink_id, epoch, str(w), p, a, n, r, c, run_id, query_id)
+                CommitMessage(sink_id, epoch, str(w), p, a, n, r, c, run_id, query_id, store)
                 for w, p, a, n, r, c in cur.fetchall()
             ]
 

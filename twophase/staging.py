@@ -81,6 +81,7 @@ class Stager:
                 checksum=chunks.checksum.hexdigest(),
                 run_id=run_id,
                 query_id=query_id,
+                store=self._db.config.display_url,
             )
             _record_write(cur, message)
         crash_point("after_stage", sink_id)

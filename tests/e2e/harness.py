@@ -167,10 +167,14 @@ def start_job(
     stats_writer: str = "foreach-batch",
     crash_plan: Path | None = None,
     extra_args: Sequence[str] = (),
+    launcher: Sequence[str] | None = None,
+    cwd: Path | str = REPO,
     **env: str,
 ) -> Job:
     """Start ``python jobs/session_metrics.py`` in a new session; returns at once.
 
+    ``launcher`` replaces ``python`` (``spark-submit --master spark://...``: the
+    job's ``--master`` is then left out, as spark-submit's applies).
     With ``crash_plan``, crash points can be armed while it runs (:func:`arm`).
     The driver commits the stats' epoch, then the dead-letter sink's: a driver
     crash point fires in the stats' steps first, unless the plan names a sink.
@@ -181,8 +185,9 @@ def start_job(
     stamp = f"{time.monotonic_ns()}"
     out, err = logs / f"job-{stamp}.out", logs / f"job-{stamp}.err"
     trigger = ["--available-now"] if available_now else ["--trigger-interval", "500 milliseconds"]
+    masters = ["--master", master] if launcher is None else []
     cmd = [
-        sys.executable,
+        *(launcher or [sys.executable]),
         str(JOB),
         "--input",
         str(input_dir),
@@ -192,8 +197,7 @@ def start_job(
         sink_id,
         "--max-files-per-trigger",
         str(max_files),
-        "--master",
-        master,
+        *masters,
         "--stats-writer",
         stats_writer,
         "--conf",
@@ -204,7 +208,7 @@ def start_job(
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
             cmd,
-            cwd=REPO,
+            cwd=cwd,
             env=target.env(**env),
             stdout=stdout,
             stderr=stderr,

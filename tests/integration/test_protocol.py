@@ -337,3 +337,20 @@ def test_partition_writes_take_one_write_per_partition_of_the_run(tp: Any) -> No
     lease = tp.ledger.begin_run("s", "r1", "q1")
     assert tp.committer.commit(lease, 4, chosen).promoted.delivered == 5
     assert influx_count(tp.config.influx, M) == 5
+
+
+def test_writes_staged_into_another_store_are_named_as_such(tp: Any) -> None:
+    """Executors with another TWOPHASE_STAGING_URL than the driver's (a cluster whose
+    workers carry their own environment): the vote says so, not just "not staged"."""
+    import dataclasses
+
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    (message,) = stage(tp, "s", 0, [lines(0, 3)])
+    assert message.store == tp.db.config.display_url
+    elsewhere = dataclasses.replace(
+        message, write_id=str(uuid.uuid4()), store="postgresql+psycopg://x@other:5432/db"
+    )
+    with pytest.raises(PermanentError, match="staged into postgresql\\+psycopg://x@other") as info:
+        tp.ledger.decide(lease, 0, [elsewhere])
+    assert "spark.executorEnv.TWOPHASE_STAGING_URL" in str(info.value)
+    tp.committer.commit(lease, 0, [message])  # the right write still decides

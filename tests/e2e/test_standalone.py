@@ -1,0 +1,228 @@
+"""The job on a standalone Spark cluster, as a cluster gets twophase: installed from the
+wheel, not from the source tree; its driver SIGKILLed twice, then, while tasks stage,
+an executor JVM, an executor's Python workers, and a whole worker; exact afterwards.
+
+The cluster is a master and two workers (one core each), separate JVMs on loopback,
+from the pip-installed PySpark, with their work folders under ``.local/``. The wheel
+goes into a virtualenv of its own (``pip install 'twophase[spark]'``), whose Python
+runs the driver (``spark-submit``) and, through ``spark.pyspark.python``, every
+executor's Python workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from scripts.services import SparkMasterServer, SparkWorkerServer
+from tests.e2e.harness import (
+    MALFORMED,
+    SINK,
+    SINKS,
+    Job,
+    Target,
+    arm,
+    epochs,
+    feed,
+    mismatches,
+    orphan_writes,
+    run_job,
+    start_job,
+    wait_exact,
+)
+from tests.integration.cli_helpers import make_cli
+from tests.support import REPO, admin_conninfo, free_port
+
+pytestmark = pytest.mark.timeout(1200)
+
+LOCAL = REPO / ".local"
+
+
+def run(*args: str | Path, cwd: Path | None = None) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=900, check=False, cwd=cwd
+    )
+    assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtualenv holding only the wheel (with its ``spark`` extra); its bin folder."""
+    dist = tmp_path_factory.mktemp("dist")
+    run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, REPO)
+    (wheel,) = dist.glob("*.whl")
+    venv = tmp_path_factory.mktemp("wheel-venv")
+    run(sys.executable, "-m", "venv", venv)
+    run(venv / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[spark]")
+    code = "import twophase; print(twophase.__file__)"
+    where = run(venv / "bin" / "python", "-c", code, cwd=dist)
+    assert "site-packages" in where and str(REPO / "twophase") not in where
+    return venv / "bin"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[SparkMasterServer, list[SparkWorkerServer]]]:
+    root = LOCAL / f"spark-standalone-{uuid.uuid4().hex[:8]}"
+    master = SparkMasterServer(root / "master", free_port(), free_port())
+    workers = [
+        SparkWorkerServer(root / f"worker-{i}", free_port(), free_port(), master.master_url)
+        for i in range(2)
+    ]
+    try:
+        master.start()
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + 60
+        while master.alive_workers() < 2:
+            assert time.monotonic() < deadline, "the workers did not register"
+            time.sleep(0.5)
+        yield master, workers
+    finally:
+        for daemon in (*workers, master):
+            daemon.kill()
+
+
+EXECUTOR = "CoarseGrainedExecutorBackend"  # an executor JVM's main class
+PYTHON_WORKER = "pyspark.daemon"  # the executor's Python daemon and the workers it forks
+
+
+def processes(worker: SparkWorkerServer, marker: str) -> list[int]:
+    """Pids of processes this worker launched (they run in its work folder) whose
+    command line holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if marker in cmdline and cwd.startswith(str(worker.root)):
+            found.append(int(entry))
+    return found
+
+
+def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_executor_kills(
+    target: Target,
+    work: Path,
+    event_files: list[Path],
+    wheel_venv: Path,
+    cluster: tuple[SparkMasterServer, list[SparkWorkerServer]],
+) -> None:
+    master, workers = cluster
+    python = wheel_venv / "python"
+    url = make_url(target.staging_url)
+    launcher = [
+        str(wheel_venv / "spark-submit"),
+        *("--master", master.master_url),
+        *("--conf", f"spark.pyspark.python={python}"),
+        *("--conf", f"spark.pyspark.driver.python={python}"),
+        *("--conf", "spark.executor.memory=768m", "--conf", "spark.task.maxFailures=4"),
+        # executors stage: they get the staging store, the password apart (README)
+        *(
+            "--conf",
+            f"spark.executorEnv.TWOPHASE_STAGING_URL={url.set(password=None).render_as_string(hide_password=False)}",
+        ),
+        *("--conf", f"spark.executorEnv.PGPASSWORD={url.password or ''}"),
+    ]
+    plan = work / "crash-plan.json"
+    args = (target, work / "input", work / "checkpoint", SINK, work / "logs")
+    options: dict[str, Any] = dict(
+        launcher=launcher, cwd=work, available_now=False, max_files=2, crash_plan=plan
+    )
+    options["PYSPARK_PYTHON"] = str(python)
+    fed: list[Path] = []
+
+    def feed_more(count: int) -> None:
+        new = event_files[len(fed) : len(fed) + count]
+        fed.extend(new)
+        feed(work / "input", new)
+
+    # two driver kills, at two protocol steps, each followed by a restart
+    for point in ("after_decide", "promote_batch"):
+        job = start_job(*args, **options)
+        feed_more(2)
+        arm(plan, point, sink=SINK)
+        job.wait_for("the armed crash", ended(job), 240)
+        assert job.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), job.tail()
+
+    job = start_job(*args, **options)
+    wait_exact(job, target, fed, MALFORMED, timeout=300)  # recovered, and replayed
+    staging = Staging(job, target, feed_more)
+    staging.kill(lambda: [p for w in workers for p in processes(w, EXECUTOR)][:1])
+    wait_exact(job, target, fed, MALFORMED, timeout=300)
+    assert "ExecutorLostFailure" in job.stderr(), job.tail()
+    staging.kill(lambda: [p for w in workers for p in processes(w, PYTHON_WORKER)])
+    wait_exact(job, target, fed, MALFORMED, timeout=300)
+    staging.kill(lambda: [p for p in [workers[0].pid()] if p])  # a whole worker
+    feed_more(len(event_files) - len(fed))
+    wait_exact(job, target, fed, MALFORMED, timeout=300)
+    assert staging.killed == 3, staging.killed
+    job.kill()
+
+    final = run_job(*args, available_now=True, max_files=2, launcher=launcher, cwd=work,
+                    PYSPARK_PYTHON=str(python))  # fmt: skip
+    assert final.returncode == 0, final.tail()
+    assert not mismatches(target.influx, event_files)
+    cli = make_cli(target.staging_url, target.influx)
+    gc = cli.run("gc", "--yes")
+    assert gc.code == 0, gc.err
+    for sink in SINKS:
+        assert {e["state"] for e in epochs(target.staging_url, sink)} == {"COMMITTED"}
+    status = {s["sink_id"]: s for s in cli.run("status", "--json").json()["sinks"]}
+    assert all(status[sink]["precommitted_epochs"] == 0 for sink in SINKS), status
+    assert orphan_writes(target.staging_url) == 0
+
+
+def ended(job: Job) -> Any:
+    return lambda: job.returncode is not None
+
+
+class Staging:
+    """Kills processes the moment a write is staged but not yet decided: a task of the
+    running job is staging (or just has). Spark retries the task elsewhere; the write
+    of the killed attempt, if it committed, is an orphan."""
+
+    UNDECIDED = (
+        "SELECT count(*) FROM twophase_writes w WHERE NOT EXISTS (SELECT 1 FROM"
+        " twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch)"
+    )
+
+    def __init__(self, job: Job, target: Target, feed_more: Any) -> None:
+        self.job, self.target, self.feed_more = job, target, feed_more
+        self.killed = 0
+
+    def kill(self, victims: Any) -> None:
+        with psycopg.connect(admin_conninfo(self.target.staging_url), autocommit=True) as conn:
+            before = self._undecided(conn)
+            self.feed_more(2)
+            self.job.wait_for(
+                "a write staged and not decided",
+                lambda: self._undecided(conn) > before,
+                180,
+                interval=0.005,
+            )
+        pids = victims()
+        assert pids, "nothing to kill"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.killed += 1
+
+    def _undecided(self, conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(self.UNDECIDED).fetchone()
+        return int(row[0]) if row else 0
