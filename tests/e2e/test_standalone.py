@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def cluster() -> Iterator[tuple[SparkMasterServer, list[SparkWorkerServer]]]:
     finally:
         for daemon in (*workers, master):
             daemon.kill()
+        shutil.rmtree(root, ignore_errors=True)  # executors' work folders: app jars, logs
 
 
 EXECUTOR = "CoarseGrainedExecutorBackend"  # an executor JVM's main class
