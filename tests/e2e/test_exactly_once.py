@@ -245,8 +245,16 @@ def test_random_sigkills_over_twenty_batches(
             kills.append(f"{moment}: {protocol_state(target)}")
     print(f"seed {seed}; killed at: " + "; ".join(kills))
     cli = make_cli(target.staging_url, target.influx)
-    refused = cli.run("recover", "--sink", SINK)  # the killed driver's run may be alive
-    assert refused.code == 1 and "stop its query first, or pass --force" in refused.err, refused
+    # A SIGKILLed driver records no end: its run looks live for the live window, and the
+    # operator's commands that would fence it refuse (recover only when it has work).
+    (seen,) = cli.run("status", "--sink", SINK, "--json").json()["sinks"]
+    assert seen["owner_state"] == "live", seen
+    would_fence = [["recover", "--sink", SINK]] if seen["precommitted_epochs"] else []
+    if seen["last_committed_epoch"] is not None:
+        would_fence.append(["resend", "--sink", SINK, "--all"])
+    for command in would_fence:
+        refused = cli.run(*command)
+        assert refused.code == 1 and "stop its query first, or pass --force" in refused.err
     final = run_job(*args, master=CLUSTER, stats_writer="data-source")
     assert final.returncode == 0, final.tail()
     assert len(kills) == 5, f"seed {seed}: the job ended by itself"
