@@ -1,6 +1,6 @@
 """The job on a standalone Spark cluster, as a cluster gets twophase: installed from the
 wheel, not from the source tree; its driver SIGKILLed twice, then, while tasks stage,
-an executor JVM, an executor's Python workers, and a whole worker; exact afterwards.
+an executor JVM, the executors' Python workers, and a whole worker; exact afterwards.
 
 The cluster is a master and two workers (one core each), separate JVMs on loopback,
 from the pip-installed PySpark, with their work folders under ``.local/``. The wheel
@@ -128,6 +128,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
     master, workers = cluster
     python = wheel_venv / "python"
     url = make_url(target.staging_url)
+    without_password = url.set(password=None).render_as_string(hide_password=False)
     launcher = [
         str(wheel_venv / "spark-submit"),
         *("--master", master.master_url),
@@ -135,10 +136,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
         *("--conf", f"spark.pyspark.driver.python={python}"),
         *("--conf", "spark.executor.memory=768m", "--conf", "spark.task.maxFailures=4"),
         # executors stage: they get the staging store, the password apart (README)
-        *(
-            "--conf",
-            f"spark.executorEnv.TWOPHASE_STAGING_URL={url.set(password=None).render_as_string(hide_password=False)}",
-        ),
+        *("--conf", f"spark.executorEnv.TWOPHASE_STAGING_URL={without_password}"),
         *("--conf", f"spark.executorEnv.PGPASSWORD={url.password or ''}"),
     ]
     plan = work / "crash-plan.json"
@@ -168,7 +166,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
     staging.kill(lambda: [p for w in workers for p in processes(w, EXECUTOR)][:1])
     wait_exact(job, target, fed, MALFORMED, timeout=300)
     assert "ExecutorLostFailure" in job.stderr(), job.tail()
-    staging.kill(lambda: [p for w in workers for p in processes(w, PYTHON_WORKER)])
+    staging.kill(lambda: [p for w in workers for p in processes(w, PYTHON_WORKER)])  # all of them
     wait_exact(job, target, fed, MALFORMED, timeout=300)
     staging.kill(lambda: [p for p in [workers[0].pid()] if p])  # a whole worker
     feed_more(len(event_files) - len(fed))
