@@ -7,6 +7,7 @@
         [--window "5 minutes"] [--watermark "10 minutes"]
 
     python jobs/session_metrics.py ...        # the same, Spark started from this Python
+    python jobs/session_metrics.py --remote sc://HOST:15002 ...   # a Spark Connect client
 
 Reads JSON-lines events (``{"timestamp": 1545184226.432, "stream_id": "s1",
 "isp": "acme", "user_id": "u42", "bytes_p2p": 1200, "bytes_cdn": 800}``)
@@ -100,10 +101,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "twophase-influx format in complete mode (Python data sources cannot "
         "do update mode)",
     )
-    ap.add_argument(
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument(
         "--master",
         default=None,
         help="Spark master when started with python (spark-submit: use its --master)",
+    )
+    where.add_argument(
+        "--remote",
+        default=None,
+        metavar="sc://HOST:PORT",
+        help="run as a Spark Connect client of this server (the server is the driver: "
+        "give it the TWOPHASE_* settings and a Python with twophase installed)",
     )
     ap.add_argument(
         "--conf",
@@ -128,6 +137,8 @@ def spark_session(args: argparse.Namespace) -> Any:
     builder = SparkSession.builder.appName(f"twophase-session-metrics-{args.sink_id}")
     if args.master:
         builder = builder.master(args.master)
+    if args.remote:
+        builder = builder.remote(args.remote)
     builder = builder.config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     for item in args.conf:
@@ -136,7 +147,8 @@ def spark_session(args: argparse.Namespace) -> Any:
             raise SystemExit(f"session_metrics: --conf {item!r} is not KEY=VALUE")
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not args.remote:  # a Connect client has no SparkContext: the server logs
+        spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
@@ -226,8 +238,9 @@ def sink_options(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def start_query(spark: Any, args: argparse.Namespace) -> Any:
-    """Start the one query: parse once, split the malformed lines off, aggregate, write."""
+def start_query(spark: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """Start the one query: parse once, split the malformed lines off, aggregate, write.
+    The query, and what names its sink to claim_query and end_query."""
     lines = classified(read_events(spark, args))
     options = sink_options(args)
     if args.stats_writer == DATA_SOURCE:
@@ -236,12 +249,13 @@ def start_query(spark: Any, args: argparse.Namespace) -> Any:
         events = tps.split_dead_letters(lines, options)
         stats = session_stats(events, args.window, args.watermark)
         writer = stats.writeStream.format(FORMAT).outputMode("complete").options(**options)
-    else:
-        write = foreach_batch(options)
-        events = write.split_dead_letters(lines)
-        stats = session_stats(events, args.window, args.watermark)
-        writer = stats.writeStream.outputMode("update").foreachBatch(write)
-    return start_writer(writer, "stats", args)
+        return start_writer(writer, "stats", args), options
+    write = foreach_batch(options)
+    events = write.split_dead_letters(lines)
+    stats = session_stats(events, args.window, args.watermark)
+    writer = stats.writeStream.outputMode("update").foreachBatch(write)
+    # Under Spark Connect the writer's batches run under its own run id: it names the sink.
+    return start_writer(writer, "stats", args), write
 
 
 def start_writer(writer: Any, name: str, args: argparse.Namespace) -> Any:
@@ -348,7 +362,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return start_and_wait(spark, args)
     finally:
-        spark.streams.removeListener(listener)
+        # PySpark 4.3's Connect client can deadlock in removeListener (it joins the event
+        # thread while holding the lock that thread's delivery takes); stop() ends it.
+        if not args.remote:
+            spark.streams.removeListener(listener)
         spark.stop()
 
 
@@ -367,10 +384,10 @@ def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
     import twophase.spark as tps
     from twophase.errors import TwoPhaseError
 
-    query = None
+    query = sink = None
     try:
-        query = start_query(spark, args)
-        tps.claim_query(query, sink_options(args))
+        query, sink = start_query(spark, args)
+        tps.claim_query(query, sink)
     except TwoPhaseError as exc:
         return fail(query, EXIT_REFUSED, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # Spark's analysis errors carry the sink's ConfigError
@@ -378,7 +395,7 @@ def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
     try:
         return wait(query, args.available_now)
     finally:  # the run is over however the query ended: operators need no --force
-        tps.end_query(query, sink_options(args))
+        tps.end_query(query, sink)
 
 
 def wait(query: Any, available_now: bool) -> int:

@@ -531,6 +531,61 @@ class SparkWorkerServer(_SparkDaemon):
         )
 
 
+class SparkConnectServer(_SparkDaemon):
+    """A Spark Connect server (the driver of its clients' queries) on loopback.
+
+    ``port`` is its driver UI (the health check reads ``/api/v1/applications``),
+    ``rpc_port`` the gRPC port clients reach as ``sc://127.0.0.1:PORT``. ``env``
+    is what the driver needs beyond a clean environment (``TWOPHASE_*``: the server,
+    not the client, runs the protocol); ``python`` runs its Python workers.
+    """
+
+    name = "spark-connect"
+    health_path = "/api/v1/applications"
+
+    def __init__(
+        self,
+        root: Path,
+        port: int,
+        rpc_port: int,
+        *,
+        master: str = "local[2,4]",
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(root, port, rpc_port)
+        self.master, self.python, self.extra_env = master, python, dict(env or {})
+
+    @property
+    def remote_url(self) -> str:
+        return f"sc://127.0.0.1:{self.rpc_port}"
+
+    def is_reachable(self) -> bool:
+        # The UI answers seconds before the gRPC service listens.
+        return super().is_reachable() and _tcp_open(self.rpc_port)
+
+    def _env(self) -> dict[str, str]:
+        return {**super()._env(), **self.extra_env, "PYSPARK_PYTHON": self.python}
+
+    def _command(self) -> list[str]:
+        home = spark_home()
+        (jar,) = sorted((home / "jars").glob("spark-connect_*.jar"))[-1:]
+        conf = self.root / "spark.conf"  # names our root: pid() recognises the JVM by it
+        conf.write_text(
+            "spark.ui.showConsoleProgress false\n"
+            f"spark.ui.port {self.port}\n"
+            "spark.connect.grpc.binding.address 127.0.0.1\n"
+            f"spark.connect.grpc.binding.port {self.rpc_port}\n"
+            f"spark.pyspark.python {self.python}\n"
+            f"spark.local.dir {self.root / 'tmp'}\n"
+        )
+        return [
+            str(home / "bin" / "spark-submit"),
+            *("--master", self.master, "--properties-file", str(conf)),
+            *("--class", "org.apache.spark.sql.connect.service.SparkConnectServer", str(jar)),
+        ]
+
+
 def spark_home() -> Path:
     """The pip-installed PySpark's folder: it holds bin/spark-class and the jars."""
     explicit = os.environ.get("SPARK_HOME")

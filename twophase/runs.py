@@ -39,3 +39,14 @@ class Runs:
                 (reason, sink_id, run_id),
             )
             return cur.rowcount == 1
+
+    def query_of(self, sink_id: str, run_id: str) -> str | None:
+        """The query id ``run_id`` claimed ``sink_id`` with; None while it has not (or
+        claimed it without one). Read-only."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT query_id FROM twophase_runs WHERE sink_id = %s AND run_id = %s",
+                (sink_id, run_id),
+            )
+            row = cur.fetchone()
+        return None if row is None else row[0]

@@ -63,6 +63,7 @@ class Target:
             TWOPHASE_INFLUX_BATCH_POINTS="5",  # several InfluxDB requests per epoch
             TWOPHASE_INFLUX_RETRY_DEADLINE="60s",
             PYSPARK_PYTHON=sys.executable,
+            PYTHONFAULTHANDLER="1",
         )
         env.update(extra)
         return env
@@ -96,6 +97,10 @@ class Job:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            # Where it hangs: the driver's Python dumps its threads' stacks on SIGABRT.
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                os.kill(self.proc.pid, signal.SIGABRT)
+                self.proc.wait(5)
             self.kill()
             raise AssertionError(f"job still running after {timeout:g}s:\n{self.tail()}") from None
 
@@ -123,7 +128,7 @@ class Job:
         kill_session(self.proc.pid)
         self.proc.wait(30)
 
-    def tail(self, lines: int = 40) -> str:
+    def tail(self, lines: int = 60) -> str:
         return "\n".join(self.stderr().splitlines()[-lines:])
 
 

@@ -246,12 +246,18 @@ def test_random_sigkills_over_twenty_batches(
     print(f"seed {seed}; killed at: " + "; ".join(kills))
     cli = make_cli(target.staging_url, target.influx)
     # A SIGKILLed driver records no end: its run looks live for the live window, and the
-    # operator's commands that would fence it refuse (recover only when it has work).
+    # operator's commands that would fence it refuse (recover only when it has work;
+    # resend, while an epoch is pending, first asks for a recover, which refuses).
     (seen,) = cli.run("status", "--sink", SINK, "--json").json()["sinks"]
     assert seen["owner_state"] == "live", seen
-    would_fence = [["recover", "--sink", SINK]] if seen["precommitted_epochs"] else []
-    if seen["last_committed_epoch"] is not None:
-        would_fence.append(["resend", "--sink", SINK, "--all"])
+    if seen["precommitted_epochs"]:
+        would_fence = [["recover", "--sink", SINK]]
+        pending = cli.run("resend", "--sink", SINK, "--all")
+        assert pending.code == 1 and f"run `twophase recover --sink {SINK}` first" in pending.err
+    elif seen["last_committed_epoch"] is not None:
+        would_fence = [["resend", "--sink", SINK, "--all"]]
+    else:
+        would_fence = []
     for command in would_fence:
         refused = cli.run(*command)
         assert refused.code == 1 and "stop its query first, or pass --force" in refused.err

@@ -9,7 +9,9 @@
   dead-letter table from the tasks that read them, decided with the sink's
   epochs (no second query over the input).
 * :func:`claim_query` lets a driver claim the sink right after ``start()``,
-  so a second query or a reset checkpoint is refused before it computes.
+  so a second query or a reset checkpoint is refused before it computes
+  (under Spark Connect, a foreachBatch writer needs it: see
+  :mod:`twophase.spark.foreach`).
 * :func:`end_query` (after the query stopped) or :func:`watch_query` (a
   listener) records that the query's run ended, so operators' commands tell
   a stopped query from a live one.
@@ -21,6 +23,7 @@ Importing this package needs PySpark; the core (``twophase``) does not.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -73,19 +76,23 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"twophase.spark.{module}"), name)
 
 
-def claim_query(query: Any, options: dict[str, str]) -> Lease:
-    """Claim the sink of a started query for its run (``query.runId``).
+def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lease:
+    """Claim the sink of a started query for its run.
 
-    ``options`` are the sink's options as given to ``.option(...)``. Fences
-    older runs of the same query (I5) and raises CheckpointResetError when
-    the sink belongs to another query (I6). Optional: the first commit
-    claims anyway; this only refuses earlier.
+    ``sink`` is the sink's options as given to ``.option(...)`` (the data
+    source), or the :class:`ForeachBatchWriter` given to ``foreachBatch``.
+    Fences older runs of the same query (I5) and raises CheckpointResetError
+    when the sink belongs to another query (I6). With classic Spark it is
+    optional: the first commit claims anyway, this only refuses earlier.
+    Under Spark Connect a foreachBatch writer's batches wait for it: only the
+    client knows the query's id there (:mod:`twophase.spark.foreach`).
+    Idempotent.
     """
     from twophase.spark.commit import claim
-    from twophase.spark.options import parse_options
+    from twophase.spark.ends import run_of
 
-    sink = parse_options(options)
-    run_id, query_id = str(query.runId), str(query.id)
-    if sink.dead_letter_sink is not None:
-        claim(sink.dead_letters(), run_id, query_id)
-    return claim(sink, run_id, query_id)
+    run_id, options = run_of(query, sink)
+    query_id = str(query.id)
+    if options.dead_letter_sink is not None:
+        claim(options.dead_letters(), run_id, query_id)
+    return claim(options, run_id, query_id)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 from twophase.committer import CommitOutcome
-from twophase.errors import PermanentError, TwoPhaseError
+from twophase.errors import ConfigError, PermanentError, TwoPhaseError
 from twophase.model import CommitMessage, Lease
 from twophase.runtime import TwoPhase
 from twophase.spark.options import SinkOptions
@@ -36,6 +37,10 @@ log = logging.getLogger("twophase.spark")
 _lock = threading.Lock()
 _parts: dict[tuple[tuple[str, str], ...], TwoPhase] = {}
 _leases: dict[tuple[str, str], Lease] = {}
+# How long a foreachBatch function under Spark Connect waits for its client's claim:
+# the client claims right after start() returns, while the first batch still plans.
+CLAIM_WAIT_S = 60.0
+_CLAIM_POLL_S = 0.1
 
 
 def two_phase(sink: SinkOptions) -> TwoPhase:
@@ -80,6 +85,31 @@ def claim(sink: SinkOptions, run_id: str, query_id: str | None) -> Lease:
     lease = two_phase(sink).ledger.begin_run(sink.sink_id, run_id, query_id)
     with _lock:
         return _leases.setdefault(key, lease)
+
+
+def await_claim(sink: SinkOptions, run_id: str, timeout: float = CLAIM_WAIT_S) -> str:
+    """The query id that ``run_id`` claimed the sink with, once it has.
+
+    For a driver that cannot read its query's id (a foreachBatch function
+    under Spark Connect runs in the server's Python, without the streaming
+    thread's properties): the client claims the run with the query's id
+    (:func:`twophase.spark.claim_query`), and nothing is decided before, so
+    that I6 holds. Read-only; raises ConfigError after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        query_id = two_phase(sink).runs.query_of(sink.sink_id, run_id)
+        if query_id is not None:
+            return query_id
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                "query_id",
+                f"sink {sink.sink_id!r}: under Spark Connect the foreachBatch function cannot "
+                "read its query's id, and the client did not claim the sink for it within "
+                f"{timeout:g}s: call twophase.spark.claim_query(query, writer) right after "
+                "start(), or pass query_id= to foreach_batch_writer",
+            )
+        time.sleep(_CLAIM_POLL_S)
 
 
 def commit_epoch(

@@ -24,12 +24,18 @@ from typing import Any
 from twophase.errors import TwoPhaseError
 from twophase.runs import FAILED, STOPPED
 from twophase.spark.commit import two_phase
+from twophase.spark.foreach import ForeachBatchWriter
 from twophase.spark.options import SinkOptions, parse_options
 
 log = logging.getLogger("twophase.spark")
 
 
-def end_query(query: Any, sink: SinkOptions | Mapping[str, str]) -> None:
+# What names a sink: its options (the data source's), parsed or not, or the
+# foreachBatch writer (whose run under Spark Connect is its own, not the query's).
+Sink = SinkOptions | Mapping[str, str] | ForeachBatchWriter
+
+
+def end_query(query: Any, sink: Sink) -> None:
     """Record that ``query``'s run ended for the sink (and its ``dead_letter_sink``):
     ``failed`` when the query has an exception, else ``stopped``. Idempotent."""
     try:
@@ -37,18 +43,26 @@ def end_query(query: Any, sink: SinkOptions | Mapping[str, str]) -> None:
     except Exception as exc:  # Spark gone: the query stopped, how is unknown
         log.debug("no exception status for query %s: %s", query.id, exc)
         reason = STOPPED
-    end_run(_options(sink), str(query.runId), reason)
+    end_run(*run_of(query, sink), reason)
 
 
-def watch_query(spark: Any, query: Any, sink: SinkOptions | Mapping[str, str]) -> Any:
+def watch_query(spark: Any, query: Any, sink: Sink) -> Any:
     """Add a listener to ``spark`` that records the end of ``query``'s run; returns it
     (``spark.streams.removeListener`` takes it off)."""
-    listener = _listener(str(query.id), _options(sink))
+    run_id, options = run_of(query, sink)
+    listener = _listener(str(query.id), run_id, options)
     spark.streams.addListener(listener)
     return listener
 
 
-def end_run(sink: SinkOptions, run_id: str, reason: str) -> None:
+def run_of(query: Any, sink: Sink) -> tuple[str, SinkOptions]:
+    """The run ``query`` writes the sink under, and the sink's options."""
+    if isinstance(sink, ForeachBatchWriter):
+        return sink.run_of(query), sink.sink
+    return str(query.runId), sink if isinstance(sink, SinkOptions) else parse_options(sink)
+
+
+def end_run(run_id: str, sink: SinkOptions, reason: str) -> None:
     """Record the end of ``run_id`` for the sink and its dead-letter sink; log, never raise."""
     sinks = [sink] if sink.dead_letter_sink is None else [sink, sink.dead_letters()]
     for one in sinks:
@@ -59,11 +73,7 @@ def end_run(sink: SinkOptions, run_id: str, reason: str) -> None:
             log.warning("sink %s: could not record that run %s ended: %s", one.sink_id, run_id, exc)
 
 
-def _options(sink: SinkOptions | Mapping[str, str]) -> SinkOptions:
-    return sink if isinstance(sink, SinkOptions) else parse_options(sink)
-
-
-def _listener(query_id: str, sink: SinkOptions) -> Any:
+def _listener(query_id: str, run_id: str, sink: SinkOptions) -> Any:
     from pyspark.sql.streaming import StreamingQueryListener
 
     class RunEnds(StreamingQueryListener):
@@ -80,6 +90,6 @@ def _listener(query_id: str, sink: SinkOptions) -> Any:
 
         def onQueryTerminated(self, event: Any) -> None:
             if str(event.id) == query_id:
-                end_run(sink, str(event.runId), FAILED if event.exception else STOPPED)
+                end_run(run_id, sink, FAILED if event.exception else STOPPED)
 
     return RunEnds()

@@ -16,30 +16,45 @@ Where the ids come from: ``batch_id`` is the epoch. The query id and run id
 are the driver's local properties ``sql.streaming.queryId`` and
 ``spark.jobGroup.id``, which Spark sets on the thread that calls the
 function (read through ``df.sparkSession.sparkContext.getLocalProperty``;
-seen on PySpark 4.3 with classic Spark). Where they are not available
-(Spark Connect has no SparkContext), the run id is one fresh id per
-adapter (per driver start) and the query id is the ``query_id`` argument:
-pass a stable one, or the sink cannot refuse a reset checkpoint (I6).
+seen on PySpark 4.3 with classic Spark).
+
+Under Spark Connect the function runs in a Python process of the server,
+with a Connect session and neither a SparkContext nor those properties
+(seen on PySpark 4.3: no query id in the session's configuration, its
+``streams`` empty, no streaming property in the tasks it starts). The run
+id is then the writer's own (one fresh id per writer, made on the client),
+and the query id comes from the client, which knows it once ``start()``
+returns::
+
+    query = df.writeStream.foreachBatch(write).start()
+    twophase.spark.claim_query(query, write)
+
+The function decides nothing until that claim is recorded (I6 holds: a
+reset checkpoint gives a new query id, which the claim refuses), and fails
+the query with ConfigError after ``CLAIM_WAIT_S`` without one. Passing
+``query_id=`` (a stable id of your own) replaces the claim.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import pickle
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twophase.points import PointSpec
-from twophase.spark.commit import commit_epoch, open_in_background
+from twophase.spark.commit import await_claim, commit_epoch, open_in_background
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
 from twophase.spark.split import split_dead_letters
 from twophase.spark.stage import (
     MESSAGE_SCHEMA,
     QUERY_ID_PROPERTY,
     RUN_ID_PROPERTY,
+    batch_tag,
     stage_arrow_partition,
 )
 
@@ -102,6 +117,11 @@ class ForeachBatchWriter:
     def __call__(self, df: Any, batch_id: int) -> None:
         _write_batch(self.sink, *self._fallback, df, batch_id)
 
+    def run_of(self, query: Any) -> str:
+        """The run id this writer's batches of ``query`` decide under: the query's
+        ``runId`` with classic Spark, the writer's own under Spark Connect."""
+        return self._fallback[0] if is_connect(query) else str(query.runId)
+
     def split_dead_letters(self, df: Any) -> Any:
         """``df`` without its rows that have a ``reason`` (see :mod:`twophase.spark.split`);
         those are recorded under this writer's ``dead_letter_sink``."""
@@ -118,8 +138,11 @@ def _write_batch(
     """Stage the batch in Spark tasks, then decide and promote it on the driver."""
     check_schema(sink, df.columns)
     driver = _Driver.of(df, fallback_run_id, fallback_query_id)
+    if driver.remote and driver.query_id is None:  # the client claims with the query id
+        driver = replace(driver, query_id=await_claim(sink, driver.run_id))
     stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
-    rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
+    with driver.tagged(df, batch_id):
+        rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
     messages = [pickle.loads(row.message) for row in rows]
     commit_epoch(sink, batch_id, messages, (driver.run_id, driver.query_id))
 
@@ -131,6 +154,7 @@ class _Driver:
     run_id: str
     query_id: str | None
     cores: int | None
+    remote: bool  # a Spark Connect server's Python: no SparkContext
 
     @classmethod
     def of(cls, df: Any, fallback_run_id: str, fallback_query_id: str | None) -> _Driver:
@@ -138,18 +162,34 @@ class _Driver:
         try:
             context = df.sparkSession.sparkContext
             run_id, query_id = map(context.getLocalProperty, (RUN_ID_PROPERTY, QUERY_ID_PROPERTY))
-            cores = int(context.defaultParallelism)
-        except Exception:  # Spark Connect: no SparkContext on the client
-            log.warning(
-                "no SparkContext: using run id %s and query id %s",
-                fallback_run_id,
-                fallback_query_id,
-            )
+            cores, remote = int(context.defaultParallelism), False
+        except Exception:  # Spark Connect: no SparkContext in the server's Python
+            log.debug("no SparkContext: run id %s, query id %s", fallback_run_id, fallback_query_id)
             run_id = query_id = cores = None
-        return cls(run_id or fallback_run_id, query_id or fallback_query_id, cores)
+            remote = True
+        return cls(run_id or fallback_run_id, query_id or fallback_query_id, cores, remote)
+
+    @contextlib.contextmanager
+    def tagged(self, df: Any, batch_id: int) -> Iterator[None]:
+        """Under Spark Connect, tag the batch's jobs with its identity: the tasks upstream
+        that split dead letters off read it there (:func:`~twophase.spark.stage.current_task`)."""
+        if not self.remote:  # classic Spark: the streaming properties carry it
+            yield
+            return
+        tag = batch_tag(batch_id, self.run_id, str(self.query_id))
+        df.sparkSession.addTag(tag)
+        try:
+            yield
+        finally:
+            df.sparkSession.removeTag(tag)
 
     def tasks(self, df: Any) -> Any:
         """``df`` in at most one partition per core: staging tasks beyond the cores only
         wait for a second wave (measured: 4 partitions staged on 2 cores took 130 ms
         longer per micro-batch than the same 4 coalesced into 2 tasks)."""
         return df if self.cores is None else df.coalesce(self.cores)
+
+
+def is_connect(query: Any) -> bool:
+    """``query`` is a Spark Connect client's handle (its batches run on the server)."""
+    return type(query).__module__.startswith("pyspark.sql.connect")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import twophase
+from twophase.errors import ConfigError
 
 ZIP_NAME = f"twophase-{twophase.__version__}.zip"
 
@@ -41,7 +42,18 @@ def package_zip(directory: Path | None = None) -> Path:
 
 
 def ship_package(spark: Any, directory: Path | None = None) -> Path:
-    """Add a zip of ``twophase`` to the Spark context's Python path on every executor."""
+    """Add a zip of ``twophase`` to the Spark context's Python path on every executor.
+
+    Not under Spark Connect: the server runs the protocol in its own Python
+    (ConfigError; install twophase there)."""
+    try:
+        context = spark.sparkContext
+    except Exception:  # a Connect session has no SparkContext
+        raise ConfigError(
+            "ship_package",
+            "a Spark Connect client cannot ship twophase; the server runs the protocol, "
+            "so install twophase in the Python its spark.pyspark.python names",
+        ) from None
     path = package_zip(directory)
-    spark.sparkContext.addPyFile(str(path))
+    context.addPyFile(str(path))
     return path

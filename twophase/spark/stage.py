@@ -1,7 +1,8 @@
 """Phase 1 inside a Spark task: the rows of one partition become one staged write.
 
 Runs on executors. Reads the epoch, run id and query id from the task's
-context (the local properties Spark sets for a streaming micro-batch), turns
+context (the local properties Spark sets for a streaming micro-batch, or
+under Spark Connect the foreachBatch writer's job tag), turns
 the rows into line-protocol lines or dead letters, and stages them through
 :class:`twophase.staging.Stager` over the process's shared connection pool.
 Nothing reaches InfluxDB here. Every call makes a new write: a retried task
@@ -12,6 +13,7 @@ counts; the others are orphans that abort or GC removes.
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,11 @@ from twophase.staging import Stager
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
+# Under Spark Connect a foreachBatch batch runs its jobs from the server's Python, on a
+# thread without the streaming properties; the writer tags them instead (one job tag,
+# which Spark passes to every task in ``spark.job.tags``): see batch_tag().
+JOB_TAGS_PROPERTY = "spark.job.tags"
+_BATCH_TAG = re.compile(r"twophase-batch:(\d+):([^:,]+):([^,]+)")
 _TRUNCATED = " ...[truncated]"
 MESSAGE_SCHEMA = "message binary"  # what a staging task of the foreachBatch adapter returns
 
@@ -55,8 +62,12 @@ def current_task(
     ctx = TaskContext.get()
     if ctx is None:
         raise PermanentError("twophase staging must run inside a Spark task")
+    batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    tagged = _BATCH_TAG.search(ctx.getLocalProperty(JOB_TAGS_PROPERTY) or "")
+    if batch is None and tagged is not None:  # a foreachBatch batch under Spark Connect
+        batch = tagged.group(1)
+        run_id, query_id = run_id or tagged.group(2), query_id or tagged.group(3)
     if epoch is None:
-        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
         if batch is None:
             raise PermanentError(
                 "the task has no streaming batch id: the twophase-influx sink works in "
@@ -70,6 +81,11 @@ def current_task(
         run_id=run_id or ctx.getLocalProperty(RUN_ID_PROPERTY),
         query_id=query_id or ctx.getLocalProperty(QUERY_ID_PROPERTY),
     )
+
+
+def batch_tag(epoch: int, run_id: str, query_id: str) -> str:
+    """The job tag that tells a task under Spark Connect its batch, run and query."""
+    return f"twophase-batch:{epoch}:{run_id}:{query_id}"
 
 
 def stage_task(
