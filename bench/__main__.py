@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import children, history, report, scrape, spark_e2e, throughput
+from bench import background, children, history, report, scrape, spark_e2e, throughput
 from bench.context import Context
 from bench.plan import FULL, QUICK
 from bench.servers import BenchSetupError, Servers, scratch
@@ -32,6 +32,7 @@ METRICS: dict[str, Metric] = {
     "recovery": children.measure_recovery,
     "spark_e2e": spark_e2e.measure_spark,
     "scrape": scrape.measure_scrape,
+    "background": background.measure_background,
 }
 
 

@@ -28,6 +28,8 @@ class Plan:
     recovery_repeats: int
     # metric 6: Spark runs per side and setting (0: not run; at least 3 when run)
     spark_repeats: int
+    # metric 8: (epoch size, epochs in a row, repeats per side)
+    background: tuple[tuple[int, int, int], ...]
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -47,6 +49,7 @@ QUICK = Plan(
     recovery_points=50_000,
     recovery_repeats=1,
     spark_repeats=0,
+    background=((100_000, 10, 1), (1_000_000, 2, 1)),
 )
 
 FULL = Plan(
@@ -62,4 +65,5 @@ FULL = Plan(
     recovery_points=50_000,
     recovery_repeats=3,
     spark_repeats=3,
+    background=((100_000, 10, 3), (1_000_000, 10, 3)),
 )

@@ -19,6 +19,7 @@ TITLES = {
     "recovery": "5 recovery",
     "spark_e2e": "6 Spark end to end",
     "scrape": "7 exporter scrape",
+    "background": "8 background promotion, epochs in a row",
 }
 
 

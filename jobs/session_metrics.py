@@ -393,13 +393,16 @@ def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
     except Exception as exc:  # Spark's analysis errors carry the sink's ConfigError
         return fail(query, EXIT_REFUSED, explain(exc))
     try:
-        return wait(query, args.available_now)
+        return wait(query, sink, args.available_now)
     finally:  # the run is over however the query ended: operators need no --force
         tps.end_query(query, sink)
 
 
-def wait(query: Any, available_now: bool) -> int:
-    """Until the query finished (available-now) or failed; the exit status."""
+def wait(query: Any, sink: Any, available_now: bool) -> int:
+    """Until the query finished (available-now) and its promotions ended, or failed; the
+    exit status."""
+    from twophase.spark import drain_query
+
     try:
         query.awaitTermination()
     except Exception as exc:
@@ -408,6 +411,10 @@ def wait(query: Any, available_now: bool) -> int:
         return fail(query, EXIT_FAILED, explain(query.exception()))
     if not available_now:
         return fail(query, EXIT_FAILED, "the query stopped unexpectedly")
+    try:  # with background promotion, the last epoch may still be on its way
+        drain_query(sink)
+    except Exception as exc:
+        return fail(query, EXIT_FAILED, explain(exc))
     emit("DONE")
     return 0
 

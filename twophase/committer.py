@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from twophase.faults import crash_point
 from twophase.gc import GarbageCollector
+from twophase.handoff import Handoff
 from twophase.ledger import Ledger
 from twophase.model import CommitMessage, EpochState, Lease
 from twophase.promoter import Promoter, PromoteResult
@@ -38,10 +39,17 @@ class CommitOutcome:
 class Committer:
     """The driver's per-epoch entry point: recover, decide, promote."""
 
-    def __init__(self, ledger: Ledger, promoter: Promoter, gc: GarbageCollector):
+    def __init__(
+        self,
+        ledger: Ledger,
+        promoter: Promoter,
+        gc: GarbageCollector,
+        handoff: Handoff | None = None,
+    ):
         self._ledger = ledger
         self._promoter = promoter
         self._gc = gc
+        self._handoff = handoff  # background promotion (None: inline)
         # Leases whose last commit in this process left no epoch PRECOMMITTED: until
         # they decide again, nothing can be pending (deciding for the sink takes
         # their token, I5), so their next commit need not look.
@@ -65,6 +73,10 @@ class Committer:
     def commit(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> CommitOutcome:
         """Decide and promote ``epoch`` once all its tasks staged ``messages``.
 
+        With background promotion the epoch is handed off once decided, and
+        the outcome is PRECOMMITTED: the next commit of the sink (or
+        :meth:`drain`) waits for it first, and raises its failure.
+
         A replayed epoch (already decided by an earlier attempt or run) is
         detected: the new attempt's writes are discarded; a PRECOMMITTED epoch
         is completed from its original writes; a COMMITTED one is skipped.
@@ -73,6 +85,8 @@ class Committer:
         """
         settled = lease in self._settled
         self._settled.discard(lease)
+        if self._handoff is not None:  # the previous epoch first; raises its failure
+            self._handoff.wait(lease.sink_id)
         recovered = () if settled else tuple(r.epoch for r in self.recover(lease))
         decision = self._ledger.decide(lease, epoch, messages, start_promotion=True)
         crash_point("after_decide", lease.sink_id)
@@ -85,8 +99,20 @@ class Committer:
                 decision.state,
             )
         promoted = None
-        if decision.state == EpochState.PRECOMMITTED:
+        if decision.state == EpochState.PRECOMMITTED and self._handoff is not None:
+            self._handoff.hand_off(lease, epoch, decision.plan)
+        elif decision.state == EpochState.PRECOMMITTED:
             promoted = self._promoter.promote(lease, epoch, decision.plan)
         self._settled.add(lease)
         state = EpochState.COMMITTED if promoted else decision.state
         return CommitOutcome(lease.sink_id, epoch, state, decision.replay, recovered, promoted)
+
+    def drain(self) -> list[PromoteResult]:
+        """Wait for the epochs promoting in the background (none when inline); raises
+        the first failure, its epoch left PRECOMMITTED."""
+        return [] if self._handoff is None else self._handoff.drain()
+
+    def close(self) -> None:
+        """Drain, then stop the background threads."""
+        if self._handoff is not None:
+            self._handoff.close()

@@ -26,6 +26,8 @@ from twophase.errors import ConfigError
 
 ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "auto")
+INLINE, BACKGROUND = "inline", "background"
+PROMOTIONS = (INLINE, BACKGROUND)
 STAGING, INFLUX = "staging", "influx"
 # One promote request's worth of lines: also the staged chunk size, so that a chunk
 # goes out as one request.
@@ -111,6 +113,9 @@ SETTINGS: tuple[Setting, ...] = (
     _i("influx_retry_initial", "retry_initial_s", "duration", "first backoff step",
        default=0.5),
     _i("influx_retry_max", "retry_max_s", "duration", "largest backoff step", default=30.0),
+    _i("promotion", "promotion", "choice", "inline: a commit returns once its epoch is in "
+       "InfluxDB; background: once it is decided, while a thread promotes it and the next "
+       "batch computes (the next commit waits for it)", default=INLINE, choices=PROMOTIONS),
     _i("metrics_port", "metrics_port", "int", "port of the Prometheus endpoint of the process "
        "that promotes (the Spark driver): its InfluxDB requests; off when unset", minimum=1),
 )  # fmt: skip
@@ -217,6 +222,7 @@ class InfluxConfig:
     retry_deadline_s: float = default("influx_retry_deadline")
     retry_initial_s: float = default("influx_retry_initial")
     retry_max_s: float = default("influx_retry_max")
+    promotion: str = default("promotion")
     metrics_port: int | None = None
 
     def validate_for_api(self) -> None:

@@ -25,7 +25,12 @@ Unarmed, a crash point costs two dict lookups.
 
 Points: ``stage_rows`` (mid-COPY), ``after_stage``, ``after_decide``,
 ``promote_batch`` (after each acknowledged InfluxDB batch), ``after_promote``
-(all batches acknowledged, epoch not yet marked), ``after_mark``.
+(all batches acknowledged, epoch not yet marked), ``after_mark``, ``drain``
+(background promotion: a caller is about to wait for a handed-off epoch,
+which may still be promoting; never reached with inline promotion). With
+background promotion ``after_decide`` is the moment between the decision and
+the hand-off to the promoter thread, and the ``promote_*``/``after_*`` points
+fire in that thread.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ CRASH_POINTS = (
     "promote_batch",
     "after_promote",
     "after_mark",
+    "drain",
 )
 _hits: dict[str, int] = {}
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twophase.committer import Committer
-from twophase.config import TwoPhaseConfig
+from twophase.config import BACKGROUND, TwoPhaseConfig
 from twophase.db import Database
 from twophase.deadletters import DeadLetterLog
 from twophase.gc import GarbageCollector
+from twophase.handoff import Handoff
 from twophase.influx import metering
 from twophase.influx.api import make_writer
 from twophase.influx.writers import InfluxWriter
@@ -69,6 +70,7 @@ class TwoPhase:
         sender = BatchSender(writer, config.influx, on_attempt_failed=on_retry)
         promoter = Promoter(ledger, reader, sender, DeadLetterLog(db), config.influx)
         gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
+        handoff = Handoff(promoter) if config.influx.promotion == BACKGROUND else None
         return cls(
             config=config,
             db=db,
@@ -77,14 +79,18 @@ class TwoPhase:
             ledger=ledger,
             reader=reader,
             promoter=promoter,
-            committer=Committer(ledger, promoter, gc),
+            committer=Committer(ledger, promoter, gc, handoff),
             gc=gc,
             runs=Runs(db),
         )
 
     def close(self) -> None:
-        self.writer.close()
-        self.db.close()
+        """Drain background promotions (raising the first failure), then disconnect."""
+        try:
+            self.committer.close()
+        finally:
+            self.writer.close()
+            self.db.close()
 
     def __enter__(self) -> TwoPhase:
         return self

@@ -211,13 +211,17 @@ def assert_refused(job: Job) -> None:
 # Six job starts on local-cluster (each first batch starts executors: ~30 s) take
 # 5-7 minutes on an idle 2-core machine; give a loaded machine room.
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    ("promotion", "stats_writer"), [("inline", "data-source"), ("background", "foreach-batch")]
+)
 def test_random_sigkills_over_twenty_batches(
-    target: Target, work: Path, event_files: list[Path]
+    target: Target, work: Path, event_files: list[Path], promotion: str, stats_writer: str
 ) -> None:
     """Kill the driver 5 times at random moments of a 24-batch run, on a multi-process
     cluster (local-cluster: a master, two workers and their executors, each in its own
-    JVM with its own Python workers), the stats through the data source in complete
-    mode (each epoch re-sends every window).
+    JVM with its own Python workers): inline, the stats through the data source in
+    complete mode (each epoch re-sends every window); in the background (which the
+    data source refuses), through the foreachBatch adapter in update mode.
 
     A moment is a random delay once the run writes, or the first instant the test
     sees a write staged but not voted on, or an epoch decided but not committed:
@@ -237,7 +241,8 @@ def test_random_sigkills_over_twenty_batches(
                 *args,
                 available_now=False,
                 master=CLUSTER,
-                stats_writer="data-source",  # the data source for the stats
+                stats_writer=stats_writer,
+                TWOPHASE_PROMOTION=promotion,
             )
             wait_for_moment(job, conn, moment, baseline, rng)
         if job.returncode is None:
@@ -261,7 +266,7 @@ def test_random_sigkills_over_twenty_batches(
     for command in would_fence:
         refused = cli.run(*command)
         assert refused.code == 1 and "stop its query first, or pass --force" in refused.err
-    final = run_job(*args, master=CLUSTER, stats_writer="data-source")
+    final = run_job(*args, master=CLUSTER, stats_writer=stats_writer, TWOPHASE_PROMOTION=promotion)
     assert final.returncode == 0, final.tail()
     assert len(kills) == 5, f"seed {seed}: the job ended by itself"
     assert len(epochs(target.staging_url, SINK)) >= 20

@@ -94,6 +94,12 @@ def test_unknown_option_and_missing_column_are_refused(spark: Any, tmp_path: Pat
     assert "tags: column 'host' is not in the query's output" in text
 
 
+def test_background_promotion_is_refused_by_the_data_source(spark: Any, tmp_path: Path) -> None:
+    """Its commit runs in a Python worker that may end once commit returns."""
+    text = failure(spark, tmp_path, sink_id="s", measurement="m", tags="k", promotion="background")
+    assert "ConfigError" in text and "promotion: background promotion needs" in text
+
+
 def test_update_mode_is_refused_by_spark(spark: Any, tmp_path: Path) -> None:
     """PySpark's Python data sources support append and complete mode only; update mode
     goes through foreach_batch_writer (the job does so)."""

@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, required=True)
     ap.add_argument("--perturb", default="", help="comma-separated epochs to recompute differently")
     ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
+    ap.add_argument("--promotion", default="inline", help="inline or background")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
@@ -71,6 +72,7 @@ def main() -> None:
             retry_deadline_s=30,
             retry_initial_s=0.05,
             retry_max_s=1,
+            promotion=args.promotion,
         ),
     )
     log = Path(args.spark_log)

@@ -14,7 +14,9 @@ import psycopg
 
 from tests.support import REPO, admin_conninfo
 
-METRICS = ("throughput", "fixed_cost", "history", "memory", "recovery", "spark_e2e", "scrape")
+METRICS = (
+    "throughput", "fixed_cost", "history", "memory", "recovery", "spark_e2e", "scrape", "background"
+)  # fmt: skip
 
 
 def bench_databases(url: str) -> list[str]:
@@ -52,5 +54,8 @@ def test_quick_mode_writes_the_results_the_issue_asks_for(
     assert all(sizes[s]["holds"] is None for s in ("1000", "10000"))  # no target below 100k
     assert metrics["history"]["gc"]["bounded"] is True
     assert metrics["scrape"]["scrapes"] == 1000 and "10000_epochs" in metrics["scrape"]["p95_ms"]
+    assert set(metrics["background"]["parts"]) == {
+        f"{size} {mode}" for size in ("100k", "1M") for mode in ("background", "inline")
+    }
     assert found.stem in done.stdout and "| 5 recovery |" in done.stdout  # the table
     assert bench_databases(base_staging_url) == []  # scratch databases dropped

@@ -14,7 +14,8 @@
   :mod:`twophase.spark.foreach`).
 * :func:`end_query` (after the query stopped) or :func:`watch_query` (a
   listener) records that the query's run ended, so operators' commands tell
-  a stopped query from a live one.
+  a stopped query from a live one; :func:`drain_query` waits for the last
+  background promotion (``promotion = background``).
 * :func:`ship_package` adds a zip of ``twophase`` to the executors' path.
 
 Importing this package needs PySpark; the core (``twophase``) does not.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from twophase.model import Lease
-    from twophase.spark.ends import end_query, watch_query
+    from twophase.spark.ends import drain_query, end_query, watch_query
     from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer
     from twophase.spark.options import SinkOptions, parse_options
     from twophase.spark.ship import package_zip, ship_package
@@ -50,6 +51,7 @@ _LAZY = {
     "ship_package": "ship",
     "split_dead_letters": "split",
     "end_query": "ends",
+    "drain_query": "ends",
     "watch_query": "ends",
 }
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "SinkOptions",
     "TwoPhaseInfluxDataSource",
     "claim_query",
+    "drain_query",
     "end_query",
     "foreach_batch_writer",
     "package_zip",

@@ -87,6 +87,16 @@ def claim(sink: SinkOptions, run_id: str, query_id: str | None) -> Lease:
         return _leases.setdefault(key, lease)
 
 
+def drain(sink: SinkOptions) -> None:
+    """Wait for the sink's epochs promoting in the background in this process (nothing
+    when inline, or when this process never committed); raises the first failure, its
+    epoch left PRECOMMITTED for the next start or ``twophase recover``."""
+    with _lock:
+        parts = _parts.get(sink.settings)
+    if parts is not None:
+        parts.committer.drain()
+
+
 def await_claim(sink: SinkOptions, run_id: str, timeout: float = CLAIM_WAIT_S) -> str:
     """The query id that ``run_id`` claimed the sink with, once it has.
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from twophase.errors import TwoPhaseError
 from twophase.runs import FAILED, STOPPED
-from twophase.spark.commit import two_phase
+from twophase.spark.commit import drain, two_phase
 from twophase.spark.foreach import ForeachBatchWriter
 from twophase.spark.options import SinkOptions, parse_options
 
@@ -37,13 +37,27 @@ Sink = SinkOptions | Mapping[str, str] | ForeachBatchWriter
 
 def end_query(query: Any, sink: Sink) -> None:
     """Record that ``query``'s run ended for the sink (and its ``dead_letter_sink``):
-    ``failed`` when the query has an exception, else ``stopped``. Idempotent."""
+    ``failed`` when the query has an exception or its last background promotion
+    failed (:func:`drain_query`, logged), else ``stopped``. Idempotent."""
     try:
         reason = FAILED if query.exception() is not None else STOPPED
     except Exception as exc:  # Spark gone: the query stopped, how is unknown
         log.debug("no exception status for query %s: %s", query.id, exc)
         reason = STOPPED
-    end_run(*run_of(query, sink), reason)
+    run_id, options = run_of(query, sink)
+    try:
+        drain_query(options)
+    except Exception as exc:  # its epoch stays PRECOMMITTED: the next start promotes it
+        log.error("sink %s: the last background promotion failed: %s", options.sink_id, exc)
+        reason = FAILED
+    end_run(run_id, options, reason)
+
+
+def drain_query(sink: Sink) -> None:
+    """Wait for the epochs this process still promotes in the background for the sink
+    (``promotion = background``; nothing when inline). Raises the first failure, its
+    epoch left PRECOMMITTED. Call it once the query stopped, before the process exits."""
+    drain(sink.sink if isinstance(sink, ForeachBatchWriter) else _options(sink))
 
 
 def watch_query(spark: Any, query: Any, sink: Sink) -> Any:
@@ -59,7 +73,11 @@ def run_of(query: Any, sink: Sink) -> tuple[str, SinkOptions]:
     """The run ``query`` writes the sink under, and the sink's options."""
     if isinstance(sink, ForeachBatchWriter):
         return sink.run_of(query), sink.sink
-    return str(query.runId), sink if isinstance(sink, SinkOptions) else parse_options(sink)
+    return str(query.runId), _options(sink)
+
+
+def _options(sink: SinkOptions | Mapping[str, str]) -> SinkOptions:
+    return sink if isinstance(sink, SinkOptions) else parse_options(sink)
 
 
 def end_run(run_id: str, sink: SinkOptions, reason: str) -> None:

@@ -46,6 +46,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from twophase.config import BACKGROUND
+from twophase.errors import ConfigError
 from twophase.points import PointSpec
 from twophase.spark.commit import await_claim, commit_epoch, open_in_background
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
@@ -138,6 +140,12 @@ def _write_batch(
     """Stage the batch in Spark tasks, then decide and promote it on the driver."""
     check_schema(sink, df.columns)
     driver = _Driver.of(df, fallback_run_id, fallback_query_id)
+    if driver.remote and sink.config().influx.promotion == BACKGROUND:
+        raise ConfigError(
+            "promotion",
+            "under Spark Connect the server ends the foreachBatch function's process with its "
+            "query, which would cut a background promotion: use promotion=inline",
+        )
     if driver.remote and driver.query_id is None:  # the client claims with the query id
         driver = replace(driver, query_id=await_claim(sink, driver.run_id))
     stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
+from twophase.config import BACKGROUND
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.spark.commit import abort_epoch, commit_epoch
@@ -95,6 +96,14 @@ class TwoPhaseInfluxDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         sink = parse_options(self.options)
         check_schema(sink, schema.fieldNames())
+        if sink.config().influx.promotion == BACKGROUND:
+            # pyspark/sql/worker/python_streaming_sink_runner.py: one worker run per commit
+            raise ConfigError(
+                "promotion",
+                "background promotion needs a driver process that outlives the commit; this "
+                "sink's commit runs in a Python worker that Spark may end once it returns, "
+                "cutting the promotion: use promotion=inline, or the foreachBatch adapter",
+            )
         return TwoPhaseStreamWriter(sink)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:

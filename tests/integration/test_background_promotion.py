@@ -1,0 +1,103 @@
+"""Background promotion against the real servers: an epoch promotes on a thread while
+the caller stages the next; a failure is raised by the next commit, the epoch left
+PRECOMMITTED; the same point key written twice in an epoch keeps its winner."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts.services import InfluxServer
+from tests.integration.test_protocol import M, epoch_row, lines, stage
+from tests.support import influx_count, influx_rows, start_own_influx, two_phase
+from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
+from twophase.errors import InfluxUnavailableError
+from twophase.model import EpochState
+
+
+@pytest.fixture
+def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
+    server = start_own_influx(tmp_path, "background")
+    yield server
+    server.stop()
+
+
+def background(influx: InfluxConfig, **more: object) -> InfluxConfig:
+    return dataclasses.replace(influx, promotion=BACKGROUND, **more)  # type: ignore[arg-type]
+
+
+def test_commit_returns_once_decided_and_the_next_commit_waits(
+    staging: StagingConfig, influx: InfluxConfig
+) -> None:
+    with two_phase(staging, background(influx, batch_points=50)) as tp:
+        lease = tp.ledger.begin_run("s", "r1", "q1")
+        first = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 500)]))
+        assert (first.state, first.promoted) == (EpochState.PRECOMMITTED, None)
+        second = tp.committer.commit(lease, 1, stage(tp, "s", 1, [lines(1, 500)]))
+        # commit(1) waited for epoch 0 before deciding 1 (I3): 0 is COMMITTED now
+        assert epoch_row(staging.url.reveal(), "s", 0)["state"] == "COMMITTED"
+        assert second.state == EpochState.PRECOMMITTED and second.recovered == ()
+        assert [r.epoch for r in tp.committer.drain()] == [1]
+        assert tp.ledger.pending("s") == []
+    assert influx_count(influx, M) == 1000
+
+
+def test_a_failed_background_promotion_is_raised_by_the_next_commit(
+    staging: StagingConfig, own_influx: InfluxServer
+) -> None:
+    influx = InfluxConfig(url=own_influx.url, api="v1", database="background",
+                          retry_initial_s=0.1, retry_max_s=0.5, retry_deadline_s=2)  # fmt: skip
+    with two_phase(staging, background(influx)) as tp:
+        lease = tp.ledger.begin_run("s", "r1", "q1")
+        own_influx.stop()  # InfluxDB fails while epoch 0 promotes in the background
+        assert tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 50)])).state == (
+            EpochState.PRECOMMITTED
+        )
+        messages = stage(tp, "s", 1, [lines(1, 50)])
+        with pytest.raises(InfluxUnavailableError, match="still unavailable"):
+            tp.committer.commit(lease, 1, messages)
+        assert tp.ledger.pending("s") == [0]  # 0 left PRECOMMITTED, 1 not decided
+    own_influx.start()
+    # The restart (a new process: new parts, a new run) delivers 0, then 1.
+    with two_phase(staging, background(influx)) as tp:
+        lease = tp.ledger.begin_run("s", "r2", "q1")
+        outcome = tp.committer.commit(lease, 1, stage(tp, "s", 1, [lines(1, 50)]))
+        assert outcome.recovered == (0,)
+        tp.committer.drain()
+        assert tp.ledger.pending("s") == []
+    assert influx_count(influx, M) == 100
+
+
+@pytest.mark.parametrize("resends", [1, 3])
+def test_the_same_point_key_twice_in_an_epoch_keeps_its_winner(
+    staging: StagingConfig, influx: InfluxConfig, resends: int
+) -> None:
+    """Two tasks write the same point key with different values: the epoch's fixed order
+    decides the winner, whichever thread promotes and however often it is sent (I4)."""
+    key = f"{M},host=a v=%s 1600000000000000000"
+    with two_phase(staging, background(influx)) as tp:
+        lease = tp.ledger.begin_run("s", "r1", "q1")
+        tp.committer.commit(lease, 0, stage(tp, "s", 0, [[key % "1.5"], [key % "2.5"]]))
+        tp.committer.drain()
+        winner = influx_rows(influx, M)
+        for _ in range(resends):  # an operator's resend: the fixed set, in its fixed order
+            tp.promoter.send(tp.reader.plan("s", 0))
+            assert influx_rows(influx, M) == winner
+    assert [row[2] for row in winner] == [(("v", 2.5),)]  # the later write in the order
+
+
+def test_drain_waits_for_a_promotion_in_flight(
+    staging: StagingConfig, influx: InfluxConfig
+) -> None:
+    with two_phase(staging, background(influx, batch_points=10)) as tp:
+        lease = tp.ledger.begin_run("s", "r1", "q1")
+        tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 2000)]))
+        names = {t.name for t in threading.enumerate()}
+        assert any(n.startswith("twophase-promote") for n in names)
+        (result,) = tp.committer.drain()
+        assert (result.epoch, result.delivered) == (0, 2000)
+    assert influx_count(influx, M) == 2000
