@@ -22,6 +22,7 @@ from typing import Any
 
 from bench.context import MAIN, Context
 from bench.lines import epoch_lines
+from bench.report import size_label
 from bench.sides import QUERY_ID, BenchError, DirectSide
 from bench.stats import Summary, entry, rotated
 from twophase.config import BACKGROUND, INLINE
@@ -115,9 +116,8 @@ def _at(
     runs = {mode: rate(side.run) for mode, side in sides.items()}
     runs["direct"] = rate(lambda many: sum(direct.run(lines) for lines in many))
     got = rotated(repeats, runs)
-    label = f"{size // 1_000_000}M" if size >= 1_000_000 else f"{size // 1_000}k"
     return {
-        f"{label} {mode}": _entry(got[mode], got["direct"], mode, size, count)
+        f"{size_label(size)} {mode}": _entry(got[mode], got["direct"], mode, size, count)
         for mode in (BACKGROUND, INLINE)
     }
 

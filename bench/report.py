@@ -98,10 +98,10 @@ def _parts(metric: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         yield "", metric
         return
     for size, item in by_size.items():
-        yield f", {_size(int(size))} points", item
+        yield f", {size_label(int(size))} points", item
 
 
-def _size(points: int) -> str:
+def size_label(points: int) -> str:
     return f"{points // 1_000_000}M" if points >= 1_000_000 else f"{points // 1_000}k"
 
 

@@ -172,6 +172,9 @@ def free_port() -> int:
     raise RuntimeError("no free pair of ports")
 
 
+OWN_INFLUX_DB = "outage"  # the database of the integration tests' own InfluxDB server
+
+
 def start_own_influx(root: Path, database: str) -> Any:
     """A dedicated InfluxDB 1.x server on free ports, with ``database``; retried on a new
     port when another process grabbed the chosen one between the check and influxd's bind."""

@@ -359,6 +359,18 @@ def decided_dead_letters(url: str, sink_id: str) -> int:
     return int(rows[0][0])
 
 
+_UNDECIDED = (
+    "SELECT count(*) FROM twophase_writes w WHERE NOT EXISTS (SELECT 1 FROM"
+    " twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch)"
+)
+
+
+def undecided_writes(conn: psycopg.Connection[Any]) -> int:
+    """Staged writes of epochs not decided yet (being staged, or orphans of a crash)."""
+    row = conn.execute(_UNDECIDED).fetchone()
+    return int(row[0]) if row else 0
+
+
 def orphan_writes(url: str, sink_id: str | None = None) -> int:
     """Staged writes that no decision names (failed, replayed or killed attempts)."""
     rows = query(

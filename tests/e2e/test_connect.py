@@ -38,6 +38,7 @@ from tests.e2e.harness import (
     orphan_writes,
     run_job,
     start_job,
+    undecided_writes,
     wait_exact,
 )
 from tests.integration.cli_helpers import make_cli
@@ -46,10 +47,6 @@ from tests.support import REPO, admin_conninfo, free_port
 pytestmark = pytest.mark.timeout(900)
 
 LOCAL = REPO / ".local"
-UNDECIDED = (
-    "SELECT count(*) FROM twophase_writes w WHERE NOT EXISTS (SELECT 1 FROM"
-    " twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch)"
-)
 
 
 @pytest.fixture
@@ -109,10 +106,11 @@ def test_connect_client_survives_server_kills_and_refuses_a_reset_checkpoint(
 
     # 2. the server dies while a task has staged a write that is not decided yet
     with psycopg.connect(admin_conninfo(target.staging_url), autocommit=True) as conn:
-        before = undecided(conn)
+        before = undecided_writes(conn)
         feed_more(2)
-        restarted.wait_for("a staged, undecided write", lambda: undecided(conn) > before, 240,
-                           interval=0.005)  # fmt: skip
+        restarted.wait_for(
+            "a staged, undecided write", lambda: undecided_writes(conn) > before, 240, 0.005
+        )
     crash(server)
     restarted.kill()
     server.start(timeout=180)
@@ -142,8 +140,3 @@ def test_connect_client_survives_server_kills_and_refuses_a_reset_checkpoint(
     assert not mismatches(target.influx, event_files)
     for sink in SINKS:
         assert {e["state"] for e in epochs(target.staging_url, sink)} == {"COMMITTED"}
-
-
-def undecided(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(UNDECIDED).fetchone()
-    return int(row[0]) if row else 0

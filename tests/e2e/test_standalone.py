@@ -41,6 +41,7 @@ from tests.e2e.harness import (
     orphan_writes,
     run_job,
     start_job,
+    undecided_writes,
     wait_exact,
 )
 from tests.integration.cli_helpers import make_cli
@@ -197,22 +198,17 @@ class Staging:
     running job is staging (or just has). Spark retries the task elsewhere; the write
     of the killed attempt, if it committed, is an orphan."""
 
-    UNDECIDED = (
-        "SELECT count(*) FROM twophase_writes w WHERE NOT EXISTS (SELECT 1 FROM"
-        " twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch)"
-    )
-
     def __init__(self, job: Job, target: Target, feed_more: Any) -> None:
         self.job, self.target, self.feed_more = job, target, feed_more
         self.killed = 0
 
     def kill(self, victims: Any) -> None:
         with psycopg.connect(admin_conninfo(self.target.staging_url), autocommit=True) as conn:
-            before = self._undecided(conn)
+            before = undecided_writes(conn)
             self.feed_more(2)
             self.job.wait_for(
                 "a write staged and not decided",
-                lambda: self._undecided(conn) > before,
+                lambda: undecided_writes(conn) > before,
                 180,
                 interval=0.005,
             )
@@ -222,7 +218,3 @@ class Staging:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.killed += 1
-
-    def _undecided(self, conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(self.UNDECIDED).fetchone()
-        return int(row[0]) if row else 0

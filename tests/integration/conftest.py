@@ -7,11 +7,13 @@ by the real `alembic upgrade head`) and its own InfluxDB database.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import (
+    OWN_INFLUX_DB,
     create_database,
     create_influx_database,
     create_migrated_database,
@@ -19,6 +21,7 @@ from tests.support import (
     drop_influx_database,
     require_env,
     staging_config_for,
+    start_own_influx,
     two_phase,
     unique,
 )
@@ -74,3 +77,12 @@ def influx(influx_url: str) -> Iterator[InfluxConfig]:
 def tp(staging: StagingConfig, influx: InfluxConfig) -> Iterator[Any]:
     with two_phase(staging, influx) as parts:
         yield parts
+
+
+@pytest.fixture
+def own_influx(tmp_path: Path) -> Iterator[Any]:
+    """An InfluxDB server of the test's own (database ``OWN_INFLUX_DB``), for tests that
+    stop and start it."""
+    server = start_own_influx(tmp_path, OWN_INFLUX_DB)
+    yield server
+    server.stop()

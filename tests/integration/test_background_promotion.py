@@ -5,25 +5,15 @@ PRECOMMITTED; the same point key written twice in an epoch keeps its winner."""
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from scripts.services import InfluxServer
 from tests.integration.test_protocol import M, epoch_row, lines, stage
-from tests.support import influx_count, influx_rows, start_own_influx, two_phase
+from tests.support import OWN_INFLUX_DB, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.model import EpochState
-
-
-@pytest.fixture
-def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
-    server = start_own_influx(tmp_path, "background")
-    yield server
-    server.stop()
 
 
 def background(influx: InfluxConfig, **more: object) -> InfluxConfig:
@@ -49,7 +39,7 @@ def test_commit_returns_once_decided_and_the_next_commit_waits(
 def test_a_failed_background_promotion_is_raised_by_the_next_commit(
     staging: StagingConfig, own_influx: InfluxServer
 ) -> None:
-    influx = InfluxConfig(url=own_influx.url, api="v1", database="background",
+    influx = InfluxConfig(url=own_influx.url, api="v1", database=OWN_INFLUX_DB,
                           retry_initial_s=0.1, retry_max_s=0.5, retry_deadline_s=2)  # fmt: skip
     with two_phase(staging, background(influx)) as tp:
         lease = tp.ledger.begin_run("s", "r1", "q1")
@@ -96,8 +86,8 @@ def test_drain_waits_for_a_promotion_in_flight(
     with two_phase(staging, background(influx, batch_points=10)) as tp:
         lease = tp.ledger.begin_run("s", "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 2000)]))
-        names = {t.name for t in threading.enumerate()}
-        assert any(n.startswith("twophase-promote") for n in names)
-        (result,) = tp.committer.drain()
+        (result,) = tp.committer.drain()  # 200 requests of 10 points: still in flight
         assert (result.epoch, result.delivered) == (0, 2000)
-    assert influx_count(influx, M) == 2000
+        # drained, not closed: everything is in InfluxDB and the epoch is COMMITTED
+        assert influx_count(influx, M) == 2000
+        assert epoch_row(staging.url.reveal(), "s", 0)["state"] == "COMMITTED"

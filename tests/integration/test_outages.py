@@ -13,11 +13,11 @@ import pytest
 from scripts.services import InfluxServer, PostgresServer
 from tests.integration.test_protocol import M, lines, stage
 from tests.support import (
+    OWN_INFLUX_DB,
     alembic,
     free_port,
     influx_count,
     staging_config_for,
-    start_own_influx,
     two_phase,
     unique,
 )
@@ -25,13 +25,6 @@ from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.influx.api import make_writer
 from twophase.model import EpochState
-
-
-@pytest.fixture
-def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
-    server = start_own_influx(tmp_path, "outage")
-    yield server
-    server.stop()
 
 
 class StopsInfluxAfter:
@@ -60,7 +53,9 @@ class StopsInfluxAfter:
 
 
 def outage_config(server: InfluxServer, **retry: Any) -> InfluxConfig:
-    return InfluxConfig(url=server.url, api="v1", database="outage", retry_initial_s=0.1, **retry)
+    return InfluxConfig(
+        url=server.url, api="v1", database=OWN_INFLUX_DB, retry_initial_s=0.1, **retry
+    )
 
 
 def test_influx_down_during_promote_then_back(

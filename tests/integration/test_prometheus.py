@@ -26,7 +26,7 @@ import pytest
 
 from scripts.services import InfluxServer, PrometheusServer, ServiceError
 from tests.integration.test_protocol import lines, stage
-from tests.support import free_port, start_own_influx, two_phase
+from tests.support import OWN_INFLUX_DB, free_port, two_phase
 from twophase import exporter
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.db import Database
@@ -123,13 +123,6 @@ class Scraped:
 
 
 @pytest.fixture
-def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
-    server = start_own_influx(tmp_path, "outage")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def metrics_port(staging: StagingConfig) -> Iterator[int]:
     served = exporter.start(
         Database(staging), port=free_port(), host="127.0.0.1", live_window_s=600
@@ -164,7 +157,7 @@ def test_prometheus_sees_an_influx_outage_and_its_recovery(
     influx = InfluxConfig(
         url=own_influx.url,
         api="v1",
-        database="outage",
+        database=OWN_INFLUX_DB,
         retry_deadline_s=2,
         retry_initial_s=0.05,
         retry_max_s=0.5,
