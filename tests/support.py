@@ -70,9 +70,18 @@ def create_migrated_database(base_url: str, name: str, revision: str = "head") -
     return url
 
 
-def drop_database(base_url: str, name: str) -> None:
-    with psycopg.connect(admin_conninfo(base_url), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def drop_database(base_url: str, name: str, attempts: int = 20) -> None:
+    """DROP ... WITH (FORCE). An autovacuum worker in the database (a superuser's
+    process, which the test role may not terminate) fails it for a moment: retried."""
+    for attempt in range(attempts):
+        try:
+            with psycopg.connect(admin_conninfo(base_url), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except psycopg.errors.InsufficientPrivilege:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
 
 
 def influx_admin(url: str, statement: str) -> None:

@@ -28,6 +28,7 @@ ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "auto")
 INLINE, BACKGROUND = "inline", "background"
 PROMOTIONS = (INLINE, BACKGROUND)
+MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
 STAGING, INFLUX = "staging", "influx"
 # One promote request's worth of lines: also the staged chunk size, so that a chunk
 # goes out as one request.
@@ -56,6 +57,7 @@ class Setting:
     required: bool = False
     flag: bool = False
     minimum: float = 0
+    maximum: float | None = None
     choices: tuple[str, ...] = ()
 
     @property
@@ -92,6 +94,9 @@ SETTINGS: tuple[Setting, ...] = (
        "request's worth)", default=_REQUEST_POINTS, minimum=1),
     _s("staging_chunk_chars", "chunk_chars", "int", "characters per staged chunk (a longer "
        "line is a chunk alone)", default=1024 * 1024, minimum=1),
+    _s("promote_connections", "lanes", "int", "InfluxDB connections an epoch is promoted "
+       "over at once (its lanes); each series keeps to one lane, chosen when its points are "
+       "staged", default=1, minimum=1, maximum=MAX_LANES),
     _i("influx_url", "url", "http_url", "http(s)://host:port of InfluxDB", required=True,
        flag=True),
     _i("influx_api", "api", "choice", "v1 (/write), v2 (/api/v2/write) or auto (asks /ping)",
@@ -184,6 +189,7 @@ class StagingConfig:
     connect_timeout_s: float = default("staging_connect_timeout")
     chunk_points: int = default("staging_chunk_points")
     chunk_chars: int = default("staging_chunk_chars")
+    lanes: int = default("promote_connections")
 
     @property
     def display_url(self) -> str:
@@ -305,6 +311,8 @@ def _int(setting: Setting, raw: Any, name: str) -> int:
         raise ConfigError(name, f"{raw!r} is not an integer") from None
     if number < setting.minimum:
         raise ConfigError(name, f"must be at least {setting.minimum}")
+    if setting.maximum is not None and number > setting.maximum:
+        raise ConfigError(name, f"must be at most {setting.maximum}")
     return number
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger("twophase.db")
 # The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0004_sink_counters"
+SCHEMA_REVISION = "0005_chunk_lanes"
 VERSION_TABLE = "twophase_alembic_version"
 
 _UPGRADE_HINT = (
@@ -40,12 +40,16 @@ class Database:
     commits on normal exit and rolls back on an exception.
     """
 
-    def __init__(self, config: StagingConfig, *, max_size: int = 4, check_schema: bool = True):
+    def __init__(
+        self, config: StagingConfig, *, max_size: int | None = None, check_schema: bool = True
+    ):
         self.config = config
         self._pool = ConnectionPool(
             config.psycopg_conninfo(),
             min_size=1,
-            max_size=max_size,
+            # default: a promotion's reader and its lanes' fence checks and dead letters,
+            # beside the caller's own steps
+            max_size=max_size or 3 + config.lanes,
             timeout=config.connect_timeout_s,
             check=ConnectionPool.check_connection,
             kwargs={"connect_timeout": max(1, int(config.connect_timeout_s))},

@@ -21,7 +21,8 @@ Contracts:
   does interpreter exit (``concurrent.futures`` joins its threads).
 * A crash anywhere leaves the epoch PRECOMMITTED (or COMMITTED): nothing is
   lost, since the promotion is the idempotent :meth:`Promoter.promote` (I4).
-* A fenced run's promotion fails at its mark (FencedError), as inline.
+* A fenced run's promoter sends nothing more: it checks its lease before
+  every request (FencedError); inline, a fenced run fails at its mark.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Handoff:
         with self._lock:
             if lease.sink_id in self._in_flight:
                 raise RuntimeError(f"sink {lease.sink_id!r}: an epoch is still promoting")
-            future = self._pool.submit(self._promoter.promote, lease, epoch, plan)
+            future = self._pool.submit(self._promoter.promote, lease, epoch, plan, watch_fence=True)
             self._in_flight[lease.sink_id] = future
         log.debug("sink %s epoch %d handed off", lease.sink_id, epoch)
 

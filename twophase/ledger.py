@@ -156,6 +156,24 @@ class Ledger:
             check_fence(lock_sink(cur, lease.sink_id), lease)
             return start_attempt(cur, lease, epoch)
 
+    def check_lease(self, lease: Lease) -> None:
+        """FencedError if a newer run has taken the sink since ``lease`` was granted.
+
+        A read without the sink's lock: a promoter running beside its caller
+        asks before each request, so that a fenced run stops sending. (InfluxDB
+        cannot refuse a fenced writer; a request already under way still lands,
+        and the mark that follows is refused.)
+        """
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            cur.execute(
+                "SELECT fencing_token, owner_run_id FROM twophase_sinks WHERE sink_id = %s",
+                (lease.sink_id,),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise StateError(f"unknown sink {lease.sink_id!r}")
+            check_fence({"fencing_token": row[0], "owner_run_id": row[1]}, lease)
+
     def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
         """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
 

@@ -153,6 +153,7 @@ class StagedChunk:
     points: int
     ends: Sequence[int] | None
     body: str
+    lane: int = 0  # its promotion lane (twophase.lanes)
 
     @classmethod
     def of_lines(cls, write_id: str, first_seq: int, lines: Sequence[str]) -> StagedChunk:

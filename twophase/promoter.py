@@ -14,6 +14,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from twophase.config import InfluxConfig
 from twophase.deadletters import DeadLetterLog
 from twophase.errors import PermanentError, TwoPhaseError
 from twophase.faults import crash_point
+from twophase.lanes import fan_out
 from twophase.ledger import Ledger
 from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, Phase, StagedChunk
 from twophase.readahead import read_ahead
@@ -58,6 +60,7 @@ class Promoter:
         sender: BatchSender,
         dead_letters: DeadLetterLog,
         config: InfluxConfig,
+        lanes: int = 1,
     ):
         self._ledger = ledger
         self._reader = reader
@@ -65,14 +68,25 @@ class Promoter:
         self._dead_letters = dead_letters
         self._batch_points = config.batch_points
         self._batch_bytes = config.batch_bytes
+        self._lanes = lanes  # connections at once: promote_connections
 
-    def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
+    def promote(
+        self,
+        lease: Lease,
+        epoch: int,
+        plan: EpochPlan | None = None,
+        *,
+        watch_fence: bool = False,
+    ) -> PromoteResult:
         """Send the epoch and mark it COMMITTED. ``plan`` is the attempt the decision
         already started (:meth:`Ledger.decide` with ``start_promotion``); without it
-        an attempt is started here."""
+        an attempt is started here. With ``watch_fence`` (a promotion that runs while
+        its caller goes on) the lease is checked before every request, so a run
+        fenced meanwhile sends nothing more (FencedError)."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
+        check = functools.partial(self._ledger.check_lease, lease) if watch_fence else None
         try:
-            delivered, rejected = self.send(plan)
+            delivered, rejected = self.send(plan, before_request=check)
         except TwoPhaseError as exc:
             self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
             raise
@@ -89,42 +103,70 @@ class Promoter:
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
     def send(
-        self, plan: EpochPlan, on_batch: Callable[[int], None] | None = None
+        self,
+        plan: EpochPlan,
+        on_batch: Callable[[int], None] | None = None,
+        before_request: Callable[[], None] | None = None,
     ) -> tuple[int, int]:
         """Send a plan's fixed point set once, in its fixed order; no state change.
 
         Staged chunks go out as they are stored, several to a request up to
         the batch limits; a chunk larger than the limits is cut into lines.
+        With several lanes (``promote_connections``), an epoch larger than one
+        request goes out over a connection per lane at once, each lane's
+        chunks in the epoch's order (I4: a series keeps to its lane).
         Returns (delivered, rejected). Rejections become dead letters (once
         each). ``on_batch`` gets the running count of points sent, for
-        progress. Raises PermanentError if the lines read back are not the
-        decided ones (I1). Used by :meth:`promote` and by the resend of
+        progress; ``before_request`` runs before each request and stops the
+        send by raising. Raises PermanentError if the lines read back are not
+        the decided ones (I1). Used by :meth:`promote` and by the resend of
         COMMITTED epochs.
         """
         tally = _Tally(plan)
-        with contextlib.closing(self._read(plan)) as pieces:
-            for request in _requests(pieces, self._batch_points, self._batch_bytes):
-                rejects = self._sender.send(
-                    b"\n".join(piece.data for piece in request),
-                    sum(piece.points for piece in request),
-                    functools.partial(_lines_of, request),
+        small = tally.points <= self._batch_points
+        with contextlib.closing(self._read(plan, small)) as pieces:
+            read = tally.reading(pieces)  # checksums in the order read, whatever the lanes
+            if small or self._lanes == 1:
+                self._send_lane(plan, read, tally, on_batch, before_request)
+            else:
+                fan_out(
+                    read,
+                    lambda piece: piece.chunk.lane % self._lanes,
+                    self._lanes,
+                    lambda _, lane: self._send_lane(plan, lane, tally, on_batch, before_request),
                 )
-                self._dead_letters.record(_dead_letters(plan, request, rejects))
-                tally.add(request, len(rejects))
-                if on_batch is not None:
-                    on_batch(tally.delivered + tally.rejected)
-                crash_point("promote_batch", plan.sink_id)
         tally.check_unchanged()
         return tally.delivered, tally.rejected
 
-    def _read(self, plan: EpochPlan) -> Generator[_Piece, None, None]:
+    def _send_lane(
+        self,
+        plan: EpochPlan,
+        pieces: Iterable[_Piece],
+        tally: _Tally,
+        on_batch: Callable[[int], None] | None,
+        before_request: Callable[[], None] | None,
+    ) -> None:
+        """Send pieces in requests over one connection, in their order."""
+        for request in _requests(pieces, self._batch_points, self._batch_bytes):
+            if before_request is not None:
+                before_request()
+            rejects = self._sender.send(
+                b"\n".join(piece.data for piece in request),
+                sum(piece.points for piece in request),
+                functools.partial(_lines_of, request),
+            )
+            self._dead_letters.record(_dead_letters(plan, request, rejects))
+            sent = tally.sent(request, len(rejects))
+            if on_batch is not None:
+                on_batch(sent)
+            crash_point("promote_batch", plan.sink_id)
+
+    def _read(self, plan: EpochPlan, small: bool) -> Generator[_Piece, None, None]:
         """The plan's pieces: nothing to read for an epoch without points; an epoch within
-        one request read at once (one round trip); a larger one through a server-side
-        cursor, read ahead in a thread while InfluxDB takes the current request."""
-        points = sum(w.points for w in plan.writes)
-        if points == 0:
+        one request (``small``) read at once (one round trip); a larger one through a
+        server-side cursor, read ahead in a thread while InfluxDB takes the requests."""
+        if not plan.writes or not any(w.points for w in plan.writes):
             return
-        small = points <= self._batch_points
         pieces = self._pieces(plan, small)
         yield from (pieces if small else read_ahead(pieces, _READ_AHEAD))
 
@@ -203,20 +245,30 @@ def _dead_letters(
 
 
 class _Tally:
-    """What a send read back (counts and checksums per write) and its outcome."""
+    """What a send read back (counts and checksums per write) and its outcome; lanes
+    report what they sent from their threads."""
 
     def __init__(self, plan: EpochPlan) -> None:
         self._plan = plan
         self._sums = [LineChecksum() for _ in plan.writes]
         self._counts = [0] * len(plan.writes)
+        self._lock = threading.Lock()
+        self.points = sum(w.points for w in plan.writes)
         self.delivered = self.rejected = 0
 
-    def add(self, request: Sequence[_Piece], rejected: int) -> None:
-        for piece in request:
+    def reading(self, pieces: Iterable[_Piece]) -> Iterator[_Piece]:
+        """``pieces``, each counted as it is read."""
+        for piece in pieces:
             self._sums[piece.index].add_joined(piece.data)
             self._counts[piece.index] += piece.points
-        self.delivered += sum(piece.points for piece in request) - rejected
-        self.rejected += rejected
+            yield piece
+
+    def sent(self, request: Sequence[_Piece], rejected: int) -> int:
+        """Count a request's outcome; the points sent so far."""
+        with self._lock:
+            self.delivered += sum(piece.points for piece in request) - rejected
+            self.rejected += rejected
+            return self.delivered + self.rejected
 
     def check_unchanged(self) -> None:
         """I1: what was read back is exactly what was staged and decided."""

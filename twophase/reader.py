@@ -37,7 +37,7 @@ _PARTITION_WRITES = (
 
 # Ordered by the writes' positions in the plan, then by chunk: an index scan per write.
 _CHUNKS_OF_WRITES = (
-    "SELECT w.position, c.first_seq, c.points, c.ends, c.body"
+    "SELECT w.position, c.first_seq, c.points, c.ends, c.body, c.lane"
     " FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(write_id, position)"
     " JOIN twophase_staged_chunks c ON c.write_id = w.write_id"
     " ORDER BY w.position, c.chunk"
@@ -100,8 +100,8 @@ class StagedReader:
                 rows = cur.fetchall()
         else:
             rows = self._cursor(ids)
-        for position, first_seq, points, ends, body in rows:
-            chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body)
+        for position, first_seq, points, ends, body, lane in rows:
+            chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body, lane)
             yield position - 1, chunk.check()
 
     def _cursor(self, ids: list[uuid.UUID]) -> Iterator[tuple[Any, ...]]:

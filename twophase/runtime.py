@@ -68,7 +68,9 @@ class TwoPhase:
             writer, on_retry = metering.MeteredWriter(writer), metering.count_retry
         ledger, reader = Ledger(db), StagedReader(db)
         sender = BatchSender(writer, config.influx, on_attempt_failed=on_retry)
-        promoter = Promoter(ledger, reader, sender, DeadLetterLog(db), config.influx)
+        promoter = Promoter(
+            ledger, reader, sender, DeadLetterLog(db), config.influx, config.staging.lanes
+        )
         gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
         handoff = Handoff(promoter) if config.influx.promotion == BACKGROUND else None
         return cls(

@@ -23,6 +23,8 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   speed). A write names its sink and epoch, so rows carry only the write id.
   There is no foreign key on purpose (an RI trigger per row costs COPY
   time); the write row is inserted in the same transaction as the COPY.
+  ``lane`` is the promotion lane of the chunk's lines (:mod:`twophase.lanes`;
+  0 with one connection).
 * ``twophase_dead_letters``: rows and points that could not be delivered, with the reason;
   ``requeued_in`` names the correction that carried a point again.
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
@@ -45,6 +47,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -192,6 +195,7 @@ staged_chunks = Table(
     Column("points", Integer, nullable=False),
     Column("ends", ARRAY(Integer), nullable=True),
     Column("body", Text, nullable=False),
+    Column("lane", SmallInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("write_id", "chunk"),
 )
 

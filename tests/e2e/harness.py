@@ -359,6 +359,17 @@ def decided_dead_letters(url: str, sink_id: str) -> int:
     return int(rows[0][0])
 
 
+def staged_lanes(url: str, sink_id: str) -> set[int]:
+    """The lanes the sink's decided writes were staged in."""
+    rows = query(
+        url,
+        "SELECT DISTINCT c.lane FROM twophase_staged_chunks c JOIN twophase_epochs e"
+        " ON c.write_id = ANY(e.write_ids) WHERE e.sink_id = %s",
+        sink_id,
+    )
+    return {int(row[0]) for row in rows}
+
+
 _UNDECIDED = (
     "SELECT count(*) FROM twophase_writes w WHERE NOT EXISTS (SELECT 1 FROM"
     " twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch)"

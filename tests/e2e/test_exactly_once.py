@@ -41,6 +41,7 @@ from tests.e2e.harness import (
     mismatches,
     orphan_writes,
     run_job,
+    staged_lanes,
     start_job,
     wait_exact,
     wait_idle,
@@ -212,16 +213,23 @@ def assert_refused(job: Job) -> None:
 # 5-7 minutes on an idle 2-core machine; give a loaded machine room.
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(
-    ("promotion", "stats_writer"), [("inline", "data-source"), ("background", "foreach-batch")]
+    ("promotion", "stats_writer", "lanes"),
+    [("inline", "data-source", 1), ("background", "foreach-batch", 4)],
 )
 def test_random_sigkills_over_twenty_batches(
-    target: Target, work: Path, event_files: list[Path], promotion: str, stats_writer: str
+    target: Target,
+    work: Path,
+    event_files: list[Path],
+    promotion: str,
+    stats_writer: str,
+    lanes: int,
 ) -> None:
     """Kill the driver 5 times at random moments of a 24-batch run, on a multi-process
     cluster (local-cluster: a master, two workers and their executors, each in its own
     JVM with its own Python workers): inline, the stats through the data source in
     complete mode (each epoch re-sends every window); in the background (which the
-    data source refuses), through the foreachBatch adapter in update mode.
+    data source refuses), through the foreachBatch adapter in update mode, promoted
+    over four lanes.
 
     A moment is a random delay once the run writes, or the first instant the test
     sees a write staged but not voted on, or an epoch decided but not committed:
@@ -243,6 +251,7 @@ def test_random_sigkills_over_twenty_batches(
                 master=CLUSTER,
                 stats_writer=stats_writer,
                 TWOPHASE_PROMOTION=promotion,
+                TWOPHASE_PROMOTE_CONNECTIONS=str(lanes),
             )
             wait_for_moment(job, conn, moment, baseline, rng)
         if job.returncode is None:
@@ -266,13 +275,15 @@ def test_random_sigkills_over_twenty_batches(
     for command in would_fence:
         refused = cli.run(*command)
         assert refused.code == 1 and "stop its query first, or pass --force" in refused.err
-    final = run_job(*args, master=CLUSTER, stats_writer=stats_writer, TWOPHASE_PROMOTION=promotion)
+    final = run_job(*args, master=CLUSTER, stats_writer=stats_writer, TWOPHASE_PROMOTION=promotion,
+                    TWOPHASE_PROMOTE_CONNECTIONS=str(lanes))  # fmt: skip
     assert final.returncode == 0, final.tail()
     assert len(kills) == 5, f"seed {seed}: the job ended by itself"
     assert len(epochs(target.staging_url, SINK)) >= 20
     problems = mismatches(target.influx, event_files)
     assert not problems, (f"seed {seed}", kills, problems[:20])
     assert decided_dead_letters(target.staging_url, MALFORMED) == expected(event_files).malformed
+    assert staged_lanes(target.staging_url, SINK) == set(range(lanes))  # the executors' lanes
     for sink in SINKS:
         assert {e["state"] for e in epochs(target.staging_url, sink)} == {"COMMITTED"}
     # The run that completed recorded its end: the operator needs no --force.

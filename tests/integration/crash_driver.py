@@ -60,10 +60,11 @@ def main() -> None:
     ap.add_argument("--perturb", default="", help="comma-separated epochs to recompute differently")
     ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
     ap.add_argument("--promotion", default="inline", help="inline or background")
+    ap.add_argument("--lanes", type=int, default=1, help="promote_connections")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
-        load_staging_config(env={}, staging_url=args.staging_url),
+        load_staging_config(env={}, staging_url=args.staging_url, promote_connections=args.lanes),
         InfluxConfig(
             url=args.influx_url,
             api="v1",

@@ -10,6 +10,10 @@ connections and to the next bytes a client sends on an open one:
 * ``drop_reply`` forward the request, then reset the client before the answer
                  arrives: the server applied the write, the client sees a failure.
 
+``delay_s`` (default 0) holds every answer that long before passing it on:
+a request then takes a round trip of at least ``delay_s``, as to a server
+far away (the benchmark's 20 ms round trip).
+
 Whatever the mode, the proxy counts the line-protocol lines in the bodies of
 ``POST /write`` and ``POST /api/v2/write`` requests it forwards upstream
 (``lines``, ``write_requests``), which shows how often points were re-sent.
@@ -57,6 +61,9 @@ class FaultProxy:
         self.lines = 0
         self.write_requests = 0
         self.connections = 0
+        self.open_connections = 0
+        self.peak_connections = 0  # the most connections open at once
+        self.delay_s = 0.0
 
     @classmethod
     def for_url(cls, url: str) -> FaultProxy:
@@ -86,6 +93,7 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self._lock:
             self.lines = self.write_requests = self.connections = 0
+            self.peak_connections = self.open_connections
 
     def start(self) -> FaultProxy:
         self._spawn(self._accept_loop)
@@ -152,6 +160,18 @@ class FaultProxy:
         except OSError:
             _reset(client)
             return
+        self._opened(1)
+        try:
+            self._pump_pair(client, upstream)
+        finally:
+            self._opened(-1)
+
+    def _opened(self, change: int) -> None:
+        with self._lock:
+            self.open_connections += change
+            self.peak_connections = max(self.peak_connections, self.open_connections)
+
+    def _pump_pair(self, client: socket.socket, upstream: socket.socket) -> None:
         counter = _WriteCounter(self._count)
         with selectors.DefaultSelector() as selector:
             selector.register(client, selectors.EVENT_READ, upstream)
@@ -190,6 +210,8 @@ class FaultProxy:
             return False
         if from_client:
             counter.feed(data)
+        elif self.delay_s:
+            time.sleep(self.delay_s)
         try:
             sink.sendall(data)
         except OSError:

@@ -56,7 +56,21 @@ CRASHES = [
 # stages the next epoch, and the caller waiting for a handed-off epoch (epoch 1's commit
 # waiting for epoch 0). after_decide is then "decided, not handed off".
 BACKGROUND_CRASHES = [*CRASHES, ("drain", 2, 40)]
-MATRIX = [("inline", *c) for c in CRASHES] + [("background", *c) for c in BACKGROUND_CRASHES]
+# Four lanes: each write's 100 lines are staged in a chunk per lane (its series), and
+# an epoch goes out over four connections at once, about 12 requests of up to 40
+# points (4 of up to 250) per epoch: the kills inside promotion moved to epoch 1.
+LANE_CRASHES = [
+    ("promote_batch", 15, 40) if c[0] == "promote_batch" and c[2] == 40
+    else ("promote_batch", 6, 250) if c[0] == "promote_batch"
+    else c
+    for c in BACKGROUND_CRASHES
+]  # fmt: skip
+MATRIX = (
+    [("inline", 1, *c) for c in CRASHES]
+    + [("background", 1, *c) for c in BACKGROUND_CRASHES]
+    + [("inline", 4, *c) for c in CRASHES if c[0] != "drain"]
+    + [("background", 4, *c) for c in LANE_CRASHES]
+)
 
 
 def run_driver(
@@ -68,6 +82,7 @@ def run_driver(
     perturb: list[int] | None = None,
     batch_points: int = 40,
     promotion: str = "inline",
+    lanes: int = 1,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TWOPHASE_CRASH_AT"}
     if crash:
@@ -96,6 +111,8 @@ def run_driver(
         str(batch_points),
         "--promotion",
         promotion,
+        "--lanes",
+        str(lanes),
     ]
     return subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
@@ -140,6 +157,9 @@ def staging_summary(url: str) -> dict[str, Any]:
 def test_the_matrix_covers_every_named_crash_point() -> None:
     assert {point for point, _, _ in CRASHES} == set(CRASH_POINTS) - {"drain"}
     assert {point for point, _, _ in BACKGROUND_CRASHES} == set(CRASH_POINTS)
+    assert {point for point, _, _ in LANE_CRASHES} == set(CRASH_POINTS)
+    modes = {(promotion, lanes) for promotion in ("inline", "background") for lanes in (1, 4)}
+    assert {(m[0], m[1]) for m in MATRIX} == modes
 
 
 def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:
@@ -149,10 +169,13 @@ def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("promotion", "point", "nth", "batch"), MATRIX, ids=[f"{m[0]}-{m[1]}-{m[3]}" for m in MATRIX]
+    ("promotion", "lanes", "point", "nth", "batch"),
+    MATRIX,
+    ids=[f"{m[0]}-{m[1]}lane-{m[2]}-{m[4]}" for m in MATRIX],
 )
 def test_sigkill_at_each_step_then_recover(
     promotion: str,
+    lanes: int,
     point: str,
     nth: int,
     batch: int,
@@ -164,7 +187,7 @@ def test_sigkill_at_each_step_then_recover(
     log = tmp_path / "spark-commit-log"
     crash = f"{point}:{nth}"
     crashed = run_driver(staging_url, influx, log, "run-1", crash, batch_points=batch,
-                         promotion=promotion)  # fmt: skip
+                         promotion=promotion, lanes=lanes)  # fmt: skip
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
     # It really died mid-sequence: some epoch is not COMMITTED, or not in Spark's log.
     summary = staging_summary(staging_url)["epochs"]
@@ -175,7 +198,7 @@ def test_sigkill_at_each_step_then_recover(
     # different values: only replay detection keeps them out of InfluxDB.
     decided = [row[0] for row in summary]
     restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, batch_points=batch,
-                           promotion=promotion)  # fmt: skip
+                           promotion=promotion, lanes=lanes)  # fmt: skip
     assert restarted.returncode == 0, restarted.stderr
 
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing or doubled

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 import urllib3
 
-from twophase.config import InfluxConfig
+from twophase.config import MAX_LANES, InfluxConfig
 from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
 from twophase.influx.http import auth_headers, secrets_of, timeout_of
 
@@ -50,7 +50,9 @@ class V1Writer:
         }
         self._target = Target.of(dataclasses.replace(config, api="v1"))
         self._secrets = secrets_of(config)
-        self._pool = urllib3.PoolManager(timeout=timeout_of(config), retries=False)
+        self._pool = urllib3.PoolManager(
+            timeout=timeout_of(config), retries=False, maxsize=MAX_LANES
+        )
 
     def write(self, body: bytes) -> None:
         """One POST of ``body``; returns on 2xx, raises a classified error otherwise."""
@@ -87,7 +89,9 @@ class V2Writer:
         millis = int(config.timeout_s * 1000)
         # the stubs say str/int, but None (no auth header) and (connect, read) are supported
         options: dict[str, Any] = {"token": token, "org": config.org, "timeout": (millis, millis)}
-        self._client = InfluxDBClient(url=config.url, retries=False, **options)
+        self._client = InfluxDBClient(
+            url=config.url, retries=False, connection_pool_maxsize=MAX_LANES, **options
+        )
         self._api = self._client.write_api(write_options=SYNCHRONOUS)
 
     def write(self, body: bytes) -> None:
