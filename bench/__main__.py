@@ -17,7 +17,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import background, children, history, report, scrape, spark_e2e, throughput
+from bench import (
+    background,
+    children,
+    history,
+    report,
+    roundtrip,
+    scrape,
+    spark_e2e,
+    spark_raw,
+    throughput,
+)
 from bench.context import Context
 from bench.plan import FULL, QUICK
 from bench.servers import BenchSetupError, Servers, scratch
@@ -33,7 +43,10 @@ METRICS: dict[str, Metric] = {
     "spark_e2e": spark_e2e.measure_spark,
     "scrape": scrape.measure_scrape,
     "background": background.measure_background,
+    "spark_raw": spark_raw.measure_spark_raw,
+    "roundtrip": roundtrip.measure_roundtrip,
 }
+SPARK_METRICS = ("spark_e2e", "spark_raw")  # run in full mode, or with --spark
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -52,14 +65,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--spark",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run metric 6 (default: in full mode only)",
+        help="run metrics 6 and 9 (default: in full mode only)",
     )
     ap.add_argument(
         "--spark-repeats",
         type=int,
         default=None,
         metavar="N",
-        help="Spark job runs per side and setting (default and minimum: 3)",
+        help="Spark job runs per side and setting of metrics 6 and 9 (default and minimum: 3)",
     )
     return ap.parse_args(argv)
 
@@ -88,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             results["metrics"] = {
                 name: run_metric(ctx, name, METRICS[name])
-                if name != "spark_e2e" or spark
+                if name not in SPARK_METRICS or spark
                 else skipped("not run: pass --spark (runs by default in full mode)")
                 for name in names
             }

@@ -114,7 +114,7 @@ def _at(
         return lambda repeat: size * count / run(epochs(repeat))
 
     runs = {mode: rate(side.run) for mode, side in sides.items()}
-    runs["direct"] = rate(lambda many: sum(direct.run(lines) for lines in many))
+    runs["direct"] = rate(direct.run_all)
     got = rotated(repeats, runs)
     return {
         f"{size_label(size)} {mode}": _entry(got[mode], got["direct"], mode, size, count)

@@ -11,7 +11,9 @@ comparison sends through this.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlencode
 
 import urllib3
@@ -49,3 +51,25 @@ class DirectWriter:
 
     def close(self) -> None:
         self.pool.clear()
+
+
+class PartitionedWriter:
+    """What a ``foreachPartition`` writer does with ``connections`` partitions: the lines
+    cut into that many consecutive parts, each POSTed by its own thread over its own
+    connection, at once."""
+
+    def __init__(self, url: str, database: str, connections: int) -> None:
+        self.writers = [DirectWriter(url, database) for _ in range(connections)]
+        self.pool = ThreadPoolExecutor(connections)
+
+    def write(self, lines: Sequence[str]) -> int:
+        size = math.ceil(len(lines) / len(self.writers))
+        parts = [lines[i * size : (i + 1) * size] for i in range(len(self.writers))]
+        return sum(
+            self.pool.map(lambda job: job[0].write(job[1]), zip(self.writers, parts, strict=True))
+        )
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for writer in self.writers:
+            writer.close()

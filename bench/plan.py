@@ -30,6 +30,11 @@ class Plan:
     spark_repeats: int
     # metric 8: (epoch size, epochs in a row, repeats per side)
     background: tuple[tuple[int, int, int], ...]
+    # metric 9 (run with metric 6, repeats spark_repeats): events (= points) per file,
+    # files per trigger, micro-batches per run
+    spark_raw: tuple[int, int, int]
+    # metric 10: (epoch size, epochs in a row, repeats per side), 20 ms from InfluxDB
+    roundtrip: tuple[int, int, int]
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -50,6 +55,8 @@ QUICK = Plan(
     recovery_repeats=1,
     spark_repeats=0,
     background=((100_000, 10, 1), (1_000_000, 2, 1)),
+    roundtrip=(1_000_000, 1, 1),
+    spark_raw=(50_000, 6, 8),  # as in full mode: it runs only with --spark
 )
 
 FULL = Plan(
@@ -66,4 +73,6 @@ FULL = Plan(
     recovery_repeats=3,
     spark_repeats=3,
     background=((100_000, 10, 3), (1_000_000, 10, 3)),
+    roundtrip=(1_000_000, 3, 3),
+    spark_raw=(50_000, 6, 8),
 )

@@ -20,6 +20,8 @@ TITLES = {
     "spark_e2e": "6 Spark end to end",
     "scrape": "7 exporter scrape",
     "background": "8 background promotion, epochs in a row",
+    "spark_raw": "9 Spark, many points per batch",
+    "roundtrip": "10 promotion 20 ms away, lanes",
 }
 
 

@@ -118,6 +118,16 @@ class Scratch:
             influx_admin(self.servers, f'CREATE DATABASE "{name}"')
         return InfluxConfig(url=self.servers.influx_url, api="v1", database=name)
 
+    def drop(self, role: str) -> None:
+        """Drop the staging and the InfluxDB database of ``role`` now, where made
+        (a metric that makes one per run keeps the servers' disks small)."""
+        if role in self._staging:
+            del self._staging[role]
+            drop_staging(self.servers, f"{self.prefix}_{role}")
+        name = self._influx.pop(role, None)
+        if name is not None:
+            influx_admin(self.servers, f'DROP DATABASE "{name}"')
+
     def config(self, staging_role: str, influx_role: str) -> TwoPhaseConfig:
         return TwoPhaseConfig(self.staging(staging_role), self.influx(influx_role))
 

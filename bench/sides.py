@@ -5,7 +5,8 @@
   sink does per epoch. One write per epoch.
 * :class:`DirectSide`: what a user writes instead: the same lines POSTed
   straight to InfluxDB by :class:`bench.direct.DirectWriter` (none of
-  twophase's code), no staging.
+  twophase's code), no staging; over several connections at once, as
+  partitions write, by :class:`bench.direct.PartitionedWriter`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.direct import DirectWriter
+from bench.direct import DirectWriter, PartitionedWriter
 from twophase.committer import Committer
 from twophase.config import InfluxConfig
 from twophase.model import EpochState
@@ -82,8 +83,12 @@ class DirectSide:
 
     name = "direct"
 
-    def __init__(self, config: InfluxConfig) -> None:
-        self.writer = DirectWriter(config.url, config.database or "")
+    def __init__(self, config: InfluxConfig, connections: int = 1) -> None:
+        self.writer: DirectWriter | PartitionedWriter = (
+            DirectWriter(config.url, config.database or "")
+            if connections == 1
+            else PartitionedWriter(config.url, config.database or "", connections)
+        )
 
     def run(self, lines: Sequence[str]) -> float:
         started = time.perf_counter()
@@ -92,6 +97,10 @@ class DirectSide:
         if sent != len(lines):
             raise BenchError(f"direct write: {sent} of {len(lines)} lines sent")
         return elapsed
+
+    def run_all(self, epochs: Sequence[Sequence[str]]) -> float:
+        """Several epochs' lines, one after the other: wall seconds in all."""
+        return sum(self.run(lines) for lines in epochs)
 
     def close(self) -> None:
         self.writer.close()

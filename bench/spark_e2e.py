@@ -21,23 +21,16 @@ three repeats). Ratios are throughputs, plain's time over the side's time.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.context import MAIN, Context
 from bench.servers import REPO
-from bench.sides import BenchError
+from bench.spark_runs import MASTER, Run, job_command, job_env, missing, run_job
 from bench.stats import Summary, entry, rotated, skipped
 
 JOB = REPO / "jobs" / "session_metrics.py"
@@ -45,8 +38,6 @@ EVENTS_PER_FILE = 5000
 TRIGGERS = {1: 20, 10: 100}  # files per trigger -> files read (20 and 10 micro-batches)
 STEADY_AFTER = 5  # batches 0-4 carry start-up, JIT warm-up and the first state
 MIN_REPEATS = 3
-MASTER = "local[2]"
-TIMEOUT_S = 600
 SIDES = {
     "job": [str(JOB)],
     "plain": ["-m", "bench.spark_plain"],
@@ -56,27 +47,6 @@ SIDES = {
 JOB_TARGET = {1: 0.9, 10: 0.95}
 SINK_ONLY_TARGET = 0.95
 FIRST_BATCH_SLACK_S = 2.0
-
-
-@dataclass(frozen=True)
-class Run:
-    """One job process: seconds to exit, to the first batch, and the steady batch time."""
-
-    wall_s: float
-    first_batch_s: float
-    steady_ms: float
-
-
-def missing() -> str | None:
-    """Why metric 6 cannot run here, or None."""
-    if not JOB.exists():
-        return "jobs/session_metrics.py is missing"
-    for module in ("twophase.spark", "pyspark", "pyarrow"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is missing"
-    if shutil.which("java") is None:
-        return "no java on PATH (scripts/dev.sh setup installs it)"
-    return None
 
 
 def generate_inputs(folder: Path) -> dict[int, Path]:
@@ -93,74 +63,17 @@ def generate_inputs(folder: Path) -> dict[int, Path]:
     return inputs
 
 
-def job_env(ctx: Context, side: str) -> dict[str, str]:
-    influx = ctx.scratch.influx(f"spark_{side}")
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")},
-        "TWOPHASE_STAGING_URL": ctx.scratch.staging_url(MAIN),
-        "TWOPHASE_INFLUX_URL": influx.url,
-        "TWOPHASE_INFLUX_API": "v1",
-        "TWOPHASE_INFLUX_DB": str(influx.database),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": str(REPO),
-    }
-
-
-def run_job(ctx: Context, side: str, input_dir: Path, per_trigger: int, work: Path) -> Run:
+def run_spark_job(ctx: Context, side: str, input_dir: Path, per_trigger: int, work: Path) -> Run:
     """One run of a side, timed from process start."""
     name = f"{side}-{per_trigger}-{uuid.uuid4().hex[:8]}"
-    cmd = [
-        sys.executable, *SIDES[side],
-        "--input", str(input_dir),
-        "--checkpoint", str(work / name),
-        "--sink-id", f"bench-spark-{name}",
-        "--max-files-per-trigger", str(per_trigger),
-        "--master", MASTER,
-        "--conf", "spark.ui.enabled=false",
-        "--available-now",
-    ]  # fmt: skip
-    started = time.monotonic()
-    with open(work / f"{name}.stderr", "w+") as err:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=job_env(ctx, side), stdout=subprocess.PIPE, stderr=err, text=True
-        )
-        batches, first = _follow(proc, started)
-        code = proc.wait()
-        wall = time.monotonic() - started
-        err.seek(0)
-        if code != 0 or first is None:
-            raise BenchError(f"{side} Spark job failed ({code}):\n{err.read()[-3000:]}")
-    steady = [b["duration_ms"] for b in batches if b["batch"] >= STEADY_AFTER and b["input_rows"]]
-    if not steady:
-        raise BenchError(f"{side}: no batch with input after batch {STEADY_AFTER}")
-    return Run(wall, first, statistics.median(steady))
-
-
-Progress = list[dict[str, Any]]
-
-
-def _follow(proc: subprocess.Popen[str], started: float) -> tuple[Progress, float | None]:
-    """The stats query's PROGRESS records, and the seconds to the first one."""
-    assert proc.stdout is not None
-    batches: Progress = []
-    first = None
-    deadline = started + TIMEOUT_S
-    for line in proc.stdout:
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise BenchError(f"a Spark job ran over {TIMEOUT_S} s")
-        if not line.startswith("PROGRESS "):
-            continue
-        record = json.loads(line.split(" ", 1)[1])
-        if record.get("query") == "stats":
-            first = first if first is not None else time.monotonic() - started
-            batches.append(record)
-    return batches, first
+    cmd = job_command(SIDES[side], input_dir, work / name, f"bench-spark-{name}", per_trigger)
+    env = job_env(ctx.scratch.staging_url(MAIN), ctx.scratch.influx(f"spark_{side}"))
+    return run_job(cmd, env, work / f"{name}.stderr", side, STEADY_AFTER)
 
 
 def measure_spark(ctx: Context) -> dict[str, Any]:
     """Metric 6: wall, steady batch and first-batch times of the three sides."""
-    reason = missing()
+    reason = missing(JOB)
     if reason is not None:
         return skipped(f"not available yet: {reason}")
     repeats = max(MIN_REPEATS, ctx.plan.spark_repeats)
@@ -192,7 +105,7 @@ def _rotate(
     def side(name: str) -> Any:
         def one(repeat: int) -> float:
             ctx.log(f"spark: {name}, {per_trigger} file(s)/trigger, {repeat + 1}/{repeats}")
-            runs[name].append(run_job(ctx, name, input_dir, per_trigger, work))
+            runs[name].append(run_spark_job(ctx, name, input_dir, per_trigger, work))
             return runs[name][-1].wall_s
 
         return one

@@ -39,17 +39,23 @@ SCHEMA = (
 BATCH = 5000
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.spark_plain")
+def parser(prog: str) -> argparse.ArgumentParser:
+    """The options every bench pipeline takes (input, checkpoint, trigger, Spark)."""
+    ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--input", required=True)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--max-files-per-trigger", type=int, default=None)
     ap.add_argument("--available-now", action="store_true")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--shuffle-partitions", type=int, default=4)
-    ap.add_argument("--sink", choices=("direct", "twophase"), default="direct")
     ap.add_argument("--sink-id", default="plain", help="the sink id with --sink twophase")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    return ap
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    ap = parser("python -m bench.spark_plain")
+    ap.add_argument("--sink", choices=("direct", "twophase"), default="direct")
     return ap.parse_args(argv)
 
 
@@ -57,24 +63,32 @@ def write_partition(url: str, database: str) -> Callable[[Iterable[Any]], None]:
     """The ``foreachPartition`` body: line protocol by hand, POSTed in batches."""
 
     def write(rows: Iterable[Any]) -> None:
-        import urllib3
-
-        http = urllib3.PoolManager()
-        target = f"{url}/write?db={database}&precision=s"
-        lines: list[str] = []
-        for r in rows:
-            lines.append(
+        post_lines(
+            f"{url}/write?db={database}&precision=s",
+            (
                 f"stream_stats,isp={r.isp},stream_id={r.stream_id} events={r.events}i,"
                 f"users={r.users}i,bytes_p2p={r.bytes_p2p}i,bytes_cdn={r.bytes_cdn}i "
                 f"{r.window_end}"
-            )
-            if len(lines) == BATCH:
-                _post(http, target, lines)
-                lines = []
-        if lines:
-            _post(http, target, lines)
+                for r in rows
+            ),
+        )
 
     return write
+
+
+def post_lines(target: str, lines: Iterable[str]) -> None:
+    """POST ``lines`` to the ``/write`` URL ``target`` in requests of ``BATCH`` lines."""
+    import urllib3
+
+    http = urllib3.PoolManager()
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) == BATCH:
+            _post(http, target, batch)
+            batch = []
+    if batch:
+        _post(http, target, batch)
 
 
 def _post(http: Any, target: str, lines: list[str]) -> None:
@@ -83,17 +97,23 @@ def _post(http: Any, target: str, lines: list[str]) -> None:
         raise RuntimeError(f"InfluxDB refused a write ({response.status}): {response.data!r}")
 
 
-def windows(spark: Any, args: argparse.Namespace) -> Any:
-    from pyspark.sql import functions as F
-
+def read_events(spark: Any, args: argparse.Namespace) -> Any:
+    """The events of ``--input`` (JSON with a schema), malformed lines and rule breakers
+    dropped, ``--max-files-per-trigger`` files per micro-batch."""
     reader = spark.readStream.schema(SCHEMA).option("mode", "DROPMALFORMED")
     if args.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", args.max_files_per_trigger)
-    events = reader.json(args.input).where(
+    return reader.json(args.input).where(
         "timestamp IS NOT NULL AND NOT isnan(timestamp) AND timestamp BETWEEN -62135596800"
         " AND 253402300799 AND stream_id <> '' AND isp <> '' AND user_id <> ''"
         " AND bytes_p2p >= 0 AND bytes_cdn >= 0"
     )
+
+
+def windows(spark: Any, args: argparse.Namespace) -> Any:
+    from pyspark.sql import functions as F
+
+    events = read_events(spark, args)
     timed = events.withColumn("event_time", F.timestamp_seconds("timestamp"))
     stats = (
         timed.withWatermark("event_time", "10 minutes")
@@ -139,14 +159,11 @@ def emit(kind: str, **fields: Any) -> None:
     print(f"{kind} {json.dumps(fields, sort_keys=True)}", flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    started = time.monotonic()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def session(args: argparse.Namespace, app: str) -> Any:
+    """The Spark session of ``args`` (master, shuffle partitions, ``--conf``), UTC."""
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQueryListener
 
-    builder = SparkSession.builder.master(args.master).appName("plain-session-metrics")
+    builder = SparkSession.builder.master(args.master).appName(app)
     builder = builder.config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     for item in args.conf:
@@ -154,8 +171,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def report_progress(spark: Any, started: float) -> Any:
+    """One ``PROGRESS`` line per micro-batch of every query of ``spark``; the listener
+    (its ``reported`` holds the batch ids printed)."""
+    from pyspark.sql.streaming import StreamingQueryListener
 
     class Progress(StreamingQueryListener):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reported: set[int] = set()
+
         def onQueryStarted(self, event: Any) -> None:
             pass
 
@@ -163,13 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             p = event.progress
             emit(
                 "PROGRESS",
-                query="stats",
+                query=p.name,
                 batch=p.batchId,
                 input_rows=p.numInputRows,
                 duration_ms=p.durationMs.get("triggerExecution"),
                 commit_ms=p.durationMs.get("addBatch"),
                 since_start_s=round(time.monotonic() - started, 3),
             )
+            self.reported.add(p.batchId)
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -177,13 +206,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         def onQueryTerminated(self, event: Any) -> None:
             pass
 
-    spark.streams.addListener(Progress())
-    writer = windows(spark, args).writeStream.outputMode("update").foreachBatch(sink(args))
-    writer = writer.option("checkpointLocation", args.checkpoint).queryName("stats")
+    listener = Progress()
+    spark.streams.addListener(listener)
+    return listener
+
+
+def await_reported(query: Any, listener: Any, timeout_s: float = 30.0) -> None:
+    """Wait until ``listener`` printed the query's last progress: listener events arrive
+    asynchronously, and a process that stops Spark at once loses the last ones."""
+    last = query.lastProgress
+    deadline = time.monotonic() + timeout_s
+    while last is not None and last.batchId not in listener.reported:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no progress event for batch {last.batchId} in {timeout_s} s")
+        time.sleep(0.01)
+
+
+def start(writer: Any, name: str, args: argparse.Namespace) -> Any:
+    """Start ``writer`` as query ``name`` with the checkpoint and trigger of ``args``."""
+    writer = writer.option("checkpointLocation", args.checkpoint).queryName(name)
     if args.available_now:
         writer = writer.trigger(availableNow=True)
     query = writer.start()
-    emit("STARTED", query="stats", id=str(query.id))
+    emit("STARTED", query=name, id=str(query.id))
+    return query
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = session(args, "plain-session-metrics")
+    report_progress(spark, started)
+    query = start(
+        windows(spark, args).writeStream.outputMode("update").foreachBatch(sink(args)),
+        "stats",
+        args,
+    )
     query.awaitTermination()
     emit("DONE", seconds=round(time.monotonic() - started, 3))
     spark.stop()

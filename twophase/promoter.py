@@ -156,16 +156,14 @@ class Promoter:
                 functools.partial(_lines_of, request),
             )
             self._dead_letters.record(_dead_letters(plan, request, rejects))
-            sent = tally.sent(request, len(rejects))
-            if on_batch is not None:
-                on_batch(sent)
+            tally.sent(request, len(rejects), on_batch)
             crash_point("promote_batch", plan.sink_id)
 
     def _read(self, plan: EpochPlan, small: bool) -> Generator[_Piece, None, None]:
         """The plan's pieces: nothing to read for an epoch without points; an epoch within
         one request (``small``) read at once (one round trip); a larger one through a
         server-side cursor, read ahead in a thread while InfluxDB takes the requests."""
-        if not plan.writes or not any(w.points for w in plan.writes):
+        if not any(w.points for w in plan.writes):
             return
         pieces = self._pieces(plan, small)
         yield from (pieces if small else read_ahead(pieces, _READ_AHEAD))
@@ -263,12 +261,16 @@ class _Tally:
             self._counts[piece.index] += piece.points
             yield piece
 
-    def sent(self, request: Sequence[_Piece], rejected: int) -> int:
-        """Count a request's outcome; the points sent so far."""
+    def sent(
+        self, request: Sequence[_Piece], rejected: int, progress: Callable[[int], None] | None
+    ) -> None:
+        """Count a request's outcome; tell ``progress`` the points sent so far (one
+        lane at a time)."""
         with self._lock:
             self.delivered += sum(piece.points for piece in request) - rejected
             self.rejected += rejected
-            return self.delivered + self.rejected
+            if progress is not None:
+                progress(self.delivered + self.rejected)
 
     def check_unchanged(self) -> None:
         """I1: what was read back is exactly what was staged and decided."""

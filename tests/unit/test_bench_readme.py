@@ -64,3 +64,17 @@ def test_readme_shows_the_spark_chart_drawn_from_the_quoted_full_run(tmp_path: P
     assert (RESULTS / f"{stamp}-spark.png").is_file()
     quick = json.loads(quick_runs()[-1].read_text())
     assert not report.spark_chart(quick, tmp_path / "none.png")
+
+
+def test_every_metric_has_a_title_and_a_readme_row() -> None:
+    """No servers: each of the bench's metrics has its numbered title in the table and its
+    row in bench/README.md, and the Spark ones run only with --spark."""
+    from bench import __main__ as bench_main
+    from bench import report
+
+    assert bench_main.SPARK_METRICS == ("spark_e2e", "spark_raw")
+    assert set(bench_main.SPARK_METRICS) <= set(bench_main.METRICS)
+    rows = (REPO / "bench" / "README.md").read_text().splitlines()
+    for name in bench_main.METRICS:
+        number = report.TITLES[name].split()[0]
+        assert any(row.startswith(f"| {number} | ") for row in rows), (name, number)

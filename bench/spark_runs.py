@@ -1,0 +1,142 @@
+"""One Spark job as a process, timed from its start: what metrics 6 and 9 share.
+
+A job prints one ``PROGRESS`` line (JSON) per micro-batch of its query
+(``jobs/session_metrics.py``, ``bench/spark_plain.py``,
+``bench/spark_raw_job.py``). :func:`run_job` starts it, follows those lines
+and gives the wall time (start to exit), the time to the first batch (start
+to the first ``PROGRESS`` line), and the steady state: the median
+``triggerExecution`` of the batches that read input after the warm-up ones,
+and their input rows per second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.servers import REPO
+from bench.sides import BenchError
+from twophase.config import InfluxConfig
+
+MASTER = "local[2]"
+TIMEOUT_S = 600
+QUERY = "stats"  # the query metric 6's jobs report progress under
+
+Progress = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One job process: seconds to exit and to the first batch; steady batch time and rate."""
+
+    wall_s: float
+    first_batch_s: float
+    steady_ms: float
+    steady_rows_per_s: float  # input rows of the steady batches over their summed time
+
+
+def missing(job: Path | None = None) -> str | None:
+    """Why the Spark metrics cannot run here, or None."""
+    if job is not None and not job.exists():
+        return f"{job.relative_to(REPO)} is missing"
+    for module in ("twophase.spark", "pyspark", "pyarrow"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is missing"
+    if shutil.which("java") is None:
+        return "no java on PATH (scripts/dev.sh setup installs it)"
+    return None
+
+
+def job_env(staging_url: str | None, influx: InfluxConfig) -> dict[str, str]:
+    """The job's environment: the scratch staging database (None: none, for a job that
+    does not stage) and InfluxDB database."""
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TWOPHASE_CRASH") and k != "TWOPHASE_STAGING_URL"
+    }
+    return {
+        **inherited,
+        **({} if staging_url is None else {"TWOPHASE_STAGING_URL": staging_url}),
+        "TWOPHASE_INFLUX_URL": influx.url,
+        "TWOPHASE_INFLUX_API": "v1",
+        "TWOPHASE_INFLUX_DB": str(influx.database),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+    }
+
+
+def job_command(
+    entry: Sequence[str], input_dir: Path, checkpoint: Path, sink_id: str, per_trigger: int
+) -> list[str]:
+    """The command line every job takes: input, checkpoint, sink, trigger, ``local[2]``."""
+    return [
+        sys.executable, *entry,
+        "--input", str(input_dir),
+        "--checkpoint", str(checkpoint),
+        "--sink-id", sink_id,
+        "--max-files-per-trigger", str(per_trigger),
+        "--master", MASTER,
+        "--conf", "spark.ui.enabled=false",
+        "--available-now",
+    ]  # fmt: skip
+
+
+def run_job(
+    cmd: Sequence[str],
+    env: dict[str, str],
+    stderr: Path,
+    label: str,
+    steady_after: int,
+    query: str = QUERY,
+) -> Run:
+    """Run ``cmd``, timed from process start, following the progress of its ``query``;
+    its standard error goes to ``stderr``."""
+    started = time.monotonic()
+    with open(stderr, "w+") as err:
+        proc = subprocess.Popen(
+            list(cmd), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+        batches, first = _follow(proc, started, query)
+        code = proc.wait()
+        wall = time.monotonic() - started
+        err.seek(0)
+        if code != 0 or first is None:
+            raise BenchError(f"{label} Spark job failed ({code}):\n{err.read()[-3000:]}")
+    steady = [b for b in batches if b["batch"] >= steady_after and b["input_rows"]]
+    if not steady:
+        raise BenchError(f"{label}: no batch with input after batch {steady_after}")
+    rows = sum(b["input_rows"] for b in steady)
+    seconds = sum(b["duration_ms"] for b in steady) / 1000
+    return Run(wall, first, statistics.median(b["duration_ms"] for b in steady), rows / seconds)
+
+
+def _follow(
+    proc: subprocess.Popen[str], started: float, query: str
+) -> tuple[Progress, float | None]:
+    """The query's PROGRESS records, and the seconds to the first one."""
+    assert proc.stdout is not None
+    batches: Progress = []
+    first = None
+    deadline = started + TIMEOUT_S
+    for line in proc.stdout:
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise BenchError(f"a Spark job ran over {TIMEOUT_S} s")
+        if not line.startswith("PROGRESS "):
+            continue
+        record = json.loads(line.split(" ", 1)[1])
+        if record.get("query") == query:
+            first = first if first is not None else time.monotonic() - started
+            batches.append(record)
+    return batches, first
