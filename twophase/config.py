@@ -96,7 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
        "line is a chunk alone)", default=1024 * 1024, minimum=1),
     _s("promote_connections", "lanes", "int", "InfluxDB connections an epoch is promoted "
        "over at once (its lanes); each series keeps to one lane, chosen when its points are "
-       "staged", default=1, minimum=1, maximum=MAX_LANES),
+       "staged", default=4, minimum=1, maximum=MAX_LANES),
     _i("influx_url", "url", "http_url", "http(s)://host:port of InfluxDB", required=True,
        flag=True),
     _i("influx_api", "api", "choice", "v1 (/write), v2 (/api/v2/write) or auto (asks /ping)",

@@ -49,8 +49,12 @@ def staging_url(base_staging_url: str, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def staging(staging_url: str) -> StagingConfig:
-    return staging_config_for(staging_url)
+def staging(staging_url: str, request: pytest.FixtureRequest) -> StagingConfig:
+    """The test's staging store; ``@pytest.mark.lanes(n)`` sets promote_connections (a
+    test of the staged layout or of the global send order pins one lane)."""
+    lanes = request.node.get_closest_marker("lanes")
+    overrides = {"promote_connections": lanes.args[0]} if lanes else {}
+    return staging_config_for(staging_url, **overrides)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.support import admin_conninfo, influx_query, influx_rows
 from twophase.points import PointBuilder, PointSpec
@@ -99,6 +100,7 @@ def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
     assert odd_field[0]["values"][0][1] == 1.25
 
 
+@pytest.mark.lanes(1)  # seq is the line's place in the task's order
 def test_field_type_change_between_epochs_is_a_promote_dead_letter(
     tp: Any, staging_url: str
 ) -> None:

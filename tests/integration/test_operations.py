@@ -141,6 +141,7 @@ def test_gc_reset_and_dead_letters(tp: Any, staging_url: str, tmp_path: Path) ->
     assert (reset.sink_id, reset.query_id, reset.epochs_forgotten) == (SINK, "q1", 4)
 
 
+@pytest.mark.lanes(1)  # the order over one connection (per lane: test_lanes.py)
 def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> None:
     """One function gives an epoch's writes in promotion order: promotion, an
     operator's resend and verify's rebuilt state all read the same sequence. Two tasks

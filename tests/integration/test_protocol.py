@@ -282,6 +282,7 @@ def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> No
         ("UPDATE twophase_staged_chunks SET body = body || E'\\nm v=1 1'", "damaged"),
     ],
 )  # fmt: skip
+@pytest.mark.lanes(1)  # the tampering rewrites a chunk of three lines
 def test_changed_staged_points_are_detected_before_commit(
     tp: Any, staging_url: str, tamper: str, error: str
 ) -> None:

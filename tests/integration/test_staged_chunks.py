@@ -28,6 +28,10 @@ from twophase.points import Rejected
 from twophase.reader import StagedReader
 from twophase.staging import Stager
 
+# The layout of one lane: seq numbers, chunk boundaries and coalesced requests in the
+# task's order (tests/integration/test_lanes.py covers several lanes).
+pytestmark = pytest.mark.lanes(1)
+
 M = "proto"
 
 
