@@ -14,7 +14,6 @@ at least 1.0x direct at 100k- and 1M-point epochs; inline is reported.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from bench.context import MAIN, Context
 from bench.lines import epoch_lines
 from bench.report import size_label
 from bench.sides import QUERY_ID, BenchError, DirectSide
-from bench.stats import Summary, entry, rotated
+from bench.stats import compared, rotated
 from twophase.config import BACKGROUND, INLINE
 from twophase.runtime import TwoPhase
 
@@ -102,17 +101,7 @@ def _at(
     sides: dict[str, Consecutive],
     direct: DirectSide,
 ) -> dict[str, Any]:
-    made: dict[int, list[list[str]]] = {}
-
-    def epochs(repeat: int) -> list[list[str]]:
-        if repeat not in made:
-            made.clear()  # one repeat's lines in memory at a time
-            made[repeat] = [epoch_lines(size, ctx.seeds.take()) for _ in range(count)]
-        return made[repeat]
-
-    def rate(run: Callable[[Any], float]) -> Callable[[int], float]:
-        return lambda repeat: size * count / run(epochs(repeat))
-
+    rate = rates(ctx, size, count)
     runs = {mode: rate(side.run) for mode, side in sides.items()}
     runs["direct"] = rate(direct.run_all)
     got = rotated(repeats, runs)
@@ -122,16 +111,24 @@ def _at(
     }
 
 
+Rate = Callable[[Callable[[list[list[str]]], float]], Callable[[int], float]]
+
+
+def rates(ctx: Context, size: int, count: int) -> Rate:
+    """``rate(run)``: for repeat ``r``, the points/s of ``run`` over ``count`` fresh epochs
+    of ``size`` points, the same epochs for every side of a repeat (one repeat's lines
+    in memory at a time)."""
+    made: dict[int, list[list[str]]] = {}
+
+    def epochs(repeat: int) -> list[list[str]]:
+        if repeat not in made:
+            made.clear()
+            made[repeat] = [epoch_lines(size, ctx.seeds.take()) for _ in range(count)]
+        return made[repeat]
+
+    return lambda run: lambda repeat: size * count / run(epochs(repeat))
+
+
 def _entry(tp: list[float], dr: list[float], mode: str, size: int, count: int) -> dict[str, Any]:
-    ratio = statistics.median(tp) / statistics.median(dr)
-    applies = mode == BACKGROUND
-    return entry(
-        "points/s",
-        {mode: Summary.of(tp), "direct": Summary.of(dr)},
-        ratio,
-        f"{mode} / direct (medians)",
-        f">= {TARGET}x direct" if applies else "none (reported)",
-        ratio >= TARGET if applies else None,
-        points=size,
-        epochs=count,
-    )
+    target = TARGET if mode == BACKGROUND else None
+    return compared("points/s", ((mode, tp), ("direct", dr)), target, points=size, epochs=count)

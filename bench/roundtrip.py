@@ -24,16 +24,14 @@ Targets: 4 lanes >= 0.9x direct x4, and >= 3x 1 lane.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Callable
 from typing import Any
 
-from bench.background import Consecutive
+from bench.background import Consecutive, rates
 from bench.context import MAIN, Context
-from bench.lines import epoch_lines
 from bench.report import size_label
 from bench.sides import DirectSide
-from bench.stats import Summary, entry, rotated
+from bench.stats import compared, rotated
 from tests.integration.faultproxy import FaultProxy
 from twophase.config import BACKGROUND, INLINE, TwoPhaseConfig
 from twophase.runtime import TwoPhase
@@ -89,17 +87,7 @@ def _runs(
     size: int,
     count: int,
 ) -> dict[str, Callable[[int], float]]:
-    made: dict[int, list[list[str]]] = {}
-
-    def epochs(repeat: int) -> list[list[str]]:
-        if repeat not in made:
-            made.clear()  # one repeat's lines in memory at a time
-            made[repeat] = [epoch_lines(size, ctx.seeds.take()) for _ in range(count)]
-        return made[repeat]
-
-    def rate(run: Callable[[list[list[str]]], float]) -> Callable[[int], float]:
-        return lambda repeat: size * count / run(epochs(repeat))
-
+    rate = rates(ctx, size, count)
     runs: dict[str, Callable[[int], float]] = {}
     for name, tp in opened.items():
         runs[name] = rate(Consecutive(tp, "bench-rt-" + name.replace(" ", "-")).run)
@@ -109,7 +97,7 @@ def _runs(
 
 
 def _result(got: dict[str, list[float]], size: int, count: int) -> dict[str, Any]:
-    label, median = size_label(size), {name: statistics.median(v) for name, v in got.items()}
+    label = size_label(size)
     lanes, one, bg = f"{LANES} lanes", "1 lane", f"{LANES} lanes background"
     rows = [  # (part, side, other side, target or None)
         (f"{label} {lanes} / direct x{LANES}", lanes, f"direct x{LANES}", TO_DIRECT),
@@ -119,20 +107,12 @@ def _result(got: dict[str, list[float]], size: int, count: int) -> dict[str, Any
     ]
     parts, shortfall = {}, {}
     for part, side, other, target in rows:
-        ratio = median[side] / median[other]
-        parts[part] = entry(
-            "points/s",
-            {side: Summary.of(got[side]), other: Summary.of(got[other])},
-            ratio,
-            f"{side} / {other} (medians)",
-            f">= {target}x {other}" if target else "none (reported)",
-            ratio >= target if target else None,
-            points=size,
-            epochs=count,
-            round_trip_ms=ROUND_TRIP_S * 1000,
+        pair = ((side, got[side]), (other, got[other]))
+        parts[part] = compared(
+            "points/s", pair, target, points=size, epochs=count, round_trip_ms=ROUND_TRIP_S * 1000
         )
         if target:
-            shortfall[part] = ratio / target
+            shortfall[part] = parts[part]["ratio"] / target
     worst = parts[min(shortfall, key=shortfall.__getitem__)]
     holds = all(parts[part]["holds"] for part in shortfall)
     return {**worst, "holds": holds, "parts": parts}

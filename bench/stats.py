@@ -82,6 +82,27 @@ def entry(
     }
 
 
+def compared(
+    unit: str,
+    sides: tuple[tuple[str, Sequence[float]], tuple[str, Sequence[float]]],
+    target: float | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """An entry of side A against side B (``((name, values), (name, values))``): A's median
+    over B's, held to at least ``target`` times B's (None: reported only)."""
+    (side, a), (other, b) = sides
+    ratio = statistics.median(a) / statistics.median(b)
+    return entry(
+        unit,
+        {side: Summary.of(a), other: Summary.of(b)},
+        ratio,
+        f"{side} / {other} (medians)",
+        f">= {target}x {other}" if target else "none (reported)",
+        ratio >= target if target else None,
+        **extra,
+    )
+
+
 def at_least_direct(
     unit: str, tp: Sequence[float], dr: Sequence[float], target: float, **extra: Any
 ) -> dict[str, Any]:
