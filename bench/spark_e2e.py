@@ -30,8 +30,8 @@ from typing import Any
 
 from bench.context import MAIN, Context
 from bench.servers import REPO
-from bench.spark_runs import MASTER, Run, job_command, job_env, missing, run_job
-from bench.stats import Summary, entry, rotated, skipped
+from bench.spark_runs import MASTER, Run, job_command, job_env, missing, rotated_runs, run_job
+from bench.stats import Summary, entry, skipped
 
 JOB = REPO / "jobs" / "session_metrics.py"
 EVENTS_PER_FILE = 5000
@@ -100,18 +100,11 @@ def measure_spark(ctx: Context) -> dict[str, Any]:
 def _rotate(
     ctx: Context, repeats: int, per_trigger: int, input_dir: Path, work: Path
 ) -> dict[str, list[Run]]:
-    runs: dict[str, list[Run]] = {side: [] for side in SIDES}
+    def run(side: str, repeat: int) -> Run:
+        ctx.log(f"spark: {side}, {per_trigger} file(s)/trigger, {repeat + 1}/{repeats}")
+        return run_spark_job(ctx, side, input_dir, per_trigger, work)
 
-    def side(name: str) -> Any:
-        def one(repeat: int) -> float:
-            ctx.log(f"spark: {name}, {per_trigger} file(s)/trigger, {repeat + 1}/{repeats}")
-            runs[name].append(run_spark_job(ctx, name, input_dir, per_trigger, work))
-            return runs[name][-1].wall_s
-
-        return one
-
-    rotated(repeats, {name: side(name) for name in SIDES})
-    return runs
+    return rotated_runs(SIDES, repeats, run)
 
 
 def _entries(per_trigger: int, runs: dict[str, list[Run]]) -> dict[str, Any]:

@@ -38,8 +38,8 @@ from typing import Any
 from bench.context import Context
 from bench.sides import BenchError
 from bench.spark_raw_job import FIELDS, MEASUREMENT, QUERY, TAGS
-from bench.spark_runs import MASTER, Run, job_command, job_env, missing, run_job
-from bench.stats import Summary, entry, rotated, skipped
+from bench.spark_runs import MASTER, Run, job_command, job_env, missing, rotated_runs, run_job
+from bench.stats import Summary, entry, skipped
 from twophase.influx.query import query_v1
 
 ENTRY = ["-m", "bench.spark_raw_job"]
@@ -134,18 +134,11 @@ def _count(url: str, database: str) -> int:
 
 
 def _rotate(ctx: Context, repeats: int, run: Callable[[str], Run]) -> dict[str, list[Run]]:
-    runs: dict[str, list[Run]] = {side: [] for side in SIDES}
+    def logged(side: str, repeat: int) -> Run:
+        ctx.log(f"spark_raw: {side}, {repeat + 1}/{repeats}")
+        return run(side)
 
-    def side(name: str) -> Callable[[int], float]:
-        def one(repeat: int) -> float:
-            ctx.log(f"spark_raw: {name}, {repeat + 1}/{repeats}")
-            runs[name].append(run(name))
-            return runs[name][-1].wall_s
-
-        return one
-
-    rotated(repeats, {name: side(name) for name in SIDES})
-    return runs
+    return rotated_runs(SIDES, repeats, logged)
 
 
 def _entries(side: str, runs: dict[str, list[Run]], per_batch: int) -> dict[str, Any]:

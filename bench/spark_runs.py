@@ -19,13 +19,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.servers import REPO
 from bench.sides import BenchError
+from bench.stats import rotated
 from twophase.config import InfluxConfig
 
 MASTER = "local[2]"
@@ -119,6 +120,24 @@ def run_job(
     rows = sum(b["input_rows"] for b in steady)
     seconds = sum(b["duration_ms"] for b in steady) / 1000
     return Run(wall, first, statistics.median(b["duration_ms"] for b in steady), rows / seconds)
+
+
+def rotated_runs(
+    sides: Iterable[str], repeats: int, run: Callable[[str, int], Run]
+) -> dict[str, list[Run]]:
+    """``run(side, repeat)`` for every side, ``repeats`` times, the sides' order rotating
+    each repeat (:func:`bench.stats.rotated`); each side's runs."""
+    runs: dict[str, list[Run]] = {side: [] for side in sides}
+
+    def one(side: str) -> Callable[[int], float]:
+        def timed(repeat: int) -> float:
+            runs[side].append(run(side, repeat))
+            return runs[side][-1].wall_s
+
+        return timed
+
+    rotated(repeats, {side: one(side) for side in runs})
+    return runs
 
 
 def _follow(

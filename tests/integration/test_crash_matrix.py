@@ -59,12 +59,8 @@ BACKGROUND_CRASHES = [*CRASHES, ("drain", 2, 40)]
 # Four lanes: each write's 100 lines are staged in a chunk per lane (its series), and
 # an epoch goes out over four connections at once, about 12 requests of up to 40
 # points (4 of up to 250) per epoch: the kills inside promotion moved to epoch 1.
-LANE_CRASHES = [
-    ("promote_batch", 15, 40) if c[0] == "promote_batch" and c[2] == 40
-    else ("promote_batch", 6, 250) if c[0] == "promote_batch"
-    else c
-    for c in BACKGROUND_CRASHES
-]  # fmt: skip
+_LANE_NTH = {("promote_batch", 40): 15, ("promote_batch", 250): 6}
+LANE_CRASHES = [(p, _LANE_NTH.get((p, b), n), b) for p, n, b in BACKGROUND_CRASHES]
 MATRIX = (
     [("inline", 1, *c) for c in CRASHES]
     + [("background", 1, *c) for c in BACKGROUND_CRASHES]

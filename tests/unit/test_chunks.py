@@ -183,7 +183,7 @@ def test_lanes_send_each_series_in_the_epochs_order_within_its_lane(seed: int) -
 
     chooser = LaneChooser(4)
     assert all(len({chooser.lane(line) for line in body}) == 1 for body in influx.bodies)
-    in_plan = [line for _, chunk in reader.chunks_of(["w0", "w1", "w2", "w3"][: len(writes)])
+    in_plan = [line for _, chunk in reader.chunks_of([f"w{w}" for w in range(len(writes))])
                for line in chunk.lines()]  # fmt: skip
     good = [line for line in in_plan if "bad" not in line]
     arrived = list(influx.stored)  # in order of first arrival
