@@ -90,6 +90,9 @@ SETTINGS: tuple[Setting, ...] = (
        "never-decided epoch is garbage", default=3600),
     _s("staging_connect_timeout", "connect_timeout_s", "duration", "timeout of a connection "
        "to the staging database", default=10),
+    _s("staging_retry_deadline", "retry_deadline_s", "duration", "how long a step (claim, "
+       "decide, mark, a task's staging) retries while the staging database is unreachable "
+       "before failing (retryable)", default=60.0),
     _s("staging_chunk_points", "chunk_points", "int", "lines per staged chunk (a promote "
        "request's worth)", default=_REQUEST_POINTS, minimum=1),
     _s("staging_chunk_chars", "chunk_chars", "int", "characters per staged chunk (a longer "
@@ -187,6 +190,7 @@ class StagingConfig:
     retention_s: float = default("retention")
     orphan_grace_s: float = default("orphan_grace")
     connect_timeout_s: float = default("staging_connect_timeout")
+    retry_deadline_s: float = default("staging_retry_deadline")
     chunk_points: int = default("staging_chunk_points")
     chunk_chars: int = default("staging_chunk_chars")
     lanes: int = default("promote_connections")

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from twophase.config import StagingConfig
 from twophase.errors import SchemaError, StagingUnavailableError
+from twophase.retry import StagingRetry
 
 log = logging.getLogger("twophase.db")
 
@@ -44,6 +45,7 @@ class Database:
         self, config: StagingConfig, *, max_size: int | None = None, check_schema: bool = True
     ):
         self.config = config
+        self.retry = StagingRetry.of(config)  # for steps that ride out an outage
         self._pool = ConnectionPool(
             config.psycopg_conninfo(),
             min_size=1,

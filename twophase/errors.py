@@ -56,6 +56,14 @@ class StagingUnavailableError(RetryableError):
     """The PostgreSQL staging store could not be reached."""
 
 
+class StagingDeadlineError(StagingUnavailableError):
+    """The staging store stayed unreachable past ``staging_retry_deadline``.
+
+    Still retryable (a restart recovers); a step that wraps another does not
+    retry it again, so the deadline is not spent twice.
+    """
+
+
 class PermanentError(TwoPhaseError):
     """Retrying the same call cannot succeed without a change by a person."""
 

@@ -8,7 +8,9 @@ Arm a point in one of two ways:
   every check, ``{"at": "<name>[:<n>]", "scope": "process" | "session",
   "sink": "<sink id>"}``, so a running job can be armed from outside. A plan
   fires once across all processes that read it: the first to fire creates
-  ``<file>.fired``.
+  ``<file>.fired``. With ``"pause_s": <seconds>`` the process does not die:
+  it sleeps there that long (after creating the marker), so that a test can
+  break a server while a step is under way.
 
 With a sink (``"sink"`` in a plan, ``TWOPHASE_CRASH_SINK`` for the
 environment form), only that sink's steps count: a job whose driver commits
@@ -23,7 +25,9 @@ shutdown hook. Only use ``session`` for a process started in a session of its
 own (``start_new_session=True``): it kills everything in that session.
 Unarmed, a crash point costs two dict lookups.
 
-Points: ``stage_rows`` (mid-COPY), ``after_stage``, ``after_decide``,
+Points: ``stage_rows`` (mid-COPY), ``in_stage`` (the write is recorded, its
+transaction not yet committed), ``after_stage``, ``in_decide`` (the vote is
+written, its transaction not yet committed), ``after_decide``,
 ``promote_batch`` (after each acknowledged InfluxDB batch), ``after_promote``
 (all batches acknowledged, epoch not yet marked), ``after_mark``, ``drain``
 (background promotion: a caller is about to wait for a handed-off epoch,
@@ -39,6 +43,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 CRASH_ENV = "TWOPHASE_CRASH_AT"
@@ -47,7 +52,9 @@ SINK_ENV = "TWOPHASE_CRASH_SINK"
 PLAN_ENV = "TWOPHASE_CRASH_PLAN"
 CRASH_POINTS = (
     "stage_rows",
+    "in_stage",
     "after_stage",
+    "in_decide",
     "after_decide",
     "promote_batch",
     "after_promote",
@@ -61,8 +68,9 @@ def crash_point(name: str, sink_id: str | None = None) -> None:
     """SIGKILL this process (or its whole session) if a crash point is armed here, in
     the step of sink ``sink_id``."""
     plan = os.environ.get(PLAN_ENV)
+    pause_s = None
     if plan:
-        at, scope, sink = _read_plan(plan)
+        at, scope, sink, pause_s = _read_plan(plan)
     else:
         at, scope = os.environ.get(CRASH_ENV), os.environ.get(SCOPE_ENV, "process")
         sink = os.environ.get(SINK_ENV)
@@ -76,15 +84,18 @@ def crash_point(name: str, sink_id: str | None = None) -> None:
         return
     if plan and not _claim(plan):
         return  # another process fired this plan already
+    if pause_s is not None:
+        time.sleep(pause_s)
+        return
     _kill(scope)
 
 
-def _read_plan(path: str) -> tuple[str | None, str, str | None]:
+def _read_plan(path: str) -> tuple[str | None, str, str | None, float | None]:
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return None, "process", None  # not armed (yet), or being rewritten
-    return plan.get("at"), plan.get("scope", "process"), plan.get("sink")
+        return None, "process", None, None  # not armed (yet), or being rewritten
+    return plan.get("at"), plan.get("scope", "process"), plan.get("sink"), plan.get("pause_s")
 
 
 def _claim(plan: str) -> bool:

@@ -66,9 +66,13 @@ class GarbageCollector:
         ids = [uuid.UUID(w) for w in write_ids]
         if not ids:
             return 0
-        with self._db.transaction() as cur:
-            _lock_sinks_of_writes(cur, ids)
-            return len(_delete_unchosen_writes(cur, ids))
+
+        def discard() -> int:
+            with self._db.transaction() as cur:
+                _lock_sinks_of_writes(cur, ids)
+                return len(_delete_unchosen_writes(cur, ids))
+
+        return self._db.retry("discard", discard)
 
     def _purge_expired(
         self, sink_id: str | None, before: datetime, dry_run: bool

@@ -27,6 +27,7 @@ from twophase.errors import (
     StagingUnavailableError,
     StateError,
 )
+from twophase.faults import crash_point
 from twophase.model import CommitMessage, EpochPlan, EpochState, Lease
 from twophase.transitions import (
     Cursor,
@@ -84,6 +85,9 @@ class Ledger:
         has taken the sink meanwhile: then FencedError (I5), so that a zombie
         driver's new process cannot take the sink back.
         """
+        return self._db.retry("claim", lambda: self._begin_run(sink_id, run_id, query_id))
+
+    def _begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
         with self._fenced_counted(sink_id), self._db.transaction() as cur:
             cur.execute(
                 "INSERT INTO twophase_sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
@@ -131,7 +135,28 @@ class Ledger:
         Raises FencedError for a stale lease, CheckpointResetError (I6),
         StateError for an unknown epoch below the sink's last one, and
         PermanentError if a message names a write that is not staged.
+
+        Repeated while the staging store is unreachable. A repeat reads back
+        first: an epoch already recorded with exactly these write ids was
+        decided by this call's earlier attempt, whose commit landed before
+        the connection dropped; it is returned as a new decision, not as a
+        replay (write ids are fresh per task attempt, so a Spark replay never
+        names the same ones).
         """
+
+        def attempt(read_back: bool) -> Decision:
+            return self._decide(lease, epoch, messages, start_promotion, read_back)
+
+        return self._db.retry("decide", lambda: attempt(False), again=lambda: attempt(True))
+
+    def _decide(
+        self,
+        lease: Lease,
+        epoch: int,
+        messages: Sequence[CommitMessage],
+        start_promotion: bool,
+        read_back: bool,
+    ) -> Decision:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
             sink = lock_sink(cur, lease.sink_id)
             check_fence(sink, lease)
@@ -140,9 +165,12 @@ class Ledger:
                     f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
                     f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
                 )
-            decision = _vote(cur, sink, lease, epoch, messages, self._db.config.display_url)
+            decision = (read_back and _own_decision(cur, lease, epoch, messages)) or _vote(
+                cur, sink, lease, epoch, messages, self._db.config.display_url
+            )
             if start_promotion and decision.state == EpochState.PRECOMMITTED:
                 decision = replace(decision, plan=start_attempt(cur, lease, epoch))
+            crash_point("in_decide", lease.sink_id)
             return decision
 
     def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
@@ -150,8 +178,11 @@ class Ledger:
         order (:func:`twophase.reader.decided_writes`).
 
         Raises FencedError for a stale lease and StateError unless the epoch
-        is PRECOMMITTED.
+        is PRECOMMITTED. (Repeated after an outage, it may count one attempt more.)
         """
+        return self._db.retry("plan promotion", lambda: self._plan_promotion(lease, epoch))
+
+    def _plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
             check_fence(lock_sink(cur, lease.sink_id), lease)
             return start_attempt(cur, lease, epoch)
@@ -164,6 +195,9 @@ class Ledger:
         cannot refuse a fenced writer; a request already under way still lands,
         and the mark that follows is refused.)
         """
+        self._db.retry("check lease", lambda: self._check_lease(lease))
+
+    def _check_lease(self, lease: Lease) -> None:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
             cur.execute(
                 "SELECT fencing_token, owner_run_id FROM twophase_sinks WHERE sink_id = %s",
@@ -180,6 +214,9 @@ class Ledger:
         Idempotent for an epoch that is already COMMITTED. Raises FencedError
         for a stale lease and StateError for an epoch in another state.
         """
+        self._db.retry("mark", lambda: self._mark(lease, epoch, delivered, rejected))
+
+    def _mark(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
             sink = lock_sink(cur, lease.sink_id)
             check_fence(sink, lease)
@@ -214,8 +251,12 @@ class Ledger:
             )
 
     def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
-        """Remember why the last promotion failed (for status); no state change."""
-        with self._db.transaction() as cur:
+        """Remember why the last promotion failed (for status); no state change.
+
+        Best effort, one attempt: a store that is down must not hide the failure
+        being recorded (which is often that very outage).
+        """
+        with contextlib.suppress(StagingUnavailableError), self._db.transaction() as cur:
             cur.execute(
                 "UPDATE twophase_sinks SET last_error = %s, updated_at = now() WHERE sink_id = %s",
                 (message, sink_id),
@@ -229,6 +270,9 @@ class Ledger:
 
     def pending(self, sink_id: str) -> list[int]:
         """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3)."""
+        return self._db.retry("recover", lambda: self._pending(sink_id))
+
+    def _pending(self, sink_id: str) -> list[int]:
         with self._db.transaction() as cur:
             cur.execute(
                 "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
@@ -343,6 +387,22 @@ def _vote(
         )
     refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
     return insert_decision(cur, lease, epoch, refs)
+
+
+def _own_decision(
+    cur: Cursor, lease: Lease, epoch: int, messages: Sequence[CommitMessage]
+) -> Decision | None:
+    """The epoch's decision when it names exactly ``messages``' writes (an earlier
+    attempt of the same decide landed); None otherwise."""
+    cur.execute(
+        "SELECT state, points_staged, write_ids FROM twophase_epochs"
+        " WHERE sink_id = %s AND epoch = %s",
+        (lease.sink_id, epoch),
+    )
+    row = cur.fetchone()
+    if not messages or row is None or set(row[2]) != {uuid.UUID(m.write_id) for m in messages}:
+        return None
+    return Decision(lease.sink_id, epoch, EpochState(row[0]), False, row[1])
 
 
 def _count_replay(

@@ -28,6 +28,7 @@ from twophase.ledger import Ledger
 from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, Phase, StagedChunk
 from twophase.readahead import read_ahead
 from twophase.reader import StagedReader
+from twophase.retry import RetryPolicy, StagingRetry
 from twophase.sender import BatchSender
 
 log = logging.getLogger("twophase.promoter")
@@ -61,6 +62,7 @@ class Promoter:
         dead_letters: DeadLetterLog,
         config: InfluxConfig,
         lanes: int = 1,
+        retry: StagingRetry | None = None,
     ):
         self._ledger = ledger
         self._reader = reader
@@ -69,6 +71,8 @@ class Promoter:
         self._batch_points = config.batch_points
         self._batch_bytes = config.batch_bytes
         self._lanes = lanes  # connections at once: promote_connections
+        # re-sending is harmless (I4), so a read cut by a staging outage starts over
+        self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
 
     def promote(
         self,
@@ -86,7 +90,9 @@ class Promoter:
         plan = plan or self._ledger.plan_promotion(lease, epoch)
         check = functools.partial(self._ledger.check_lease, lease) if watch_fence else None
         try:
-            delivered, rejected = self.send(plan, before_request=check)
+            delivered, rejected = self._retry(
+                "promote", lambda: self.send(plan, before_request=check)
+            )
         except TwoPhaseError as exc:
             self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
             raise

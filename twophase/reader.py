@@ -131,12 +131,16 @@ class StagedReader:
         Writes of other runs (a crashed driver's) are never chosen.
         """
         store = self._db.config.display_url
-        with self._db.transaction() as cur:
-            cur.execute(_PARTITION_WRITES, (sink_id, epoch, run_id))
-            return [
-                CommitMessage(sink_id, epoch, str(w), p, a, n, r, c, run_id, query_id, store)
-                for w, p, a, n, r, c in cur.fetchall()
-            ]
+
+        def read() -> list[CommitMessage]:
+            with self._db.transaction() as cur:
+                cur.execute(_PARTITION_WRITES, (sink_id, epoch, run_id))
+                return [
+                    CommitMessage(sink_id, epoch, str(w), p, a, n, r, c, run_id, query_id, store)
+                    for w, p, a, n, r, c in cur.fetchall()
+                ]
+
+        return self._db.retry("read split-off writes", read)
 
     def rejected_at_promote(self, sink_id: str, epochs: Sequence[int]) -> set[tuple[str, int]]:
         """(write_id, seq) of the staged lines InfluxDB refused and still does not hold:

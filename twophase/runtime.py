@@ -69,7 +69,13 @@ class TwoPhase:
         ledger, reader = Ledger(db), StagedReader(db)
         sender = BatchSender(writer, config.influx, on_attempt_failed=on_retry)
         promoter = Promoter(
-            ledger, reader, sender, DeadLetterLog(db), config.influx, config.staging.lanes
+            ledger,
+            reader,
+            sender,
+            DeadLetterLog(db),
+            config.influx,
+            config.staging.lanes,
+            retry=db.retry,
         )
         gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
         handoff = Handoff(promoter) if config.influx.promotion == BACKGROUND else None

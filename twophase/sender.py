@@ -19,50 +19,9 @@ from dataclasses import dataclass
 from twophase.config import InfluxConfig
 from twophase.errors import BadPointsError, BatchTooLargeError, InfluxUnavailableError
 from twophase.influx.writers import InfluxWriter
+from twophase.retry import RetryPolicy
 
 log = logging.getLogger("twophase.sender")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter, bounded by a deadline.
-
-    ``jitter`` is the fraction of each backoff step that is randomised: 1.0 is
-    "full jitter" (uniform in [0, step]), 0.0 none. ``deadline_s`` is how long
-    a send keeps retrying without progress before giving up.
-    """
-
-    initial_s: float
-    max_s: float
-    deadline_s: float
-    jitter: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.initial_s < 0 or self.max_s < 0 or self.deadline_s < 0:
-            raise ValueError("retry times must not be negative")
-        if not 0.0 <= self.jitter <= 1.0:
-            raise ValueError("jitter must be a fraction between 0 and 1")
-
-    @classmethod
-    def from_config(cls, config: InfluxConfig) -> RetryPolicy:
-        return cls(config.retry_initial_s, config.retry_max_s, config.retry_deadline_s)
-
-    def delay(
-        self,
-        attempt: int,
-        retry_after: float | None = None,
-        rand: Callable[[], float] = random.random,
-    ) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based).
-
-        The backoff step ``initial_s * 2**(attempt-1)`` is capped at ``max_s``
-        and jittered downwards; the result is never below ``retry_after``
-        (the server knows best when it will be back), even above ``max_s``.
-        """
-        exponent = min(max(attempt - 1, 0), 64)  # 2**64 * anything is past any cap
-        step = min(self.max_s, self.initial_s * 2.0**exponent)
-        wait = step * (1.0 - self.jitter * rand())
-        return max(wait, retry_after or 0.0)
 
 
 @dataclass(frozen=True)

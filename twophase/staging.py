@@ -67,7 +67,30 @@ class Stager:
         All or nothing: the lines, the dead letters and the write record commit
         in one transaction. ``items`` is consumed lazily (bounded memory: one
         chunk of lines at a time; rejected rows are spooled to a temporary file).
+
+        While the staging store is unreachable before any item was taken, the
+        call is repeated (``staging_retry_deadline``). Once items were taken it
+        cannot read them again: the error is raised, the task fails, and
+        Spark's next attempt of the task (which reads its input again) waits
+        here for the store.
         """
+        source = _Taken(items)
+        return self._db.retry(
+            "stage",
+            lambda: self._stage(sink_id, epoch, source, partition_id, attempt, run_id, query_id),
+            repeatable=lambda: not source.taken,
+        )
+
+    def _stage(
+        self,
+        sink_id: str,
+        epoch: int,
+        items: Iterable[str | Rejected],
+        partition_id: int,
+        attempt: int,
+        run_id: str | None,
+        query_id: str | None,
+    ) -> CommitMessage:
         write_id = uuid.uuid4()
         with tempfile.TemporaryFile() as spool, self._db.transaction() as cur:
             chunks, rejected = self._copy_lines(cur, sink_id, write_id, items, spool)
@@ -87,6 +110,7 @@ class Stager:
                 store=self._db.config.display_url,
             )
             _record_write(cur, message)
+            crash_point("in_stage", sink_id)
         crash_point("after_stage", sink_id)
         return message
 
@@ -161,6 +185,21 @@ class _ChunkCopy:
         before, self.points, self.chunks = self.points, self.points + len(lines), self.chunks + 1
         for _ in range(self.points // _CRASH_EVERY - before // _CRASH_EVERY):
             crash_point("stage_rows", self._sink_id)  # the COPY is under way, nothing committed
+
+
+class _Taken(Iterable[T]):
+    """Items that know whether reading them has begun (then they cannot be read again).
+
+    Marked when iteration starts, not per item: no cost per line.
+    """
+
+    def __init__(self, items: Iterable[T]) -> None:
+        self._items = items
+        self.taken = False
+
+    def __iter__(self) -> Iterator[T]:
+        self.taken = True
+        return iter(self._items)
 
 
 def _blocks(items: Iterable[T], size: int) -> Iterator[list[T]]:

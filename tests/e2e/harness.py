@@ -240,12 +240,19 @@ def run_job(*args: Any, timeout: float = JOB_TIMEOUT_S, **kwargs: Any) -> Job:
     return job
 
 
-def arm(plan: Path, at: str, scope: str = "session", sink: str | None = None) -> None:
+def arm(
+    plan: Path,
+    at: str,
+    scope: str = "session",
+    sink: str | None = None,
+    pause_s: float | None = None,
+) -> None:
     """Arm a crash point in the running job(s) reading ``plan``: fires once, in the steps
-    of ``sink`` when one is named."""
+    of ``sink`` when one is named. With ``pause_s`` the process sleeps there instead."""
     disarm(plan)
     hidden = plan.with_name(plan.name + ".tmp")
-    armed = {"at": at, "scope": scope} | ({"sink": sink} if sink else {})
+    armed: dict[str, Any] = {"at": at, "scope": scope}
+    armed |= ({"sink": sink} if sink else {}) | ({"pause_s": pause_s} if pause_s else {})
     hidden.write_text(json.dumps(armed))
     hidden.replace(plan)
 

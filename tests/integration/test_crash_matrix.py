@@ -45,7 +45,9 @@ SINK = "crash-sink"
 # whole chunks, then one (2 per epoch).
 CRASHES = [
     ("stage_rows", 9, 40),  # epoch 1, mid-COPY of its second write (2 checks per write)
+    ("in_stage", 5, 40),  # epoch 1, its second write recorded, not committed
     ("after_stage", 5, 40),  # epoch 1, after some writes staged, before decide
+    ("in_decide", 2, 40),  # epoch 1's vote written, its transaction not committed
     ("after_decide", 2, 40),  # epoch 1 decided, not promoted
     ("promote_batch", 11, 40),  # epoch 1, after 2 of its 9 requests
     ("promote_batch", 3, 250),  # epoch 1, after its first request (two chunks)

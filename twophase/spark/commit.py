@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from twophase.committer import CommitOutcome
 from twophase.errors import ConfigError, PermanentError, TwoPhaseError
 from twophase.model import CommitMessage, Lease
+from twophase.retry import StagingRetry
 from twophase.runtime import TwoPhase
 from twophase.spark.options import SinkOptions
 
@@ -48,7 +49,10 @@ def two_phase(sink: SinkOptions) -> TwoPhase:
     with _lock:
         parts = _parts.get(sink.settings)
         if parts is None:
-            parts = _parts[sink.settings] = TwoPhase.open(sink.config(), serve_metrics=True)
+            config = sink.config()
+            parts = _parts[sink.settings] = StagingRetry.of(config.staging)(
+                "connect", lambda: TwoPhase.open(config, serve_metrics=True)
+            )
         return parts
 
 

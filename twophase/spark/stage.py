@@ -24,6 +24,7 @@ from twophase.db import shared_database
 from twophase.errors import PermanentError
 from twophase.model import CommitMessage
 from twophase.points import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
+from twophase.retry import StagingRetry
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
 from twophase.staging import Stager
 
@@ -94,11 +95,13 @@ def stage_task(
     """Stage one partition's rows (mappings: see :func:`rows_of`) as one write.
 
     All or nothing (one PostgreSQL transaction); returns the message the
-    driver's vote needs. Staging errors propagate, failing the task, which
-    Spark may retry.
+    driver's vote needs. A staging store that is down is waited for (up to
+    ``staging_retry_deadline``); other staging errors propagate, failing the
+    task, which Spark may retry.
     """
     config = sink.staging_config()
-    stager = Stager(shared_database(config), config)
+    db = StagingRetry.of(config)("connect", lambda: shared_database(config))
+    stager = Stager(db, config)
     return stager.stage(
         sink.sink_id,
         task.epoch,
