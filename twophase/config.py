@@ -361,6 +361,12 @@ def _section(section: str, env: Mapping[str, str] | None, explicit: Mapping[str,
     return {s.attr: src.value(s) for s in SETTINGS if s.section == section}
 
 
+def load_setting(name: str, env: Mapping[str, str] | None = None, **explicit: Any) -> Any:
+    """One setting's value, parsed (for a process that has only some of the settings:
+    an executor knows the staging store, maybe not InfluxDB)."""
+    return _Source(explicit, os.environ if env is None else env).value(BY_NAME[name])
+
+
 def load_staging_config(env: Mapping[str, str] | None = None, **explicit: Any) -> StagingConfig:
     """The staging store settings (for processes that never talk to InfluxDB)."""
     return StagingConfig(**_section(STAGING, env, explicit))

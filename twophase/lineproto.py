@@ -32,6 +32,10 @@ BOOL_TYPES: tuple[type[Any], ...] = (bool,) if np is None else (bool, np.bool_)
 INT_TYPES: tuple[type[Any], ...] = (int,) if np is None else (int, np.integer)
 FLOAT_TYPES: tuple[type[Any], ...] = (float,) if np is None else (float, np.floating)
 NUMPY_TIME_TYPES: tuple[type[Any], ...] = () if np is None else (np.datetime64, np.timedelta64)
+UNSIGNED_TYPES: tuple[type[Any], ...] = () if np is None else (np.unsignedinteger,)
+# float16 and float32 are written as their own shortest text, as influxdb-client's Point
+# writes them ("0.1"), not widened to float64 first ("0.10000000149011612").
+NARROW_FLOAT_TYPES: tuple[type[Any], ...] = () if np is None else (np.float16, np.float32)
 
 # InfluxDB's documented limit for a string field value. 1.6.7 stores longer
 # strings (measured: 200,000 bytes came back intact); the limit is kept so a
@@ -145,8 +149,13 @@ def utf8_size(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
-def field_text(column: str, value: Any) -> str | None:
-    """The line-protocol text of a field value, None when null; raises PointError."""
+def field_text(column: str, value: Any, unsigned: bool = False) -> str | None:
+    """The line-protocol text of a field value, None when null; raises PointError.
+
+    With ``unsigned`` (the 2.x write API) numpy unsigned integers are written
+    with the ``u`` suffix; without it (1.x ``/write``, which answers "invalid
+    number") they are refused.
+    """
     kind = type(value)
     if kind is float:
         if value - value != 0.0:  # NaN or +-inf, without a function call
@@ -167,7 +176,31 @@ def field_text(column: str, value: Any) -> str | None:
         return f"{value}i"
     if value is None:
         return None
+    if isinstance(value, UNSIGNED_TYPES):
+        return _unsigned_text(column, value, unsigned)
+    if isinstance(value, NARROW_FLOAT_TYPES):
+        return _narrow_float_text(column, value)
     return field_text(column, _plain_field_value(column, value))
+
+
+def _unsigned_text(column: str, value: Any, unsigned: bool) -> str:
+    if not unsigned:
+        raise PointError(
+            f"field {column!r} is an unsigned integer ({type(value).__name__}), which the "
+            "InfluxDB 1.x write API cannot store: cast the column to a signed integer type, "
+            "or write through the 2.x API (influx_api=v2), which takes it with the u suffix"
+        )
+    return f"{int(value)}u"
+
+
+def _narrow_float_text(column: str, value: Any) -> str:
+    if not np.isfinite(value):
+        raise PointError(
+            f"field {column!r} is {float_name(float(value))}; InfluxDB cannot store NaN or "
+            "infinite floats"
+        )
+    text = str(value)
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _string_text(column: str, value: str) -> str:

@@ -197,12 +197,16 @@ class PointBuilder:
 
     Not thread-safe (it keeps the last clock stamp and small caches); use one
     builder per task. Rows must be mappings (``dict``; a PySpark ``Row`` via
-    ``asDict()``).
+    ``asDict()``). ``unsigned``: the target (the 2.x API) takes numpy unsigned
+    integers with the ``u`` suffix; otherwise they are refused (1.x cannot).
     """
 
-    def __init__(self, spec: PointSpec, clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self, spec: PointSpec, clock_ns: Callable[[], int] = time.time_ns, *, unsigned: bool = False
+    ) -> None:
         spec.validate()
         self.spec = spec
+        self._unsigned = unsigned
         self._clock_ns = clock_ns
         self._last_stamp = MIN_TIME_NS - 1
         self._time_column = spec.time_column
@@ -276,7 +280,7 @@ class PointBuilder:
         parts: list[str] = []
         for column, prefix, key_problem in plan.columns:
             value = row.get(column, MISSING)
-            text = field_text(column, value)
+            text = field_text(column, value, self._unsigned)
             if text is None:
                 if self._omit_nulls:
                     continue
@@ -408,7 +412,7 @@ def _check_key_size(series: str, row: Mapping[str, Any], plan: _FieldPlan) -> No
     series_bytes = utf8_size(series) + FIELD_KEY_SEPARATOR_BYTES
     for column, prefix, _ in plan.columns:
         size = series_bytes + utf8_size(prefix) - 1
-        if size > MAX_SERIES_KEY_BYTES and field_text(column, row[column]) is not None:
+        if size > MAX_SERIES_KEY_BYTES and field_text(column, row[column], True) is not None:
             raise PointError(
                 f"the measurement and tags with field {column!r} make a {size}-byte series "
                 f"key (escaped); InfluxDB refuses keys over {MAX_SERIES_KEY_BYTES} bytes"

@@ -168,8 +168,10 @@ def test_line_has_sorted_escaped_tags_and_fields_and_ns_time() -> None:
         (Decimal("2.50"), "2.5"),
         (Decimal("-3"), "-3"),
         (np.int64(7), "7i"),
-        (np.uint64(7), "7i"),
         (np.float32(0.5), "0.5"),
+        (np.float32(0.1), "0.1"),  # its own shortest text, as Point writes it
+        (np.float16(3.0), "3"),
+        (np.float32(-0.0), "-0"),
         (np.float64(1.25), "1.25"),
         (np.bool_(True), "true"),
         (np.str_("x"), '"x"'),
@@ -177,6 +179,15 @@ def test_line_has_sorted_escaped_tags_and_fields_and_ns_time() -> None:
 )
 def test_field_value_formats(value: Any, text: str) -> None:
     assert line({"v": value}) == f"m v={text} {T0}"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(np.uint8(7), "7u"), (np.uint64(2**64 - 1), "18446744073709551615u"), (np.int64(7), "7i")],
+)
+def test_unsigned_integers_take_the_u_suffix_for_the_2x_api(value: Any, text: str) -> None:
+    builder = PointBuilder(PointSpec("m", time_column="t"), unsigned=True)
+    assert builder.line({"v": value, "t": T0}) == f"m v={text} {T0}"
 
 
 @pytest.mark.parametrize(
@@ -188,7 +199,9 @@ def test_field_value_formats(value: Any, text: str) -> None:
         (np.float64("nan"), "'v' is NaN"),
         (2**63, "does not fit a 64-bit integer"),
         (-(2**63) - 1, "does not fit a 64-bit integer"),
-        (np.uint64(2**64 - 1), "does not fit a 64-bit integer"),
+        (np.uint64(7), "unsigned integer (uint64), which the InfluxDB 1.x write API"),
+        (np.uint8(0), "cast the column to a signed integer type, or write through the 2.x"),
+        (np.float32("inf"), "'v' is +infinity"),
         (Decimal("NaN"), "Decimal NaN"),
         (Decimal("sNaN"), "Decimal sNaN"),
         (Decimal("Infinity"), "Decimal Infinity"),

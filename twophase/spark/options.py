@@ -24,6 +24,7 @@ from twophase.config import (
     TwoPhaseConfig,
     env_name,
     load_config,
+    load_setting,
     load_staging_config,
 )
 from twophase.dburl import has_password
@@ -79,6 +80,11 @@ class SinkOptions:
     def config(self) -> TwoPhaseConfig:
         """The full configuration (the driver's commit needs InfluxDB too)."""
         return load_config(None, **dict(self.settings))
+
+    def writes_unsigned(self) -> bool:
+        """Whether unsigned integers can be written: only through the 2.x API, named
+        explicitly (read alone: executors may lack the other InfluxDB settings)."""
+        return bool(load_setting("influx_api", None, **dict(self.settings)) == "v2")
 
 
 def parse_options(options: Mapping[str, str]) -> SinkOptions:

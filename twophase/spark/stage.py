@@ -127,7 +127,7 @@ def items_of(sink: SinkOptions, rows: Iterable[Mapping[str, Any]]) -> Iterator[s
     """One line or one Rejected per row, in order (never drops a row)."""
     if sink.spec is None:
         return dead_letters(rows)
-    return PointBuilder(sink.spec).convert(rows)
+    return PointBuilder(sink.spec, unsigned=sink.writes_unsigned()).convert(rows)
 
 
 def dead_letters(rows: Iterable[Mapping[str, Any]]) -> Iterator[Rejected]:
