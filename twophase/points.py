@@ -427,7 +427,8 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, BOOL_TYPES + INT_TYPES + FLOAT_TYPES) and not isinstance(
         value, NUMPY_TIME_TYPES
     ):
-        return value.item()
+        item = value.item()  # a longdouble's is itself (found by fuzzing): endless
+        return item if type(item) is not type(value) else str(value)
     return str(value)
 
 

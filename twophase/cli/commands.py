@@ -14,7 +14,7 @@ from dataclasses import asdict
 from twophase import operations as ops
 from twophase.cli import render
 from twophase.cli.console import Console
-from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config
+from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config, load_setting
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
 from twophase.requeue import RequeueFilter
@@ -28,6 +28,9 @@ def full_config(args: argparse.Namespace) -> TwoPhaseConfig:
 
 
 def staging_config(args: argparse.Namespace) -> StagingConfig:
+    for name in CLI_FLAGS:  # a malformed flag fails even where this command does not use it
+        if getattr(args, name) is not None:
+            load_setting(name, {}, **{name: getattr(args, name)})
     return _load_staging(staging_url=args.staging_url)
 
 

@@ -1,0 +1,127 @@
+"""Fuzzing the point builder: whatever a row holds, a row becomes a line or a rejection
+with a reason -- never another exception -- and every line reads back as the row."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+from influxdb_client import Point
+
+from tests.fuzz import (
+    any_value,
+    examples,
+    names,
+    plain_names,
+    plain_number,
+    plain_values,
+    tag_values,
+    time_values,
+)
+from twophase.errors import ConfigError
+from twophase.lineproto import field_text, is_null, parse_line
+from twophase.points import PointBuilder, PointSpec, Rejected
+
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+
+
+@st.composite
+def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any], bool]:
+    """A spec (hostile measurement and column names included), a row for it, and
+    whether the target takes unsigned integers. ``plain``: values and names a point
+    usually accepts, so that most rows become lines."""
+    names_, values = (plain_names, plain_values) if plain else (names, any_value)
+    columns = draw(st.lists(names_, min_size=1, max_size=5, unique=True))
+    tags = columns[: draw(st.integers(0, len(columns) - 1))]
+    fields = columns[len(tags) :]
+    time_column = draw(st.none() | names_.filter(lambda n: n not in columns))
+    spec = PointSpec(
+        measurement=draw(names_),
+        tag_columns=tuple(tags),
+        field_columns=tuple(fields) if draw(st.booleans()) else None,
+        time_column=time_column,
+        precision=draw(st.sampled_from(["s", "ms", "us", "ns"])),
+        null_fields=draw(st.sampled_from(["reject", "omit"])),
+    )
+    row = {column: draw(plain_names if plain else tag_values) for column in tags}
+    row |= {column: draw(values) for column in fields}
+    if time_column is not None and draw(st.integers(0, 9)):  # sometimes missing
+        row[time_column] = draw(st.integers(0, 2**62) if plain else time_values)
+    return spec, row, draw(st.booleans())
+
+
+def builder_for(spec: PointSpec, unsigned: bool) -> PointBuilder | None:
+    try:
+        return PointBuilder(spec, clock_ns=lambda: 1_700_000_000_000_000_000, unsigned=unsigned)
+    except ConfigError as exc:  # a bad measurement or column name: the sink's definition
+        assert exc.option in ("measurement", "tags", "fields", "time"), exc
+        event("spec refused")
+        return None
+
+
+@settings(max_examples=examples(1500))
+@given(rows() | rows(plain=True))
+@example((PointSpec("m", ("t",)), {"t": np.float32("nan"), "f": 1}, False))
+@example((PointSpec("m", (), None, "ts"), {"ts": np.datetime64("NaT"), "f": 1.5}, False))
+@example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, True))
+@example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, False))
+def test_a_row_becomes_a_line_or_a_rejection_with_a_reason(
+    case: tuple[PointSpec, dict[str, Any], bool],
+) -> None:
+    spec, row, unsigned = case
+    builder = builder_for(spec, unsigned)
+    if builder is None:
+        return
+    (item,) = builder.convert([row])
+    if isinstance(item, Rejected):
+        event("rejected")
+        assert isinstance(item.reason, str) and item.reason.strip()
+        assert isinstance(item.payload, str) and "\x00" not in item.payload
+        return
+    event("accepted")
+    check_reads_back(spec, row, item)
+
+
+def check_reads_back(spec: PointSpec, row: dict[str, Any], line: str) -> None:
+    parsed = parse_line(line)
+    assert parsed.measurement == spec.measurement
+    tags = {c: row[c] for c in spec.tag_columns if not is_null(row.get(c))}
+    assert dict(parsed.tags) == {c: v if isinstance(v, str) else str(v) for c, v in tags.items()}
+    taken = set(spec.field_columns or set(row) - set(spec.tag_columns) - {spec.time_column})
+    for column, value in parsed.fields.items():
+        assert column in taken
+        assert same_value(value, row[column]), (column, value, row[column])
+    assert parsed.time_ns is not None
+
+
+def same_value(parsed: Any, original: Any) -> bool:
+    expected = plain_number(original)
+    if isinstance(expected, bool) or isinstance(parsed, bool):
+        return parsed is expected
+    if isinstance(expected, float) and isinstance(parsed, float):
+        return parsed == expected or (parsed == 0.0 and expected == 0.0)
+    if isinstance(expected, float):  # a whole float is written without ".0": still a float
+        return math.isclose(parsed, expected)
+    return bool(parsed == expected)
+
+
+@settings(max_examples=examples(400))
+@given(
+    st.one_of(
+        st.floats(width=16, allow_nan=False, allow_infinity=False).map(np.float16),
+        st.floats(width=32, allow_nan=False, allow_infinity=False).map(np.float32),
+        st.floats(allow_nan=False, allow_infinity=False).map(np.float64),
+        st.floats(allow_nan=False, allow_infinity=False),
+    )
+)
+@example(np.float32(0.1))
+@example(np.float16(65504))
+@example(np.float32(-0.0))
+def test_floats_are_written_as_influxdb_client_point_writes_them(value: Any) -> None:
+    ours = field_text("f", value)
+    theirs = Point("m").field("f", value).to_line_protocol()
+    assert f"m f={ours}" == theirs
