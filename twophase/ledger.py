@@ -28,7 +28,7 @@ from twophase.errors import (
     StateError,
 )
 from twophase.faults import crash_point
-from twophase.model import CommitMessage, EpochPlan, EpochState, Lease
+from twophase.model import CommitMessage, EpochPlan, EpochState, Lease, check_sink_id
 from twophase.transitions import (
     Cursor,
     Decision,
@@ -85,6 +85,7 @@ class Ledger:
         has taken the sink meanwhile: then FencedError (I5), so that a zombie
         driver's new process cannot take the sink back.
         """
+        check_sink_id(sink_id)
         return self._db.retry("claim", lambda: self._begin_run(sink_id, run_id, query_id))
 
     def _begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:

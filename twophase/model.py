@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from twophase.errors import PermanentError
+from twophase.errors import ConfigError, PermanentError
 
 
 class EpochState(str, Enum):
@@ -47,6 +47,22 @@ class Phase(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def check_sink_id(sink_id: str, option: str = "sink_id") -> str:
+    """``sink_id`` if PostgreSQL can hold it as text; ConfigError naming ``option`` if not.
+
+    Any other text is data (quotes, SQL, any length): statements are parameterised.
+    """
+    if not isinstance(sink_id, str) or not sink_id:
+        raise ConfigError(option, "must be a non-empty string")
+    if "\x00" in sink_id:
+        raise ConfigError(option, "contains a NUL character, which PostgreSQL text cannot hold")
+    try:
+        sink_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(option, "contains a lone surrogate, which is not valid UTF-8") from None
+    return sink_id
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from twophase.config import StagingConfig
 from twophase.db import Database
 from twophase.faults import crash_point
 from twophase.lanes import LaneChooser
-from twophase.model import CommitMessage, LineChecksum, Phase, StagedChunk
+from twophase.model import CommitMessage, LineChecksum, Phase, StagedChunk, check_sink_id
 
 if TYPE_CHECKING:
     from twophase.points import Rejected
@@ -74,6 +74,7 @@ class Stager:
         Spark's next attempt of the task (which reads its input again) waits
         here for the store.
         """
+        check_sink_id(sink_id)
         source = _Taken(items)
         return self._db.retry(
             "stage",

@@ -60,10 +60,12 @@ class Influx:
         assert "error" not in result, result
         return list(result.get("series", []))
 
-    def points(self) -> dict[str, list[Stored]]:
-        """Every point of the database by measurement (GROUP BY * puts tags apart)."""
+    def points(self, source: str = "/.*/") -> dict[str, list[Stored]]:
+        """Every point of the database (or of ``source``, an InfluxQL FROM) by measurement
+        (GROUP BY * puts tags apart)."""
         found: dict[str, list[Stored]] = {}
-        for series in self.query("SELECT * FROM /.*/ GROUP BY *"):
+        query = f"SELECT * FROM {source} GROUP BY *"  # noqa: S608 InfluxQL, the test's own names
+        for series in self.query(query):
             # A series lists every tag key of its measurement; absent ones are "".
             tags = {key: value for key, value in (series.get("tags") or {}).items() if value}
             for values in series["values"]:

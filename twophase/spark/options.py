@@ -29,6 +29,7 @@ from twophase.config import (
 )
 from twophase.dburl import has_password
 from twophase.errors import ConfigError
+from twophase.model import check_sink_id
 from twophase.points import PointSpec
 
 POINTS = "points"
@@ -202,7 +203,7 @@ def _check_sink_id(sink_id: str, option: str = "sink_id") -> str:
             option,
             f"must have no surrounding spaces and at most {MAX_SINK_ID_LENGTH} characters",
         )
-    return sink_id
+    return check_sink_id(sink_id, option)
 
 
 def _check_dead_letter_sink(sink_id: str, mode: str, dead: str | None) -> str | None:

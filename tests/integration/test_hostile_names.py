@@ -1,0 +1,103 @@
+"""Hostile sink ids, measurement and column names (SQL, quotes, unicode, 10,000
+characters) go through the real protocol and the CLI as data, never as SQL; text
+PostgreSQL cannot hold is refused with an error naming what is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fuzz import HOSTILE, any_text, examples
+from tests.integration.cli_helpers import make_cli
+from tests.integration.test_points_roundtrip import Influx
+from tests.support import admin_conninfo
+from twophase.config import InfluxConfig, StagingConfig
+from twophase.errors import ConfigError
+from twophase.model import EpochState
+from twophase.points import PointBuilder, PointSpec
+
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+TABLES = ("twophase_sinks", "twophase_epochs", "twophase_writes", "twophase_staged_chunks")
+# Measurement and column names: the hostile texts a point can carry (a newline
+# cannot be in a name, a leading '#' cannot start a measurement).
+NAMES = [name for name in HOSTILE if "\x1b" not in name]
+
+
+def table_counts(url: str) -> dict[str, int]:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # type: ignore[index]  # noqa: S608
+
+
+def deliver(tp: Any, sink_id: str, measurement: str, column: str, epoch: int = 0) -> list[str]:
+    """One epoch of three points under these names, through the whole protocol."""
+    spec = PointSpec(measurement, (column,), (column + "_f",), "t")
+    builder = PointBuilder(spec)
+    lines = [builder.line({column: f"v{i}'--", column + "_f": i, "t": i}) for i in range(3)]
+    lease = tp.ledger.begin_run(sink_id, "r1", "q1")
+    message = tp.stager.stage(sink_id, epoch, lines, run_id="r1", query_id="q1")
+    assert tp.committer.commit(lease, epoch, [message]).state == EpochState.COMMITTED
+    return lines
+
+
+@pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
+def test_hostile_names_are_stored_and_shown_as_data(
+    name: str, tp: Any, staging: StagingConfig, influx: InfluxConfig
+) -> None:
+    url = staging.url.reveal()
+    measurement, column = "m" + name, "c" + name
+    try:
+        PointSpec(measurement, (column,), (column + "_f",)).validate()
+    except ConfigError as exc:  # a backslash InfluxDB would read back differently
+        assert exc.option in ("measurement", "tags") and "backslash" in exc.problem
+        measurement, column = "m_" + name.replace("\\", "/"), "c_" + name.replace("\\", "/")
+    deliver(tp, name, measurement, column)
+    counts = table_counts(url)  # every table still there, one sink
+    assert counts["twophase_sinks"] == 1 and counts["twophase_epochs"] == 1
+    stored = Influx(influx.url, str(influx.database)).points()
+    assert list(stored) == [measurement]
+    assert {tags[column] for _, tags, _ in stored[measurement]} == {"v0'--", "v1'--", "v2'--"}
+    cli = make_cli(url, influx)
+    status = cli("--json", "status", "--sink", name)
+    assert status.code == 0, status.err
+    assert [s["sink_id"] for s in status.json()["sinks"]] == [name]
+    epochs = cli("--json", "epochs", "--sink", name)
+    assert epochs.code == 0 and [e["state"] for e in epochs.json()["epochs"]] == ["COMMITTED"]
+
+
+@pytest.mark.parametrize(
+    ("sink_id", "words"),
+    [("a\x00b", "contains a NUL character"), ("a\ud800", "lone surrogate"), ("", "non-empty")],
+)
+def test_sink_ids_postgresql_cannot_hold_are_refused_clearly(
+    sink_id: str, words: str, tp: Any
+) -> None:
+    with pytest.raises(ConfigError, match=words) as claim:
+        tp.ledger.begin_run(sink_id, "r1", "q1")
+    assert claim.value.option == "sink_id"
+    with pytest.raises(ConfigError, match=words):
+        tp.stager.stage(sink_id, 0, ["m f=1i 1"], run_id="r1", query_id="q1")
+
+
+@settings(
+    max_examples=examples(40),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sink_id=st.one_of(any_text, st.sampled_from(HOSTILE)))
+def test_any_sink_id_is_data_or_refused(tp: Any, staging: StagingConfig, sink_id: str) -> None:
+    before = table_counts(staging.url.reveal())
+    try:
+        lease = tp.ledger.begin_run(sink_id, "r1", "q1")
+    except ConfigError as exc:  # NUL, a lone surrogate, empty: nothing else
+        assert exc.option == "sink_id" and ("\x00" in sink_id or not sink_id or exc.problem)
+        assert table_counts(staging.url.reveal()) == before
+        return
+    assert lease.sink_id == sink_id
+    with psycopg.connect(admin_conninfo(staging.url.reveal())) as conn:
+        row = conn.execute(
+            "SELECT sink_id FROM twophase_sinks WHERE sink_id = %s", (sink_id,)
+        ).fetchone()
+    assert row == (sink_id,)
