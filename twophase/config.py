@@ -43,8 +43,9 @@ class Setting:
     """One setting: option ``name`` (lower case), its ``TWOPHASE_*`` variable, how to read it.
 
     ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
-    ``int``, ``choice``, ``staging_url`` or ``http_url``. ``attr`` is its field
-    in :class:`StagingConfig` or :class:`InfluxConfig` (``section``). ``flag``
+    ``int``, ``choice``, ``staging_url``, ``http_url`` or ``path`` (a readable
+    file). ``attr`` is its field in :class:`StagingConfig` or :class:`InfluxConfig`
+    (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
     """
 
@@ -97,6 +98,12 @@ SETTINGS: tuple[Setting, ...] = (
        "request's worth)", default=_REQUEST_POINTS, minimum=1),
     _s("staging_chunk_chars", "chunk_chars", "int", "characters per staged chunk (a longer "
        "line is a chunk alone)", default=1024 * 1024, minimum=1),
+    _s("staging_tls_ca", "tls_ca", "path", "CA certificate file the staging server's "
+       "certificate must be signed by (sslrootcert; sslmode defaults to verify-full then)"),
+    _s("staging_tls_cert", "tls_cert", "path", "client certificate file for the staging "
+       "database (sslcert; with staging_tls_key)"),
+    _s("staging_tls_key", "tls_key", "path", "private key file of the staging client "
+       "certificate (sslkey)"),
     _s("promote_connections", "lanes", "int", "InfluxDB connections an epoch is promoted "
        "over at once (its lanes); each series keeps to one lane, chosen when its points are "
        "staged", default=4, minimum=1, maximum=MAX_LANES),
@@ -111,6 +118,12 @@ SETTINGS: tuple[Setting, ...] = (
     _i("influx_org", "org", "text", "2.x organisation", flag=True),
     _i("influx_bucket", "bucket", "text", "2.x bucket", flag=True),
     _i("influx_token", "token", "secret", "2.x token"),
+    _i("influx_tls_ca", "tls_ca", "path", "CA certificate file an https InfluxDB's "
+       "certificate must be signed by (default: the system's)"),
+    _i("influx_tls_cert", "tls_cert", "path", "client certificate file for InfluxDB "
+       "(with influx_tls_key)"),
+    _i("influx_tls_key", "tls_key", "path", "private key file of the InfluxDB client "
+       "certificate"),
     _i("influx_timeout", "timeout_s", "duration", "one HTTP request's timeout", default=10.0),
     _i("influx_batch_points", "batch_points", "int", "points per promote request",
        default=_REQUEST_POINTS, minimum=1),
@@ -194,18 +207,32 @@ class StagingConfig:
     chunk_points: int = default("staging_chunk_points")
     chunk_chars: int = default("staging_chunk_chars")
     lanes: int = default("promote_connections")
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_pair("staging_tls", self.tls_cert, self.tls_key)
 
     @property
     def display_url(self) -> str:
         return mask_url(self.url.reveal())
 
     def psycopg_conninfo(self) -> str:
-        """The URL in the form psycopg accepts (no SQLAlchemy driver suffix)."""
-        return dburl.DbUrl.parse(self.url.reveal()).render(scheme="postgresql")
+        """The URL in the form psycopg accepts (no SQLAlchemy driver suffix), with the
+        TLS files as libpq parameters."""
+        return self._url().render(scheme="postgresql")
 
     def sqlalchemy_url(self) -> str:
         """The URL with the psycopg driver named (Alembic's engine)."""
-        return dburl.DbUrl.parse(self.url.reveal()).render(scheme="postgresql+psycopg")
+        return self._url().render(scheme="postgresql+psycopg")
+
+    def _url(self) -> dburl.DbUrl:
+        url = dburl.DbUrl.parse(self.url.reveal())
+        params = {"sslrootcert": self.tls_ca, "sslcert": self.tls_cert, "sslkey": self.tls_key}
+        if self.tls_ca and "sslmode" not in url.params():
+            params["sslmode"] = "verify-full"  # a CA is given to be checked, host name too
+        return url.with_params({k: v for k, v in params.items() if v})
 
 
 @dataclass(frozen=True)
@@ -234,6 +261,12 @@ class InfluxConfig:
     retry_max_s: float = default("influx_retry_max")
     promotion: str = default("promotion")
     metrics_port: int | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_pair("influx_tls", self.tls_cert, self.tls_key)
 
     def validate_for_api(self) -> None:
         """Check the settings the chosen API needs (after ``auto`` is resolved)."""
@@ -345,6 +378,21 @@ def _http_url(setting: Setting, raw: Any, name: str) -> str:
     return url.rstrip("/")
 
 
+def _path(setting: Setting, raw: Any, name: str) -> str:
+    path = str(raw).strip()
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigError(name, f"{path!r} is not a readable file")
+    return path
+
+
+def _check_pair(prefix: str, cert: str | None, key: str | None) -> None:
+    """A client certificate needs its key, and a key its certificate."""
+    if bool(cert) != bool(key):
+        missing = f"{prefix}_key" if cert else f"{prefix}_cert"
+        given = f"{prefix}_cert" if cert else f"{prefix}_key"
+        raise ConfigError(env_name(missing), f"is required with {env_name(given)}")
+
+
 _PARSERS: dict[str, Callable[[Setting, Any, str], Any]] = {
     "text": _text,
     "secret": _secret,
@@ -353,6 +401,7 @@ _PARSERS: dict[str, Callable[[Setting, Any, str], Any]] = {
     "choice": _choice,
     "staging_url": _staging_url,
     "http_url": _http_url,
+    "path": _path,
 }
 
 

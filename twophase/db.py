@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from twophase.config import StagingConfig
 from twophase.errors import SchemaError, StagingUnavailableError
 from twophase.retry import StagingRetry
+from twophase.tls import staging_tls_error
 
 log = logging.getLogger("twophase.db")
 
@@ -46,8 +47,10 @@ class Database:
     ):
         self.config = config
         self.retry = StagingRetry.of(config)  # for steps that ride out an outage
+        conninfo = config.psycopg_conninfo()
+        _probe(conninfo, config)
         self._pool = ConnectionPool(
-            config.psycopg_conninfo(),
+            conninfo,
             min_size=1,
             # default: a promotion's reader and its lanes' fence checks and dead letters,
             # beside the caller's own steps
@@ -123,6 +126,19 @@ class Database:
             f"{SCHEMA_REVISION!r}: {_UPGRADE_HINT} (or install the twophase version "
             "that matches the database)"
         )
+
+
+def _probe(conninfo: str, config: StagingConfig) -> None:
+    """One connection, to fail fast with the reason (a pool that cannot connect only
+    times out): a TLS problem as ConfigError naming the setting, anything else as
+    StagingUnavailableError (retryable) with libpq's words."""
+    try:
+        psycopg.connect(conninfo, connect_timeout=max(1, int(config.connect_timeout_s))).close()
+    except psycopg.OperationalError as exc:
+        reason = _first_line(exc)
+        raise staging_tls_error(str(exc)) or StagingUnavailableError(
+            f"cannot connect to the staging database {config.display_url}: {reason}"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -51,6 +51,22 @@ class DbUrl:
             raise BadUrl("use the psycopg driver: postgresql+psycopg://...")
         return self
 
+    def params(self) -> dict[str, str]:
+        """The query parameters (``?sslmode=...&target_session_attrs=...``)."""
+        from urllib.parse import parse_qsl
+
+        return dict(parse_qsl(self.rest.partition("?")[2]))
+
+    def with_params(self, params: dict[str, str]) -> DbUrl:
+        """The URL with ``params`` added to its query (percent-encoded)."""
+        from dataclasses import replace
+        from urllib.parse import urlencode
+
+        if not params:
+            return self
+        joiner = "&" if "?" in self.rest else "?"
+        return replace(self, rest=f"{self.rest}{joiner}{urlencode(params)}")
+
     def render(self, scheme: str | None = None, mask: bool = False) -> str:
         userinfo = ""
         if self.user is not None or self.password is not None:

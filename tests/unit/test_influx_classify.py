@@ -197,9 +197,20 @@ def test_transport_errors_are_transient() -> None:
         assert error.retry_after is None and error.status is None
 
 
-def test_untrusted_certificate_is_permanent() -> None:
-    error = transport_error(SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] self-signed"), V1)
-    assert type(error) is InfluxRequestError
+@pytest.mark.parametrize(
+    ("message", "option"),
+    [
+        ("[SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate", "TWOPHASE_INFLUX_TLS_CA"),
+        ("[SSL: CERTIFICATE_VERIFY_FAILED] Hostname mismatch, certificate is not valid for "
+         "'127.0.0.1'", "TWOPHASE_INFLUX_URL"),
+        ("[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required",
+         "TWOPHASE_INFLUX_TLS_CERT"),
+        ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_INFLUX_URL"),
+    ],
+)  # fmt: skip
+def test_tls_failures_are_permanent_naming_the_setting(message: str, option: str) -> None:
+    error = transport_error(SSLError(message), V1)
+    assert isinstance(error, ConfigError) and error.option == option
 
 
 # --- API detection --------------------------------------------------------------------

@@ -7,7 +7,7 @@ import dataclasses
 from twophase.config import InfluxConfig, env_name
 from twophase.errors import ConfigError
 from twophase.influx.classify import Target, classify_status, header
-from twophase.influx.http import auth_headers, request_once, secrets_of, timeout_of
+from twophase.influx.http import auth_headers, request_once, secrets_of, timeout_of, tls_of
 from twophase.influx.writers import InfluxWriter, V1Writer, V2Writer
 
 
@@ -33,7 +33,9 @@ def _ping_version(config: InfluxConfig) -> str | None:
     if config.token:  # InfluxDB 3 may require auth on /ping
         headers = {"Authorization": f"Token {config.token.reveal()}"}
     url, secrets = f"{config.url}/ping", secrets_of(config)
-    response = request_once("GET", url, timeout_of(config), headers, None, target, secrets)
+    response = request_once(
+        "GET", url, timeout_of(config), headers, None, target, secrets, tls_of(config)
+    )
     version = header(response.headers, "X-Influxdb-Version")
     if version is None and response.status in (401, 403):
         raise classify_status(response.status, response.data, response.headers, target, secrets)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import json
+import ssl
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from twophase.errors import (
     TransientWriteError,
     TwoPhaseError,
 )
+from twophase.tls import influx_tls_error
 
 if TYPE_CHECKING:
     from twophase.config import InfluxConfig
@@ -184,8 +186,11 @@ def _not_found_message(said: str, target: Target) -> str:
 
 def transport_error(exc: BaseException, target: Target) -> TwoPhaseError:
     """The exception for a request that got no HTTP answer (refused, reset, timed out)."""
-    if isinstance(exc, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
-        return InfluxRequestError(f"TLS certificate of {target.url} not trusted: {exc}")
+    tls = influx_tls_error(str(exc)) if isinstance(exc, SSLError | ssl.SSLError) else None
+    if tls is None and "SSLError" in str(exc):  # wrapped (MaxRetryError, ProxyError)
+        tls = influx_tls_error(str(exc))
+    if tls is not None:  # permanent: fails at once, naming the setting to fix
+        return tls
     if isinstance(exc, LocationValueError):
         return InfluxRequestError(f"bad InfluxDB URL {target.url}: {_short(str(exc))}")
     if isinstance(exc, NewConnectionError | ConnectionRefusedError):  # before timeouts: a

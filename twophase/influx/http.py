@@ -8,7 +8,8 @@ the wire, for scrubbing messages.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import urllib3
 
@@ -38,6 +39,12 @@ def _basic(username: str | None, password: Secret | str | None) -> str:
     return base64.b64encode(f"{username or ''}:{secret}".encode()).decode()
 
 
+def tls_of(config: InfluxConfig) -> dict[str, Any]:
+    """urllib3's TLS arguments for the configured CA, client certificate and key."""
+    files = {"ca_certs": config.tls_ca, "cert_file": config.tls_cert, "key_file": config.tls_key}
+    return {name: path for name, path in files.items() if path}
+
+
 def timeout_of(config: InfluxConfig) -> urllib3.Timeout:
     return urllib3.Timeout(connect=config.timeout_s, read=config.timeout_s)
 
@@ -56,9 +63,11 @@ def request_once(
     body: str | None,
     target: Target,
     secrets: Iterable[str],
+    tls: Mapping[str, Any] | None = None,
 ) -> urllib3.BaseHTTPResponse:
-    """One request on a throwaway pool (rare calls); a failed transport raises classified."""
-    pool = urllib3.PoolManager(timeout=timeout, retries=False)
+    """One request on a throwaway pool (rare calls); a failed transport raises classified.
+    ``tls``: urllib3's TLS arguments (:func:`tls_of`)."""
+    pool = urllib3.PoolManager(timeout=timeout, retries=False, **(tls or {}))
     try:
         return pool.request(method, url, body=body, headers=headers)
     except (urllib3.exceptions.HTTPError, OSError) as exc:

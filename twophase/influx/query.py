@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,6 +23,7 @@ def query_v1(
     password: Secret | str | None = None,
     timeout_s: float = 10.0,
     method: str = "GET",
+    tls: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run InfluxQL through 1.x ``/query`` (epoch=ns); the series dicts of all results.
 
@@ -39,7 +41,7 @@ def query_v1(
         query_url, body = f"{target.url}/query", urlencode(params)
         headers["Content-Type"] = "application/x-www-form-urlencoded"
     timeout = urllib3.Timeout(connect=timeout_s, read=timeout_s)
-    response = request_once(method, query_url, timeout, headers, body, target, secrets)
+    response = request_once(method, query_url, timeout, headers, body, target, secrets, tls)
     if response.status == 400:  # a bad statement, not bad points
         raise InfluxRequestError(scrub(f"query refused: {server_message(response.data)}", secrets))
     if not 200 <= response.status < 300:

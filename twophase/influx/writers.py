@@ -16,7 +16,7 @@ import urllib3
 
 from twophase.config import MAX_LANES, InfluxConfig
 from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
-from twophase.influx.http import auth_headers, secrets_of, timeout_of
+from twophase.influx.http import auth_headers, secrets_of, timeout_of, tls_of
 
 
 class InfluxWriter(Protocol):
@@ -51,7 +51,7 @@ class V1Writer:
         self._target = Target.of(dataclasses.replace(config, api="v1"))
         self._secrets = secrets_of(config)
         self._pool = urllib3.PoolManager(
-            timeout=timeout_of(config), retries=False, maxsize=MAX_LANES
+            timeout=timeout_of(config), retries=False, maxsize=MAX_LANES, **tls_of(config)
         )
 
     def write(self, body: bytes) -> None:
@@ -89,6 +89,9 @@ class V2Writer:
         millis = int(config.timeout_s * 1000)
         # the stubs say str/int, but None (no auth header) and (connect, read) are supported
         options: dict[str, Any] = {"token": token, "org": config.org, "timeout": (millis, millis)}
+        tls = {"ssl_ca_cert": config.tls_ca, "cert_file": config.tls_cert}
+        tls |= {"cert_key_file": config.tls_key}
+        options |= {key: path for key, path in tls.items() if path}
         self._client = InfluxDBClient(
             url=config.url, retries=False, connection_pool_maxsize=MAX_LANES, **options
         )

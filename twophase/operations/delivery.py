@@ -11,6 +11,7 @@ from twophase.config import TwoPhaseConfig
 from twophase.db import Database
 from twophase.errors import PermanentError
 from twophase.influx.api import resolve_api
+from twophase.influx.http import tls_of
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.operations.hooks import (
@@ -228,7 +229,15 @@ def verify(
     def query(statement: str) -> list[dict[str, Any]]:
         timeout = max(influx.timeout_s, 30.0)
         password = influx.password
-        return query_v1(influx.url, influx.database, statement, influx.username, password, timeout)
+        return query_v1(
+            influx.url,
+            influx.database,
+            statement,
+            influx.username,
+            password,
+            timeout,
+            tls=tls_of(influx),
+        )
 
     def progress(label: str, unit: str, done: int, total: int) -> None:
         hooks.progress(Progress(label, unit, done, total))
