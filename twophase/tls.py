@@ -24,15 +24,15 @@ _STAGING: tuple[_Rule, ...] = (
     (re.compile(r"private key file|sslkey", re.I), "staging_tls_key",
      "the client key cannot be used (unreadable, wrong format, or readable by others: "
      "libpq wants mode 0600)"),
+    (re.compile(r"certificate verify failed|root certificate|sslrootcert|self.signed", re.I),
+     "staging_tls_ca", "the server's certificate is not signed by this CA (or the file holds "
+     "none): give the CA that signed it"),
     (re.compile(r"requires a valid client certificate|certificate authentication failed|"
                 r"no client certificate", re.I), "staging_tls_cert",
      "the server wants a client certificate it trusts: set it and its key"),
     (re.compile(r"alert (unknown ca|bad certificate|certificate unknown)|"
                 r"certificate (file|unknown)|sslcert", re.I), "staging_tls_cert",
      "the server does not accept the client certificate (not signed by a CA it trusts?)"),
-    (re.compile(r"certificate verify failed|root certificate|sslrootcert|self.signed", re.I),
-     "staging_tls_ca", "the server's certificate is not signed by this CA: give the CA "
-     "that signed it"),
     (re.compile(r"server does not support SSL|no encryption|SSL off", re.I), "staging_url",
      "TLS is required on one side and not offered on the other: check sslmode in the URL "
      "and the server's ssl setting"),

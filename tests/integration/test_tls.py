@@ -1,0 +1,228 @@
+"""TLS to both servers, with a CA the test kit makes: PostgreSQL with sslmode=verify-full
+and a client certificate, InfluxDB over https. Certificate problems fail at once with
+a ConfigError naming the setting to fix, and no secret in any message or CLI output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from scripts.services import PG_SUPERUSER
+from scripts.tlskit import HttpsInflux, Kit, TlsPostgres, make_kit
+from tests.integration.test_protocol import lines
+from tests.support import REPO, free_port, two_phase
+from twophase.config import (
+    InfluxConfig,
+    StagingConfig,
+    load_influx_config,
+    load_setting,
+    load_staging_config,
+)
+from twophase.errors import ConfigError
+from twophase.influx.query import query_v1
+from twophase.model import EpochState
+
+PASSWORD = "Tls-Pg-Secret-31337"  # the staging role's password: must appear nowhere
+INFLUX_PASSWORD = "Tls-Influx-Secret-27182"
+DATABASE = "tls"
+SINK = "tls-sink"
+FAST_S = 5.0  # a certificate error comes well inside this (the retry deadline is 60 s)
+
+
+@dataclass(frozen=True)
+class Servers:
+    kit: Kit
+    postgres: TlsPostgres
+    influx: HttpsInflux
+
+    def staging(self, host: str = "localhost", **settings: str) -> StagingConfig:
+        url = self.postgres.tls_url_for(DATABASE, host).replace(":twophase@", f":{PASSWORD}@")
+        files = {
+            "staging_tls_ca": str(self.kit.ca),
+            "staging_tls_cert": str(self.kit.client_cert),
+            "staging_tls_key": str(self.kit.client_key),
+        }
+        given = {**files, "staging_connect_timeout": "20s", **settings}
+        return load_staging_config(env={}, staging_url=url, **{k: v for k, v in given.items() if v})
+
+    def influx_config(self, host: str = "localhost", **settings: str) -> InfluxConfig:
+        url = self.influx.url.replace("localhost", host)
+        given = {"influx_tls_ca": str(self.kit.ca), "influx_retry_deadline": "60s", **settings}
+        return load_influx_config(
+            env={},
+            influx_url=url,
+            influx_api="v1",
+            influx_db=DATABASE,
+            influx_user="writer",
+            influx_password=INFLUX_PASSWORD,
+            **given,
+        )
+
+    def env(self) -> dict[str, str]:
+        """The TWOPHASE_* variables of a process using both servers over TLS."""
+        staging, influx = self.staging(), self.influx_config()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_")}
+        return env | {
+            "TWOPHASE_STAGING_URL": staging.url.reveal(),
+            "TWOPHASE_STAGING_TLS_CA": str(self.kit.ca),
+            "TWOPHASE_STAGING_TLS_CERT": str(self.kit.client_cert),
+            "TWOPHASE_STAGING_TLS_KEY": str(self.kit.client_key),
+            "TWOPHASE_INFLUX_URL": influx.url,
+            "TWOPHASE_INFLUX_API": "v1",
+            "TWOPHASE_INFLUX_DB": DATABASE,
+            "TWOPHASE_INFLUX_USER": "writer",
+            "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
+            "TWOPHASE_INFLUX_TLS_CA": str(self.kit.ca),
+        }
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    root = tmp_path_factory.mktemp("tls")
+    kit = make_kit(root / "kit")
+    postgres = TlsPostgres(root / "pg", free_port(), kit)
+    influx = HttpsInflux(root / "influx", free_port(), kit)
+    postgres.start()
+    influx.start()
+    try:
+        postgres.create_database(DATABASE)
+        socket = f"host={postgres.socket_dir} port={postgres.port} user={PG_SUPERUSER}"
+        with psycopg.connect(f"{socket} dbname=postgres", autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("ALTER ROLE twophase PASSWORD {}").format(PASSWORD))
+        influx.create_database(DATABASE)
+        found = Servers(kit, postgres, influx)
+        upgrade = cli(found.env(), "-m", "alembic", "upgrade", "head")
+        assert upgrade.returncode == 0, upgrade.stderr
+        yield found
+    finally:
+        influx.stop()
+        postgres.destroy()
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``<args>`` from the repository root, ``python`` first unless it is a command."""
+    command = list(args) if Path(args[0]).is_absolute() else [sys.executable, *args]
+    return subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def twophase_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``twophase`` command, as an operator runs it."""
+    return cli(env, str(Path(sys.executable).with_name("twophase")), *args)
+
+
+def no_secret(*texts: str) -> bool:
+    return not any(secret in text for text in texts for secret in (PASSWORD, INFLUX_PASSWORD))
+
+
+def epoch(tp: Any, number: int) -> Any:
+    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    message = tp.stager.stage(SINK, number, lines(number, 25), run_id="r1", query_id="q1")
+    return lease, message
+
+
+def test_the_protocol_runs_over_tls_both_ways(servers: Servers) -> None:
+    with two_phase(servers.staging(), servers.influx_config()) as tp:
+        lease, message = epoch(tp, 0)
+        assert tp.committer.commit(lease, 0, [message]).state == EpochState.COMMITTED
+        with tp.db.transaction() as cur:
+            cur.execute("SELECT ssl, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            assert cur.fetchone() == (True, "/CN=twophase")
+    tls = {"ca_certs": str(servers.kit.ca)}
+    counted = query_v1(servers.influx.url, DATABASE, "SELECT count(v) FROM proto", tls=tls)
+    assert counted[0]["values"][0][1] == 25
+    status = twophase_cli(servers.env(), "--json", "status", "--sink", SINK)
+    assert status.returncode == 0, status.stderr
+    assert no_secret(status.stdout, status.stderr)
+
+
+@pytest.mark.parametrize(
+    ("host", "settings", "option"),
+    [
+        ("localhost", {"staging_tls_ca": "wrong"}, "TWOPHASE_STAGING_TLS_CA"),
+        ("127.0.0.1", {}, "TWOPHASE_STAGING_URL"),  # the certificate names localhost only
+        ("localhost", {"staging_tls_cert": "", "staging_tls_key": ""}, "TWOPHASE_STAGING_TLS_CERT"),
+    ],
+    ids=["wrong CA", "host name mismatch", "no client certificate"],
+)
+def test_a_staging_certificate_problem_fails_at_once_naming_the_setting(
+    servers: Servers, host: str, settings: dict[str, str], option: str
+) -> None:
+    if settings.get("staging_tls_ca") == "wrong":
+        settings = {"staging_tls_ca": str(servers.kit.wrong_ca)}
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        two_phase(servers.staging(host, **settings), servers.influx_config()).__enter__()
+    assert time.monotonic() - started < FAST_S  # not the 20 s connect timeout
+    assert refused.value.option == option, str(refused.value)
+    assert no_secret(str(refused.value))
+
+
+@pytest.mark.parametrize(
+    ("host", "wrong_ca", "option"),
+    [("localhost", True, "TWOPHASE_INFLUX_TLS_CA"), ("127.0.0.1", False, "TWOPHASE_INFLUX_URL")],
+    ids=["wrong CA", "host name mismatch"],
+)
+def test_an_influx_certificate_problem_fails_the_promotion_at_once(
+    servers: Servers, host: str, wrong_ca: bool, option: str
+) -> None:
+    settings = {"influx_tls_ca": str(servers.kit.wrong_ca)} if wrong_ca else {}
+    with two_phase(servers.staging(), servers.influx_config(host, **settings)) as tp:
+        lease, message = epoch(tp, 1 if wrong_ca else 2)
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as refused:
+            tp.committer.commit(lease, message.epoch, [message])
+        assert time.monotonic() - started < FAST_S  # not after influx_retry_deadline (60 s)
+        assert refused.value.option == option, str(refused.value)
+        assert no_secret(str(refused.value))
+        assert tp.ledger.pending(SINK) == [message.epoch]  # decided; a fixed setting recovers
+        good = replace(servers.influx_config(), tls_ca=str(servers.kit.ca))
+    with two_phase(servers.staging(), good) as tp:
+        assert [r.epoch for r in tp.committer.recover(lease)] == [message.epoch]
+
+
+@pytest.mark.parametrize(
+    ("variable", "wrong", "option"),
+    [
+        ("TWOPHASE_STAGING_TLS_CA", "wrong_ca", "TWOPHASE_STAGING_TLS_CA"),
+        ("TWOPHASE_INFLUX_TLS_CA", "wrong_ca", "TWOPHASE_INFLUX_TLS_CA"),
+        ("TWOPHASE_STAGING_TLS_CA", "/nonexistent/ca.crt", "TWOPHASE_STAGING_TLS_CA"),
+        ("TWOPHASE_STAGING_TLS_KEY", "", "TWOPHASE_STAGING_TLS_KEY"),
+    ],
+    ids=["staging wrong CA", "influx wrong CA", "missing CA file", "certificate without key"],
+)
+def test_the_cli_names_the_setting_in_one_line_without_secrets(
+    servers: Servers, variable: str, wrong: str, option: str
+) -> None:
+    env = servers.env()
+    env[variable] = str(servers.kit.wrong_ca) if wrong == "wrong_ca" else wrong
+    command = ("verify", "--sink", SINK) if "INFLUX" in variable else ("status",)
+    done = twophase_cli(env, *command)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert option in errors[0], errors[0]
+    assert no_secret(done.stdout, done.stderr)
+
+
+def test_a_ca_file_that_holds_no_certificate_is_refused_naming_it(
+    servers: Servers, tmp_path: Path
+) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(ConfigError) as refused:
+        two_phase(servers.staging(staging_tls_ca=str(garbage)), servers.influx_config()).__enter__()
+    assert refused.value.option == "TWOPHASE_STAGING_TLS_CA"
+    with pytest.raises(ConfigError, match="is not a readable file") as missing:
+        load_setting("influx_tls_ca", {"TWOPHASE_INFLUX_TLS_CA": str(tmp_path / "none.pem")})
+    assert missing.value.option == "TWOPHASE_INFLUX_TLS_CA"
