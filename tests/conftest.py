@@ -14,7 +14,7 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 
 # tests/<folder>/... -> marker; lets `pytest -m unit` work without decorating every test.
-FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e"}
+FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "soak": "soak"}
 
 # fixture name -> environment variable it reads.
 URL_FIXTURES = {

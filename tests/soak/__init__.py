@@ -1,0 +1,1 @@
+"""The soak: four streaming queries under a seeded schedule of overlapping faults."""

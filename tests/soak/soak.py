@@ -1,0 +1,358 @@
+"""The soak: four sinks in four streaming queries (four drivers) sharing one private
+staging database and one private InfluxDB, fed over time, under a seeded schedule of
+overlapping faults; then, per sink, the checks of exactly-once and a report.
+
+Each sink runs ``jobs/session_metrics.py`` continuously with a supervisor that
+restarts its driver whenever it exits (killed by a fault, or failed), as a
+cluster manager would. The sinks differ so that more paths are soaked:
+
+0. defaults (foreachBatch, inline promotion, 4 lanes)
+1. one lane (``promote_connections=1``)
+2. background promotion
+3. the ``twophase-influx`` data source (complete mode)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobs.generate_events import expected, generate
+from scripts.services import PG_SUPERUSER, InfluxServer, PostgresServer
+from tests.e2e.harness import (
+    Job,
+    Target,
+    decided_dead_letters,
+    feed,
+    kill_session,
+    mismatches,
+    orphan_writes,
+    query,
+    start_job,
+)
+from tests.integration.faultproxy import FaultProxy
+from tests.soak.faults import Injector
+from tests.soak.schedule import Fault, describe, make_schedule
+from tests.support import alembic, create_influx_database, free_port
+from twophase.config import InfluxConfig
+
+PG_PASSWORD = "Soak-Pg-Secret-8086"  # distinctive: grepped for in every output
+INFLUX_PASSWORD = "Soak-Influx-Secret-5432"
+DATABASE = "soak"
+VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("foreach-batch", {}),
+    ("foreach-batch", {"TWOPHASE_PROMOTE_CONNECTIONS": "1"}),
+    ("foreach-batch", {"TWOPHASE_PROMOTION": "background"}),
+    ("data-source", {}),
+)
+GC_EVERY_S = 15.0
+RETENTION_S = 30
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One soak: its size, its faults, where it works."""
+
+    seed: int
+    events_per_sink: int
+    faults: int
+    span_s: float
+    work: Path
+    files_per_sink: int = 20
+    feed_every_s: float = 2.0
+    finish_timeout_s: float = 900.0
+
+
+@dataclass
+class SinkRun:
+    """One sink's query and what happened to it."""
+
+    number: int
+    sink_id: str
+    files: list[Path]
+    stats_writer: str
+    env: dict[str, str]
+    job: Job | None = None
+    starts: int = 0
+    harness_kills: int = 0
+    failures: list[str] = field(default_factory=list)
+    kills_at_start: int = 0
+
+    @property
+    def folder(self) -> Path:
+        return self.files[0].parent.parent
+
+
+@dataclass
+class Report:
+    seed: int
+    faults_planned: list[str]
+    faults_done: dict[str, int]
+    faults_skipped: dict[str, int]
+    seconds: float
+    gc_runs: int
+    gc_failures: int
+    max_staged_chunks: int
+    sinks: list[dict[str, Any]]
+
+    @property
+    def exact(self) -> bool:
+        return all(sink["exact"] for sink in self.sinks)
+
+    def table(self) -> str:
+        head = "sink       events  epochs  replays  dead letters  recoveries (killed/failed)  exact"
+        rows = [head]
+        for s in self.sinks:
+            rows.append(
+                f"{s['sink']:<9} {s['events']:>7} {s['epochs']:>7} {s['replays']:>8} "
+                f"{s['dead_letters']:>13}  {s['recoveries']:>10} ({s['killed']}/{s['failed']})"
+                f"{'':>12}{'exact' if s['exact'] else 'NOT EXACT'}"
+            )
+        done = ", ".join(f"{k} {v}" for k, v in sorted(self.faults_done.items()))
+        rows.append(f"faults: {sum(self.faults_done.values())} ({done}); seed {self.seed}; "
+                    f"{self.seconds:.0f} s; gc runs {self.gc_runs}, max staged chunks "
+                    f"{self.max_staged_chunks}")  # fmt: skip
+        return "\n".join(rows)
+
+
+class Soak:
+    """Servers, sinks, supervisors, faults, checks. ``run()`` returns the report."""
+
+    def __init__(self, plan: Plan, log: Callable[[str], None] = print) -> None:
+        self.plan, self.log = plan, log
+        self.outputs: list[str] = []  # CLI outputs, grepped for secrets
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.gc_runs = self.gc_failures = self.max_chunks = 0
+        self.runs: list[SinkRun] = []
+
+    # -- setup ------------------------------------------------------------------------------
+    def _servers(self) -> None:
+        work = self.plan.work
+        self.postgres = PostgresServer(work / "pg", free_port())
+        self.influx = InfluxServer(work / "influx", free_port())
+        self.postgres.start()
+        self.influx.start()
+        self.proxy = FaultProxy("127.0.0.1", self.influx.port).start()
+        self.postgres.create_database(DATABASE)
+        socket = f"host={self.postgres.socket_dir} port={self.postgres.port} user={PG_SUPERUSER}"
+        with psycopg.connect(f"{socket} dbname=postgres", autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE twophase PASSWORD {}").format(PG_PASSWORD))
+        self.url = self.postgres.url_for(DATABASE).replace(":twophase@", f":{PG_PASSWORD}@")
+        assert alembic("upgrade", "head", url=self.url).returncode == 0
+
+    def _sinks(self) -> list[SinkRun]:
+        plan, runs = self.plan, []
+        per_file = max(1, plan.events_per_sink // plan.files_per_sink)
+        for number, (writer, env) in enumerate(VARIANTS):
+            folder = plan.work / f"sink{number}"
+            files = generate(folder / "events", plan.files_per_sink, per_file, plan.seed + number)
+            create_influx_database(self.influx.url, f"soak{number}")
+            env = env | {
+                "TWOPHASE_INFLUX_USER": "soak",
+                "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
+            }
+            runs.append(SinkRun(number, f"soak{number}", files, writer, env))
+        return runs
+
+    def target(self, run: SinkRun, direct: bool = False) -> Target:
+        url = self.influx.url if direct else self.proxy.url
+        return Target(self.url, InfluxConfig(url=url, api="v1", database=f"soak{run.number}"))
+
+    # -- running ----------------------------------------------------------------------------
+    def _supervise(self, run: SinkRun) -> None:
+        """Keep the sink's driver running until the soak stops it."""
+        while not self._stop.is_set():
+            job = run.job
+            if job is None or job.returncode is not None:
+                if job is not None:
+                    self._record_exit(run, job)
+                with self._lock:
+                    run.kills_at_start = run.harness_kills
+                    run.starts += 1
+                    run.job = start_job(
+                        self.target(run), run.folder / "input", run.folder / "checkpoint",
+                        run.sink_id, run.folder / "logs", available_now=False, max_files=2,
+                        stats_writer=run.stats_writer, **run.env,  # type: ignore[arg-type]
+                    )  # fmt: skip
+            self._stop.wait(0.5)
+        if run.job is not None and run.job.returncode is None:
+            run.job.kill()
+
+    def _record_exit(self, run: SinkRun, job: Job) -> None:
+        kill_session(job.proc.pid)  # what a killed driver left behind
+        if run.harness_kills > run.kills_at_start:
+            return
+        errors = [line for line in job.stderr().splitlines() if "rror" in line]
+        run.failures.append(f"exit {job.returncode}: {errors[-1] if errors else '?'}"[:300])
+        self.log(f"sink {run.number} failed and is restarted: {run.failures[-1]}")
+
+    def _kill(self, number: int) -> None:
+        with self._lock:
+            self.runs[number].harness_kills += 1
+
+    def _feed(self, run: SinkRun) -> None:
+        for source in run.files:
+            if self._stop.is_set():
+                return
+            feed(run.folder / "input", [source])
+            self._stop.wait(self.plan.feed_every_s)
+
+    def _gc_loop(self) -> None:
+        while not self._stop.wait(GC_EVERY_S):
+            done = self._cli("gc", "--yes", TWOPHASE_RETENTION=f"{RETENTION_S}s")
+            self.gc_runs += 1
+            self.gc_failures += done.returncode != 0
+            if done.returncode == 0:
+                chunks = query(self.url, "SELECT count(*) FROM twophase_staged_chunks")[0][0]
+                self.max_chunks = max(self.max_chunks, int(chunks))
+
+    def _cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        base = self.target(self.runs[0], direct=True).env(**env)
+        command = [str(Path(sys.executable).with_name("twophase")), *args]
+        done = subprocess.run(command, env=base, capture_output=True, text=True, timeout=300)
+        self.outputs += [done.stdout, done.stderr]
+        return done
+
+    def _threads(self, target: Callable[..., None], *args: Any) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        return thread
+
+    def run(self) -> Report:
+        started = time.monotonic()
+        self._servers()
+        self.runs = self._sinks()
+        schedule = make_schedule(self.plan.seed, self.plan.faults, self.plan.span_s, len(self.runs))
+        self.log(describe(self.plan.seed, schedule))
+        try:
+            return self._run(schedule, started)
+        finally:
+            self._stop.set()
+            for run in self.runs:
+                if run.job is not None:
+                    kill_session(run.job.proc.pid)
+            self.proxy.stop()
+            self.influx.stop()
+            self.postgres.destroy()
+
+    def _run(self, schedule: list[Fault], started: float) -> Report:
+        threads = [self._threads(self._supervise, run) for run in self.runs]
+        threads += [self._threads(self._feed, run) for run in self.runs]
+        threads.append(self._threads(self._gc_loop))
+        self._wait_first_epochs()
+        injector = Injector(
+            self.postgres, self.influx, self.proxy,
+            lambda n: self.runs[n].job, self._kill, self.log,
+        )  # fmt: skip
+        injector.run(schedule, time.monotonic())
+        injector.wait()
+        self.log("schedule done; waiting for every sink to be exact")
+        self._wait_exact()
+        self._stop.set()
+        for thread in threads:
+            thread.join(120)
+        sinks = self._check()
+        return Report(
+            self.plan.seed, [f.describe() for f in schedule], dict(injector.done),
+            dict(injector.skipped), time.monotonic() - started, self.gc_runs,
+            self.gc_failures, self.max_chunks, sinks,
+        )  # fmt: skip
+
+    def _wait_first_epochs(self) -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            rows = query(self.url, "SELECT count(DISTINCT sink_id) FROM twophase_epochs")
+            if int(rows[0][0]) >= len(self.runs):
+                return
+            time.sleep(1)
+        raise AssertionError("the sinks did not all commit a first epoch within 600 s")
+
+    def _problems(self, run: SinkRun) -> list[str]:
+        problems = mismatches(self.target(run, direct=True).influx, run.files)
+        dead = decided_dead_letters(self.url, f"{run.sink_id}.malformed")
+        want = expected(run.files).malformed
+        return problems + ([f"{dead} dead letters, expected {want}"] if dead != want else [])
+
+    def _wait_exact(self) -> None:
+        deadline = time.monotonic() + self.plan.finish_timeout_s
+        pending = list(self.runs)
+        while pending and time.monotonic() < deadline:
+            pending = [run for run in pending if self._problems(run)]
+            time.sleep(2)
+        for run in pending:
+            self.log(f"sink {run.number} not exact in time: {self._problems(run)[:5]}")
+
+    # -- checks -----------------------------------------------------------------------------
+    def _check(self) -> list[dict[str, Any]]:
+        sinks = [run.sink_id for run in self.runs]
+        for sink in sinks + [f"{s}.malformed" for s in sinks]:
+            done = self._cli("recover", "--sink", sink, "--force")
+            assert done.returncode == 0, (sink, done.stderr)
+        pending = query(self.url, "SELECT count(*) FROM twophase_epochs WHERE state <> 'COMMITTED'")
+        gc = self._cli("gc", "--yes", TWOPHASE_RETENTION="0s", TWOPHASE_ORPHAN_GRACE="0s")
+        assert gc.returncode == 0, gc.stderr
+        chunks = int(query(self.url, "SELECT count(*) FROM twophase_staged_chunks")[0][0])
+        report = [self._sink_report(run) for run in self.runs]
+        for entry in report:
+            entry["exact"] = entry["exact"] and int(pending[0][0]) == 0 and chunks == 0
+        return report
+
+    def _sink_report(self, run: SinkRun) -> dict[str, Any]:
+        problems = self._problems(run)
+        rows = query(
+            self.url,
+            "SELECT count(*), sum(replays) FROM twophase_epochs WHERE sink_id = %s",
+            run.sink_id,
+        )
+        replays = query(
+            self.url,
+            "SELECT coalesce(sum(replays_detected), 0) FROM twophase_sinks"
+            " WHERE sink_id IN (%s, %s)",
+            run.sink_id,
+            f"{run.sink_id}.malformed",
+        )
+        outputs = [job_output(path) for path in sorted((run.folder / "logs").glob("job-*"))]
+        leaked = any(
+            secret in text for text in outputs for secret in (PG_PASSWORD, INFLUX_PASSWORD)
+        )
+        orphans = orphan_writes(self.url, run.sink_id)
+        return {
+            "sink": run.sink_id,
+            "variant": f"{run.stats_writer} {run.env.get('TWOPHASE_PROMOTE_CONNECTIONS', '')}"
+            f"{run.env.get('TWOPHASE_PROMOTION', '')}".strip(),
+            "events": sum(1 for path in run.files for _ in path.open()),
+            "epochs": int(rows[0][0]),
+            "replays": int(replays[0][0]),
+            "dead_letters": decided_dead_letters(self.url, f"{run.sink_id}.malformed"),
+            "recoveries": run.starts - 1,
+            "killed": run.harness_kills,
+            "failed": len(run.failures),
+            "failures": run.failures[-5:],
+            "orphans_after_gc": orphans,
+            "secret_in_output": leaked,
+            "problems": problems[:10],
+            "exact": not problems and orphans == 0 and not leaked,
+        }
+
+    def secrets_in_cli_output(self) -> bool:
+        return any(s in text for text in self.outputs for s in (PG_PASSWORD, INFLUX_PASSWORD))
+
+
+def job_output(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+def write_report(report: Report, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(report) | {"exact": report.exact}, indent=2) + "\n")
