@@ -45,8 +45,8 @@ class Setting:
     ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
     ``int``, ``choice``, ``staging_url``, ``http_url`` or ``path`` (a readable
     file). ``attr`` is its field in :class:`StagingConfig` or :class:`InfluxConfig`
-    (``section``). ``flag``
-    settings are also flags of the ``twophase`` CLI (``--influx-db``).
+    (``section``). ``flag`` settings are also flags of the ``twophase`` CLI
+    (``--influx-db``).
     """
 
     name: str

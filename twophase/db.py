@@ -1,9 +1,13 @@
 """Connections to the PostgreSQL staging store: a small pool, transactions, error mapping.
 
 Every protocol step is one PostgreSQL transaction taken from here. Connection
-failures become :class:`~twophase.errors.StagingUnavailableError` (retryable);
+failures become :class:`~twophase.errors.StagingUnavailableError` (retryable;
+``Database.retry`` repeats a step through an outage, :mod:`twophase.retry`);
 the pool checks a connection before lending it, so a PostgreSQL restart
-between epochs costs one reconnect, not an error.
+between epochs costs one reconnect, not an error. Opening a pool first makes
+one connection, so that a login or TLS problem is reported at once with
+libpq's reason (TLS ones as ConfigError naming the setting) rather than as a
+pool timeout.
 """
 
 from __future__ import annotations

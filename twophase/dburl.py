@@ -10,8 +10,8 @@ SQLAlchemy for it cost each worker 0.1 s (measured with ``-X importtime``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from urllib.parse import unquote
+from dataclasses import dataclass, replace
+from urllib.parse import parse_qsl, unquote, urlencode
 
 SCHEMES = ("postgresql", "postgresql+psycopg")
 
@@ -53,15 +53,10 @@ class DbUrl:
 
     def params(self) -> dict[str, str]:
         """The query parameters (``?sslmode=...&target_session_attrs=...``)."""
-        from urllib.parse import parse_qsl
-
         return dict(parse_qsl(self.rest.partition("?")[2]))
 
     def with_params(self, params: dict[str, str]) -> DbUrl:
         """The URL with ``params`` added to its query (percent-encoded)."""
-        from dataclasses import replace
-        from urllib.parse import urlencode
-
         if not params:
             return self
         joiner = "&" if "?" in self.rest else "?"

@@ -176,6 +176,8 @@ def field_text(column: str, value: Any, unsigned: bool = False) -> str | None:
         return f"{value}i"
     if value is None:
         return None
+    if isinstance(value, float):  # numpy's float64 (a float subclass): the common numpy case
+        return field_text(column, float(value))
     if isinstance(value, UNSIGNED_TYPES):
         return _unsigned_text(column, value, unsigned)
     if isinstance(value, NARROW_FLOAT_TYPES):
