@@ -82,6 +82,20 @@ def _i(name: str, attr: str, kind: str, help: str, **more: Any) -> Setting:
     return Setting(name, INFLUX, attr, kind, help, **more)
 
 
+def _tls(
+    section: Callable[..., Setting], prefix: str, server: str, ca_note: str
+) -> tuple[Setting, ...]:
+    """The CA, client certificate and key files of one server's TLS."""
+    return (
+        section(f"{prefix}_tls_ca", "tls_ca", "path", f"CA certificate file the certificate "
+                f"of {server} must be signed by ({ca_note})"),
+        section(f"{prefix}_tls_cert", "tls_cert", "path", f"client certificate file for "
+                f"{server} (with {prefix}_tls_key)"),
+        section(f"{prefix}_tls_key", "tls_key", "path", f"private key file of the client "
+                f"certificate for {server}"),
+    )  # fmt: skip
+
+
 SETTINGS: tuple[Setting, ...] = (
     _s("staging_url", "url", "staging_url", "SQLAlchemy URL of the staging database "
        "(postgresql+psycopg://user@host:5432/db)", required=True, flag=True),
@@ -98,12 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
        "request's worth)", default=_REQUEST_POINTS, minimum=1),
     _s("staging_chunk_chars", "chunk_chars", "int", "characters per staged chunk (a longer "
        "line is a chunk alone)", default=1024 * 1024, minimum=1),
-    _s("staging_tls_ca", "tls_ca", "path", "CA certificate file the staging server's "
-       "certificate must be signed by (sslrootcert; sslmode defaults to verify-full then)"),
-    _s("staging_tls_cert", "tls_cert", "path", "client certificate file for the staging "
-       "database (sslcert; with staging_tls_key)"),
-    _s("staging_tls_key", "tls_key", "path", "private key file of the staging client "
-       "certificate (sslkey)"),
+    *_tls(_s, "staging", "the staging database", "libpq's sslrootcert; sslmode defaults to "
+          "verify-full then"),
     _s("promote_connections", "lanes", "int", "InfluxDB connections an epoch is promoted "
        "over at once (its lanes); each series keeps to one lane, chosen when its points are "
        "staged", default=4, minimum=1, maximum=MAX_LANES),
@@ -118,12 +128,7 @@ SETTINGS: tuple[Setting, ...] = (
     _i("influx_org", "org", "text", "2.x organisation", flag=True),
     _i("influx_bucket", "bucket", "text", "2.x bucket", flag=True),
     _i("influx_token", "token", "secret", "2.x token"),
-    _i("influx_tls_ca", "tls_ca", "path", "CA certificate file an https InfluxDB's "
-       "certificate must be signed by (default: the system's)"),
-    _i("influx_tls_cert", "tls_cert", "path", "client certificate file for InfluxDB "
-       "(with influx_tls_key)"),
-    _i("influx_tls_key", "tls_key", "path", "private key file of the InfluxDB client "
-       "certificate"),
+    *_tls(_i, "influx", "an https InfluxDB", "default: the system's CAs"),
     _i("influx_timeout", "timeout_s", "duration", "one HTTP request's timeout", default=10.0),
     _i("influx_batch_points", "batch_points", "int", "points per promote request",
        default=_REQUEST_POINTS, minimum=1),
