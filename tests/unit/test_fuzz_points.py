@@ -68,6 +68,7 @@ def builder_for(spec: PointSpec, unsigned: bool) -> PointBuilder | None:
 @example((PointSpec("m", ("t",)), {"t": np.float32("nan"), "f": 1}, False))
 @example((PointSpec("m", (), None, "ts"), {"ts": np.datetime64("NaT"), "f": 1.5}, False))
 @example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, True))
+@example((PointSpec("0"), {"\ud800": 0}, False))  # found by the long profile
 @example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, False))
 def test_a_row_becomes_a_line_or_a_rejection_with_a_reason(
     case: tuple[PointSpec, dict[str, Any], bool],
