@@ -375,7 +375,10 @@ def _staging_url(setting: Setting, url: Secret, name: str) -> Secret:
 
 def _http_url(setting: Setting, raw: Any, name: str) -> str:
     url = str(raw)
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL" (an unclosed "["; found by fuzzing)
+        raise ConfigError(name, f"{mask_url(url)!r} is not an http(s) URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(name, f"{mask_url(url)!r} is not an http(s) URL")
     if parts.password:

@@ -48,6 +48,7 @@ near_values = st.one_of(
 @example(BY_NAME["staging_url"], f"mysql://u:{URL_PASSWORD}@h/d")
 @example(BY_NAME["influx_url"], f"http://u:{URL_PASSWORD}@h:8086")
 @example(BY_NAME["promote_connections"], "33")
+@example(BY_NAME["influx_url"], "A://[")  # found by the long profile
 def test_a_malformed_setting_fails_naming_it_and_no_secret(setting: object, value: str) -> None:
     env = {**VALID, setting.env: value}  # type: ignore[attr-defined]
     try:
