@@ -28,8 +28,10 @@ KINDS = (
     PG_TERMINATE,
 )
 PER_SINK = (DRIVER_KILL, EXECUTOR_KILL)  # the others hit the shared servers
-# Outage lengths (s): most shorter than the retry deadlines (ridden out), some longer
-# than InfluxDB's (the query fails and its supervisor restarts it).
+# The retry deadlines the soak gives its jobs (InfluxDB promotion and staging steps).
+DEADLINE_S = 20.0
+# Outage lengths (s): most shorter than the deadlines (ridden out inside the batch);
+# the long ones outlast them (the query fails, its supervisor restarts it, recovery).
 _DURATIONS = {
     INFLUX_STOP: (2.0, 12.0),
     PROXY_STALL: (2.0, 8.0),
@@ -37,6 +39,8 @@ _DURATIONS = {
     PG_FAST: (0.0, 4.0),
     PG_IMMEDIATE: (0.0, 4.0),
 }
+OUTAGES = tuple(_DURATIONS)
+LONG = (DEADLINE_S + 6.0, DEADLINE_S + 14.0)
 
 
 @dataclass(frozen=True)
@@ -52,15 +56,19 @@ class Fault:
     def describe(self) -> str:
         target = f" sink {self.sink}" if self.sink is not None else ""
         length = f" for {self.duration_s:.1f}s" if self.duration_s else ""
+        length += " (outlasts the retry deadlines)" if self.duration_s > DEADLINE_S else ""
         return f"t+{self.at_s:6.1f}s {self.kind}{target}{length}"
 
 
-def make_schedule(seed: int, faults: int, span_s: float, sinks: int) -> list[Fault]:
+def make_schedule(
+    seed: int, faults: int, span_s: float, sinks: int, long_outages: int | None = None
+) -> list[Fault]:
     """``faults`` faults spread at random over ``span_s`` seconds, in time order.
 
     Every kind comes at least once when ``faults`` allows (the first ones are a
     shuffled round of all kinds), then kinds at random. Times are independent, so
-    faults overlap.
+    faults overlap. ``long_outages`` of the outages (default: one in five, at least
+    one) last longer than :data:`DEADLINE_S`.
     """
     if faults < 0 or span_s <= 0 or sinks < 1:
         raise ValueError("faults >= 0, span_s > 0 and sinks >= 1")
@@ -68,12 +76,15 @@ def make_schedule(seed: int, faults: int, span_s: float, sinks: int) -> list[Fau
     kinds = list(KINDS)
     rng.shuffle(kinds)
     chosen = kinds[:faults] + [rng.choice(KINDS) for _ in range(faults - len(kinds))]
-    schedule = [_fault(rng, kind, span_s, sinks) for kind in chosen]
+    outages = [i for i, kind in enumerate(chosen) if kind in OUTAGES]
+    count = max(1, round(len(outages) / 5)) if long_outages is None else long_outages
+    long = set(rng.sample(outages, min(count, len(outages))))
+    schedule = [_fault(rng, kind, span_s, sinks, i in long) for i, kind in enumerate(chosen)]
     return sorted(schedule, key=lambda fault: fault.at_s)
 
 
-def _fault(rng: random.Random, kind: str, span_s: float, sinks: int) -> Fault:
-    low, high = _DURATIONS.get(kind, (0.0, 0.0))
+def _fault(rng: random.Random, kind: str, span_s: float, sinks: int, long: bool) -> Fault:
+    low, high = LONG if long else _DURATIONS.get(kind, (0.0, 0.0))
     return Fault(
         at_s=round(rng.uniform(0.0, span_s), 1),
         kind=kind,

@@ -42,7 +42,7 @@ from tests.e2e.harness import (
 )
 from tests.integration.faultproxy import FaultProxy
 from tests.soak.faults import Injector
-from tests.soak.schedule import Fault, describe, make_schedule
+from tests.soak.schedule import DEADLINE_S, Fault, describe, make_schedule
 from tests.support import alembic, create_influx_database, free_port
 from twophase.config import InfluxConfig
 
@@ -57,6 +57,21 @@ VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
 )
 GC_EVERY_S = 15.0
 RETENTION_S = 30
+# The jobs' retry deadlines: the schedule's short outages are ridden out inside the
+# batch, its long ones fail the query (and a restart recovers it).
+DEADLINES = {
+    "TWOPHASE_INFLUX_RETRY_DEADLINE": f"{DEADLINE_S:g}s",
+    "TWOPHASE_STAGING_RETRY_DEADLINE": f"{DEADLINE_S:g}s",
+    "TWOPHASE_INFLUX_RETRY_MAX": "2s",  # back within 2 s of the server's return
+}
+# Staged chunks of epochs decided before the gc started minus retention: gc's job.
+_STALE_CHUNKS = (
+    "SELECT count(*) FROM twophase_staged_chunks c"
+    " JOIN twophase_writes w ON w.write_id = c.write_id"
+    " JOIN twophase_epochs e ON e.sink_id = w.sink_id AND e.epoch = w.epoch"
+    " WHERE e.state IN ('COMMITTED', 'ABORTED') AND w.staged_at < %s"
+    " AND COALESCE(e.committed_at, e.aborted_at) < %s - make_interval(secs => %s)"
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,8 @@ class SinkRun:
     harness_kills: int = 0
     failures: list[str] = field(default_factory=list)
     kills_at_start: int = 0
+    fed: int = 0  # files fed so far
+    finished: bool = False  # fed and exact: its supervisor stops it
 
     @property
     def folder(self) -> Path:
@@ -103,6 +120,8 @@ class Report:
     gc_runs: int
     gc_failures: int
     max_staged_chunks: int
+    max_staged_bytes: int
+    stale_chunks_after_gc: int
     sinks: list[dict[str, Any]]
 
     @property
@@ -120,8 +139,10 @@ class Report:
             )
         done = ", ".join(f"{k} {v}" for k, v in sorted(self.faults_done.items()))
         rows.append(f"faults: {sum(self.faults_done.values())} ({done}); seed {self.seed}; "
-                    f"{self.seconds:.0f} s; gc runs {self.gc_runs}, max staged chunks "
-                    f"{self.max_staged_chunks}")  # fmt: skip
+                    f"{self.seconds:.0f} s; gc runs {self.gc_runs} ({self.gc_failures} met an "
+                    f"outage), staged at most {self.max_staged_chunks} chunks / "
+                    f"{self.max_staged_bytes} bytes, chunks past retention after a gc "
+                    f"{self.stale_chunks_after_gc}")  # fmt: skip
         return "\n".join(rows)
 
 
@@ -132,8 +153,9 @@ class Soak:
         self.plan, self.log = plan, log
         self.outputs: list[str] = []  # CLI outputs, grepped for secrets
         self._stop = threading.Event()
+        self._faulting = threading.Event()  # set when the schedule starts
         self._lock = threading.Lock()
-        self.gc_runs = self.gc_failures = self.max_chunks = 0
+        self.gc_runs = self.gc_failures = self.max_chunks = self.max_bytes = self.stale = 0
         self.runs: list[SinkRun] = []
 
     # -- setup ------------------------------------------------------------------------------
@@ -158,10 +180,14 @@ class Soak:
             folder = plan.work / f"sink{number}"
             files = generate(folder / "events", plan.files_per_sink, per_file, plan.seed + number)
             create_influx_database(self.influx.url, f"soak{number}")
-            env = env | {
-                "TWOPHASE_INFLUX_USER": "soak",
-                "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
-            }
+            env = (
+                env
+                | DEADLINES
+                | {
+                    "TWOPHASE_INFLUX_USER": "soak",
+                    "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
+                }
+            )
             runs.append(SinkRun(number, f"soak{number}", files, writer, env))
         return runs
 
@@ -171,8 +197,8 @@ class Soak:
 
     # -- running ----------------------------------------------------------------------------
     def _supervise(self, run: SinkRun) -> None:
-        """Keep the sink's driver running until the soak stops it."""
-        while not self._stop.is_set():
+        """Keep the sink's driver running until the soak stops it or the sink is done."""
+        while not self._stop.is_set() and not run.finished:
             job = run.job
             if job is None or job.returncode is not None:
                 if job is not None:
@@ -202,20 +228,46 @@ class Soak:
             self.runs[number].harness_kills += 1
 
     def _feed(self, run: SinkRun) -> None:
-        for source in run.files:
+        """One file at once (the query's first epoch), the rest over time once the faults
+        begin, so that they land while the sinks are busy."""
+        for index, source in enumerate(run.files):
+            if index == 1:
+                while not self._faulting.wait(1.0):
+                    if self._stop.is_set():
+                        return
             if self._stop.is_set():
                 return
             feed(run.folder / "input", [source])
-            self._stop.wait(self.plan.feed_every_s)
+            run.fed += 1
+            self._stop.wait(self.plan.feed_every_s if index else 0.0)
 
     def _gc_loop(self) -> None:
         while not self._stop.wait(GC_EVERY_S):
-            done = self._cli("gc", "--yes", TWOPHASE_RETENTION=f"{RETENTION_S}s")
-            self.gc_runs += 1
-            self.gc_failures += done.returncode != 0
-            if done.returncode == 0:
-                chunks = query(self.url, "SELECT count(*) FROM twophase_staged_chunks")[0][0]
-                self.max_chunks = max(self.max_chunks, int(chunks))
+            self._gc_once()
+
+    def _gc_once(self) -> None:
+        """``twophase gc`` with the soak's retention, then: is anything it should have
+        removed left? (A gc that meets an outage fails; the next one does its work.)"""
+        try:
+            since = query(self.url, "SELECT now()")[0][0]
+        except psycopg.Error:
+            return
+        done = self._cli("gc", "--yes", TWOPHASE_RETENTION=f"{RETENTION_S}s")
+        self.gc_runs += 1
+        self.gc_failures += done.returncode != 0
+        if done.returncode != 0:
+            return
+        try:
+            stale = int(query(self.url, _STALE_CHUNKS, since, since, RETENTION_S)[0][0])
+            chunks = int(query(self.url, "SELECT count(*) FROM twophase_staged_chunks")[0][0])
+            size = query(self.url, "SELECT COALESCE(sum(staged_bytes), 0) FROM twophase_sinks")
+        except psycopg.Error:
+            return
+        if stale:
+            self.log(f"gc left {stale} staged chunks of epochs past retention")
+        self.stale = max(self.stale, stale)
+        self.max_chunks = max(self.max_chunks, chunks)
+        self.max_bytes = max(self.max_bytes, int(size[0][0]))
 
     def _cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         base = self.target(self.runs[0], direct=True).env(**env)
@@ -252,9 +304,10 @@ class Soak:
         threads.append(self._threads(self._gc_loop))
         self._wait_first_epochs()
         injector = Injector(
-            self.postgres, self.influx, self.proxy,
+            self.postgres, DATABASE, self.influx, self.proxy,
             lambda n: self.runs[n].job, self._kill, self.log,
         )  # fmt: skip
+        self._faulting.set()
         injector.run(schedule, time.monotonic())
         injector.wait()
         self.log("schedule done; waiting for every sink to be exact")
@@ -266,7 +319,7 @@ class Soak:
         return Report(
             self.plan.seed, [f.describe() for f in schedule], dict(injector.done),
             dict(injector.skipped), time.monotonic() - started, self.gc_runs,
-            self.gc_failures, self.max_chunks, sinks,
+            self.gc_failures, self.max_chunks, self.max_bytes, self.stale, sinks,
         )  # fmt: skip
 
     def _wait_first_epochs(self) -> None:
@@ -285,10 +338,16 @@ class Soak:
         return problems + ([f"{dead} dead letters, expected {want}"] if dead != want else [])
 
     def _wait_exact(self) -> None:
+        """Until every sink has been fed all its files and is exact; each one's driver is
+        stopped as soon as it is (the supervisor sees ``finished``)."""
         deadline = time.monotonic() + self.plan.finish_timeout_s
         pending = list(self.runs)
         while pending and time.monotonic() < deadline:
-            pending = [run for run in pending if self._problems(run)]
+            for run in pending:
+                if run.fed == len(run.files) and not self._problems(run):
+                    run.finished = True
+                    self.log(f"sink {run.number} is exact; its driver is stopped")
+            pending = [run for run in pending if not run.finished]
             time.sleep(2)
         for run in pending:
             self.log(f"sink {run.number} not exact in time: {self._problems(run)[:5]}")
@@ -300,13 +359,32 @@ class Soak:
             done = self._cli("recover", "--sink", sink, "--force")
             assert done.returncode == 0, (sink, done.stderr)
         pending = query(self.url, "SELECT count(*) FROM twophase_epochs WHERE state <> 'COMMITTED'")
-        gc = self._cli("gc", "--yes", TWOPHASE_RETENTION="0s", TWOPHASE_ORPHAN_GRACE="0s")
+        self._wait_retention()
+        gc = self._cli("gc", "--yes", TWOPHASE_RETENTION=f"{RETENTION_S}s",
+                       TWOPHASE_ORPHAN_GRACE=f"{RETENTION_S}s")  # fmt: skip
         assert gc.returncode == 0, gc.stderr
         chunks = int(query(self.url, "SELECT count(*) FROM twophase_staged_chunks")[0][0])
         report = [self._sink_report(run) for run in self.runs]
         for entry in report:
-            entry["exact"] = entry["exact"] and int(pending[0][0]) == 0 and chunks == 0
+            entry["undecided_after_recover"] = int(pending[0][0])  # all sinks
+            entry["chunks_after_gc"] = chunks  # all sinks, retention passed
+            entry["exact"] = entry["exact"] and not int(pending[0][0]) and not chunks
+            entry["exact"] = entry["exact"] and not self.stale
         return report
+
+    def _wait_retention(self) -> None:
+        """Until retention (and the orphan grace, the same) has passed since the last
+        decision and the last staged write: then gc must leave nothing staged."""
+        last = query(
+            self.url,
+            "SELECT GREATEST((SELECT max(COALESCE(committed_at, aborted_at))"
+            " FROM twophase_epochs), (SELECT max(staged_at) FROM twophase_writes))"
+            " + make_interval(secs => %s) - now()",
+            RETENTION_S + 1,
+        )[0][0]
+        if last is not None and last.total_seconds() > 0:
+            self.log(f"waiting {last.total_seconds():.0f} s for retention to pass")
+            time.sleep(last.total_seconds())
 
     def _sink_report(self, run: SinkRun) -> dict[str, Any]:
         problems = self._problems(run)

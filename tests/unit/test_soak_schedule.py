@@ -7,7 +7,14 @@ from itertools import pairwise
 
 import pytest
 
-from tests.soak.schedule import KINDS, PER_SINK, describe, make_schedule
+from tests.soak.schedule import (
+    DEADLINE_S,
+    KINDS,
+    OUTAGES,
+    PER_SINK,
+    describe,
+    make_schedule,
+)
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
@@ -33,6 +40,19 @@ def test_per_sink_faults_name_a_sink_and_server_faults_none() -> None:
     for fault in make_schedule(5, 30, 100, 4):
         assert (fault.sink is not None) == (fault.kind in PER_SINK)
         assert fault.sink is None or 0 <= fault.sink < 4
+
+
+def test_some_outages_outlast_the_retry_deadlines_and_the_rest_are_ridden_out() -> None:
+    schedule = make_schedule(11, 24, 400, 4)
+    outages = [f for f in schedule if f.kind in OUTAGES]
+    long = [f for f in outages if f.duration_s > DEADLINE_S]
+    assert len(long) == max(1, round(len(outages) / 5))
+    assert all(f.duration_s < DEADLINE_S for f in outages if f not in long)
+    assert all(f.duration_s == 0 for f in schedule if f.kind not in OUTAGES)
+    assert "outlasts the retry deadlines" in long[0].describe()
+    chosen = make_schedule(11, 24, 400, 4, long_outages=3)
+    assert sum(f.duration_s > DEADLINE_S for f in chosen) == 3
+    assert not any(f.duration_s > DEADLINE_S for f in make_schedule(11, 24, 400, 4, 0))
 
 
 def test_the_description_names_the_seed_and_every_fault() -> None:
