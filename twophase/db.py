@@ -154,10 +154,11 @@ _shared_lock = threading.Lock()
 
 
 def shared_database(config: StagingConfig) -> Database:
-    """One pool per staging URL per process (executors stage many tasks through it)."""
+    """One pool per staging URL per process (executors stage many tasks through it),
+    opened once the store answers (waited for up to ``staging_retry_deadline``)."""
     key = config.url.reveal()
     with _shared_lock:
         db = _shared.get(key)
         if db is None:
-            db = _shared[key] = Database(config)
+            db = _shared[key] = StagingRetry.of(config)("connect", lambda: Database(config))
         return db

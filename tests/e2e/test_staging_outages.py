@@ -8,10 +8,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
-from sqlalchemy.engine import make_url
 
 from scripts.services import PostgresServer
 from tests.e2e.harness import (
@@ -24,7 +21,7 @@ from tests.e2e.harness import (
     mismatches,
     start_job,
 )
-from tests.support import admin_conninfo, alembic, free_port, unique
+from tests.support import alembic, free_port, unique
 from twophase.config import InfluxConfig
 
 FILES = 6
@@ -38,14 +35,6 @@ def private_postgres(tmp_path: Path) -> Iterator[PostgresServer]:
     server.start()
     yield server
     server.destroy()
-
-
-def with_password(url: str, password: str) -> str:
-    """``url`` after giving its role ``password`` (a role may change its own)."""
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        conn.execute(sql.SQL("ALTER ROLE CURRENT_USER PASSWORD {}").format(sql.Literal(password)))
-    parts = make_url(url)
-    return parts.set(password=password).render_as_string(hide_password=False)
 
 
 def restart_when_paused(job: Job, plan: Path, server: PostgresServer, mode: str) -> None:
@@ -62,7 +51,8 @@ def test_postgres_restarts_while_staging_and_deciding_do_not_fail_the_job(
 ) -> None:
     name = unique("e2e_outage")
     private_postgres.create_database(name)
-    url = with_password(private_postgres.url_for(name), SECRET)
+    private_postgres.set_password(SECRET)
+    url = private_postgres.url_for(name)
     assert alembic("upgrade", "head", url=url).returncode == 0
     files = event_files[:FILES]
     input_dir = work / "input"

@@ -13,10 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
-from scripts.services import PG_SUPERUSER
 from scripts.tlskit import HttpsInflux, Kit, TlsPostgres, make_kit
 from tests.integration.test_protocol import lines
 from tests.support import REPO, free_port, two_phase
@@ -45,7 +43,7 @@ class Servers:
     influx: HttpsInflux
 
     def staging(self, host: str = "localhost", **settings: str) -> StagingConfig:
-        url = self.postgres.tls_url_for(DATABASE, host).replace(":twophase@", f":{PASSWORD}@")
+        url = self.postgres.tls_url_for(DATABASE, host)
         files = {
             "staging_tls_ca": str(self.kit.ca),
             "staging_tls_cert": str(self.kit.client_cert),
@@ -95,9 +93,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     influx.start()
     try:
         postgres.create_database(DATABASE)
-        socket = f"host={postgres.socket_dir} port={postgres.port} user={PG_SUPERUSER}"
-        with psycopg.connect(f"{socket} dbname=postgres", autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("ALTER ROLE twophase PASSWORD {}").format(PASSWORD))
+        postgres.set_password(PASSWORD)
         influx.create_database(DATABASE)
         found = Servers(kit, postgres, influx)
         upgrade = cli(found.env(), "-m", "alembic", "upgrade", "head")

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from jobs.generate_events import expected, generate
-from scripts.services import PG_SUPERUSER, InfluxServer, PostgresServer
+from scripts.services import InfluxServer, PostgresServer
 from tests.e2e.harness import (
     Job,
     Target,
@@ -167,10 +166,8 @@ class Soak:
         self.influx.start()
         self.proxy = FaultProxy("127.0.0.1", self.influx.port).start()
         self.postgres.create_database(DATABASE)
-        socket = f"host={self.postgres.socket_dir} port={self.postgres.port} user={PG_SUPERUSER}"
-        with psycopg.connect(f"{socket} dbname=postgres", autocommit=True) as conn:
-            conn.execute(sql.SQL("ALTER ROLE twophase PASSWORD {}").format(PG_PASSWORD))
-        self.url = self.postgres.url_for(DATABASE).replace(":twophase@", f":{PG_PASSWORD}@")
+        self.postgres.set_password(PG_PASSWORD)
+        self.url = self.postgres.url_for(DATABASE)
         assert alembic("upgrade", "head", url=self.url).returncode == 0
 
     def _sinks(self) -> list[SinkRun]:
@@ -400,7 +397,8 @@ class Soak:
             run.sink_id,
             f"{run.sink_id}.malformed",
         )
-        outputs = [job_output(path) for path in sorted((run.folder / "logs").glob("job-*"))]
+        logs = sorted((run.folder / "logs").glob("job-*"))
+        outputs = [path.read_text(errors="replace") for path in logs]
         leaked = any(
             secret in text for text in outputs for secret in (PG_PASSWORD, INFLUX_PASSWORD)
         )
@@ -425,10 +423,6 @@ class Soak:
 
     def secrets_in_cli_output(self) -> bool:
         return any(s in text for text in self.outputs for s in (PG_PASSWORD, INFLUX_PASSWORD))
-
-
-def job_output(path: Path) -> str:
-    return path.read_text(errors="replace")
 
 
 def write_report(report: Report, path: Path) -> None:

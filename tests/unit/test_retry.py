@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.unit.test_sender import FakeClock as Clock
 from twophase.errors import (
     FencedError,
     StagingDeadlineError,
@@ -14,19 +15,9 @@ from twophase.errors import (
 from twophase.retry import RetryPolicy, StagingRetry
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def retry(clock: Clock, deadline_s: float = 10.0) -> StagingRetry:
     policy = RetryPolicy(initial_s=0.5, max_s=2.0, deadline_s=deadline_s, jitter=0.0)
-    return StagingRetry(policy, sleep=clock.sleep, clock=lambda: clock.now)
+    return StagingRetry(policy, sleep=clock.sleep, clock=clock)
 
 
 def failing(times: int, result: str = "done") -> Callable[[], str]:

@@ -24,7 +24,6 @@ from twophase.db import shared_database
 from twophase.errors import PermanentError
 from twophase.model import CommitMessage
 from twophase.points import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
-from twophase.retry import StagingRetry
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
 from twophase.staging import Stager
 
@@ -100,8 +99,7 @@ def stage_task(
     task, which Spark may retry.
     """
     config = sink.staging_config()
-    db = StagingRetry.of(config)("connect", lambda: shared_database(config))
-    stager = Stager(db, config)
+    stager = Stager(shared_database(config), config)
     return stager.stage(
         sink.sink_id,
         task.epoch,
