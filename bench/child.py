@@ -31,7 +31,7 @@ from bench.direct import DirectWriter
 from bench.lines import epoch_lines, iter_lines
 from bench.sides import QUERY_ID
 from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
-from twophase.runtime import TwoPhase
+from twophase.protocol.runtime import TwoPhase
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:

@@ -21,8 +21,8 @@ from bench.lines import iter_lines
 from bench.servers import REPO
 from bench.sides import QUERY_ID, BenchError
 from bench.stats import Summary, at_least_direct, entry, interleaved
-from twophase.runtime import TwoPhase
-from twophase.staging import Stager
+from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.stager import Stager
 
 MEMORY_TARGET_MB = 50.0
 RECOVERY_TARGET = 0.8

@@ -22,8 +22,8 @@ from bench.context import TP_INFLUX, Context
 from bench.sides import QUERY_ID, TwoPhaseSide
 from bench.stats import Summary, entry, interleaved
 from bench.throughput import FIXED_POINTS, SharedLines, _millis
-from twophase.db import Database
-from twophase.runtime import TwoPhase
+from twophase.protocol.runtime import TwoPhase
+from twophase.store.database import Database
 
 FLAT_TARGET = 1.2
 SINK = "bench-history"

@@ -2,7 +2,7 @@
 
 Lines look like what ``jobs/session_metrics.py`` writes (measurement
 ``stream_stats``, tags ``isp`` and ``stream_id``, four integer fields) and
-are byte-identical to what :class:`twophase.points.PointBuilder` makes from
+are byte-identical to what :class:`twophase.points.builder.PointBuilder` makes from
 such rows (sorted tags and fields, ``i`` suffix, nanosecond time). 300 series
 (100 streams x 3 ISPs). Each ``seed`` owns its own 1000-second time range, so
 two epochs never write the same point unless they use the same seed.

@@ -34,7 +34,7 @@ from bench.sides import DirectSide
 from bench.stats import compared, rotated
 from tests.integration.faultproxy import FaultProxy
 from twophase.config import BACKGROUND, INLINE, TwoPhaseConfig
-from twophase.runtime import TwoPhase
+from twophase.protocol.runtime import TwoPhase
 
 ROUND_TRIP_S = 0.020
 LANES = 4

@@ -27,7 +27,7 @@ from typing import Any
 from bench.context import TP_INFLUX, Context
 from bench.history import SINK, seed_history
 from bench.stats import Summary, entry, interleaved
-from twophase.db import Database
+from twophase.store.database import Database
 
 SCRAPES = 1000
 SCRAPE_TARGET_MS = 50.0

@@ -1,6 +1,6 @@
 """The two sides of every comparison: one epoch through twophase, or straight to InfluxDB.
 
-* :class:`TwoPhaseSide`: stage (COPY through :class:`twophase.staging.Stager`),
+* :class:`TwoPhaseSide`: stage (COPY through :class:`twophase.protocol.stager.Stager`),
   then ``Committer.commit`` (recover, decide, promote, mark), exactly what a
   sink does per epoch. One write per epoch.
 * :class:`DirectSide`: what a user writes instead: the same lines POSTed
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.direct import DirectWriter, PartitionedWriter
-from twophase.committer import Committer
 from twophase.config import InfluxConfig
 from twophase.model import EpochState
-from twophase.runtime import TwoPhase
-from twophase.staging import Stager
+from twophase.protocol.committer import Committer
+from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.stager import Stager
 
 QUERY_ID = "twophase-bench"
 

@@ -112,12 +112,13 @@ ensure_venv() {
         say "creating $VENV"
         python3 -m venv "$VENV"
     fi
-    # Re-install only when pyproject.toml changed (the stamp name carries its hash).
+    # Re-install only when pyproject.toml or the tools' list changed (the stamp name carries
+    # their hash).
     local stamp
-    stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+    stamp="$VENV/.installed-$(cat pyproject.toml requirements/dev.txt | sha256sum | cut -c1-16)"
     if [ ! -e "$stamp" ]; then
-        say "pip install -e '.[dev]'"
-        "$PY" -m pip install -q -e '.[dev]'
+        say "pip install -r requirements/dev.txt"
+        "$PY" -m pip install -q -r requirements/dev.txt
         rm -f "$VENV"/.installed-*
         touch "$stamp"
     fi
@@ -152,7 +153,7 @@ run_step() {
 
 lint_steps() {
     local paths=() path
-    for path in twophase tests scripts jobs bench; do
+    for path in twophase migrations tests scripts jobs bench; do
         [ -e "$path" ] && paths+=("$path")
     done
     run_step "ruff" "$VENV/bin/ruff" check "${paths[@]}"

@@ -148,7 +148,7 @@ def influx_count(config: InfluxConfig, measurement: str) -> int:
 
 @contextmanager
 def two_phase(staging: StagingConfig, influx: InfluxConfig, **parts: Any) -> Iterator[Any]:
-    from twophase.runtime import TwoPhase
+    from twophase.protocol.runtime import TwoPhase
 
     tp = TwoPhase.open(TwoPhaseConfig(staging, influx), **parts)
     try:

@@ -169,7 +169,7 @@ class StagedChunk:
     points: int
     ends: Sequence[int] | None
     body: str
-    lane: int = 0  # its promotion lane (twophase.lanes)
+    lane: int = 0  # its promotion lane (twophase.protocol.lanes)
 
     @classmethod
     def of_lines(cls, write_id: str, first_seq: int, lines: Sequence[str]) -> StagedChunk:

@@ -22,7 +22,7 @@ from tests.integration.test_protocol import lines, stage
 from tests.support import REPO, admin_conninfo
 from twophase.cli import main
 from twophase.config import InfluxConfig
-from twophase.points import Rejected
+from twophase.points.builder import Rejected
 
 SINK = "s"
 OTHER = "t"

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
-from twophase.runtime import TwoPhase
+from twophase.protocol.runtime import TwoPhase
 
 MEASUREMENT = "crash"
 PARTITIONS = 3

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from tests.support import admin_conninfo, influx_query, influx_rows
-from twophase.points import PointBuilder, PointSpec
+from twophase.points.builder import PointBuilder, PointSpec
 
 T = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SPEC = PointSpec(measurement="bad input", tag_columns=("host", "dc"), time_column="ts")

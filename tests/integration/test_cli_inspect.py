@@ -19,7 +19,7 @@ from tests.integration.cli_helpers import (
     make_idle,
 )
 from twophase.config import InfluxConfig
-from twophase.points import Rejected
+from twophase.points.builder import Rejected
 
 STATUS_KEYS = {
     "sink_id",

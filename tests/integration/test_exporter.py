@@ -17,9 +17,9 @@ from tests.integration.test_protocol import lines, stage
 from tests.support import admin_conninfo, free_port, port_is_free, two_phase
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
-from twophase.exporter import Exporter, metric_names
 from twophase.model import Lease
 from twophase.operations import start_exporter
+from twophase.operations.exporter import Exporter, metric_names
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

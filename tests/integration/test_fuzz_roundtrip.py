@@ -15,7 +15,7 @@ from tests.fuzz import any_text, examples, plain_number, plain_values
 from tests.integration.test_points_roundtrip import Influx
 from twophase.config import InfluxConfig
 from twophase.errors import ConfigError, PointError
-from twophase.points import MAX_TIME_NS, MIN_TIME_NS, PointBuilder, PointSpec
+from twophase.points.builder import MAX_TIME_NS, MIN_TIME_NS, PointBuilder, PointSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 _numbers = itertools.count()

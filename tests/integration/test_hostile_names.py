@@ -18,7 +18,7 @@ from tests.support import admin_conninfo
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import ConfigError
 from twophase.model import EpochState
-from twophase.points import PointBuilder, PointSpec
+from twophase.points.builder import PointBuilder, PointSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 TABLES = ("twophase_sinks", "twophase_epochs", "twophase_writes", "twophase_staged_chunks")

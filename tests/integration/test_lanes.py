@@ -18,7 +18,7 @@ from tests.integration.test_protocol import epoch_row, stage
 from tests.support import admin_conninfo, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
 from twophase.errors import FencedError
-from twophase.lanes import LaneChooser
+from twophase.protocol.lanes import LaneChooser
 
 M = "lanes"
 BASE = 1_700_000_000_000_000_000

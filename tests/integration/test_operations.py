@@ -25,10 +25,10 @@ from twophase.errors import (
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.operations import Guard, Hooks, Progress
-from twophase.resend import Resender, plan_resend
-from twophase.runtime import TwoPhase
-from twophase.verify import staged_lines
-from twophase.views import EpochRange, Views
+from twophase.operations.verify import staged_lines
+from twophase.protocol.resend import Resender, plan_resend
+from twophase.protocol.runtime import TwoPhase
+from twophase.store.views import EpochRange, Views
 
 M = "proto"
 

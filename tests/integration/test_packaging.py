@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import REPO, create_database, drop_database, unique
 from twophase import __version__
-from twophase.db import SCHEMA_REVISION
+from twophase.store.database import SCHEMA_REVISION
 
 pytestmark = pytest.mark.integration
 

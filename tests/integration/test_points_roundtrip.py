@@ -25,7 +25,13 @@ from influxdb_client import Point, WritePrecision
 
 from tests.support import create_influx_database, drop_influx_database
 from twophase.errors import ConfigError, PointError
-from twophase.points import MAX_SERIES_KEY_BYTES, MAX_TIME_NS, MIN_TIME_NS, PointBuilder, PointSpec
+from twophase.points.builder import (
+    MAX_SERIES_KEY_BYTES,
+    MAX_TIME_NS,
+    MIN_TIME_NS,
+    PointBuilder,
+    PointSpec,
+)
 
 # The proxy settings of the environment must not apply to a local test server.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -27,10 +27,10 @@ import pytest
 from scripts.services import InfluxServer, PrometheusServer, ServiceError
 from tests.integration.test_protocol import lines, stage
 from tests.support import OWN_INFLUX_DB, free_port, two_phase
-from twophase import exporter
 from twophase.config import InfluxConfig, StagingConfig
-from twophase.db import Database
 from twophase.errors import InfluxUnavailableError
+from twophase.operations import exporter
+from twophase.store.database import Database
 
 pytestmark = pytest.mark.integration
 

@@ -159,7 +159,7 @@ def test_an_aborted_correction_gives_its_dead_letters_back(
 def test_stage_time_dead_letters_are_not_requeued(
     tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
 ) -> None:
-    from twophase.points import Rejected
+    from twophase.points.builder import Rejected
 
     lease = tp.ledger.begin_run(SINK, "r1", "q1")
     rows: list[Any] = [*epoch_lines(0)[:2], Rejected(2, "field 'v' is null", '{"v": null}')]

@@ -9,8 +9,8 @@ import pytest
 
 from tests.support import admin_conninfo, alembic, create_database, drop_database, unique
 from tests.support import staging_config_for as config_for
-from twophase.db import Database
 from twophase.errors import SchemaError, StagingUnavailableError
+from twophase.store.database import Database
 
 
 @pytest.fixture

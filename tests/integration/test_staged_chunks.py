@@ -22,11 +22,11 @@ from tests.support import (
     unique,
 )
 from twophase.config import InfluxConfig, StagingConfig
-from twophase.db import Database
 from twophase.model import EpochPlan, LineChecksum, WriteRef
-from twophase.points import Rejected
-from twophase.reader import StagedReader
-from twophase.staging import Stager
+from twophase.points.builder import Rejected
+from twophase.protocol.reader import StagedReader
+from twophase.protocol.stager import Stager
+from twophase.store.database import Database
 
 # The layout of one lane: seq numbers, chunk boundaries and coalesced requests in the
 # task's order (tests/integration/test_lanes.py covers several lanes).

@@ -18,9 +18,9 @@ from scripts.services import PostgresServer
 from tests.integration.test_protocol import M, lines, stage
 from tests.support import admin_conninfo, alembic, free_port, influx_count, two_phase, unique
 from twophase.config import InfluxConfig, StagingConfig, load_staging_config
-from twophase.db import Database
 from twophase.errors import StagingDeadlineError, StagingUnavailableError
 from twophase.model import EpochState
+from twophase.store.database import Database
 
 SINK = "outage"
 # Short connection timeouts so a step notices the outage quickly; a deadline well

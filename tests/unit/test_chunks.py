@@ -17,9 +17,9 @@ import pytest
 from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
 from twophase.config import InfluxConfig
 from twophase.errors import PermanentError
-from twophase.lanes import LaneChooser
 from twophase.model import DeadLetter, EpochPlan, LineChecksum, StagedChunk, WriteRef
-from twophase.promoter import Promoter
+from twophase.protocol.lanes import LaneChooser
+from twophase.protocol.promoter import Promoter
 
 # --- StagedChunk ----------------------------------------------------------------------
 

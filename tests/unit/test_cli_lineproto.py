@@ -9,8 +9,8 @@ import pytest
 from influxdb_client import Point
 
 from twophase.errors import LineProtocolError
-from twophase.lineproto import ParsedPoint, parse_line
-from twophase.points import PointBuilder, PointSpec
+from twophase.points.builder import PointBuilder, PointSpec
+from twophase.points.lineproto import ParsedPoint, parse_line
 
 
 @pytest.mark.parametrize(

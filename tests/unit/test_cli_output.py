@@ -14,8 +14,8 @@ from twophase.cli.console import ProgressBar
 from twophase.cli.render import cell, size, table
 from twophase.errors import UsageError
 from twophase.operations.store import export_format
-from twophase.text import age, compact_ranges, epochs_are
-from twophase.views import EpochRange
+from twophase.store.views import EpochRange
+from twophase.wording import age, compact_ranges, epochs_are
 
 
 class Clock:

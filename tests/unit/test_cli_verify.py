@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from twophase.errors import StateError
-from twophase.resend import plan_resend
-from twophase.verify import (
+from twophase.operations.verify import (
     Expected,
     Window,
     actual_points,
@@ -23,7 +22,8 @@ from twophase.verify import (
     window_query,
     windows,
 )
-from twophase.views import EpochInfo
+from twophase.protocol.resend import plan_resend
+from twophase.store.views import EpochInfo
 
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
 A: Any = ("m", (("host", "a"),))

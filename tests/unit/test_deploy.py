@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.support import REPO
-from twophase.exporter import metric_names
+from twophase.operations.exporter import metric_names
 
 pytestmark = pytest.mark.unit
 

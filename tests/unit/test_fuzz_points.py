@@ -23,8 +23,8 @@ from tests.fuzz import (
     time_values,
 )
 from twophase.errors import ConfigError
-from twophase.lineproto import field_text, is_null, parse_line
-from twophase.points import PointBuilder, PointSpec, Rejected
+from twophase.points.builder import PointBuilder, PointSpec, Rejected
+from twophase.points.lineproto import field_text, is_null, parse_line
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from twophase.handoff import Handoff
 from twophase.model import Lease
-from twophase.promoter import PromoteResult
+from twophase.protocol.handoff import Handoff
+from twophase.protocol.promoter import PromoteResult
 
 
 class Gate:

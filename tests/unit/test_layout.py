@@ -68,7 +68,7 @@ def test_the_readme_lists_every_setting() -> None:
 
 
 _SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|COPY)\b")
-_PROTOCOL = ("db", "ledger", "reader", "staging", "promoter", "committer", "gc", "runtime")
+_PROTOCOL = ("database", "ledger", "reader", "stager", "promoter", "committer", "gc", "runtime")
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "cli").glob("*.py")), ids=_name)
@@ -82,7 +82,7 @@ def test_the_cli_holds_no_sql_and_no_protocol(path: Path) -> None:
     assert not {m for m in imported if m.split(".")[-1] in _PROTOCOL and m.startswith("twophase")}
 
 
-_RESEND_PATH = ("resend.py", "operations/delivery.py", "cli/parser.py", "cli/commands.py")
+_RESEND_PATH = ("protocol/resend.py", "operations/delivery.py", "cli/parser.py", "cli/commands.py")
 
 
 @pytest.mark.parametrize("name", _RESEND_PATH)
@@ -111,8 +111,8 @@ def test_executor_modules_import_no_driver_side_code(module: str) -> None:
     probe = (
         f"import sys, {module}; "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'sqlalchemy', 'alembic', 'urllib3'} or m in {'twophase.ledger', "
-        "'twophase.committer', 'twophase.promoter', 'twophase.influx.writers'})))"
+        "{'sqlalchemy', 'alembic', 'urllib3'} or m in {'twophase.protocol.ledger', "
+        "'twophase.protocol.committer', 'twophase.protocol.promoter', 'twophase.influx.writers'})))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO

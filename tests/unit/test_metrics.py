@@ -11,10 +11,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from twophase.cli.parser import _epoch
 from twophase.errors import BadPointsError, InfluxAuthError, TransientWriteError
-from twophase.exporter import DURATION_BUCKETS, SinkRow, _Durations, metric_names, sink_families
 from twophase.influx.classify import Target, classify_status
 from twophase.influx.metering import retry_reason, status_class
-from twophase.text import epoch_label, name_epochs
+from twophase.operations.exporter import (
+    DURATION_BUCKETS,
+    SinkRow,
+    _Durations,
+    metric_names,
+    sink_families,
+)
+from twophase.wording import epoch_label, name_epochs
 
 pytestmark = pytest.mark.unit
 

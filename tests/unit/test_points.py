@@ -21,7 +21,7 @@ import pytest
 from influxdb_client import Point, WritePrecision
 
 from twophase.errors import ConfigError, PointError, TwoPhaseError
-from twophase.points import (
+from twophase.points.builder import (
     MAX_PAYLOAD_BYTES,
     MAX_SERIES_KEY_BYTES,
     MAX_TIME_NS,

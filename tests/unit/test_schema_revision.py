@@ -6,7 +6,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from tests.support import REPO
-from twophase.schema import SCHEMA_REVISION, metadata
+from twophase.store.schema import SCHEMA_REVISION, metadata
 
 
 def test_code_expects_alembic_head() -> None:

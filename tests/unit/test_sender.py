@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import pytest
 
-from twophase.batching import batches
 from twophase.config import InfluxConfig
 from twophase.errors import (
     BadPointsError,
@@ -18,7 +17,8 @@ from twophase.errors import (
     InfluxUnavailableError,
     TransientWriteError,
 )
-from twophase.sender import BatchSender, RetryEvent, RetryPolicy
+from twophase.influx.sender import BatchSender, RetryEvent, RetryPolicy
+from twophase.points.batching import batches
 
 
 class FakeClock:

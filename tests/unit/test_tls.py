@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from twophase.config import load_influx_config, load_staging_config
+from twophase.config.tls import influx_tls_error, staging_tls_error
 from twophase.errors import ConfigError
 from twophase.influx.http import tls_of
-from twophase.tls import influx_tls_error, staging_tls_error
 
 URL = "postgresql+psycopg://tp:pg-s3cret@h1:5432,h2:5433/tp?target_session_attrs=read-write"
 INFLUX = {"TWOPHASE_INFLUX_URL": "https://influx.example:8086", "TWOPHASE_INFLUX_DB": "m"}

@@ -14,13 +14,13 @@ without ``--yes`` when stdin is not a terminal). Tracebacks only with --debug.
 
 ``--json`` prints one JSON object on stdout (sorted keys, indented; times as
 ISO-8601 UTC ``...Z`` strings, durations in seconds). Top-level keys:
-status ``sinks`` (objects with the fields of :class:`twophase.views.SinkStatus`);
+status ``sinks`` (objects with the fields of :class:`twophase.store.views.SinkStatus`);
 epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one
 ``--epoch``); recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``,
 ``rejected``); resend ``sink_id``, ``resent`` (``sink_id``, ``epoch``,
 ``points_sent``, ``points_rejected``), ``skipped_aborted``, ``skipped_purged``; verify ``sink_id``,
 ``epochs``, ``points``, ``series``, ``unparseable``, ``ok``, ``differences``
-(fields of :class:`twophase.verify.SeriesDiff`), ``notes``; abort and reset
+(fields of :class:`twophase.operations.verify.SeriesDiff`), ``notes``; abort and reset
 ``sink_id`` and what was done; dead-letters ``total`` and ``dead_letters``
 (fields of :class:`twophase.model.DeadLetter`) or ``exported`` and ``file``; gc ``dry_run``,
 ``retention_s``, ``orphan_grace_s``, ``sinks`` and the totals.
@@ -44,7 +44,6 @@ from twophase.cli import commands as cmd
 from twophase.cli.console import Console
 from twophase.cli.parser import build_parser
 from twophase.config import CLI_FLAGS
-from twophase.dburl import has_password
 from twophase.errors import (
     ConfigError,
     EpochRangeError,
@@ -52,6 +51,7 @@ from twophase.errors import (
     UnknownSinkError,
     UsageError,
 )
+from twophase.store.urls import has_password
 
 __all__ = ["build_parser", "main"]
 

@@ -17,8 +17,8 @@ from twophase.cli.console import Console
 from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config, load_setting
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
-from twophase.requeue import RequeueFilter
-from twophase.views import EpochRange
+from twophase.protocol.requeue import RequeueFilter
+from twophase.store.views import EpochRange
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from twophase.errors import RefusedError, UsageError
 from twophase.operations import Guard, Hooks, Progress
-from twophase.text import iso
+from twophase.wording import iso
 
 
 def _json_default(value: Any) -> Any:

@@ -15,9 +15,9 @@ from twophase.cli import commands as cmd
 from twophase.cli.console import Console
 from twophase.config import BY_NAME, CLI_FLAGS, parse_duration
 from twophase.errors import ConfigError
-from twophase.exporter import DEFAULT_PORT
 from twophase.operations import LIVE_WINDOW_S
-from twophase.text import age
+from twophase.operations.exporter import DEFAULT_PORT
+from twophase.wording import age
 
 Handler = Callable[[Console], int]
 

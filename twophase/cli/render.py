@@ -8,11 +8,11 @@ from typing import Any
 
 from twophase.operations import GcSummary, ResendReport
 from twophase.operations.delivery import RecoverReport, RequeueReport
-from twophase.operations.schema import SchemaReport
+from twophase.operations.migrate import SchemaReport
 from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
-from twophase.text import age, compact_ranges, epoch_label, iso, name_epochs, plural
-from twophase.verify import SeriesDiff, VerifyReport
-from twophase.views import EpochInfo, SinkStatus
+from twophase.operations.verify import SeriesDiff, VerifyReport
+from twophase.store.views import EpochInfo, SinkStatus
+from twophase.wording import age, compact_ranges, epoch_label, iso, name_epochs, plural
 
 
 def cell(value: Any, width: int = 60) -> str:

@@ -35,6 +35,7 @@ from urllib3.exceptions import (
 )
 
 from twophase.config import env_name
+from twophase.config.tls import influx_tls_error
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
@@ -44,7 +45,6 @@ from twophase.errors import (
     TransientWriteError,
     TwoPhaseError,
 )
-from twophase.tls import influx_tls_error
 
 if TYPE_CHECKING:
     from twophase.config import InfluxConfig

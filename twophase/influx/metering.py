@@ -11,7 +11,7 @@ The metrics live in :data:`REGISTRY`, not in prometheus-client's global
 one, so that importing twophase adds nothing to an application's own
 ``/metrics``; embed them with ``REGISTRY`` where wanted. What the store
 knows (epochs, points, dead letters) comes from the exporter
-(:mod:`twophase.exporter`), which any process can run.
+(:mod:`twophase.operations.exporter`), which any process can run.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from twophase.errors import TransientWriteError, TwoPhaseError
+from twophase.influx.sender import RetryEvent
 from twophase.influx.writers import InfluxWriter
-from twophase.sender import RetryEvent
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 # Request latencies from a loopback write (ms) to a request that waits out a timeout.

@@ -1,7 +1,7 @@
 """Writers for the InfluxDB 1.x and 2.x write APIs.
 
 A writer sends one body of line protocol in one attempt and never retries:
-retrying, batching and bisection live in :mod:`twophase.sender`, which only
+retrying, batching and bisection live in :mod:`twophase.influx.sender`, which only
 needs the small :class:`InfluxWriter` interface. Every failure is raised
 classified (:mod:`twophase.influx.classify`).
 """

@@ -33,7 +33,7 @@ from twophase.operations.delivery import (
 )
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
-from twophase.operations.schema import SchemaReport, current_schema, upgrade_schema
+from twophase.operations.migrate import SchemaReport, current_schema, upgrade_schema
 from twophase.operations.store import (
     AbortReport,
     DeadLetterListing,

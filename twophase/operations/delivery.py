@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from twophase.config import TwoPhaseConfig
-from twophase.db import Database
 from twophase.errors import PermanentError
 from twophase.influx.api import resolve_api
 from twophase.influx.http import tls_of
@@ -23,14 +22,15 @@ from twophase.operations.hooks import (
     actor,
     refuse_if_live,
 )
-from twophase.promoter import PromoteResult
-from twophase.reader import StagedReader
-from twophase.requeue import EVERY_LETTER, RequeueFilter, Requeuer, RequeueSelection
-from twophase.resend import Resender, ResendPlan, ResentEpoch, plan_resend
-from twophase.runtime import TwoPhase
-from twophase.text import epochs_are
-from twophase.verify import Verifier, VerifyReport
-from twophase.views import CLI_RUN_PREFIX, EpochRange, Views
+from twophase.operations.verify import Verifier, VerifyReport
+from twophase.protocol.promoter import PromoteResult
+from twophase.protocol.reader import StagedReader
+from twophase.protocol.requeue import EVERY_LETTER, RequeueFilter, Requeuer, RequeueSelection
+from twophase.protocol.resend import Resender, ResendPlan, ResentEpoch, plan_resend
+from twophase.protocol.runtime import TwoPhase
+from twophase.store.database import Database
+from twophase.store.views import CLI_RUN_PREFIX, EpochRange, Views
+from twophase.wording import epochs_are
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def requeue(
     hooks: Hooks = SILENT,
 ) -> RequeueReport:
     """Deliver the sink's promote-time dead letters again, once, as a correction
-    (:mod:`twophase.requeue`). Claims the sink like ``recover`` (refused while a
+    (:mod:`twophase.protocol.requeue`). Claims the sink like ``recover`` (refused while a
     live run owns it, unless forced); a crash at any step is finished by ``recover``."""
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)

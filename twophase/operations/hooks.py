@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from twophase.errors import RefusedError
-from twophase.text import age
-from twophase.views import LIVE_WINDOW_S, Views
+from twophase.store.views import LIVE_WINDOW_S, Views
+from twophase.wording import age
 
 __all__ = ["LIVE_WINDOW_S", "Guard", "Hooks", "Progress", "actor", "refuse_if_live"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from twophase.config import StagingConfig
-from twophase.db import Database
-from twophase.exporter import DEFAULT_PORT, Exporter, start
+from twophase.operations.exporter import DEFAULT_PORT, Exporter, start
 from twophase.operations.hooks import LIVE_WINDOW_S
+from twophase.store.database import Database
 
 # A scrape must answer within Prometheus's default 10 s scrape timeout -- with
 # twophase_store_up 0 when the store is away -- rather than time out itself.

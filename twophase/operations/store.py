@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from twophase.config import StagingConfig
-from twophase.db import Database
 from twophase.errors import StateError, UnknownSinkError, UsageError
-from twophase.gc import GarbageCollector, GcReport
-from twophase.ledger import Ledger
 from twophase.model import DeadLetter, EpochState
 from twophase.operations.hooks import (
     LIVE_WINDOW_S,
@@ -27,8 +24,11 @@ from twophase.operations.hooks import (
     actor,
     refuse_if_live,
 )
-from twophase.text import age, iso
-from twophase.views import EpochEvent, EpochInfo, EpochRange, SinkStatus, Views
+from twophase.protocol.gc import GarbageCollector, GcReport
+from twophase.protocol.ledger import Ledger
+from twophase.store.database import Database
+from twophase.store.views import EpochEvent, EpochInfo, EpochRange, SinkStatus, Views
+from twophase.wording import age, iso
 
 LAST_EPOCHS = 20  # what `epochs` lists when no range is given
 EXPORT_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}

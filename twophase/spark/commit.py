@@ -26,11 +26,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from twophase.committer import CommitOutcome
 from twophase.errors import ConfigError, PermanentError, TwoPhaseError
 from twophase.model import CommitMessage, Lease
+from twophase.protocol.committer import CommitOutcome
+from twophase.protocol.runtime import TwoPhase
 from twophase.retry import StagingRetry
-from twophase.runtime import TwoPhase
 from twophase.spark.options import SinkOptions
 
 log = logging.getLogger("twophase.spark")

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twophase.errors import TwoPhaseError
-from twophase.runs import FAILED, STOPPED
+from twophase.protocol.runs import FAILED, STOPPED
 from twophase.spark.commit import drain, two_phase
 from twophase.spark.foreach import ForeachBatchWriter
 from twophase.spark.options import SinkOptions, parse_options

@@ -48,7 +48,7 @@ from typing import Any
 
 from twophase.config import BACKGROUND
 from twophase.errors import ConfigError
-from twophase.points import PointSpec
+from twophase.points.builder import PointSpec
 from twophase.spark.commit import await_claim, commit_epoch, open_in_background
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
 from twophase.spark.split import split_dead_letters

@@ -27,10 +27,10 @@ from twophase.config import (
     load_setting,
     load_staging_config,
 )
-from twophase.dburl import has_password
 from twophase.errors import ConfigError
 from twophase.model import check_sink_id
-from twophase.points import PointSpec
+from twophase.points.builder import PointSpec
+from twophase.store.urls import has_password
 
 POINTS = "points"
 DEAD_LETTERS = "dead_letters"

@@ -18,7 +18,7 @@ as one write of the dead-letter sink, tagged with the micro-batch (epoch),
 the run and the task's partition. No task result carries that write to the
 driver, so the sink's commit decides the epoch of the dead-letter sink
 first, from the writes its run staged, one per partition
-(:meth:`twophase.reader.StagedReader.partition_writes`): every attempt of a
+(:meth:`twophase.protocol.reader.StagedReader.partition_writes`): every attempt of a
 partition's task reads the same input split and stages the same rows, all
 or nothing, so any complete write stands for the partition. Writes of a
 crashed run or a duplicate attempt are orphans that GC removes; a Spark

@@ -4,7 +4,7 @@ Runs on executors. Reads the epoch, run id and query id from the task's
 context (the local properties Spark sets for a streaming micro-batch, or
 under Spark Connect the foreachBatch writer's job tag), turns
 the rows into line-protocol lines or dead letters, and stages them through
-:class:`twophase.staging.Stager` over the process's shared connection pool.
+:class:`twophase.protocol.stager.Stager` over the process's shared connection pool.
 Nothing reaches InfluxDB here. Every call makes a new write: a retried task
 stages again, and only the write whose message reaches the driver's vote
 counts; the others are orphans that abort or GC removes.
@@ -20,12 +20,12 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from twophase.db import shared_database
 from twophase.errors import PermanentError
 from twophase.model import CommitMessage
-from twophase.points import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
+from twophase.points.builder import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
+from twophase.protocol.stager import Stager
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
-from twophase.staging import Stager
+from twophase.store.database import shared_database
 
 # Local properties Spark sets on every job of a streaming micro-batch.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"

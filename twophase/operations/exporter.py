@@ -1,0 +1,346 @@
+"""The Prometheus exporter of the staging store: every sink's state, read on each scrape.
+
+``twophase metrics serve --port 9464`` runs it; :class:`StoreCollector` embeds
+it in any ``prometheus_client`` registry, and :func:`start` serves it from a
+thread of the calling process.
+
+A scrape costs two indexed queries, whatever the history's length: one row
+per sink (the running totals the ledger keeps in ``twophase_sinks``, the
+owning run through its primary key, the PRECOMMITTED epochs through their
+partial index) and the epochs committed since the previous scrape (primary
+key range). Counters are the store's own totals, so they survive exporter
+restarts; the commit-duration histogram is the exporter's (Prometheus
+treats its restart as a counter reset, as for any process). When the store
+cannot be read, the scrape still answers, with ``twophase_store_up 0`` and
+no per-sink series.
+
+Labels: ``sink`` (bounded by the sinks one deploys), ``state``, ``phase``.
+Never an epoch number or a run id: those are unbounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from twophase.errors import TwoPhaseError
+from twophase.influx import metering
+from twophase.model import EpochState
+from twophase.store.database import Database
+from twophase.store.views import CLI_RUN_PREFIX, LIVE_WINDOW_S, OWNER_RUN_SQL, OWNER_STATE_SQL
+
+log = logging.getLogger("twophase.operations.exporter")
+
+DEFAULT_PORT = 9464
+RUN_STATES = ("live", "ended", "unknown", "none")
+# Decide -> committed: from a loopback epoch (tens of ms) to an InfluxDB outage (many minutes).
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+RECENT_EPOCHS = 100  # committed epochs a new exporter puts in the histogram at its first scrape
+MAX_NEW_EPOCHS = 10_000  # per sink and scrape; more committed between two scrapes are not timed
+
+_SINKS_SQL = f"""
+SELECT s.sink_id, s.last_decided_epoch, s.last_committed_epoch,
+       extract(epoch FROM s.last_committed_at)::float8, {OWNER_STATE_SQL},
+       p.n, COALESCE(extract(epoch FROM now() - p.since)::float8, 0),
+       s.epochs_committed, s.epochs_aborted, s.points_staged, s.points_delivered,
+       s.points_rejected_stage, s.points_rejected_promote, s.points_requeued,
+       s.replays_detected, s.promote_attempts, s.promote_retries, s.fenced_attempts,
+       s.staged_bytes
+FROM twophase_sinks s {OWNER_RUN_SQL}
+CROSS JOIN LATERAL (SELECT count(*) AS n, min(decided_at) AS since
+    FROM twophase_epochs e WHERE e.state = %(pre)s AND e.sink_id = s.sink_id) p
+ORDER BY s.sink_id
+"""  # noqa: S608 - constant fragments; every value is a parameter
+
+# Epochs committed above each sink's last seen one (NULL: a sink new to this exporter,
+# which takes only its RECENT_EPOCHS last ones). Corrections (negative epochs) are left out.
+_COMMITTED_SQL = """
+SELECT l.sink_id, c.epoch, c.seconds
+FROM unnest(%(sinks)s::text[], %(seen)s::bigint[]) AS l(sink_id, seen)
+CROSS JOIN LATERAL (
+    SELECT e.epoch, extract(epoch FROM e.committed_at - e.decided_at)::float8 AS seconds
+    FROM twophase_epochs e
+    WHERE e.sink_id = l.sink_id AND e.epoch > COALESCE(l.seen, -1) AND e.state = %(done)s
+    ORDER BY e.epoch DESC
+    LIMIT CASE WHEN l.seen IS NULL THEN %(recent)s ELSE %(most)s END) c
+"""
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    """One sink's line of a scrape (the columns of ``_SINKS_SQL``)."""
+
+    sink_id: str
+    last_decided_epoch: int | None
+    last_committed_epoch: int | None
+    last_commit_at: float | None
+    run_state: str | None
+    precommitted: int
+    oldest_precommitted_age_s: float
+    epochs_committed: int
+    epochs_aborted: int
+    points_staged: int
+    points_delivered: int
+    points_rejected_stage: int
+    points_rejected_promote: int
+    points_requeued: int
+    replays_detected: int
+    promote_attempts: int
+    promote_retries: int
+    fenced_attempts: int
+    staged_bytes: int
+
+
+@dataclass
+class _Durations:
+    """One sink's commit-duration histogram, cumulative since this exporter started."""
+
+    seen: int | None = None
+    counts: list[int] = field(default_factory=lambda: [0] * len(DURATION_BUCKETS))
+    total: int = 0
+    sum: float = 0.0
+
+    def observe(self, epoch: int, seconds: float) -> None:
+        self.seen = epoch if self.seen is None else max(self.seen, epoch)
+        self.total += 1
+        self.sum += seconds
+        for i, bound in enumerate(DURATION_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        pairs = zip(DURATION_BUCKETS, self.counts, strict=True)
+        bounds = [(repr(float(b)), float(c)) for b, c in pairs]
+        return [*bounds, ("+Inf", float(self.total))]
+
+
+class StoreCollector(Collector):
+    """Collects the store's metrics on each scrape (register it in a registry).
+
+    Thread-safe: scrapes are serialised (the histogram's state is shared).
+    ``live_window_s`` decides when a silent run counts as ``unknown`` rather
+    than ``live``, as for ``twophase status``.
+    """
+
+    def __init__(self, db: Database, live_window_s: float) -> None:
+        self._db = db
+        self._window = live_window_s
+        self._durations: dict[str, _Durations] = {}
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                rows = self._read()
+            except (TwoPhaseError, psycopg.Error) as exc:
+                log.warning("scrape: cannot read the staging store: %s", exc)
+                rows = None
+            up = GaugeMetricFamily(
+                "twophase_store_up", "1 when the last scrape read the staging store, else 0."
+            )
+            up.add_metric([], 0.0 if rows is None else 1.0)
+            yield up
+            if rows is not None:
+                yield from sink_families(rows, self._durations)
+            took = GaugeMetricFamily(
+                "twophase_scrape_duration_seconds", "How long reading the staging store took."
+            )
+            took.add_metric([], time.perf_counter() - started)
+            yield took
+
+    def _read(self) -> list[SinkRow]:
+        params = {
+            "pre": EpochState.PRECOMMITTED,
+            "window": self._window,
+            "cli": CLI_RUN_PREFIX,
+            "cli_len": len(CLI_RUN_PREFIX),
+        }
+        with self._db.transaction() as cur:
+            cur.execute(_SINKS_SQL, params)
+            rows = [SinkRow(*row) for row in cur.fetchall()]
+            sinks = [row.sink_id for row in rows]
+            seen = [self._durations.get(sink, _Durations()).seen for sink in sinks]
+            cur.execute(
+                _COMMITTED_SQL,
+                {
+                    "sinks": sinks,
+                    "seen": seen,
+                    "done": EpochState.COMMITTED,
+                    "recent": RECENT_EPOCHS,
+                    "most": MAX_NEW_EPOCHS,
+                },
+            )
+            for sink, epoch, seconds in cur.fetchall():
+                self._durations.setdefault(sink, _Durations()).observe(epoch, seconds)
+        for gone in set(self._durations) - set(sinks):  # a sink deleted from the store
+            del self._durations[gone]
+        return rows
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = ("sink",)) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, labels: Sequence[str] = ("sink",)) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+def sink_families(rows: Iterable[SinkRow], durations: dict[str, _Durations]) -> Iterator[Metric]:
+    """The per-sink metric families of one scrape."""
+    rows = list(rows)
+    yield from _state_families(rows)
+    yield from _total_families(rows)
+    hist = HistogramMetricFamily(
+        "twophase_commit_duration_seconds",
+        "Decide -> committed duration of the sink's epochs (since this exporter started,"
+        f" beginning with the last {RECENT_EPOCHS} epochs).",
+        labels=["sink"],
+    )
+    for row in rows:
+        d = durations.get(row.sink_id, _Durations())
+        hist.add_metric([row.sink_id], d.buckets(), d.sum)
+    yield hist
+
+
+def _state_families(rows: list[SinkRow]) -> Iterator[Metric]:
+    epochs = _gauge("twophase_epochs", "Epochs in the store by state.", ("sink", "state"))
+    decided = _gauge("twophase_last_decided_epoch", "The sink's last decided (Spark) epoch.")
+    committed = _gauge("twophase_last_committed_epoch", "The sink's last committed (Spark) epoch.")
+    oldest = _gauge(
+        "twophase_oldest_precommitted_age_seconds",
+        "Age of the oldest PRECOMMITTED epoch (0 when none is): promotion is behind.",
+    )
+    last_commit = _gauge(
+        "twophase_last_commit_timestamp_seconds", "Unix time of the sink's last commit."
+    )
+    run = _gauge(
+        "twophase_run_state",
+        "1 for the state of the run owning the sink (live, ended, unknown: silent past the"
+        " live window without an end; none: no Spark run owns it).",
+        ("sink", "state"),
+    )
+    staged = _gauge("twophase_staged_bytes", "Bytes of staged line protocol retained.")
+    for r in rows:
+        s = r.sink_id
+        epochs.add_metric([s, "precommitted"], r.precommitted)
+        epochs.add_metric([s, "committed"], r.epochs_committed)
+        epochs.add_metric([s, "aborted"], r.epochs_aborted)
+        if r.last_decided_epoch is not None:
+            decided.add_metric([s], r.last_decided_epoch)
+        if r.last_committed_epoch is not None:
+            committed.add_metric([s], r.last_committed_epoch)
+        if r.last_commit_at is not None:
+            last_commit.add_metric([s], r.last_commit_at)
+        oldest.add_metric([s], r.oldest_precommitted_age_s)
+        for state in RUN_STATES:
+            run.add_metric([s, state], float((r.run_state or "none") == state))
+        staged.add_metric([s], r.staged_bytes)
+    yield from (epochs, decided, committed, oldest, last_commit, run, staged)
+
+
+def _total_families(rows: list[SinkRow]) -> Iterator[Metric]:
+    staged = _counter("twophase_points_staged", "Points staged by decided epochs.")
+    delivered = _counter("twophase_points_delivered", "Points InfluxDB acknowledged.")
+    rejected = _counter(
+        "twophase_points_rejected",
+        "Dead letters as they arose: rows that never became points (stage) and points"
+        " InfluxDB refused (promote).",
+        ("sink", "phase"),
+    )
+    requeued = _counter("twophase_points_requeued", "Dead letters requeued as corrections.")
+    pending = _gauge(
+        "twophase_dead_letters", "Dead letters not requeued, by phase.", ("sink", "phase")
+    )
+    replays = _counter("twophase_replays_detected", "Spark replays of decided epochs detected.")
+    attempts = _counter("twophase_promote_attempts", "Promotion attempts of epochs.")
+    retries = _counter("twophase_promote_retries", "Promotion attempts after an epoch's first.")
+    fenced = _counter(
+        "twophase_fenced_attempts", "Steps refused to a run fenced by a newer one (I5)."
+    )
+    for r in rows:
+        s = r.sink_id
+        staged.add_metric([s], r.points_staged)
+        delivered.add_metric([s], r.points_delivered)
+        rejected.add_metric([s, "stage"], r.points_rejected_stage)
+        rejected.add_metric([s, "promote"], r.points_rejected_promote)
+        requeued.add_metric([s], r.points_requeued)
+        pending.add_metric([s, "stage"], r.points_rejected_stage)
+        pending.add_metric([s, "promote"], r.points_rejected_promote - r.points_requeued)
+        replays.add_metric([s], r.replays_detected)
+        attempts.add_metric([s], r.promote_attempts)
+        retries.add_metric([s], r.promote_retries)
+        fenced.add_metric([s], r.fenced_attempts)
+    yield from (staged, delivered, rejected, requeued, pending, replays, attempts, retries, fenced)
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """A running exporter: its registry, and the HTTP server serving it."""
+
+    registry: CollectorRegistry
+    server: Any
+    thread: threading.Thread
+    db: Database
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.db.close()
+
+
+def start(
+    db: Database,
+    port: int = DEFAULT_PORT,
+    host: str = "0.0.0.0",  # all interfaces: Prometheus scrapes from another host
+    live_window_s: float = LIVE_WINDOW_S,
+) -> Exporter:
+    """Serve the store's metrics on ``host:port`` from a daemon thread (port 0: any free)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(db, live_window_s))
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return Exporter(registry, server, thread, db)
+
+
+def metric_names() -> frozenset[str]:
+    """Every sample name the exporter and the driver's endpoint expose (with their
+    ``_total``/``_bucket``/``_sum``/``_count`` suffixes): what dashboards and alerts
+    may query."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Sample())
+    names = {s.name for family in registry.collect() for s in family.samples}
+    names |= {s.name for family in metering.REGISTRY.collect() for s in family.samples}
+    for metric in ("twophase_influx_responses", "twophase_influx_retries"):
+        names.add(metric + "_total")  # labelled counters show no sample before their first use
+    return frozenset(names)
+
+
+class _Sample(Collector):
+    """One made-up sink, so that every family shows its samples' names."""
+
+    def collect(self) -> Iterator[Metric]:
+        row = SinkRow("example", 1, 1, 1.0, "live", *([0] * 14))
+        durations = {"example": _Durations()}
+        yield from sink_families([row], durations)
+        for name in ("twophase_store_up", "twophase_scrape_duration_seconds"):
+            gauge = GaugeMetricFamily(name, "")
+            gauge.add_metric([], 0.0)
+            yield gauge

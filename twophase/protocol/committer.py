@@ -1,0 +1,118 @@
+"""Phase 2, driver side: the per-epoch entry point a sink calls. Recover, decide, promote.
+
+``Committer.commit`` is what a sink calls once every task of an epoch has
+staged: promote older PRECOMMITTED epochs first (I3), decide (the vote:
+PRECOMMITTED, I1), promote (COMMITTED, I2). It may be called any number of
+times for the same epoch: a Spark replay of a decided epoch is detected by
+the ledger, its new writes are discarded, and a COMMITTED epoch is never
+sent again (I4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from twophase.faults import crash_point
+from twophase.model import CommitMessage, EpochState, Lease
+from twophase.protocol.gc import GarbageCollector
+from twophase.protocol.handoff import Handoff
+from twophase.protocol.ledger import Ledger
+from twophase.protocol.promoter import Promoter, PromoteResult
+
+log = logging.getLogger("twophase.protocol.committer")
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What ``commit`` did: the epoch's final state, whether it was a replay, what it recovered."""
+
+    sink_id: str
+    epoch: int
+    state: EpochState
+    replay: bool
+    recovered: tuple[int, ...]
+    promoted: PromoteResult | None
+
+
+class Committer:
+    """The driver's per-epoch entry point: recover, decide, promote."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        promoter: Promoter,
+        gc: GarbageCollector,
+        handoff: Handoff | None = None,
+    ):
+        self._ledger = ledger
+        self._promoter = promoter
+        self._gc = gc
+        self._handoff = handoff  # background promotion (None: inline)
+        # Leases whose last commit in this process left no epoch PRECOMMITTED: until
+        # they decide again, nothing can be pending (deciding for the sink takes
+        # their token, I5), so their next commit need not look.
+        self._settled: set[Lease] = set()
+
+    def recover(
+        self, lease: Lease, on_promoted: Callable[[PromoteResult], None] | None = None
+    ) -> list[PromoteResult]:
+        """Promote every PRECOMMITTED epoch of the sink, in increasing epoch order (I3).
+
+        Stops at the first failure (a later epoch never overtakes an earlier
+        one). ``on_promoted`` is called after each epoch, for progress.
+        """
+        results = []
+        for epoch in self._ledger.pending(lease.sink_id):
+            results.append(self._promoter.promote(lease, epoch))
+            if on_promoted is not None:
+                on_promoted(results[-1])
+        return results
+
+    def commit(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> CommitOutcome:
+        """Decide and promote ``epoch`` once all its tasks staged ``messages``.
+
+        With background promotion the epoch is handed off once decided, and
+        the outcome is PRECOMMITTED: the next commit of the sink (or
+        :meth:`drain`) waits for it first, and raises its failure.
+
+        A replayed epoch (already decided by an earlier attempt or run) is
+        detected: the new attempt's writes are discarded; a PRECOMMITTED epoch
+        is completed from its original writes; a COMMITTED one is skipped.
+        Older PRECOMMITTED epochs are promoted first (I3), unless this
+        process's previous commit under the same lease left none.
+        """
+        settled = lease in self._settled
+        self._settled.discard(lease)
+        if self._handoff is not None:  # the previous epoch first; raises its failure
+            self._handoff.wait(lease.sink_id)
+        recovered = () if settled else tuple(r.epoch for r in self.recover(lease))
+        decision = self._ledger.decide(lease, epoch, messages, start_promotion=True)
+        crash_point("after_decide", lease.sink_id)
+        if decision.replay:
+            self._gc.discard([m.write_id for m in messages])
+            log.info(
+                "sink %s epoch %d is a replay (%s): new attempt discarded",
+                lease.sink_id,
+                epoch,
+                decision.state,
+            )
+        promoted = None
+        if decision.state == EpochState.PRECOMMITTED and self._handoff is not None:
+            self._handoff.hand_off(lease, epoch, decision.plan)
+        elif decision.state == EpochState.PRECOMMITTED:
+            promoted = self._promoter.promote(lease, epoch, decision.plan)
+        self._settled.add(lease)
+        state = EpochState.COMMITTED if promoted else decision.state
+        return CommitOutcome(lease.sink_id, epoch, state, decision.replay, recovered, promoted)
+
+    def drain(self) -> list[PromoteResult]:
+        """Wait for the epochs promoting in the background (none when inline); raises
+        the first failure, its epoch left PRECOMMITTED."""
+        return [] if self._handoff is None else self._handoff.drain()
+
+    def close(self) -> None:
+        """Drain, then stop the background threads."""
+        if self._handoff is not None:
+            self._handoff.close()

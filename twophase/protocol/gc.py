@@ -1,0 +1,185 @@
+"""Garbage collection of the staging store: retention of committed epochs, orphaned writes.
+
+* Staged points of COMMITTED or ABORTED epochs are kept ``retention`` after
+  the epoch ended (so they can be re-sent, e.g. after an InfluxDB restore),
+  then deleted; the epoch keeps its row and is marked ``purged_at``.
+* A write no decision names is an orphan (a failed, speculative or replayed
+  task attempt). It is removed once its epoch is decided, or after
+  ``orphan_grace`` if its epoch never is (a run that crashed before voting).
+
+Idempotent and safe to run at any time, also while a query runs: it locks
+the sink rows before deleting writes, as decide does, so it never removes a
+write that a concurrent decision chooses (I1).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+
+from twophase.model import EpochState
+from twophase.store.database import Database
+
+Cursor = psycopg.Cursor[Any]
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What one collection removed (or, dry, would remove); ``sink_id`` None: all sinks."""
+
+    sink_id: str | None
+    epochs_purged: int
+    points_purged: int
+    orphan_writes: int
+    dry_run: bool
+
+
+class GarbageCollector:
+    """One role: delete what no longer needs keeping. ``collect`` and ``discard``
+    are idempotent."""
+
+    def __init__(self, db: Database, retention_s: float, orphan_grace_s: float, chunk: int = 200):
+        self._db = db
+        self._retention = timedelta(seconds=retention_s)
+        self._grace = timedelta(seconds=orphan_grace_s)
+        self._chunk = chunk
+
+    def collect(
+        self, sink_id: str | None = None, now: datetime | None = None, dry_run: bool = False
+    ) -> GcReport:
+        """Remove expired staged points and orphaned writes (of one sink, or all)."""
+        now = now or datetime.now(timezone.utc)
+        epochs, points = self._purge_expired(sink_id, now - self._retention, dry_run)
+        orphans = self._remove_orphans(sink_id, now - self._grace, dry_run)
+        return GcReport(sink_id, epochs, points, orphans, dry_run)
+
+    def discard(self, write_ids: Sequence[str]) -> int:
+        """Delete writes that no decided epoch names, now (a Spark replay's new attempt,
+        Spark's ``abort``). A write chosen by a decision is never touched (I1).
+        Returns how many writes were removed.
+        """
+        ids = [uuid.UUID(w) for w in write_ids]
+        if not ids:
+            return 0
+
+        def discard() -> int:
+            with self._db.transaction() as cur:
+                _lock_sinks_of_writes(cur, ids)
+                return len(_delete_unchosen_writes(cur, ids))
+
+        return self._db.retry("discard", discard)
+
+    def _purge_expired(
+        self, sink_id: str | None, before: datetime, dry_run: bool
+    ) -> tuple[int, int]:
+        epochs = points = 0
+        limit = None if dry_run else self._chunk  # LIMIT NULL: a dry run counts everything at once
+        while True:
+            with self._db.transaction() as cur:
+                expired = _expired_epochs(cur, sink_id, before, limit)
+                if not expired:
+                    return epochs, points
+                write_ids = [w for _, _, ids in expired for w in ids]
+                points += _delete_points(cur, write_ids, dry_run)
+                epochs += len(expired)
+                if dry_run:
+                    return epochs, points
+                cur.execute(_MARK_PURGED, ([s for s, _, _ in expired], [e for _, e, _ in expired]))
+
+    def _remove_orphans(self, sink_id: str | None, staged_before: datetime, dry_run: bool) -> int:
+        removed = 0
+        while True:
+            with self._db.transaction() as cur:
+                ids = _orphan_writes(cur, sink_id, staged_before, None if dry_run else self._chunk)
+                if not ids or dry_run:
+                    return removed + len(ids)
+                _lock_sinks_of_writes(cur, ids)
+                gone = _delete_unchosen_writes(cur, ids)
+                removed += len(gone)
+                if len(gone) < len(ids):  # a decision chose some meanwhile: nothing more here
+                    return removed
+
+
+def _expired_epochs(
+    cur: Cursor, sink_id: str | None, before: datetime, limit: int | None
+) -> list[tuple[str, int, list[Any]]]:
+    cur.execute(
+        "SELECT sink_id, epoch, write_ids FROM twophase_epochs"
+        " WHERE state = ANY(%s) AND purged_at IS NULL"
+        " AND COALESCE(committed_at, aborted_at) < %s"
+        " AND (%s::text IS NULL OR sink_id = %s)"
+        " ORDER BY sink_id, epoch LIMIT %s FOR UPDATE SKIP LOCKED",
+        ([EpochState.COMMITTED, EpochState.ABORTED], before, sink_id, sink_id, limit),
+    )
+    return [(s, e, list(ids)) for s, e, ids in cur.fetchall()]
+
+
+# Marks epochs purged and takes their bytes off their sinks' retained total.
+_MARK_PURGED = (
+    "WITH purged AS (UPDATE twophase_epochs SET purged_at = now(), staged_bytes = 0"
+    " FROM (SELECT sink_id AS s, epoch AS e, staged_bytes AS b FROM twophase_epochs"
+    " WHERE (sink_id, epoch) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))) old"
+    " WHERE sink_id = old.s AND epoch = old.e RETURNING old.s, old.b)"
+    " UPDATE twophase_sinks SET staged_bytes = GREATEST(staged_bytes - g.b, 0)"
+    " FROM (SELECT s, sum(b) AS b FROM purged GROUP BY s) g WHERE sink_id = g.s"
+)
+
+_COUNT_POINTS = (
+    "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks WHERE write_id = ANY(%s)"
+)
+_DELETE_POINTS = (
+    "WITH gone AS (DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)"
+    " RETURNING points) SELECT COALESCE(sum(points), 0) FROM gone"
+)
+
+
+def _delete_points(cur: Cursor, write_ids: list[Any], dry_run: bool) -> int:
+    """Delete (or, dry, count) the staged points of these writes; how many."""
+    cur.execute(_COUNT_POINTS if dry_run else _DELETE_POINTS, (write_ids,))
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def _orphan_writes(
+    cur: Cursor, sink_id: str | None, staged_before: datetime, limit: int | None
+) -> list[Any]:
+    cur.execute(
+        "SELECT w.write_id FROM twophase_writes w"
+        " LEFT JOIN twophase_epochs e ON e.sink_id = w.sink_id AND e.epoch = w.epoch"
+        " WHERE (%s::text IS NULL OR w.sink_id = %s)"
+        " AND ((e.epoch IS NOT NULL AND NOT (w.write_id = ANY(e.write_ids)))"
+        "      OR (e.epoch IS NULL AND w.staged_at < %s))"
+        " ORDER BY w.write_id LIMIT %s",
+        (sink_id, sink_id, staged_before, limit),
+    )
+    return [row[0] for row in cur.fetchall()]
+
+
+def _lock_sinks_of_writes(cur: Cursor, ids: list[uuid.UUID]) -> None:
+    """Lock the sink rows of these writes, as decide() does, so that a concurrent
+    decision cannot choose a write while it is being deleted."""
+    cur.execute(
+        "SELECT sink_id FROM twophase_sinks WHERE sink_id IN (SELECT DISTINCT sink_id"
+        " FROM twophase_writes WHERE write_id = ANY(%s)) ORDER BY sink_id FOR UPDATE",
+        (ids,),
+    )
+
+
+def _delete_unchosen_writes(cur: Cursor, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Remove the given writes, their lines and dead letters, unless a decision names them."""
+    cur.execute(
+        "DELETE FROM twophase_writes w WHERE w.write_id = ANY(%s) AND NOT EXISTS ("
+        " SELECT 1 FROM twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch"
+        " AND w.write_id = ANY(e.write_ids)) RETURNING w.write_id",
+        (ids,),
+    )
+    gone = [row[0] for row in cur.fetchall()]
+    if gone:
+        cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (gone,))
+        cur.execute("DELETE FROM twophase_dead_letters WHERE write_id = ANY(%s)", (gone,))
+    return gone

@@ -1,0 +1,450 @@
+"""The epoch ledger: runs, fencing, and the epoch state machine in PostgreSQL.
+
+::
+
+    (none) --decide--> PRECOMMITTED --mark--> COMMITTED
+                           +--abort (operator)--> ABORTED
+
+Each method is one transaction that first locks the sink row, so decisions
+and marks of one sink are serialised, and checks the caller's fencing token
+(I5). Contracts per method are in their docstrings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from twophase.errors import (
+    CheckpointResetError,
+    FencedError,
+    PermanentError,
+    StagingUnavailableError,
+    StateError,
+)
+from twophase.faults import crash_point
+from twophase.model import CommitMessage, EpochPlan, EpochState, Lease, check_sink_id
+from twophase.protocol.transitions import (
+    Cursor,
+    Decision,
+    WriteRow,
+    check_fence,
+    count_committed,
+    count_fenced,
+    count_pending,
+    epoch_row,
+    event,
+    insert_decision,
+    lock_sink,
+    release_requeued,
+    start_attempt,
+    state_of,
+)
+from twophase.store.database import Database
+
+__all__ = ["Decision", "Ledger"]
+
+
+def _reset_hint(sink_id: str) -> str:
+    return (
+        f"if the checkpoint was reset on purpose, run `twophase reset --sink {sink_id}` "
+        "(or use a new sink id); otherwise restart the query from its original checkpoint"
+    )
+
+
+class Ledger:
+    """Driver side state machine. One role: decide, mark, abort, and who may do so."""
+
+    def __init__(self, db: Database):
+        self._db = db
+
+    @contextmanager
+    def _fenced_counted(self, sink_id: str) -> Iterator[None]:
+        """Count a step refused to a fenced run (metrics: a fenced run still active)."""
+        try:
+            yield
+        except FencedError:
+            # The refusal is what matters: a store gone meanwhile must not hide it.
+            with contextlib.suppress(StagingUnavailableError), self._db.transaction() as cur:
+                count_fenced(cur, sink_id)
+            raise
+
+    # -- runs and fencing -------------------------------------------------------
+
+    def begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
+        """Claim the sink for a new run, fencing every older run (I5).
+
+        Refuses (I6) when the sink is bound to another query that has decided
+        epochs: a reset checkpoint or a second query on the same sink id. The
+        older run is not fenced in that case. Calling it again for the same
+        run returns that run's existing lease (idempotent), unless a newer run
+        has taken the sink meanwhile: then FencedError (I5), so that a zombie
+        driver's new process cannot take the sink back.
+        """
+        check_sink_id(sink_id)
+        return self._db.retry("claim", lambda: self._begin_run(sink_id, run_id, query_id))
+
+    def _begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
+        with self._fenced_counted(sink_id), self._db.transaction() as cur:
+            cur.execute(
+                "INSERT INTO twophase_sinks (sink_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                (sink_id,),
+            )
+            sink = lock_sink(cur, sink_id)
+            if sink["owner_run_id"] == run_id:
+                return Lease(sink_id, run_id, sink["query_id"], sink["fencing_token"])
+            _refuse_superseded_run(cur, sink_id, sink, run_id)
+            _refuse_other_query(sink_id, sink, query_id)
+            token = sink["fencing_token"] + 1
+            cur.execute(
+                "UPDATE twophase_sinks SET fencing_token = %s, owner_run_id = %s,"
+                " query_id = COALESCE(%s, query_id), updated_at = now() WHERE sink_id = %s",
+                (token, run_id, query_id, sink_id),
+            )
+            cur.execute(
+                "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (sink_id, run_id) DO UPDATE SET"
+                " fencing_token = EXCLUDED.fencing_token, started_at = now()",
+                (run_id, sink_id, query_id, token),
+            )
+            event(cur, sink_id, None, "run_started", run_id, f"fencing token {token}")
+            return Lease(sink_id, run_id, query_id or sink["query_id"], token)
+
+    # -- phase 2: vote and commit -------------------------------------------------
+
+    def decide(
+        self,
+        lease: Lease,
+        epoch: int,
+        messages: Sequence[CommitMessage],
+        *,
+        start_promotion: bool = False,
+    ) -> Decision:
+        """Record ``epoch`` as PRECOMMITTED with exactly the writes in ``messages``.
+
+        From here its point set is fixed (I1). If the epoch is already decided
+        this is a replay: nothing changes but the replay counters, and the
+        existing state is returned (``replay=True``); the caller promotes a
+        PRECOMMITTED one from its original writes and skips a COMMITTED one.
+        With ``start_promotion`` (a caller that promotes next), a PRECOMMITTED
+        outcome also counts a promotion attempt and carries the plan, as
+        :meth:`plan_promotion` would in a transaction of its own.
+        Raises FencedError for a stale lease, CheckpointResetError (I6),
+        StateError for an unknown epoch below the sink's last one, and
+        PermanentError if a message names a write that is not staged.
+
+        Repeated while the staging store is unreachable. A repeat reads back
+        first: an epoch already recorded with exactly these write ids was
+        decided by this call's earlier attempt, whose commit landed before
+        the connection dropped; it is returned as a new decision, not as a
+        replay (write ids are fresh per task attempt, so a Spark replay never
+        names the same ones).
+        """
+
+        def attempt(read_back: bool) -> Decision:
+            return self._decide(lease, epoch, messages, start_promotion, read_back)
+
+        return self._db.retry("decide", lambda: attempt(False), again=lambda: attempt(True))
+
+    def _decide(
+        self,
+        lease: Lease,
+        epoch: int,
+        messages: Sequence[CommitMessage],
+        start_promotion: bool,
+        read_back: bool,
+    ) -> Decision:
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            sink = lock_sink(cur, lease.sink_id)
+            check_fence(sink, lease)
+            if sink["query_id"] is not None and lease.query_id != sink["query_id"]:
+                raise CheckpointResetError(
+                    f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
+                    f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
+                )
+            decision = (read_back and _own_decision(cur, lease, epoch, messages)) or _vote(
+                cur, sink, lease, epoch, messages, self._db.config.display_url
+            )
+            if start_promotion and decision.state == EpochState.PRECOMMITTED:
+                decision = replace(decision, plan=start_attempt(cur, lease, epoch))
+            crash_point("in_decide", lease.sink_id)
+            return decision
+
+    def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
+        """Count a promotion attempt and return the epoch's fixed writes, in promotion
+        order (:func:`twophase.protocol.reader.decided_writes`).
+
+        Raises FencedError for a stale lease and StateError unless the epoch
+        is PRECOMMITTED. (Repeated after an outage, it may count one attempt more.)
+        """
+        return self._db.retry("plan promotion", lambda: self._plan_promotion(lease, epoch))
+
+    def _plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            check_fence(lock_sink(cur, lease.sink_id), lease)
+            return start_attempt(cur, lease, epoch)
+
+    def check_lease(self, lease: Lease) -> None:
+        """FencedError if a newer run has taken the sink since ``lease`` was granted.
+
+        A read without the sink's lock: a promoter running beside its caller
+        asks before each request, so that a fenced run stops sending. (InfluxDB
+        cannot refuse a fenced writer; a request already under way still lands,
+        and the mark that follows is refused.)
+        """
+        self._db.retry("check lease", lambda: self._check_lease(lease))
+
+    def _check_lease(self, lease: Lease) -> None:
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            cur.execute(
+                "SELECT fencing_token, owner_run_id FROM twophase_sinks WHERE sink_id = %s",
+                (lease.sink_id,),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise StateError(f"unknown sink {lease.sink_id!r}")
+            check_fence({"fencing_token": row[0], "owner_run_id": row[1]}, lease)
+
+    def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
+        """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
+
+        Idempotent for an epoch that is already COMMITTED. Raises FencedError
+        for a stale lease and StateError for an epoch in another state.
+        """
+        self._db.retry("mark", lambda: self._mark(lease, epoch, delivered, rejected))
+
+    def _mark(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
+        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
+            sink = lock_sink(cur, lease.sink_id)
+            check_fence(sink, lease)
+            cur.execute(
+                "UPDATE twophase_epochs SET state = %s, committed_at = now(), last_error = NULL,"
+                " points_delivered = %s, points_rejected_promote = %s"
+                " WHERE sink_id = %s AND epoch = %s AND state = %s",
+                (
+                    EpochState.COMMITTED,
+                    delivered,
+                    rejected,
+                    lease.sink_id,
+                    epoch,
+                    EpochState.PRECOMMITTED,
+                ),
+            )
+            if cur.rowcount == 0:
+                state = state_of(cur, lease.sink_id, epoch)
+                if state == EpochState.COMMITTED:
+                    return
+                raise StateError(
+                    f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED"
+                )
+            count_committed(cur, lease.sink_id, epoch, delivered, rejected)
+            event(
+                cur,
+                lease.sink_id,
+                epoch,
+                "committed",
+                lease.run_id,
+                f"delivered {delivered}, rejected {rejected}",
+            )
+
+    def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
+        """Remember why the last promotion failed (for status); no state change.
+
+        Best effort, one attempt: a store that is down must not hide the failure
+        being recorded (which is often that very outage).
+        """
+        with contextlib.suppress(StagingUnavailableError), self._db.transaction() as cur:
+            cur.execute(
+                "UPDATE twophase_sinks SET last_error = %s, updated_at = now() WHERE sink_id = %s",
+                (message, sink_id),
+            )
+            if epoch is not None:
+                cur.execute(
+                    "UPDATE twophase_epochs SET last_error = %s WHERE sink_id = %s AND epoch = %s",
+                    (message, sink_id, epoch),
+                )
+                event(cur, sink_id, epoch, "promote_failed", None, message)
+
+    def pending(self, sink_id: str) -> list[int]:
+        """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3)."""
+        return self._db.retry("recover", lambda: self._pending(sink_id))
+
+    def _pending(self, sink_id: str) -> list[int]:
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
+                " ORDER BY epoch",
+                (EpochState.PRECOMMITTED, sink_id),
+            )
+            return [row[0] for row in cur.fetchall()]
+
+    # -- operator actions -------------------------------------------------------
+
+    def abort(self, sink_id: str, epoch: int, reason: str, actor: str = "operator") -> None:
+        """PRECOMMITTED -> ABORTED by an explicit operator decision; its staged points go.
+
+        Never automatic: a decided epoch is otherwise always promoted. An aborted
+        correction gives its dead letters back (no longer requeued: a later
+        requeue may carry them). Raises StateError for an unknown epoch or one
+        that is not PRECOMMITTED.
+        """
+        with self._db.transaction() as cur:
+            lock_sink(cur, sink_id)
+            cur.execute(
+                "UPDATE twophase_epochs e SET state = %s, aborted_at = now(), last_error = %s,"
+                " staged_bytes = 0 FROM (SELECT staged_bytes FROM twophase_epochs"
+                " WHERE sink_id = %s AND epoch = %s) old"
+                " WHERE e.sink_id = %s AND e.epoch = %s AND e.state = %s"
+                " RETURNING e.write_ids, old.staged_bytes",
+                (EpochState.ABORTED, reason, *(sink_id, epoch) * 2, EpochState.PRECOMMITTED),
+            )
+            row = cur.fetchone()
+            if row is None:
+                state = state_of(cur, sink_id, epoch)
+                raise StateError(f"sink {sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
+            cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (row[0],))
+            cur.execute(
+                "UPDATE twophase_sinks SET epochs_aborted = epochs_aborted + 1,"
+                " staged_bytes = GREATEST(staged_bytes - %s, 0) WHERE sink_id = %s",
+                (row[1], sink_id),
+            )
+            if epoch < 0:
+                release_requeued(cur, sink_id, epoch)
+            event(cur, sink_id, epoch, "aborted", actor, reason)
+
+    def reset(self, sink_id: str, actor: str = "operator") -> None:
+        """Unbind the sink from its query after a deliberate checkpoint reset (I6's way out).
+
+        The next query may start at any epoch; epochs decided so far stay as
+        history. Raises StateError while epochs are PRECOMMITTED (recover first).
+        """
+        with self._db.transaction() as cur:
+            lock_sink(cur, sink_id)
+            if count_pending(cur, sink_id):
+                raise StateError(
+                    f"sink {sink_id!r} has PRECOMMITTED epochs: run `twophase recover --sink "
+                    f"{sink_id}` before resetting it"
+                )
+            cur.execute(
+                "DELETE FROM twophase_epochs WHERE sink_id = %s RETURNING epoch", (sink_id,)
+            )
+            removed = len(cur.fetchall())
+            cur.execute(
+                "UPDATE twophase_sinks SET query_id = NULL, last_decided_epoch = NULL,"
+                " owner_run_id = NULL, fencing_token = fencing_token + 1, updated_at = now(),"
+                " epochs_committed = 0, epochs_aborted = 0, staged_bytes = 0"
+                " WHERE sink_id = %s",
+                (sink_id,),
+            )
+            event(cur, sink_id, None, "reset", actor, f"forgot {removed} epochs")
+
+
+# -- helpers: each runs inside the caller's transaction -------------------------
+
+
+def _refuse_superseded_run(cur: Cursor, sink_id: str, sink: dict[str, Any], run_id: str) -> None:
+    cur.execute("SELECT 1 FROM twophase_runs WHERE run_id = %s AND sink_id = %s", (run_id, sink_id))
+    if cur.fetchone() is not None:
+        raise FencedError(
+            f"run {run_id} of sink {sink_id!r} was fenced by a newer run "
+            f"({sink['owner_run_id']}); a fenced run cannot claim the sink again"
+        )
+
+
+def _refuse_other_query(sink_id: str, sink: dict[str, Any], query_id: str | None) -> None:
+    bound = sink["query_id"]
+    if bound is None or query_id is None or query_id == bound:
+        return
+    if sink["last_decided_epoch"] is None:
+        return
+    raise CheckpointResetError(
+        f"sink {sink_id!r} belongs to query {bound} (decided up to epoch "
+        f"{sink['last_decided_epoch']}); query {query_id} is a different query: its "
+        f"checkpoint was reset, or another query uses the same sink id. {_reset_hint(sink_id)}"
+    )
+
+
+def _vote(
+    cur: Cursor,
+    sink: dict[str, Any],
+    lease: Lease,
+    epoch: int,
+    messages: Sequence[CommitMessage],
+    store: str,
+) -> Decision:
+    existing = epoch_row(cur, lease.sink_id, epoch)
+    if existing is not None:
+        return _count_replay(cur, lease, epoch, existing)
+    last = sink["last_decided_epoch"]
+    if last is not None and epoch <= last:
+        raise StateError(
+            f"sink {lease.sink_id!r}: epoch {epoch} is not recorded but the sink has "
+            f"decided up to epoch {last}; the checkpoint does not match the staging "
+            f"store: {_reset_hint(lease.sink_id)}"
+        )
+    refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
+    return insert_decision(cur, lease, epoch, refs)
+
+
+def _own_decision(
+    cur: Cursor, lease: Lease, epoch: int, messages: Sequence[CommitMessage]
+) -> Decision | None:
+    """The epoch's decision when it names exactly ``messages``' writes (an earlier
+    attempt of the same decide landed); None otherwise."""
+    cur.execute(
+        "SELECT state, points_staged, write_ids FROM twophase_epochs"
+        " WHERE sink_id = %s AND epoch = %s",
+        (lease.sink_id, epoch),
+    )
+    row = cur.fetchone()
+    if not messages or row is None or set(row[2]) != {uuid.UUID(m.write_id) for m in messages}:
+        return None
+    return Decision(lease.sink_id, epoch, EpochState(row[0]), False, row[1])
+
+
+def _count_replay(
+    cur: Cursor, lease: Lease, epoch: int, existing: tuple[EpochState, int]
+) -> Decision:
+    state, points = existing
+    cur.execute(
+        "UPDATE twophase_epochs SET replays = replays + 1 WHERE sink_id = %s AND epoch = %s",
+        (lease.sink_id, epoch),
+    )
+    cur.execute(
+        "UPDATE twophase_sinks SET replays_detected = replays_detected + 1 WHERE sink_id = %s",
+        (lease.sink_id,),
+    )
+    event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, f"epoch was {state}")
+    return Decision(lease.sink_id, epoch, state, True, points)
+
+
+def _checked_writes(
+    cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage], store: str
+) -> list[WriteRow]:
+    ids = [uuid.UUID(m.write_id) for m in messages]
+    if len(set(ids)) != len(ids):
+        raise PermanentError(f"sink {sink_id!r} epoch {epoch}: a write id is named twice")
+    cur.execute(
+        "SELECT write_id, points, rejected, checksum FROM twophase_writes"
+        " WHERE write_id = ANY(%s) AND sink_id = %s AND epoch = %s",
+        (ids, sink_id, epoch),
+    )
+    found = {row[0]: row for row in cur.fetchall()}
+    missing = [str(i) for i in ids if i not in found]
+    elsewhere = sorted({m.store for m in messages if m.store and m.store != store})
+    if missing and elsewhere:
+        raise PermanentError(
+            f"sink {sink_id!r} epoch {epoch}: the tasks staged into {', '.join(elsewhere)}, but"
+            f" this driver decides in {store}: give the executors the driver's staging store"
+            " (spark.executorEnv.TWOPHASE_STAGING_URL, or the staging_url option)"
+        )
+    if missing:
+        raise PermanentError(
+            f"sink {sink_id!r} epoch {epoch}: writes {', '.join(missing)} are not staged "
+            "(removed by GC or staged for another sink/epoch); the epoch must be re-run"
+        )
+    return [found[i] for i in ids]

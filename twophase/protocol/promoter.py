@@ -1,0 +1,291 @@
+"""Phase 2, driver side: promote one decided epoch to InfluxDB and mark it COMMITTED.
+
+``Promoter.promote`` streams one PRECOMMITTED epoch's fixed point set (I1)
+to InfluxDB and marks it COMMITTED (I2). It may run any number of times for
+the same epoch: InfluxDB overwrites identical points, so re-sending a fixed
+point set in its fixed order changes nothing (I4). ``Promoter.send`` is the
+send loop alone, which an operator's resend reuses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from twophase.config import InfluxConfig
+from twophase.errors import PermanentError, TwoPhaseError
+from twophase.faults import crash_point
+from twophase.influx.sender import BatchSender
+from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, Phase, StagedChunk
+from twophase.points.batching import batches
+from twophase.protocol.deadletters import DeadLetterLog
+from twophase.protocol.lanes import fan_out
+from twophase.protocol.ledger import Ledger
+from twophase.protocol.readahead import read_ahead
+from twophase.protocol.reader import StagedReader
+from twophase.retry import RetryPolicy, StagingRetry
+
+log = logging.getLogger("twophase.protocol.promoter")
+_READ_AHEAD = 4  # pieces read from PostgreSQL while InfluxDB takes the current request
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    sink_id: str
+    epoch: int
+    delivered: int
+    rejected: int
+
+
+class Promoter:
+    """Sends one decided epoch to InfluxDB and marks it COMMITTED.
+
+    Idempotent: the epoch's point set is fixed (I1) and sent in the same
+    order each time; a crash anywhere leaves the epoch PRECOMMITTED and the
+    next ``promote`` re-sends it whole. Rejected points become dead letters
+    (once each, however often promotion runs). Raises InfluxUnavailableError
+    when InfluxDB stays unreachable past the retry deadline; the epoch then
+    stays PRECOMMITTED for a later recovery.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        reader: StagedReader,
+        sender: BatchSender,
+        dead_letters: DeadLetterLog,
+        config: InfluxConfig,
+        lanes: int = 1,
+        retry: StagingRetry | None = None,
+    ):
+        self._ledger = ledger
+        self._reader = reader
+        self._sender = sender
+        self._dead_letters = dead_letters
+        self._batch_points = config.batch_points
+        self._batch_bytes = config.batch_bytes
+        self._lanes = lanes  # connections at once: promote_connections
+        # re-sending is harmless (I4), so a read cut by a staging outage starts over
+        self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
+
+    def promote(
+        self,
+        lease: Lease,
+        epoch: int,
+        plan: EpochPlan | None = None,
+        *,
+        watch_fence: bool = False,
+    ) -> PromoteResult:
+        """Send the epoch and mark it COMMITTED. ``plan`` is the attempt the decision
+        already started (:meth:`Ledger.decide` with ``start_promotion``); without it
+        an attempt is started here. With ``watch_fence`` (a promotion that runs while
+        its caller goes on) the lease is checked before every request, so a run
+        fenced meanwhile sends nothing more (FencedError)."""
+        plan = plan or self._ledger.plan_promotion(lease, epoch)
+        check = functools.partial(self._ledger.check_lease, lease) if watch_fence else None
+        try:
+            delivered, rejected = self._retry(
+                "promote", lambda: self.send(plan, before_request=check)
+            )
+        except TwoPhaseError as exc:
+            self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
+            raise
+        crash_point("after_promote", lease.sink_id)
+        self._ledger.mark_committed(lease, epoch, delivered, rejected)
+        crash_point("after_mark", lease.sink_id)
+        log.info(
+            "sink %s epoch %d committed: %d delivered, %d rejected",
+            lease.sink_id,
+            epoch,
+            delivered,
+            rejected,
+        )
+        return PromoteResult(lease.sink_id, epoch, delivered, rejected)
+
+    def send(
+        self,
+        plan: EpochPlan,
+        on_batch: Callable[[int], None] | None = None,
+        before_request: Callable[[], None] | None = None,
+    ) -> tuple[int, int]:
+        """Send a plan's fixed point set once, in its fixed order; no state change.
+
+        Staged chunks go out as they are stored, several to a request up to
+        the batch limits; a chunk larger than the limits is cut into lines.
+        With several lanes (``promote_connections``), an epoch larger than one
+        request goes out over a connection per lane at once, each lane's
+        chunks in the epoch's order (I4: a series keeps to its lane).
+        Returns (delivered, rejected). Rejections become dead letters (once
+        each). ``on_batch`` gets the running count of points sent, for
+        progress; ``before_request`` runs before each request and stops the
+        send by raising. Raises PermanentError if the lines read back are not
+        the decided ones (I1). Used by :meth:`promote` and by the resend of
+        COMMITTED epochs.
+        """
+        tally = _Tally(plan)
+        small = tally.points <= self._batch_points
+        with contextlib.closing(self._read(plan, small)) as pieces:
+            read = tally.reading(pieces)  # checksums in the order read, whatever the lanes
+            if small or self._lanes == 1:
+                self._send_lane(plan, read, tally, on_batch, before_request)
+            else:
+                fan_out(
+                    read,
+                    lambda piece: piece.chunk.lane % self._lanes,
+                    self._lanes,
+                    lambda _, lane: self._send_lane(plan, lane, tally, on_batch, before_request),
+                )
+        tally.check_unchanged()
+        return tally.delivered, tally.rejected
+
+    def _send_lane(
+        self,
+        plan: EpochPlan,
+        pieces: Iterable[_Piece],
+        tally: _Tally,
+        on_batch: Callable[[int], None] | None,
+        before_request: Callable[[], None] | None,
+    ) -> None:
+        """Send pieces in requests over one connection, in their order."""
+        for request in _requests(pieces, self._batch_points, self._batch_bytes):
+            if before_request is not None:
+                before_request()
+            rejects = self._sender.send(
+                b"\n".join(piece.data for piece in request),
+                sum(piece.points for piece in request),
+                functools.partial(_lines_of, request),
+            )
+            self._dead_letters.record(_dead_letters(plan, request, rejects))
+            tally.sent(request, len(rejects), on_batch)
+            crash_point("promote_batch", plan.sink_id)
+
+    def _read(self, plan: EpochPlan, small: bool) -> Generator[_Piece, None, None]:
+        """The plan's pieces: nothing to read for an epoch without points; an epoch within
+        one request (``small``) read at once (one round trip); a larger one through a
+        server-side cursor, read ahead in a thread while InfluxDB takes the requests."""
+        if not any(w.points for w in plan.writes):
+            return
+        pieces = self._pieces(plan, small)
+        yield from (pieces if small else read_ahead(pieces, _READ_AHEAD))
+
+    def _pieces(self, plan: EpochPlan, small: bool) -> Iterator[_Piece]:
+        chunks = self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
+        for index, chunk in chunks:
+            yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Lines ``start:stop`` of a staged chunk of the plan's write number ``index``, as sent."""
+
+    index: int
+    chunk: StagedChunk
+    start: int
+    stop: int
+    data: bytes  # the lines joined by newlines, UTF-8
+
+    @property
+    def points(self) -> int:
+        return self.stop - self.start
+
+    def lines(self) -> list[str]:
+        return self.chunk.lines(self.start, self.stop)
+
+
+def _pieces_of(index: int, chunk: StagedChunk, max_points: int, max_bytes: int) -> Iterator[_Piece]:
+    """The chunk whole (the usual case), or cut into pieces within the batch limits."""
+    data = chunk.body.encode("utf-8")
+    if chunk.points <= max_points and len(data) <= max_bytes:
+        yield _Piece(index, chunk, 0, chunk.points, data)
+        return
+    start = 0
+    encoded = [line.encode("utf-8") for line in chunk.lines()]
+    for group in batches(encoded, max_points, max_bytes, lambda line: len(line) + 1):
+        stop = start + len(group)
+        yield _Piece(index, chunk, start, stop, b"\n".join(group))
+        start = stop
+
+
+def _lines_of(request: Sequence[_Piece]) -> list[str]:
+    return [line for piece in request for line in piece.lines()]
+
+
+def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iterator[list[_Piece]]:
+    """Consecutive pieces grouped into requests of at most ``max_points`` points and
+    a body of at most ``max_bytes``."""
+    # Each piece is sized with the newline joining it to the next; the body has
+    # one newline fewer than pieces, hence the limit one byte over.
+    return batches(pieces, max_points, max_bytes + 1, lambda p: len(p.data) + 1, lambda p: p.points)
+
+
+def _dead_letters(
+    plan: EpochPlan, request: Sequence[_Piece], rejects: Sequence[tuple[int, str]]
+) -> list[DeadLetter]:
+    """Each rejected line of a request, located in its chunk (seq = first_seq + offset)."""
+    starts = list(itertools.accumulate((p.points for p in request), initial=0))
+    letters = []
+    for i, reason in rejects:
+        number = bisect.bisect_right(starts, i) - 1
+        piece = request[number]
+        offset = piece.start + i - starts[number]
+        letters.append(
+            DeadLetter(
+                plan.sink_id,
+                plan.epoch,
+                plan.writes[piece.index].write_id,
+                piece.chunk.first_seq + offset,
+                Phase.PROMOTE,
+                f"InfluxDB rejected the point: {reason}",
+                piece.chunk.line(offset),
+            )
+        )
+    return letters
+
+
+class _Tally:
+    """What a send read back (counts and checksums per write) and its outcome; lanes
+    report what they sent from their threads."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self._plan = plan
+        self._sums = [LineChecksum() for _ in plan.writes]
+        self._counts = [0] * len(plan.writes)
+        self._lock = threading.Lock()
+        self.points = sum(w.points for w in plan.writes)
+        self.delivered = self.rejected = 0
+
+    def reading(self, pieces: Iterable[_Piece]) -> Iterator[_Piece]:
+        """``pieces``, each counted as it is read."""
+        for piece in pieces:
+            self._sums[piece.index].add_joined(piece.data)
+            self._counts[piece.index] += piece.points
+            yield piece
+
+    def sent(
+        self, request: Sequence[_Piece], rejected: int, progress: Callable[[int], None] | None
+    ) -> None:
+        """Count a request's outcome; tell ``progress`` the points sent so far (one
+        lane at a time)."""
+        with self._lock:
+            self.delivered += sum(piece.points for piece in request) - rejected
+            self.rejected += rejected
+            if progress is not None:
+                progress(self.delivered + self.rejected)
+
+    def check_unchanged(self) -> None:
+        """I1: what was read back is exactly what was staged and decided."""
+        plan = self._plan
+        for write, digest, count in zip(plan.writes, self._sums, self._counts, strict=True):
+            if count != write.points or digest.hexdigest() != write.checksum:
+                raise PermanentError(
+                    f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
+                    f"{write.write_id} changed after the decision ({count} read, "
+                    f"{write.points} staged); the epoch's state is left as it was for an "
+                    "operator to inspect"
+                )

@@ -1,0 +1,159 @@
+"""Requeue: the points InfluxDB refused, delivered again as a *correction*, exactly once.
+
+After an operator fixes what made InfluxDB refuse points (a field type
+conflict, a missing retention policy), ``twophase dead-letters --requeue``
+turns the sink's promote-time dead letters into a correction: an epoch of
+the sink numbered ``-n`` for its n-th correction, so it can never collide
+with Spark's batch ids (0, 1, 2...), decided and promoted by the same
+protocol as any epoch:
+
+1. :meth:`Requeuer.select` reads the letters (not requeued yet, of decided
+   writes, filtered by epoch and reason) and the correction's number.
+2. :meth:`Requeuer.decide` stages their lines as one write of epoch ``-n``
+   (:class:`~twophase.protocol.stager.Stager`), then, in one transaction under the
+   sink's lock and the caller's fencing token, records the correction
+   PRECOMMITTED and marks exactly those letters ``requeued_in = -n``. A
+   crash before that transaction leaves an orphan write (GC removes it) and
+   the letters as they were; after it, the correction is an ordinary
+   PRECOMMITTED epoch that ``twophase recover`` promotes (I3).
+3. The caller promotes it (:meth:`~twophase.protocol.committer.Committer.recover`).
+   Points InfluxDB refuses again become dead letters of the correction --
+   each point is an unrequeued dead letter exactly once at any time.
+
+Stage-time dead letters are rows that never became points; there is
+nothing to send for them, so they are counted and left alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from twophase.errors import StateError
+from twophase.faults import crash_point
+from twophase.model import Lease, Phase
+from twophase.protocol.stager import Stager
+from twophase.protocol.transitions import (
+    Cursor,
+    Decision,
+    check_fence,
+    event,
+    insert_decision,
+    lock_sink,
+)
+from twophase.store.database import Database
+
+# Promote-time dead letters of decided writes not yet requeued, by the caller's filters.
+_SELECTED = (
+    "FROM twophase_dead_letters d JOIN twophase_epochs e ON e.sink_id = d.sink_id"
+    " AND e.epoch = d.epoch AND d.write_id = ANY(e.write_ids)"
+    " WHERE d.sink_id = %(sink)s AND d.phase = %(phase)s AND d.requeued_in IS NULL"
+    " AND (%(epoch)s::bigint IS NULL OR d.epoch = %(epoch)s)"
+    " AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)"
+)
+
+
+@dataclass(frozen=True)
+class RequeueFilter:
+    """Which dead letters: of one epoch (None: all), whose reason contains a text."""
+
+    epoch: int | None = None
+    reason: str | None = None
+
+
+EVERY_LETTER = RequeueFilter()
+
+
+@dataclass(frozen=True)
+class RequeueSelection:
+    """The letters a requeue would carry, in the order they were rejected."""
+
+    sink_id: str
+    correction: int  # n: the correction will be epoch -n
+    ids: tuple[int, ...]
+    lines: tuple[str, ...]
+    epochs: tuple[int, ...]  # the epochs the letters came from
+    stage_letters: int  # rows rejected at staging under the same filter: never requeued
+
+    @property
+    def epoch(self) -> int:
+        return correction_epoch(self.correction)
+
+
+def correction_epoch(number: int) -> int:
+    """The epoch of the sink's ``number``-th correction."""
+    return -number
+
+
+class Requeuer:
+    """One role: turn dead letters into a decided correction. Not idempotent by
+    itself -- each call that finds letters makes a new correction -- but a
+    letter is requeued at most once (``requeued_in`` is set once, under the
+    sink's lock)."""
+
+    def __init__(self, db: Database, stager: Stager) -> None:
+        self._db = db
+        self._stager = stager
+
+    def select(self, sink_id: str, chosen: RequeueFilter) -> RequeueSelection:
+        params = {"sink": sink_id, "epoch": chosen.epoch, "reason": chosen.reason}
+        with self._db.transaction() as cur:
+            cur.execute(
+                f"SELECT d.id, d.payload, d.epoch {_SELECTED} ORDER BY d.id",
+                params | {"phase": Phase.PROMOTE},
+            )
+            rows = cur.fetchall()
+            cur.execute(f"SELECT count(*) {_SELECTED}", params | {"phase": Phase.STAGE})
+            stage = cur.fetchone()
+            cur.execute("SELECT corrections FROM twophase_sinks WHERE sink_id = %s", (sink_id,))
+            last = cur.fetchone()
+        if last is None:
+            raise StateError(f"unknown sink {sink_id!r}")
+        return RequeueSelection(
+            sink_id,
+            int(last[0]) + 1,
+            tuple(r[0] for r in rows),
+            tuple(r[1] for r in rows),
+            tuple(sorted({r[2] for r in rows})),
+            int(stage[0]) if stage else 0,
+        )
+
+    def decide(self, lease: Lease, selection: RequeueSelection) -> Decision:
+        """Stage the letters' lines and decide them as correction ``-n`` (see the module).
+
+        Raises StateError when another requeue took the correction number or
+        one of the letters meanwhile (nothing is then decided), FencedError
+        for a stale lease.
+        """
+        if not selection.ids:
+            raise StateError(f"sink {lease.sink_id!r}: no dead letters to requeue")
+        epoch = selection.epoch
+        message = self._stager.stage(lease.sink_id, epoch, selection.lines, run_id=lease.run_id)
+        write = (uuid.UUID(message.write_id), message.points, 0, message.checksum)
+        with self._db.transaction() as cur:
+            sink = lock_sink(cur, lease.sink_id)
+            check_fence(sink, lease)
+            if sink["corrections"] != selection.correction - 1:
+                raise StateError(f"sink {lease.sink_id!r}: another requeue ran meanwhile")
+            _mark_requeued(cur, lease.sink_id, epoch, selection.ids)
+            froms = ", ".join(map(str, selection.epochs))
+            decision = insert_decision(cur, lease, epoch, [write], f"; requeued from {froms}")
+            cur.execute(
+                "UPDATE twophase_sinks SET corrections = %s, points_requeued = points_requeued"
+                " + %s WHERE sink_id = %s",
+                (selection.correction, len(selection.ids), lease.sink_id),
+            )
+            detail = f"{len(selection.ids)} dead letters of epochs {froms}"
+            event(cur, lease.sink_id, epoch, "requeued", lease.run_id, detail)
+        crash_point("after_decide", lease.sink_id)
+        return decision
+
+
+def _mark_requeued(cur: Cursor, sink_id: str, epoch: int, ids: tuple[int, ...]) -> None:
+    cur.execute(
+        "UPDATE twophase_dead_letters SET requeued_in = %s, requeued_at = now()"
+        " WHERE id = ANY(%s) AND requeued_in IS NULL",
+        (epoch, list(ids)),
+    )
+    if cur.rowcount != len(ids):
+        raise StateError(f"sink {sink_id!r}: some dead letters were requeued meanwhile")

@@ -1,0 +1,136 @@
+"""Resend: an operator sends the retained staged points of COMMITTED epochs again
+(``twophase resend``).
+
+For when InfluxDB lost data a COMMITTED epoch delivered (restored from an old
+backup, a measurement dropped by mistake). Re-sending is safe for the same
+reason promotion may run twice: an epoch's point set is fixed (I1) and
+InfluxDB overwrites a point with the same measurement, tag set and timestamp.
+Epochs are re-sent in increasing order, so when a later epoch rewrote a point
+of an earlier one (update output mode), its value is the one left standing.
+
+Not to be confused with a Spark replay (Spark running a batch again, which
+the ledger detects and skips): a resend is an operator's decision. Epoch
+states do not change. Each resend is recorded in the epoch's history (event
+``resent``). While an epoch is re-sent its row is locked FOR SHARE,
+so a concurrent GC (which locks FOR UPDATE SKIP LOCKED) cannot purge its
+points half-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from twophase.errors import StateError
+from twophase.model import EpochPlan, EpochState
+from twophase.protocol.promoter import Promoter
+from twophase.protocol.reader import decided_writes
+from twophase.store.database import Database
+from twophase.store.views import EpochInfo
+from twophase.wording import compact_ranges, epochs_are
+
+
+@dataclass(frozen=True)
+class ResendPlan:
+    """What a resend will send, and what it leaves out (and why)."""
+
+    sink_id: str
+    epochs: tuple[int, ...]
+    points: int
+    skipped_aborted: tuple[int, ...]
+    skipped_purged: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ResentEpoch:
+    sink_id: str
+    epoch: int
+    points_sent: int
+    points_rejected: int
+
+
+def plan_resend(sink_id: str, epochs: Sequence[EpochInfo], everything: bool) -> ResendPlan:
+    """Choose the epochs to re-send among ``epochs`` (the selection, in order).
+
+    Refuses (StateError, nothing sent) when an epoch of the selection is
+    PRECOMMITTED (recover delivers it), or when an explicitly selected epoch
+    is past retention, naming them. With ``everything`` (``--all``) epochs
+    past retention are left out and reported instead: they are history.
+    """
+    pending = [e.epoch for e in epochs if e.state == EpochState.PRECOMMITTED]
+    if pending:
+        raise StateError(
+            f"sink {sink_id!r}: {epochs_are(pending)} PRECOMMITTED (not "
+            f"delivered yet): run `twophase recover --sink {sink_id}` first; nothing was sent"
+        )
+    committed = [e for e in epochs if e.state == EpochState.COMMITTED]
+    purged = [e.epoch for e in committed if e.purged_at is not None]
+    if purged and not everything:
+        raise StateError(
+            f"sink {sink_id!r}: {epochs_are(purged)} past retention (their "
+            "staged points were purged by GC) and cannot be re-sent; narrow the range to "
+            "retained epochs; nothing was sent"
+        )
+    chosen = [e for e in committed if e.purged_at is None]
+    aborted = tuple(e.epoch for e in epochs if e.state == EpochState.ABORTED)
+    if not chosen:
+        why = f"aborted: {compact_ranges(aborted)}" if aborted else "none is retained"
+        raise StateError(f"sink {sink_id!r}: no COMMITTED epoch to re-send ({why})")
+    return ResendPlan(
+        sink_id,
+        tuple(e.epoch for e in chosen),
+        sum(e.points_staged for e in chosen),
+        aborted,
+        tuple(purged),
+    )
+
+
+class Resender:
+    """Sends COMMITTED epochs again through the promoter's own batching and checks."""
+
+    def __init__(self, db: Database, promoter: Promoter):
+        self._db = db
+        self._promoter = promoter
+
+    def resend(
+        self,
+        plan: ResendPlan,
+        actor: str,
+        on_epoch: Callable[[ResentEpoch], None] | None = None,
+    ) -> list[ResentEpoch]:
+        """Re-send the plan's epochs in increasing order; stop at the first failure.
+
+        Raises what promotion raises (InfluxUnavailableError after the retry
+        deadline, PermanentError when staged points changed after the
+        decision) and StateError when an epoch was purged or reset meanwhile.
+        Epochs re-sent before a failure stay re-sent (and recorded).
+        """
+        done = []
+        for epoch in sorted(plan.epochs):
+            result = self.resend_epoch(plan.sink_id, epoch, actor)
+            done.append(result)
+            if on_epoch is not None:
+                on_epoch(result)
+        return done
+
+    def resend_epoch(self, sink_id: str, epoch: int, actor: str) -> ResentEpoch:
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT state, purged_at FROM twophase_epochs"
+                " WHERE sink_id = %s AND epoch = %s FOR SHARE",
+                (sink_id, epoch),
+            )
+            row = cur.fetchone()
+            if row is None or row[0] != EpochState.COMMITTED or row[1] is not None:
+                now = "not recorded" if row is None else ("purged" if row[1] else row[0])
+                raise StateError(f"sink {sink_id!r} epoch {epoch} is {now} now; not re-sent")
+            plan = EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
+            # The promoter's own loop: same batching and order, dead letters recorded once,
+            # and the I1 check that the lines read back are the decided ones.
+            delivered, rejected = self._promoter.send(plan)
+            cur.execute(
+                "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+                " VALUES (%s, %s, 'resent', %s, %s)",
+                (sink_id, epoch, actor, f"re-sent {delivered} points, {rejected} rejected"),
+            )
+        return ResentEpoch(sink_id, epoch, delivered, rejected)

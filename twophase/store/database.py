@@ -1,0 +1,164 @@
+"""Connections to the PostgreSQL staging store: a small pool, transactions, error mapping.
+
+Every protocol step is one PostgreSQL transaction taken from here. Connection
+failures become :class:`~twophase.errors.StagingUnavailableError` (retryable;
+``Database.retry`` repeats a step through an outage, :mod:`twophase.retry`);
+the pool checks a connection before lending it, so a PostgreSQL restart
+between epochs costs one reconnect, not an error. Opening a pool first makes
+one connection, so that a login or TLS problem is reported at once with
+libpq's reason (TLS ones as ConfigError naming the setting) rather than as a
+pool timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from twophase.config import StagingConfig
+from twophase.config.tls import staging_tls_error
+from twophase.errors import SchemaError, StagingUnavailableError
+from twophase.retry import StagingRetry
+
+log = logging.getLogger("twophase.store.database")
+
+# The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
+# head) and Alembic's version table. Here rather than in twophase.store.schema so that
+# executors, which stage through this module, never import SQLAlchemy.
+SCHEMA_REVISION = "0005_chunk_lanes"
+VERSION_TABLE = "twophase_alembic_version"
+
+_UPGRADE_HINT = (
+    "run `twophase db upgrade` (or `alembic upgrade head` from the twophase repository "
+    "root) with TWOPHASE_STAGING_URL set to this database"
+)
+
+
+class Database:
+    """A pool of connections to one staging database.
+
+    Thread-safe. ``transaction()`` yields a cursor inside one transaction that
+    commits on normal exit and rolls back on an exception.
+    """
+
+    def __init__(
+        self, config: StagingConfig, *, max_size: int | None = None, check_schema: bool = True
+    ):
+        self.config = config
+        self.retry = StagingRetry.of(config)  # for steps that ride out an outage
+        conninfo = config.psycopg_conninfo()
+        _probe(conninfo, config)
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=1,
+            # default: a promotion's reader and its lanes' fence checks and dead letters,
+            # beside the caller's own steps
+            max_size=max_size or 3 + config.lanes,
+            timeout=config.connect_timeout_s,
+            check=ConnectionPool.check_connection,
+            kwargs={"connect_timeout": max(1, int(config.connect_timeout_s))},
+            name="twophase",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=config.connect_timeout_s)
+        except PoolTimeout:
+            self._pool.close()
+            raise StagingUnavailableError(
+                f"cannot connect to the staging database {config.display_url} "
+                f"within {config.connect_timeout_s:g}s"
+            ) from None
+        if check_schema:
+            self.check_schema()
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection (no transaction opened yet)."""
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise StagingUnavailableError(
+                f"no connection to the staging database {self.config.display_url}"
+            ) from None
+        except psycopg.OperationalError as exc:
+            raise StagingUnavailableError(
+                f"staging database {self.config.display_url}: {_first_line(exc)}"
+            ) from None
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Cursor]:
+        """One transaction: commit on normal exit, roll back on any exception."""
+        with self.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            yield cur
+
+    def schema_revision(self) -> str | None:
+        """The Alembic revision the database is at, or None when the schema is absent."""
+        with self.transaction() as cur:
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,))
+            row = cur.fetchone()
+            if not row or not row[0]:
+                return None
+            cur.execute(f"SELECT version_num FROM {VERSION_TABLE}")  # noqa: S608 constant name
+            found = cur.fetchone()
+            return found[0] if found else None
+
+    def check_schema(self) -> None:
+        """Fail fast, telling the user what to run, unless the schema is at head."""
+        revision = self.schema_revision()
+        if revision == SCHEMA_REVISION:
+            return
+        where = f"the staging database {self.config.display_url}"
+        if revision is None:
+            raise SchemaError(f"{where} has no twophase schema: {_UPGRADE_HINT}")
+        raise SchemaError(
+            f"{where} is at schema revision {revision!r}, this twophase needs "
+            f"{SCHEMA_REVISION!r}: {_UPGRADE_HINT} (or install the twophase version "
+            "that matches the database)"
+        )
+
+
+def _probe(conninfo: str, config: StagingConfig) -> None:
+    """One connection, to fail fast with the reason (a pool that cannot connect only
+    times out): a TLS problem as ConfigError naming the setting, anything else as
+    StagingUnavailableError (retryable) with libpq's words."""
+    try:
+        psycopg.connect(conninfo, connect_timeout=max(1, int(config.connect_timeout_s))).close()
+    except psycopg.OperationalError as exc:
+        reason = _first_line(exc)
+        raise staging_tls_error(str(exc)) or StagingUnavailableError(
+            f"cannot connect to the staging database {config.display_url}: {reason}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+_shared: dict[str, Database] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_database(config: StagingConfig) -> Database:
+    """One pool per staging URL per process (executors stage many tasks through it),
+    opened once the store answers (waited for up to ``staging_retry_deadline``)."""
+    key = config.url.reveal()
+    with _shared_lock:
+        db = _shared.get(key)
+        if db is None:
+            db = _shared[key] = StagingRetry.of(config)("connect", lambda: Database(config))
+        return db

@@ -1,0 +1,237 @@
+"""The staging schema: SQLAlchemy metadata, the single source Alembic migrates from.
+
+Tables (all prefixed ``twophase_`` so they can share a database with others):
+
+* ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query,
+  and running totals (``SINK_COUNTERS``) for metrics.
+* ``twophase_runs``: every start of a query against a sink (audit of fencing), and
+  when and how it ended (``ended_at``, ``end_reason``) if it said so.
+* ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
+  Spark's batch ids are epochs 0, 1, 2...; an operator's *correction* (dead
+  letters requeued, :mod:`twophase.protocol.requeue`) is epoch ``-n`` for the sink's
+  n-th correction, so the two sequences never collide.
+* ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
+* ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of
+  consecutive lines keyed by ``(write_id, chunk)``. ``body`` is the chunk's
+  ``points`` lines joined by newlines -- an InfluxDB request body as it is;
+  line ``i`` has staged seq ``first_seq + i``. ``ends`` is NULL unless a line
+  holds a newline of its own; then ``ends[i]`` is the offset just past line
+  ``i``'s newline in ``body || '\n'``. One row per up to 5,000 lines instead of one
+  per line cut the client's and PostgreSQL's CPU per point by about 40%
+  (``bench/README.md``). ``body`` is compressed with lz4 where the server has
+  it, else stored uncompressed (set by the migration: pglz halved COPY
+  speed). A write names its sink and epoch, so rows carry only the write id.
+  There is no foreign key on purpose (an RI trigger per row costs COPY
+  time); the write row is inserted in the same transaction as the COPY.
+  ``lane`` is the promotion lane of the chunk's lines (:mod:`twophase.protocol.lanes`;
+  0 with one connection).
+* ``twophase_dead_letters``: rows and points that could not be delivered, with the reason;
+  ``requeued_in`` names the correction that carried a point again.
+* ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
+
+``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
+equal to ``twophase/migrations/versions``' head.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from twophase.model import EpochState, Phase
+from twophase.store.database import SCHEMA_REVISION, VERSION_TABLE
+
+__all__ = ["SCHEMA_REVISION", "VERSION_TABLE", "metadata"]
+
+TABLE_PREFIX = "twophase_"
+
+EPOCH_STATES = tuple(state.value for state in EpochState)
+PHASES = tuple(phase.value for phase in Phase)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+# Running totals of a sink, kept by the ledger in the transactions that already lock
+# its row, so that a metrics scrape reads one row per sink (twophase.operations.exporter).
+# ``corrections`` is the number of the sink's last correction (epoch -n).
+SINK_COUNTERS = (
+    "epochs_committed",
+    "epochs_aborted",
+    "points_staged",
+    "points_delivered",
+    "points_rejected_stage",
+    "points_rejected_promote",
+    "points_requeued",
+    "promote_attempts",
+    "promote_retries",
+    "fenced_attempts",
+    "staged_bytes",
+    "corrections",
+)
+
+
+def _counter(name: str) -> Column[int]:
+    return Column(name, BigInteger, nullable=False, server_default="0")
+
+
+def _created_at() -> Column[datetime]:
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+sinks = Table(
+    "twophase_sinks",
+    metadata,
+    Column("sink_id", Text, primary_key=True),
+    Column("query_id", Text, nullable=True, comment="Spark queryId bound to the sink (I6)"),
+    Column("owner_run_id", Text, nullable=True),
+    Column("fencing_token", BigInteger, nullable=False, server_default="0"),
+    Column("last_decided_epoch", BigInteger, nullable=True),
+    Column("last_committed_epoch", BigInteger, nullable=True),
+    Column("replays_detected", BigInteger, nullable=False, server_default="0"),
+    Column("last_error", Text, nullable=True),
+    _created_at(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    *(_counter(name) for name in SINK_COUNTERS),
+    Column("last_committed_at", DateTime(timezone=True), nullable=True),
+)
+
+runs = Table(
+    "twophase_runs",
+    metadata,
+    Column(
+        "sink_id",
+        Text,
+        ForeignKey("twophase_sinks.sink_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("run_id", Text, primary_key=True),
+    Column("query_id", Text, nullable=True),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("end_reason", Text, nullable=True, comment="stopped or failed"),
+)
+
+epochs = Table(
+    "twophase_epochs",
+    metadata,
+    Column(
+        "sink_id",
+        Text,
+        ForeignKey("twophase_sinks.sink_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("epoch", BigInteger, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("run_id", Text, nullable=True, comment="the run that decided the epoch"),
+    Column("query_id", Text, nullable=True),
+    Column("write_ids", ARRAY(Uuid), nullable=False),
+    Column("checksum", Text, nullable=False),
+    Column("points_staged", BigInteger, nullable=False),
+    Column("points_rejected_stage", BigInteger, nullable=False, server_default="0"),
+    Column("points_delivered", BigInteger, nullable=True),
+    Column("points_rejected_promote", BigInteger, nullable=True),
+    Column("promote_attempts", Integer, nullable=False, server_default="0"),
+    Column("replays", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text, nullable=True),
+    Column("decided_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("committed_at", DateTime(timezone=True), nullable=True),
+    Column("aborted_at", DateTime(timezone=True), nullable=True),
+    Column("purged_at", DateTime(timezone=True), nullable=True),
+    Column("staged_bytes", BigInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("sink_id", "epoch"),
+    CheckConstraint(f"state IN {EPOCH_STATES!r}", name="state"),
+    Index(None, "state", "sink_id", "epoch", postgresql_where="state = 'PRECOMMITTED'"),
+)
+
+writes = Table(
+    "twophase_writes",
+    metadata,
+    Column("write_id", Uuid, primary_key=True),
+    Column("sink_id", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("partition_id", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("points", BigInteger, nullable=False),
+    Column("rejected", BigInteger, nullable=False),
+    Column("checksum", Text, nullable=False),
+    Column("staged_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index(None, "sink_id", "epoch"),
+)
+
+staged_chunks = Table(
+    "twophase_staged_chunks",
+    metadata,
+    Column("write_id", Uuid, nullable=False),
+    Column("chunk", Integer, nullable=False),
+    Column("first_seq", Integer, nullable=False),
+    Column("points", Integer, nullable=False),
+    Column("ends", ARRAY(Integer), nullable=True),
+    Column("body", Text, nullable=False),
+    Column("lane", SmallInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("write_id", "chunk"),
+)
+
+dead_letters = Table(
+    "twophase_dead_letters",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("sink_id", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("write_id", Uuid, nullable=False),
+    Column("seq", Integer, nullable=False, comment="row index (stage) or staged seq (promote)"),
+    Column("phase", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    _created_at(),
+    Column(
+        "requeued_in",
+        BigInteger,
+        nullable=True,
+        comment="the correction (epoch -n) that carried it again",
+    ),
+    Column("requeued_at", DateTime(timezone=True), nullable=True),
+    UniqueConstraint("write_id", "phase", "seq"),
+    CheckConstraint(f"phase IN {PHASES!r}", name="phase"),
+    Index(None, "sink_id", "epoch"),
+)
+
+epoch_events = Table(
+    "twophase_epoch_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("sink_id", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=True),
+    Column("event", Text, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("detail", Text, nullable=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index(None, "sink_id", "epoch"),
+)
