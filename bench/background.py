@@ -1,4 +1,4 @@
-"""Metric 8: sustained throughput with background promotion (issue 11).
+"""Metric 8: sustained throughput with background promotion.
 
 ``SIZES`` epochs in a row through the full protocol, as a sink runs them:
 stage epoch N, commit it, stage N+1... With ``promotion = background`` the

@@ -65,11 +65,15 @@ def promote_child(ctx: Context, sink: str, influx_role: str = TP_INFLUX) -> dict
     influx = ctx.scratch.influx(influx_role)
     return run_child(
         "promote",
-        "--staging-url", ctx.scratch.staging_url(MAIN),
-        "--influx-url", influx.url,
-        "--influx-db", str(influx.database),
-        "--sink", sink,
-    )  # fmt: skip
+        "--staging-url",
+        ctx.scratch.staging_url(MAIN),
+        "--influx-url",
+        influx.url,
+        "--influx-db",
+        str(influx.database),
+        "--sink",
+        sink,
+    )
 
 
 def direct_child(

@@ -1,4 +1,4 @@
-"""Metric 10: promotion to an InfluxDB 20 ms away, over 1 and 4 lanes (issue 11).
+"""Metric 10: promotion to an InfluxDB 20 ms away, over 1 and 4 lanes.
 
 Every request to InfluxDB goes through the test kit's proxy
 (``tests/integration/faultproxy.py``), which holds each answer 20 ms: a

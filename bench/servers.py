@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -133,11 +134,9 @@ class Scratch:
 
     def drop_all(self) -> None:
         """Drop everything made; a failure is reported and the rest still dropped."""
-        drops = [
-            (lambda n=f"{self.prefix}_{r}": drop_staging(self.servers, n)) for r in self._staging
-        ]
+        drops = [partial(drop_staging, self.servers, f"{self.prefix}_{r}") for r in self._staging]
         drops += [
-            (lambda n=name: influx_admin(self.servers, f'DROP DATABASE "{n}"'))
+            partial(influx_admin, self.servers, f'DROP DATABASE "{name}"')
             for name in self._influx.values()
         ]
         self._staging.clear()

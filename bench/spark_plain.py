@@ -177,7 +177,7 @@ def session(args: argparse.Namespace, app: str) -> Any:
 def report_progress(spark: Any, started: float) -> Any:
     """One ``PROGRESS`` line per micro-batch of every query of ``spark``; the listener
     (its ``reported`` holds the batch ids printed)."""
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
     class Progress(StreamingQueryListener):
         def __init__(self) -> None:

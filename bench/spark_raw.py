@@ -1,4 +1,4 @@
-"""Metric 9: Spark with many points per micro-batch, one point per event (issue 11).
+"""Metric 9: Spark with many points per micro-batch, one point per event.
 
 Metric 6 writes a few hundred aggregated points per micro-batch; a raw
 quality-of-service stream writes one point per event, hundreds of thousands

@@ -82,15 +82,22 @@ def job_command(
 ) -> list[str]:
     """The command line every job takes: input, checkpoint, sink, trigger, ``local[2]``."""
     return [
-        sys.executable, *entry,
-        "--input", str(input_dir),
-        "--checkpoint", str(checkpoint),
-        "--sink-id", sink_id,
-        "--max-files-per-trigger", str(per_trigger),
-        "--master", MASTER,
-        "--conf", "spark.ui.enabled=false",
+        sys.executable,
+        *entry,
+        "--input",
+        str(input_dir),
+        "--checkpoint",
+        str(checkpoint),
+        "--sink-id",
+        sink_id,
+        "--max-files-per-trigger",
+        str(per_trigger),
+        "--master",
+        MASTER,
+        "--conf",
+        "spark.ui.enabled=false",
         "--available-now",
-    ]  # fmt: skip
+    ]
 
 
 def run_job(

@@ -59,9 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for epoch in range(args.repeats):
                 spans = one_epoch(ctx, args.points, args.writes, epoch)
                 print(
-                    " ".join(f"{k} {v:.3f}" if k != "chunks" else f"({v:g} chunks)"
-                             for k, v in spans.items())
-                )  # fmt: skip
+                    " ".join(
+                        f"{k} {v:.3f}" if k != "chunks" else f"({v:g} chunks)"
+                        for k, v in spans.items()
+                    )
+                )
         finally:
             ctx.close()
     return 0

@@ -3,7 +3,8 @@
 ::
 
     scripts/dev.sh demo                 # sets everything up, then runs this
-    python jobs/demo.py [--files 24] [--events-per-file 400] [--kill-at after_decide:3]
+    python jobs/demo.py [--files 24] [--events-per-file 400] [--kill-at after_decide:3] \
+        [--log-format text|json]
 
 1. Generates seeded session events (with malformed lines) into a fresh input
    directory, and a fresh sink id and InfluxDB database for this run.
@@ -16,7 +17,9 @@
    detected and skipped, and the dead-lettered malformed lines.
 
 Exit status 0 when InfluxDB is exact, 1 on any mismatch or failure. The
-staging database and InfluxDB come from the ``TWOPHASE_*`` variables.
+staging database and InfluxDB come from the ``TWOPHASE_*`` variables. Each run of
+the job appends its output to ``job.log`` in the work directory, with twophase's log
+lines (commits, replays detected, recoveries) in the ``--log-format`` form.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from jobs.generate_events import Expected, event_files, expected, generate  # noqa: E402
+from twophase import logs  # noqa: E402
 from twophase.config import load_config  # noqa: E402
+from twophase.errors import ConfigError  # noqa: E402
 from twophase.influx.query import query_v1  # noqa: E402
 
 STATS_QUERY = 'SELECT * FROM "stream_stats" GROUP BY *'  # InfluxQL, a constant
@@ -71,6 +76,8 @@ def run_job(
         str(args.files_per_batch),
         "--conf",
         "spark.ui.enabled=false",
+        "--log-format",
+        args.log_format,
     ]
     with (work / "job.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -172,7 +179,18 @@ def main() -> int:
     )
     ap.add_argument("--workdir", type=Path, default=REPO / ".local" / "demo")
     ap.add_argument("--max-restarts", type=int, default=5)
+    ap.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=logs.TEXT,
+        help="twophase's log lines (the demo's on stderr, the job's in job.log): text or JSON",
+    )
     args = ap.parse_args()
+    try:
+        logs.configure(args.log_format)
+    except ConfigError as exc:  # json without python-json-logger: the message says what to install
+        say(f"error: {exc}")
+        return 1
 
     config = load_config()
     stamp = time.strftime("%Y%m%dT%H%M%S")

@@ -4,7 +4,7 @@
 
     spark-submit jobs/session_metrics.py --input DIR --checkpoint DIR --sink-id NAME \
         [--available-now | --trigger-interval 10s] [--max-files-per-trigger N] \
-        [--window "5 minutes"] [--watermark "10 minutes"]
+        [--window "5 minutes"] [--watermark "10 minutes"] [--log-format text|json]
 
     python jobs/session_metrics.py ...        # the same, Spark started from this Python
     python jobs/session_metrics.py --remote sc://HOST:15002 ...   # a Spark Connect client
@@ -33,7 +33,12 @@ the aggregation.
 
 Checkpoint: ``<checkpoint>/stats``. The staging database and InfluxDB come
 from the ``TWOPHASE_*`` environment variables. Standard output carries one line per
-event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``.
+event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``. twophase's INFO lines
+(commits, replays detected, recoveries), each naming its ``sink_id``, ``epoch`` and
+``run_id``, go to standard error as text or, with ``--log-format json``, as one JSON
+object per line (:mod:`twophase.logs`); spark-submit merges its Python driver's
+standard error into its standard output. Spark's own logging is left to its log4j
+settings.
 
 Exit status: 0 when ``--available-now`` consumed the input, 1 when a query
 failed, 2 when the job was refused at start (bad setting, sink owned by
@@ -51,6 +56,9 @@ import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
+
+from twophase import logs
+from twophase.errors import ConfigError
 
 MEASUREMENT = "stream_stats"
 MALFORMED_SUFFIX = ".malformed"
@@ -125,6 +133,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ship-package",
         action="store_true",
         help="add a zip of twophase to the executors' path (when it is not installed there)",
+    )
+    ap.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=logs.TEXT,
+        help="twophase's log lines on stderr: text (default), or one JSON object per line "
+        "(needs twophase[json-logs])",
     )
     return ap.parse_args(argv)
 
@@ -248,6 +263,8 @@ def start_query(spark: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 
         events = tps.split_dead_letters(lines, options)
         stats = session_stats(events, args.window, args.watermark)
+        # The sink's commit runs in a Python worker of its own: it sets up its logging there.
+        options |= {"log_format": args.log_format}
         writer = stats.writeStream.format(FORMAT).outputMode("complete").options(**options)
         return start_writer(writer, "stats", args), options
     write = foreach_batch(options)
@@ -301,7 +318,7 @@ def emit(kind: str, **fields: Any) -> None:
 
 def progress_listener() -> Any:
     """A listener printing one PROGRESS line per micro-batch."""
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
     class Progress(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
@@ -420,7 +437,12 @@ def wait(query: Any, sink: Any, available_now: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    try:  # before run(), whose first step opens the sink in a thread of its own
+        logs.configure(args.log_format)
+    except ConfigError as exc:
+        return fail(None, EXIT_REFUSED, str(exc))
+    return run(args)
 
 
 if __name__ == "__main__":

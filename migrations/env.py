@@ -1,8 +1,9 @@
 """Alembic environment for the twophase staging schema (generic, online and offline).
 
 The database URL comes from ``TWOPHASE_STAGING_URL`` (or ``-x url=...``), never
-from alembic.ini. Only ``twophase_*`` tables are compared by autogenerate, so
-the staging schema can live in a database that holds other tables.
+from alembic.ini; offline (``--sql``) none is needed: the SQL is printed for
+PostgreSQL without connecting. Only ``twophase_*`` tables are compared by
+autogenerate, so the staging schema can live in a database that holds other tables.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ _OPTIONS: dict[str, Any] = {
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), literal_binds=True, **_OPTIONS)
+    # The staging store is always PostgreSQL, and the dialect is all the SQL depends on:
+    # a DBA can print it away from the database, without its URL or password.
+    context.configure(dialect_name="postgresql", literal_binds=True, **_OPTIONS)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -377,11 +377,13 @@ class PrometheusServer(_HttpDaemon):
         scrape_targets: Sequence[str] = (),
         scrape_interval_s: float = 1.0,
         rule_files: Sequence[Path] = (),
+        external_labels: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(root, port)
         self.scrape_targets = tuple(scrape_targets)
         self.scrape_interval_s = scrape_interval_s
         self.rule_files = tuple(Path(f).resolve() for f in rule_files)
+        self.external_labels = dict(external_labels or {})
         self.config_file = self.root / "prometheus.yml"
         self.data_dir = self.root / "data"
 
@@ -394,11 +396,13 @@ class PrometheusServer(_HttpDaemon):
         interval = f"{max(1, round(self.scrape_interval_s * 1000))}ms"
         rules = "".join(f"  - {json.dumps(str(f))}\n" for f in self.rule_files)
         targets = ", ".join(json.dumps(t) for t in self.scrape_targets)
+        labels = ", ".join(f"{k}: {json.dumps(v)}" for k, v in self.external_labels.items())
         return f"""\
 global:
   scrape_interval: {interval}
   scrape_timeout: {interval}
   evaluation_interval: {interval}
+  external_labels: {{{labels}}}
 
 rule_files:{"" if rules else " []"}
 {rules}
@@ -447,6 +451,10 @@ scrape_configs:
         """PromQL range query over [start, end] (Unix seconds): ``data.result``."""
         params = {"query": expr, "start": repr(start), "end": repr(end), "step": repr(step_s)}
         return list(self._api("/api/v1/query_range", params)["result"])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The pending and firing alerts, with their annotations rendered: ``data.alerts``."""
+        return list(self._api("/api/v1/alerts", {})["alerts"])
 
 
 class _SparkDaemon(_HttpDaemon):

@@ -59,10 +59,23 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _ca(folder: Path, name: str) -> tuple[Path, Path]:
     cert, key = folder / f"{name}.crt", folder / f"{name}.key"
     _openssl(
-        "req", "-x509", *_CURVE, "-keyout", str(key), "-out", str(cert), "-days", DAYS,
-        "-subj", f"/CN={name}", "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=folder,
-    )  # fmt: skip
+        "req",
+        "-x509",
+        *_CURVE,
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+        "-days",
+        DAYS,
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=folder,
+    )
     return cert, key
 
 
@@ -74,9 +87,23 @@ def _signed(folder: Path, name: str, cn: str, ca: tuple[Path, Path], ext: str) -
         "req", *_CURVE, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={cn}", cwd=folder
     )
     _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
-        "-CAcreateserial", "-out", str(cert), "-days", DAYS, "-extfile", str(extfile), cwd=folder,
-    )  # fmt: skip
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca[0]),
+        "-CAkey",
+        str(ca[1]),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        DAYS,
+        "-extfile",
+        str(extfile),
+        cwd=folder,
+    )
     key.chmod(0o600)  # libpq refuses a client key others can read
     return cert, key
 

@@ -114,10 +114,12 @@ _ARROW = [
     (pa.date32(), st.dates()),
     (pa.duration("us"), st.timedeltas(-dt.timedelta(days=10**5), dt.timedelta(days=10**5))),
     (pa.list_(pa.int32()), st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3)),
-    (pa.struct([("a", pa.int8()), ("b", pa.string())]),
-     st.fixed_dictionaries({"a": st.integers(-128, 127), "b": st.text(max_size=3)})),
+    (
+        pa.struct([("a", pa.int8()), ("b", pa.string())]),
+        st.fixed_dictionaries({"a": st.integers(-128, 127), "b": st.text(max_size=3)}),
+    ),
     (pa.bool_(), st.booleans()),
-]  # fmt: skip
+]
 
 
 @st.composite

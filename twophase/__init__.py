@@ -4,8 +4,119 @@ A micro-batch (an *epoch*) is staged into PostgreSQL, decided (PRECOMMITTED),
 promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
 commit sink. ``docs/design.md`` in the repository holds the protocol, its
 invariants I1-I8, the contracts and the module map.
+
+The names in :data:`__all__` are the Python API::
+
+    from twophase import PointBuilder, PointSpec, TwoPhase, load_config
+
+The Spark sink is :mod:`twophase.spark` (``twophase.spark.register(spark)``) and the
+operator's commands are the functions of :mod:`twophase.operations`.
+
+Each name is imported on first use (PEP 562): ``import twophase`` itself imports
+nothing, so a Spark executor that unpickles a staging task pays only for what
+staging needs, never for the driver's protocol, SQLAlchemy or the InfluxDB client.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # output is the application's choice
+
+if TYPE_CHECKING:
+    from twophase.config import (
+        InfluxConfig,
+        StagingConfig,
+        TwoPhaseConfig,
+        load_config,
+        load_influx_config,
+        load_staging_config,
+    )
+    from twophase.errors import (
+        CheckpointResetError,
+        ConfigError,
+        FencedError,
+        InfluxUnavailableError,
+        PermanentError,
+        PointError,
+        RetryableError,
+        StagingUnavailableError,
+        StateError,
+        TwoPhaseError,
+    )
+    from twophase.model import CommitMessage, DeadLetter, EpochState, Lease
+    from twophase.points.builder import PointBuilder, PointSpec
+    from twophase.protocol.committer import CommitOutcome
+    from twophase.protocol.runtime import TwoPhase
+
+# Public name -> the module that defines it.
+_HOMES = {
+    "InfluxConfig": "twophase.config",
+    "StagingConfig": "twophase.config",
+    "TwoPhaseConfig": "twophase.config",
+    "load_config": "twophase.config",
+    "load_influx_config": "twophase.config",
+    "load_staging_config": "twophase.config",
+    "CheckpointResetError": "twophase.errors",
+    "ConfigError": "twophase.errors",
+    "FencedError": "twophase.errors",
+    "InfluxUnavailableError": "twophase.errors",
+    "PermanentError": "twophase.errors",
+    "PointError": "twophase.errors",
+    "RetryableError": "twophase.errors",
+    "StagingUnavailableError": "twophase.errors",
+    "StateError": "twophase.errors",
+    "TwoPhaseError": "twophase.errors",
+    "CommitMessage": "twophase.model",
+    "DeadLetter": "twophase.model",
+    "EpochState": "twophase.model",
+    "Lease": "twophase.model",
+    "PointBuilder": "twophase.points.builder",
+    "PointSpec": "twophase.points.builder",
+    "CommitOutcome": "twophase.protocol.committer",
+    "TwoPhase": "twophase.protocol.runtime",
+}
+
+__all__ = [
+    "CheckpointResetError",
+    "CommitMessage",
+    "CommitOutcome",
+    "ConfigError",
+    "DeadLetter",
+    "EpochState",
+    "FencedError",
+    "InfluxConfig",
+    "InfluxUnavailableError",
+    "Lease",
+    "PermanentError",
+    "PointBuilder",
+    "PointError",
+    "PointSpec",
+    "RetryableError",
+    "StagingConfig",
+    "StagingUnavailableError",
+    "StateError",
+    "TwoPhase",
+    "TwoPhaseConfig",
+    "TwoPhaseError",
+    "__version__",
+    "load_config",
+    "load_influx_config",
+    "load_staging_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'twophase' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

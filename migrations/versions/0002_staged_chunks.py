@@ -8,7 +8,7 @@ Moves every retained staged line from ``twophase_staged_points`` into
 ``twophase_staged_chunks`` (5,000 lines per chunk, in seq order) and drops the
 old table; the downgrade splits the chunks back into lines. Checksums and
 seqs are unchanged, so PRECOMMITTED epochs staged before the upgrade are
-promoted after it, and ``replay``/``verify`` still read COMMITTED ones.
+promoted after it, and ``resend``/``verify`` still read COMMITTED ones.
 Run it with no twophase job running: the code of either revision refuses a
 database at the other.
 """

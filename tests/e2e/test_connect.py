@@ -75,14 +75,21 @@ def crash(connect: SparkConnectServer) -> None:
     ("writer", "point"), [("foreach-batch", "after_decide"), ("data-source", "promote_batch")]
 )
 def test_connect_client_survives_server_kills_and_refuses_a_reset_checkpoint(
-    target: Target, work: Path, event_files: list[Path], server: SparkConnectServer,
-    writer: str, point: str,
-) -> None:  # fmt: skip
+    target: Target,
+    work: Path,
+    event_files: list[Path],
+    server: SparkConnectServer,
+    writer: str,
+    point: str,
+) -> None:
     args = (target, work / "input", work / "checkpoint", SINK, work / "logs")
     options: dict[str, Any] = dict(
-        launcher=[sys.executable], stats_writer=writer, available_now=False, max_files=2,
+        launcher=[sys.executable],
+        stats_writer=writer,
+        available_now=False,
+        max_files=2,
         extra_args=["--remote", server.remote_url],
-    )  # fmt: skip
+    )
     fed: list[Path] = []
 
     def feed_more(count: int) -> None:

@@ -64,8 +64,15 @@ def test_each_kind_of_malformed_line_is_dead_lettered_once(target: Target, work:
     plan, fed = work / "crash-plan.json", list(files[:1])
 
     def start() -> Job:
-        return start_job(target, work / "input", work / "checkpoint", SINK, work / "logs",
-                         available_now=False, crash_plan=plan)  # fmt: skip
+        return start_job(
+            target,
+            work / "input",
+            work / "checkpoint",
+            SINK,
+            work / "logs",
+            available_now=False,
+            crash_plan=plan,
+        )
 
     # 1. A task of the split dies right after staging its dead letters: Spark retries it,
     #    and its partition has two complete writes, of which one is decided.

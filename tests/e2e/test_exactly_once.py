@@ -134,10 +134,15 @@ def crash_and_recover(chain: Chain, point: str) -> None:
     # InfluxDB can be exact before the restarted job has re-run the epochs in flight:
     # a kill at promote_batch after an epoch's only request, or on the malformed sink,
     # whose dead letters are recorded when staged. Their replay comes next.
-    chain.job.wait_for("the epochs in flight at the crash to be re-run", lambda: all(
-        e["state"] == "COMMITTED" for s, ep in in_flight for e in chain.epochs()[s]
-        if e["epoch"] == ep
-    ))  # fmt: skip
+    chain.job.wait_for(
+        "the epochs in flight at the crash to be re-run",
+        lambda: all(
+            e["state"] == "COMMITTED"
+            for s, ep in in_flight
+            for e in chain.epochs()[s]
+            if e["epoch"] == ep
+        ),
+    )
     after = chain.epochs()
     for sink, epoch in in_flight:  # recovered from its original writes, the re-run detected
         done = next(e for e in after[sink] if e["epoch"] == epoch)
@@ -275,8 +280,13 @@ def test_random_sigkills_over_twenty_batches(
     for command in would_fence:
         refused = cli.run(*command)
         assert refused.code == 1 and "stop its query first, or pass --force" in refused.err
-    final = run_job(*args, master=CLUSTER, stats_writer=stats_writer, TWOPHASE_PROMOTION=promotion,
-                    TWOPHASE_PROMOTE_CONNECTIONS=str(lanes))  # fmt: skip
+    final = run_job(
+        *args,
+        master=CLUSTER,
+        stats_writer=stats_writer,
+        TWOPHASE_PROMOTION=promotion,
+        TWOPHASE_PROMOTE_CONNECTIONS=str(lanes),
+    )
     assert final.returncode == 0, final.tail()
     assert len(kills) == 5, f"seed {seed}: the job ended by itself"
     assert len(epochs(target.staging_url, SINK)) >= 20

@@ -227,19 +227,23 @@ def test_replays_cost_influxdb_nothing(
             f"points): {sent_on_restart} lines sent"
         )
 
-        # The whole run: InfluxDB received at most the points decided plus, per promotion
-        # cut by a kill, its epoch once more (recovery re-sends an epoch whole).
-        final = sink_epochs(staging_url)
-        rows = [row for sink in SINKS for row in final[sink].values()]
-        assert {row["state"] for row in rows} == {"COMMITTED"}
-        decided = sum(row["points"] for row in rows)
-        cut_resent = sum(row["points"] * (row["promote_attempts"] - 1) for row in rows)
-        assert cut_resent > 0  # the first kill did cut a promotion
-        assert decided <= proxy.lines <= decided + cut_resent, (proxy.lines, decided, cut_resent)
-        print(
-            f"InfluxDB received {proxy.lines} lines in {proxy.write_requests} requests: "
-            f"{decided} points decided in {len(rows)} epochs, {cut_resent} in cut promotions"
-        )
+        influx_received_only_decided_points(staging_url, proxy)
+
+
+def influx_received_only_decided_points(staging_url: str, proxy: FaultProxy) -> None:
+    """The whole run: InfluxDB received at most the points decided plus, per promotion
+    cut by a kill, its epoch once more (recovery re-sends an epoch whole)."""
+    final = sink_epochs(staging_url)
+    rows = [row for sink in SINKS for row in final[sink].values()]
+    assert {row["state"] for row in rows} == {"COMMITTED"}
+    decided = sum(row["points"] for row in rows)
+    cut_resent = sum(row["points"] * (row["promote_attempts"] - 1) for row in rows)
+    assert cut_resent > 0  # the first kill did cut a promotion
+    assert decided <= proxy.lines <= decided + cut_resent, (proxy.lines, decided, cut_resent)
+    print(
+        f"InfluxDB received {proxy.lines} lines in {proxy.write_requests} requests: "
+        f"{decided} points decided in {len(rows)} epochs, {cut_resent} in cut promotions"
+    )
 
 
 # --- InfluxDB outages -------------------------------------------------------------------------

@@ -175,8 +175,14 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
     assert staging.killed == 3, staging.killed
     job.kill()
 
-    final = run_job(*args, available_now=True, max_files=2, launcher=launcher, cwd=work,
-                    PYSPARK_PYTHON=str(python))  # fmt: skip
+    final = run_job(
+        *args,
+        available_now=True,
+        max_files=2,
+        launcher=launcher,
+        cwd=work,
+        PYSPARK_PYTHON=str(python),
+    )
     assert final.returncode == 0, final.tail()
     assert not mismatches(target.influx, event_files)
     cli = make_cli(target.staging_url, target.influx)

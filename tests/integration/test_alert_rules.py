@@ -1,14 +1,19 @@
-"""promtool checks the alert rules and runs their unit tests (every alert, firing and not)."""
+"""promtool checks the alert rules and runs their unit tests (every alert, firing and not);
+a real Prometheus builds each runbook_url from its external label `twophase_docs`."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.support import REPO
+from scripts.services import PrometheusServer, ServiceError
+from tests.support import REPO, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -43,3 +48,36 @@ def test_every_alert_has_a_firing_and_a_quiet_test() -> None:
     for alert in (rule["alert"] for rule in rules):
         outcomes = {bool(c["exp_alerts"]) for c in cases if c["alertname"] == alert}
         assert outcomes == {True, False}, alert
+
+
+def test_prometheus_builds_the_runbook_url_from_its_external_label(tmp_path: Path) -> None:
+    """promtool 2.42 sets no external labels (alerts_test.yml pins the `docs` base), so a
+    real Prometheus with `twophase_docs` set scrapes an exporter that is not there: the
+    pending TwophaseExporterDown links to the label's base."""
+    base = "https://docs.example.org/twophase/v0.2.0/docs"
+    for attempt in range(3):  # another process may grab the free port before Prometheus binds
+        server = PrometheusServer(
+            tmp_path / f"prometheus-{attempt}",
+            free_port(),
+            scrape_targets=[f"127.0.0.1:{free_port()}"],  # nothing listens there
+            rule_files=[RULES / "alerts.yml"],
+            external_labels={"twophase_docs": base},
+        )
+        try:
+            server.start()
+            break
+        except ServiceError:
+            server.kill()
+    else:
+        pytest.fail("prometheus did not start on three free ports")
+    try:
+        down: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while not down and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alerts = server.alerts()
+            down = [a for a in alerts if a["labels"]["alertname"] == "TwophaseExporterDown"]
+        assert down, "TwophaseExporterDown never became pending"
+        assert down[0]["annotations"]["runbook_url"] == f"{base}/runbooks.md#twophaseexporterdown"
+    finally:
+        server.stop()

@@ -39,8 +39,14 @@ def test_commit_returns_once_decided_and_the_next_commit_waits(
 def test_a_failed_background_promotion_is_raised_by_the_next_commit(
     staging: StagingConfig, own_influx: InfluxServer
 ) -> None:
-    influx = InfluxConfig(url=own_influx.url, api="v1", database=OWN_INFLUX_DB,
-                          retry_initial_s=0.1, retry_max_s=0.5, retry_deadline_s=2)  # fmt: skip
+    influx = InfluxConfig(
+        url=own_influx.url,
+        api="v1",
+        database=OWN_INFLUX_DB,
+        retry_initial_s=0.1,
+        retry_max_s=0.5,
+        retry_deadline_s=2,
+    )
     with two_phase(staging, background(influx)) as tp:
         lease = tp.ledger.begin_run("s", "r1", "q1")
         own_influx.stop()  # InfluxDB fails while epoch 0 promotes in the background

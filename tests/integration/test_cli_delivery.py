@@ -3,6 +3,7 @@ installed ``twophase`` console script as a subprocess."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from tests.integration.cli_helpers import (
 )
 from tests.integration.crash_driver import MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
 from tests.integration.test_protocol import lines, stage
-from tests.support import REPO, influx_count, influx_rows
+from tests.support import REPO, free_port, influx_count, influx_rows
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError
 from twophase.influx.query import query_v1
@@ -240,5 +241,28 @@ def test_verify_with_the_v2_api_is_reported_unsupported(tp: Any, cli: Cli) -> No
     result = cli(
         "verify", "--sink", SINK, "--influx-api", "v2", "--influx-org", "o", "--influx-bucket", "b"
     )
-    assert result.code == 1
+    assert result.code == 2  # no answer: not 1, which says that InfluxDB differs
     assert "2.x API" in result.one_line_error()
+
+
+def test_verify_exits_as_diff_does(tp: Any, cli: Cli) -> None:
+    """0: InfluxDB holds the staged points; 1: it differs; 2: no answer (InfluxDB down)."""
+    known_store(tp)
+    same = cli.run("verify", "--sink", SINK)
+    assert same.code == 0, same.out + same.err
+
+    closed = cli.env() | {"TWOPHASE_INFLUX_URL": f"http://127.0.0.1:{free_port()}"}
+    down = cli.run("verify", "--sink", SINK, env=closed)
+    assert (down.code, down.out) == (2, "")
+    last = down.err.splitlines()[-1]  # after the progress lines of reading the store
+    assert last.startswith("twophase: error: InfluxDB at") and "Traceback" not in down.err
+    down_json = cli.run("verify", "--sink", SINK, "--json", env=closed)
+    error = json.loads(down_json.err.splitlines()[-1])  # the error is one line of JSON
+    assert down_json.code == error["exit_code"] == 2 and down_json.out == ""
+    assert "cannot connect" in error["error"] and error["setting"] is None
+
+    config = tp.config.influx
+    query_v1(config.url, config.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    differs = cli.run("verify", "--sink", SINK)
+    assert differs.code == 1, differs.err
+    assert differs.out.splitlines()[-1].startswith("DIFFERENCES in 3 series")

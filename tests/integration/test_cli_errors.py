@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -112,3 +113,39 @@ def test_password_in_a_flag_is_warned_about_and_never_printed(cli: Cli) -> None:
     assert result.code == 0
     assert "the password in --staging-url is visible to other users" in result.err
     assert ":twophase@" not in result.err + result.out
+
+
+def test_with_json_every_error_is_one_json_line_on_stderr(tp: Any, cli: Cli) -> None:
+    known_store(tp)
+    bad_url = cli.run("--json", "--staging-url", "mysql://u@h/db", "status")
+    assert (bad_url.code, bad_url.out) == (2, "")
+    assert json.loads(bad_url.err) == {
+        "error": "--staging-url: must be a PostgreSQL URL, not 'mysql'",
+        "setting": "staging_url",
+        "exit_code": 2,
+    }
+    usage = cli.run("epochs", "--json")  # argparse's own error
+    assert usage.code == 2
+    assert json.loads(usage.err) == {
+        "error": "the following arguments are required: --sink (see twophase epochs --help)",
+        "setting": None,
+        "exit_code": 2,
+    }
+    ghost = cli.run("epochs", "--sink", "ghost", "--json")
+    assert ghost.code == 2 and "unknown sink 'ghost'" in json.loads(ghost.err)["error"]
+    missing = cli.run("recover", "--json", env=staging_only_env(cli))
+    assert (missing.code, json.loads(missing.err)["setting"]) == (1, "influx_url")
+    plain = cli.run("epochs", "--sink", "ghost")  # without --json: the line as ever
+    assert plain.err.startswith("twophase: error: unknown sink 'ghost'")
+
+
+def test_a_json_error_masks_the_password(cli: Cli) -> None:
+    env = cli.env() | {
+        "TWOPHASE_STAGING_URL": "postgresql+psycopg://u:secret-pw@127.0.0.1:1/none",
+        "TWOPHASE_STAGING_CONNECT_TIMEOUT": "2s",
+    }
+    result = cli.run("status", "--json", env=env)
+    error = json.loads(result.err)
+    assert result.code == error["exit_code"] == 1 and error["setting"] is None
+    assert "staging database" in error["error"] and "u:***@" in error["error"]
+    assert "secret-pw" not in result.err

@@ -184,8 +184,16 @@ def test_sigkill_at_each_step_then_recover(
 ) -> None:
     log = tmp_path / "spark-commit-log"
     crash = f"{point}:{nth}"
-    crashed = run_driver(staging_url, influx, log, "run-1", crash, batch_points=batch,
-                         promotion=promotion, lanes=lanes)  # fmt: skip
+    crashed = run_driver(
+        staging_url,
+        influx,
+        log,
+        "run-1",
+        crash,
+        batch_points=batch,
+        promotion=promotion,
+        lanes=lanes,
+    )
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
     # It really died mid-sequence: some epoch is not COMMITTED, or not in Spark's log.
     summary = staging_summary(staging_url)["epochs"]
@@ -195,8 +203,16 @@ def test_sigkill_at_each_step_then_recover(
     # The restarted run recomputes every epoch the crashed run had decided with
     # different values: only replay detection keeps them out of InfluxDB.
     decided = [row[0] for row in summary]
-    restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, batch_points=batch,
-                           promotion=promotion, lanes=lanes)  # fmt: skip
+    restarted = run_driver(
+        staging_url,
+        influx,
+        log,
+        "run-2",
+        perturb=decided,
+        batch_points=batch,
+        promotion=promotion,
+        lanes=lanes,
+    )
     assert restarted.returncode == 0, restarted.stderr
 
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing or doubled

@@ -15,6 +15,7 @@ from tests.integration.cli_helpers import OTHER, SINK, known_store, make_idle
 from tests.integration.test_protocol import lines
 from tests.support import influx_rows
 from twophase import operations as ops
+from twophase.config import StagingConfig
 from twophase.errors import (
     EpochRangeError,
     RefusedError,
@@ -204,3 +205,29 @@ def test_an_ended_run_is_not_live_and_a_silent_one_is_unknown(tp: Any, staging_u
     report = ops.recover(tp.config, SINK)  # no --force, no warning: the owner stopped
     assert [r.epoch for r in report.recovered] == [3]
     assert ops.status(tp.config.staging, SINK)[0].owner_state is None  # the CLI's run now
+
+
+def test_schema_operations_return_data_and_ask_before_a_downgrade(staging: StagingConfig) -> None:
+    head = ops.current_schema(staging).after
+    history = ops.schema_history(staging)
+    assert (history.current, history.head) == (head, head)
+    assert history.revisions[0] == ops.SchemaRevision(
+        "0001_initial", None, "initial staging schema", head=False, current=False
+    )
+
+    declined = Recorder(answer=False)
+    with pytest.raises(RefusedError):
+        ops.downgrade_schema(staging, "0004_sink_counters", declined.hooks())
+    assert "from 0005_chunk_lanes to 0004_sink_counters" in declined.questions[0]
+    assert ":twophase@" not in declined.questions[0]  # the URL shown has no password
+    assert ops.current_schema(staging).after == head
+
+    down = ops.downgrade_schema(staging, "0004", Recorder().hooks())
+    assert (down.before, down.after, down.at_head) == (head, "0004_sink_counters", False)
+    with pytest.raises(UsageError, match="cannot downgrade from 0004_sink_counters"):
+        ops.downgrade_schema(staging, "head", Recorder().hooks())
+    assert ops.upgrade_schema(staging).at_head
+
+    script = ops.downgrade_sql("0004_sink_counters")
+    assert (script.action, script.start, script.target) == ("downgrade", head, "0004_sink_counters")
+    assert ops.upgrade_sql("0004:0005").sql.count("Running upgrade") == 1

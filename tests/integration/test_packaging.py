@@ -1,6 +1,6 @@
 """twophase as a cluster gets it: a wheel built by ``python -m build``, installed alone in
-a fresh virtualenv, creates the staging schema from the migrations it carries and
-answers ``twophase status`` -- no source tree anywhere on its path."""
+a fresh virtualenv, prints and creates the staging schema from the migrations it carries,
+lists them, and answers ``twophase status`` -- no source tree anywhere on its path."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def test_the_wheel_carries_the_package_the_migrations_and_the_script(dist: Path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "twophase/migrations/env.py" in names
     assert f"twophase/migrations/versions/{SCHEMA_REVISION}.py" in names
-    assert "twophase/exporter.py" in names and "twophase/py.typed" in names
+    assert "twophase/operations/exporter.py" in names and "twophase/py.typed" in names
+    assert "twophase/migrations/__init__.py" in names
     entry_points = zipfile.ZipFile(wheel).read(f"twophase-{__version__}.dist-info/entry_points.txt")
     assert b"twophase = twophase.cli:main" in entry_points
     assert not [n for n in names if n.startswith(("tests/", "bench/", "jobs/"))]
@@ -84,10 +85,14 @@ def test_an_installed_wheel_creates_the_schema_and_answers_status(
     assert run(installed / "twophase", "--version", env=env, cwd=tmp_path).strip() == (
         f"twophase {__version__}"
     )
+    script = run(installed / "twophase", "db", "upgrade", "--sql", env=env, cwd=tmp_path)
+    assert "CREATE TABLE twophase_sinks (" in script and script.rstrip().endswith("COMMIT;")
     before = run(installed / "twophase", "db", "current", env=env, cwd=tmp_path)
-    assert "no schema" in before
+    assert "no schema" in before  # the SQL was printed, not run
     upgraded = run(installed / "twophase", "db", "upgrade", env=env, cwd=tmp_path)
     assert f"no schema -> {SCHEMA_REVISION}" in upgraded
+    history = run(installed / "twophase", "db", "history", env=env, cwd=tmp_path)
+    assert "0001_initial" in history and f"{SCHEMA_REVISION} (at the head)" in history
     again = run(installed / "twophase", "db", "upgrade", env=env, cwd=tmp_path)
     assert f"{SCHEMA_REVISION} (at the head)" in again  # idempotent
     status = run(installed / "twophase", "status", env=env, cwd=tmp_path)

@@ -35,6 +35,10 @@ from twophase.store.database import Database
 pytestmark = pytest.mark.integration
 
 SINK = "prom"
+SEL = f'{{sink="{SINK}"}}'
+COMMITTED = f"twophase_last_committed_epoch{SEL}"
+AGE = f"twophase_oldest_precommitted_age_seconds{SEL}"
+PRECOMMITTED_EPOCHS = f'twophase_epochs{{sink="{SINK}",state="precommitted"}}'
 POINTS_PER_EPOCH = 20
 EPOCH_EVERY_S = 0.5
 DEADLINE_S = 25.0  # per wait; the whole test takes about half a minute
@@ -162,9 +166,6 @@ def test_prometheus_sees_an_influx_outage_and_its_recovery(
         retry_initial_s=0.05,
         retry_max_s=0.5,
     )
-    sel = f'{{sink="{SINK}"}}'
-    committed = f"twophase_last_committed_epoch{sel}"
-    age = f"twophase_oldest_precommitted_age_seconds{sel}"
     outage: tuple[float, float] | None = None
     with two_phase(staging, influx) as tp:
         workload = Workload(tp)
@@ -177,19 +178,18 @@ def test_prometheus_sees_an_influx_outage_and_its_recovery(
         thread.start()
         try:
             # (a) the last committed epoch climbs as epochs commit.
-            first = scraped.wait(committed, lambda v: v >= 3, "epochs committed")
-            scraped.wait(committed, lambda v: v >= first + 6, "more epochs committed")
+            first = scraped.wait(COMMITTED, lambda v: v >= 3, "epochs committed")
+            scraped.wait(COMMITTED, lambda v: v >= first + 6, "more epochs committed")
             assert workload.failures == 0
 
             # (b) InfluxDB down: the epoch being promoted stays PRECOMMITTED and ages.
             down_at = time.time()
             own_influx.stop()
-            pre = f'twophase_epochs{{sink="{SINK}",state="precommitted"}}'
-            assert scraped.wait(pre, lambda v: v > 0, "an epoch precommitted") == 1
-            a1 = scraped.wait(age, lambda v: v > 0, "age above 0")
-            a2 = scraped.wait(age, lambda v: v > a1, "age growing")
-            scraped.wait(age, lambda v: v >= 6, "age of a few seconds")  # a visible outage
-            stuck = scraped.get(committed)
+            assert scraped.wait(PRECOMMITTED_EPOCHS, lambda v: v > 0, "an epoch precommitted") == 1
+            a1 = scraped.wait(AGE, lambda v: v > 0, "age above 0")
+            a2 = scraped.wait(AGE, lambda v: v > a1, "age growing")
+            scraped.wait(AGE, lambda v: v >= 6, "age of a few seconds")  # a visible outage
+            stuck = scraped.get(COMMITTED)
             assert stuck is not None
             assert stuck == workload.last_committed  # nothing committed past the outage
             assert workload.failures >= 1
@@ -197,7 +197,7 @@ def test_prometheus_sees_an_influx_outage_and_its_recovery(
             # (c) InfluxDB back: recovery promotes the epoch, the age falls back to 0.
             own_influx.start()
             outage = (down_at, time.time())
-            scraped.wait(committed, lambda v: v >= stuck + 6, "epochs committed after recovery")
+            scraped.wait(COMMITTED, lambda v: v >= stuck + 6, "epochs committed after recovery")
         finally:
             workload.stop.set()
             thread.join(timeout=30)
@@ -206,17 +206,15 @@ def test_prometheus_sees_an_influx_outage_and_its_recovery(
         if workload.error is not None:
             raise workload.error
         last = workload.last_committed
-        assert scraped.wait(committed, lambda v: v == last, "last epoch committed") == last
-        assert scraped.wait(age, lambda v: v == 0, "age back to 0") == 0
-        assert scraped.wait(pre, lambda v: v == 0, "nothing precommitted") == 0
+        assert scraped.wait(COMMITTED, lambda v: v == last, "last epoch committed") == last
+        assert scraped.wait(AGE, lambda v: v == 0, "age back to 0") == 0
+        assert scraped.wait(PRECOMMITTED_EPOCHS, lambda v: v == 0, "nothing precommitted") == 0
         assert scraped.wait("twophase_store_up", lambda v: v == 1, "store up") == 1  # (d)
-        peak = scraped.get(f"max_over_time({age}[5m])")
-        assert peak is not None
-        assert peak >= 6
-        retries = scraped.get(f"twophase_promote_retries_total{sel}")
-        assert retries is not None
-        assert retries >= 1
-        delivered = scraped.get(f"twophase_points_delivered_total{sel}")
+        peak = scraped.get(f"max_over_time({AGE}[5m])")
+        assert peak is not None and peak >= 6
+        retries = scraped.get(f"twophase_promote_retries_total{SEL}")
+        assert retries is not None and retries >= 1
+        delivered = scraped.get(f"twophase_points_delivered_total{SEL}")
         assert delivered == (last + 1) * POINTS_PER_EPOCH
         print(
             f"\nlast epoch {last}, outage {outage[1] - outage[0]:.1f}s, failed attempts "
@@ -242,8 +240,6 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sel = f'{{sink="{SINK}"}}'
-
     # Steps aligned on the end, so that the last one shows the final values.
     first_step = end - math.ceil(end - start)
 
@@ -259,12 +255,12 @@ def plot(
         down = (outage[0] - start, outage[1] - start)
         ax.axvspan(*down, color="tab:red", alpha=0.12, label="InfluxDB down")
         ax.grid(alpha=0.3)
-    top.step(*series(f"twophase_last_decided_epoch{sel}"), where="post", label="last decided")
-    top.step(*series(f"twophase_last_committed_epoch{sel}"), where="post", label="last committed")
+    top.step(*series(f"twophase_last_decided_epoch{SEL}"), where="post", label="last decided")
+    top.step(*series(COMMITTED), where="post", label="last committed")
     top.set_ylabel("epoch")
     rate = top.twinx()
     rate.plot(
-        *series(f"rate(twophase_points_delivered_total{sel}[5s])"),
+        *series(f"rate(twophase_points_delivered_total{SEL}[5s])"),
         color="tab:green",
         alpha=0.6,
         linestyle="--",
@@ -275,7 +271,7 @@ def plot(
     top.legend(handles=handles, loc="upper left")
     top.set_title("Scraped by Prometheus through an InfluxDB outage (shaded)")
     bottom.plot(
-        *series(f"twophase_oldest_precommitted_age_seconds{sel}"),
+        *series(AGE),
         color="tab:red",
         marker=".",
         label="oldest PRECOMMITTED epoch's age",

@@ -272,16 +272,20 @@ def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> No
     ("tamper", "error"),
     [
         # same length, one character changed: only the checksum can tell
-        ("UPDATE twophase_staged_chunks SET body = overlay(body placing 'X' from 3 for 1)",
-         "changed after the decision"),
+        (
+            "UPDATE twophase_staged_chunks SET body = overlay(body placing 'X' from 3 for 1)",
+            "changed after the decision",
+        ),
         # the last line dropped, the count lowered to match
-        ("UPDATE twophase_staged_chunks SET body = left(body, strpos(body, E'\\n')"
-         " + strpos(substr(body, strpos(body, E'\\n') + 1), E'\\n') - 1), points = 2",
-         "changed after the decision"),
+        (
+            "UPDATE twophase_staged_chunks SET body = left(body, strpos(body, E'\\n')"
+            " + strpos(substr(body, strpos(body, E'\\n') + 1), E'\\n') - 1), points = 2",
+            "changed after the decision",
+        ),
         # the count no longer fits the body
         ("UPDATE twophase_staged_chunks SET body = body || E'\\nm v=1 1'", "damaged"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.lanes(1)  # the tampering rewrites a chunk of three lines
 def test_changed_staged_points_are_detected_before_commit(
     tp: Any, staging_url: str, tamper: str, error: str

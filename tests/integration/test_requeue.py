@@ -1,6 +1,6 @@
 """Requeue of dead letters (``twophase dead-letters --requeue``), exactly once.
 
-The scenario of the issue: another writer put a string field ``v`` into
+The scenario: another writer put a string field ``v`` into
 measurement ``rq``; the sink's float ``v`` points are refused (field type
 conflict) and become dead letters. The operator drops the conflicting
 measurement and requeues: InfluxDB then holds every point once. The

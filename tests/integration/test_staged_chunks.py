@@ -221,9 +221,10 @@ def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
     expected = [
         (index, seq, line)
         for index, write in enumerate(plan.writes)
-        for seq, line in enumerate(parts[next(i for i, m in enumerate(messages)
-                                              if m.write_id == write.write_id)])
-    ]  # fmt: skip
+        for seq, line in enumerate(
+            parts[next(i for i, m in enumerate(messages) if m.write_id == write.write_id)]
+        )
+    ]
     got = [
         (index, chunk.first_seq + offset, line)
         for index, chunk in read
@@ -245,8 +246,12 @@ def test_migration_keeps_the_bounds_of_lines_holding_newlines(db_at_0001: str) -
         layout = conn.execute(
             "SELECT points, ends IS NULL FROM twophase_staged_chunks ORDER BY points"
         ).fetchall()
-        write_ids = [r[0] for r in conn.execute("SELECT write_id::text FROM twophase_writes"
-                                                " ORDER BY partition_id")]  # fmt: skip
+        write_ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT write_id::text FROM twophase_writes ORDER BY partition_id"
+            )
+        ]
     assert layout == [(3, True), (4, False)]  # bounds kept only where needed
     db = Database(staging_config_for(db_at_0001))
     try:

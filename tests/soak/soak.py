@@ -137,11 +137,13 @@ class Report:
                 f"{'':>12}{'exact' if s['exact'] else 'NOT EXACT'}"
             )
         done = ", ".join(f"{k} {v}" for k, v in sorted(self.faults_done.items()))
-        rows.append(f"faults: {sum(self.faults_done.values())} ({done}); seed {self.seed}; "
-                    f"{self.seconds:.0f} s; gc runs {self.gc_runs} ({self.gc_failures} met an "
-                    f"outage), staged at most {self.max_staged_chunks} chunks / "
-                    f"{self.max_staged_bytes} bytes, chunks past retention after a gc "
-                    f"{self.stale_chunks_after_gc}")  # fmt: skip
+        rows.append(
+            f"faults: {sum(self.faults_done.values())} ({done}); seed {self.seed}; "
+            f"{self.seconds:.0f} s; gc runs {self.gc_runs} ({self.gc_failures} met an "
+            f"outage), staged at most {self.max_staged_chunks} chunks / "
+            f"{self.max_staged_bytes} bytes, chunks past retention after a gc "
+            f"{self.stale_chunks_after_gc}"
+        )
         return "\n".join(rows)
 
 
@@ -204,10 +206,16 @@ class Soak:
                     run.kills_at_start = run.harness_kills
                     run.starts += 1
                     run.job = start_job(
-                        self.target(run), run.folder / "input", run.folder / "checkpoint",
-                        run.sink_id, run.folder / "logs", available_now=False, max_files=2,
-                        stats_writer=run.stats_writer, **run.env,  # type: ignore[arg-type]
-                    )  # fmt: skip
+                        self.target(run),
+                        run.folder / "input",
+                        run.folder / "checkpoint",
+                        run.sink_id,
+                        run.folder / "logs",
+                        available_now=False,
+                        max_files=2,
+                        stats_writer=run.stats_writer,
+                        **run.env,  # type: ignore[arg-type]
+                    )
             self._stop.wait(0.5)
         if run.job is not None and run.job.returncode is None:
             run.job.kill()
@@ -301,9 +309,14 @@ class Soak:
         threads.append(self._threads(self._gc_loop))
         self._wait_first_epochs()
         injector = Injector(
-            self.postgres, DATABASE, self.influx, self.proxy,
-            lambda n: self.runs[n].job, self._kill, self.log,
-        )  # fmt: skip
+            self.postgres,
+            DATABASE,
+            self.influx,
+            self.proxy,
+            lambda n: self.runs[n].job,
+            self._kill,
+            self.log,
+        )
         self._faulting.set()
         injector.run(schedule, time.monotonic())
         injector.wait()
@@ -314,10 +327,18 @@ class Soak:
             thread.join(120)
         sinks = self._check()
         return Report(
-            self.plan.seed, [f.describe() for f in schedule], dict(injector.done),
-            dict(injector.skipped), time.monotonic() - started, self.gc_runs,
-            self.gc_failures, self.max_chunks, self.max_bytes, self.stale, sinks,
-        )  # fmt: skip
+            seed=self.plan.seed,
+            faults_planned=[f.describe() for f in schedule],
+            faults_done=dict(injector.done),
+            faults_skipped=dict(injector.skipped),
+            seconds=time.monotonic() - started,
+            gc_runs=self.gc_runs,
+            gc_failures=self.gc_failures,
+            max_staged_chunks=self.max_chunks,
+            max_staged_bytes=self.max_bytes,
+            stale_chunks_after_gc=self.stale,
+            sinks=sinks,
+        )
 
     def _wait_first_epochs(self) -> None:
         deadline = time.monotonic() + 600
@@ -357,8 +378,12 @@ class Soak:
             assert done.returncode == 0, (sink, done.stderr)
         pending = query(self.url, "SELECT count(*) FROM twophase_epochs WHERE state <> 'COMMITTED'")
         self._wait_retention()
-        gc = self._cli("gc", "--yes", TWOPHASE_RETENTION=f"{RETENTION_S}s",
-                       TWOPHASE_ORPHAN_GRACE=f"{RETENTION_S}s")  # fmt: skip
+        gc = self._cli(
+            "gc",
+            "--yes",
+            TWOPHASE_RETENTION=f"{RETENTION_S}s",
+            TWOPHASE_ORPHAN_GRACE=f"{RETENTION_S}s",
+        )
         assert gc.returncode == 0, gc.stderr
         chunks = int(query(self.url, "SELECT count(*) FROM twophase_staged_chunks")[0][0])
         report = [self._sink_report(run) for run in self.runs]

@@ -1,5 +1,5 @@
-"""The README quotes the latest quick benchmark run, as issue 5 asks: the command, the
-run's table (checked against its results file), its chart, its date and machine."""
+"""The README quotes the latest quick benchmark run: the command, the run's table
+(checked against its results file), its chart, its date and machine."""
 
 from __future__ import annotations
 

@@ -123,8 +123,9 @@ def bad_if_marked(line: str) -> str | None:
     return "field type conflict" if "bad" in line else None
 
 
-def promoter_for(reader: FakeReader, influx: FakeInflux, clock: FakeClock, points: int,
-                 size: int, lanes: int = 1) -> Promoter:  # fmt: skip
+def promoter_for(
+    reader: FakeReader, influx: FakeInflux, clock: FakeClock, points: int, size: int, lanes: int = 1
+) -> Promoter:
     sender = make_sender(influx, clock).sender
     config = InfluxConfig(url="http://fake", batch_points=points, batch_bytes=size)
     return Promoter(None, reader, sender, reader, config, lanes)  # type: ignore[arg-type]
@@ -152,8 +153,12 @@ def test_send_delivers_every_good_line_in_order_and_addresses_rejects(seed: int)
     delivered, rejected = promoter.send(plan)
 
     good = [line for lines in writes for line in lines if "bad" not in line]
-    bad = {(f"w{w}", seq): line for w, lines in enumerate(writes)
-           for seq, line in enumerate(lines) if "bad" in line}  # fmt: skip
+    bad = {
+        (f"w{w}", seq): line
+        for w, lines in enumerate(writes)
+        for seq, line in enumerate(lines)
+        if "bad" in line
+    }
     assert (delivered, rejected) == (len(good), len(bad))
     assert list(influx.stored) == good  # in order of first arrival
     assert {key: d.payload for key, d in reader.letters.items()} == bad
@@ -183,8 +188,11 @@ def test_lanes_send_each_series_in_the_epochs_order_within_its_lane(seed: int) -
 
     chooser = LaneChooser(4)
     assert all(len({chooser.lane(line) for line in body}) == 1 for body in influx.bodies)
-    in_plan = [line for _, chunk in reader.chunks_of([f"w{w}" for w in range(len(writes))])
-               for line in chunk.lines()]  # fmt: skip
+    in_plan = [
+        line
+        for _, chunk in reader.chunks_of([f"w{w}" for w in range(len(writes))])
+        for line in chunk.lines()
+    ]
     good = [line for line in in_plan if "bad" not in line]
     arrived = list(influx.stored)  # in order of first arrival
     for series in {line.split(" ")[0] for line in good}:
@@ -192,9 +200,13 @@ def test_lanes_send_each_series_in_the_epochs_order_within_its_lane(seed: int) -
             x for x in good if x.startswith(series + " ")
         ]
     assert (delivered, rejected) == (len(good), total - len(good))
-    bad = {(f"w{w}", seq): line for w, _ in enumerate(writes)
-           for _, chunk in reader.chunks_of([f"w{w}"])
-           for seq, line in enumerate(chunk.lines(), chunk.first_seq) if "bad" in line}  # fmt: skip
+    bad = {
+        (f"w{w}", seq): line
+        for w, _ in enumerate(writes)
+        for _, chunk in reader.chunks_of([f"w{w}"])
+        for seq, line in enumerate(chunk.lines(), chunk.first_seq)
+        if "bad" in line
+    }
     assert {key: d.payload for key, d in reader.letters.items()} == bad
 
 

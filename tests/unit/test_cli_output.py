@@ -39,9 +39,17 @@ def test_table_aligns_and_shows_nothing_as_dash() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(None, "-"), (0, "0s"), (59.9, "59s"), (60, "1m"), (600, "10m"), (3725, "1h2m"),
-     (7 * 86400, "7d"), (90000, "1d1h")],
-)  # fmt: skip
+    [
+        (None, "-"),
+        (0, "0s"),
+        (59.9, "59s"),
+        (60, "1m"),
+        (600, "10m"),
+        (3725, "1h2m"),
+        (7 * 86400, "7d"),
+        (90000, "1d1h"),
+    ],
+)
 def test_age(seconds: float | None, text: str) -> None:
     assert age(seconds) == text
 
@@ -100,12 +108,13 @@ def parse(*argv: str) -> Any:
 
 
 def test_global_flags_before_or_after_the_command() -> None:
-    before = parse("--json", "--influx-db", "a", "status")
-    after = parse("status", "--json", "--influx-db", "b")
+    before = parse("--json", "--influx-db", "a", "verify", "--sink", "s")
+    after = parse("verify", "--sink", "s", "--json", "--influx-db", "b")
     assert (before.json, before.influx_db) == (True, "a")
     assert (after.json, after.influx_db) == (True, "b")
-    neither = parse("--influx-db", "a", "status")  # a command's copy does not reset it
+    neither = parse("--influx-db", "a", "recover")  # a command's copy does not reset it
     assert (neither.json, neither.influx_db) == (False, "a")
+    assert parse("--influx-db", "a", "status").influx_db == "a"  # before: every command
     assert parse("recover").live_window == 600.0
     assert parse("gc", "--retention", "36h").retention == 36 * 3600
 

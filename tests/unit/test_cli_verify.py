@@ -31,9 +31,23 @@ A: Any = ("m", (("host", "a"),))
 
 def epoch(number: int, state: str = "COMMITTED", purged: bool = False) -> EpochInfo:
     return EpochInfo(
-        "s", number, state, "r1", 1, 10, 10, 0, 0, 1, 0, NOW, NOW, None,
-        NOW if purged else None, None,
-    )  # fmt: skip
+        sink_id="s",
+        epoch=number,
+        state=state,
+        run_id="r1",
+        writes=1,
+        points_staged=10,
+        points_delivered=10,
+        points_rejected_stage=0,
+        points_rejected_promote=0,
+        promote_attempts=1,
+        replays=0,
+        decided_at=NOW,
+        committed_at=NOW,
+        aborted_at=None,
+        purged_at=NOW if purged else None,
+        last_error=None,
+    )
 
 
 def test_expected_merges_fields_as_influxdb_does() -> None:

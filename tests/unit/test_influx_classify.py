@@ -201,13 +201,18 @@ def test_transport_errors_are_transient() -> None:
     ("message", "option"),
     [
         ("[SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate", "TWOPHASE_INFLUX_TLS_CA"),
-        ("[SSL: CERTIFICATE_VERIFY_FAILED] Hostname mismatch, certificate is not valid for "
-         "'127.0.0.1'", "TWOPHASE_INFLUX_URL"),
-        ("[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required",
-         "TWOPHASE_INFLUX_TLS_CERT"),
+        (
+            "[SSL: CERTIFICATE_VERIFY_FAILED] Hostname mismatch, certificate is not valid for "
+            "'127.0.0.1'",
+            "TWOPHASE_INFLUX_URL",
+        ),
+        (
+            "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required",
+            "TWOPHASE_INFLUX_TLS_CERT",
+        ),
         ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_INFLUX_URL"),
     ],
-)  # fmt: skip
+)
 def test_tls_failures_are_permanent_naming_the_setting(message: str, option: str) -> None:
     error = transport_error(SSLError(message), V1)
     assert isinstance(error, ConfigError) and error.option == option

@@ -38,13 +38,13 @@ def in_task(monkeypatch: pytest.MonkeyPatch, **properties: str) -> None:
 
 
 def test_a_streaming_task_reads_the_local_properties(monkeypatch: pytest.MonkeyPatch) -> None:
-    in_task(monkeypatch, **{
-        stage.BATCH_ID_PROPERTY: "7", stage.RUN_ID_PROPERTY: "r", stage.QUERY_ID_PROPERTY: "q"
-    })  # fmt: skip
+    in_task(
+        monkeypatch,
+        **{stage.BATCH_ID_PROPERTY: "7", stage.RUN_ID_PROPERTY: "r", stage.QUERY_ID_PROPERTY: "q"},
+    )
     task = current_task()
-    assert (task.epoch, task.partition_id, task.attempt, task.run_id, task.query_id) == (
-        7, 3, 1, "r", "q",
-    )  # fmt: skip
+    got = (task.epoch, task.partition_id, task.attempt, task.run_id, task.query_id)
+    assert got == (7, 3, 1, "r", "q")
 
 
 def test_under_connect_a_task_reads_the_writers_job_tag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,10 +70,15 @@ def test_explicit_values_win_over_the_tag(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_a_streaming_batch_id_wins_over_a_stray_tag(monkeypatch: pytest.MonkeyPatch) -> None:
     tags = CONNECT_TAGS.format(tag=batch_tag(5, "tagged-run", "tagged-query"))
-    in_task(monkeypatch, **{
-        stage.BATCH_ID_PROPERTY: "2", stage.RUN_ID_PROPERTY: "r", stage.QUERY_ID_PROPERTY: "q",
-        stage.JOB_TAGS_PROPERTY: tags,
-    })  # fmt: skip
+    in_task(
+        monkeypatch,
+        **{
+            stage.BATCH_ID_PROPERTY: "2",
+            stage.RUN_ID_PROPERTY: "r",
+            stage.QUERY_ID_PROPERTY: "q",
+            stage.JOB_TAGS_PROPERTY: tags,
+        },
+    )
     task = current_task()
     assert (task.epoch, task.run_id, task.query_id) == (2, "r", "q")
 

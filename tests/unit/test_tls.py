@@ -23,8 +23,12 @@ def pem(tmp_path: Path) -> Path:
 
 
 def test_a_staging_ca_adds_libpq_parameters_and_verify_full(pem: Path) -> None:
-    env = {"TWOPHASE_STAGING_URL": URL, "TWOPHASE_STAGING_TLS_CA": str(pem),
-           "TWOPHASE_STAGING_TLS_CERT": str(pem), "TWOPHASE_STAGING_TLS_KEY": str(pem)}  # fmt: skip
+    env = {
+        "TWOPHASE_STAGING_URL": URL,
+        "TWOPHASE_STAGING_TLS_CA": str(pem),
+        "TWOPHASE_STAGING_TLS_CERT": str(pem),
+        "TWOPHASE_STAGING_TLS_KEY": str(pem),
+    }
     config = load_staging_config(env=env)
     for conninfo in (config.psycopg_conninfo(), config.sqlalchemy_url()):
         assert "h1:5432,h2:5433" in conninfo
@@ -69,15 +73,19 @@ def test_influx_tls_files_become_urllib3_arguments(pem: Path) -> None:
 @pytest.mark.parametrize(
     ("message", "option"),
     [
-        ("server certificate for \"localhost\" does not match host name \"127.0.0.2\"",
-         "TWOPHASE_STAGING_URL"),
+        (
+            'server certificate for "localhost" does not match host name "127.0.0.2"',
+            "TWOPHASE_STAGING_URL",
+        ),
         ("SSL error: certificate verify failed", "TWOPHASE_STAGING_TLS_CA"),
-        ("connection failed: FATAL:  connection requires a valid client certificate",
-         "TWOPHASE_STAGING_TLS_CERT"),
+        (
+            "connection failed: FATAL:  connection requires a valid client certificate",
+            "TWOPHASE_STAGING_TLS_CERT",
+        ),
         ("SSL error: tlsv1 alert unknown ca", "TWOPHASE_STAGING_TLS_CERT"),
         ("server does not support SSL, but SSL was required", "TWOPHASE_STAGING_URL"),
     ],
-)  # fmt: skip
+)
 def test_libpq_tls_messages_name_the_setting(message: str, option: str) -> None:
     error = staging_tls_error(message)
     assert error is not None and error.option == option
@@ -86,13 +94,19 @@ def test_libpq_tls_messages_name_the_setting(message: str, option: str) -> None:
 @pytest.mark.parametrize(
     ("message", "option"),
     [
-        ("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local "
-         "issuer certificate (_ssl.c:1006)", "TWOPHASE_INFLUX_TLS_CA"),
-        ("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: Hostname mismatch, "
-         "certificate is not valid for '127.0.0.2'", "TWOPHASE_INFLUX_URL"),
+        (
+            "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local "
+            "issuer certificate (_ssl.c:1006)",
+            "TWOPHASE_INFLUX_TLS_CA",
+        ),
+        (
+            "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: Hostname mismatch, "
+            "certificate is not valid for '127.0.0.2'",
+            "TWOPHASE_INFLUX_URL",
+        ),
         ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_INFLUX_URL"),
     ],
-)  # fmt: skip
+)
 def test_openssl_messages_name_the_influx_setting(message: str, option: str) -> None:
     error = influx_tls_error(message)
     assert error is not None and error.option == option

@@ -1,16 +1,22 @@
 """``twophase``: the operator's command line for a twophase staging store.
 
 Commands: status, epochs, verify, dead-letters, recover, resend, abort, gc,
-reset (``twophase COMMAND --help`` for each). Settings come from the
+reset, metrics serve, and db (upgrade, downgrade, current, history) for the
+staging schema (``twophase COMMAND --help`` for each). Settings come from the
 ``TWOPHASE_*`` variables (see :mod:`twophase.config`); the connection flags
-override them. Secrets (InfluxDB password or token, a database password) come
-only from the environment or ``*_FILE`` files, never from a flag.
+override them: every one before the command, and after it those of the servers
+the command talks to. Secrets (InfluxDB password or token, a database password)
+come only from the environment or ``*_FILE`` files, never from a flag.
 
-Exit codes: 0 success; 1 a failure the one-line message on stderr explains
-(also: ``verify`` found differences, a refusal while a live run owns the
-sink, a declined confirmation); 2 wrong usage (bad flags, unknown sink, an
-epoch that is not recorded, a malformed duration, a destructive command
-without ``--yes`` when stdin is not a terminal). Tracebacks only with --debug.
+Exit codes: 0 success; 1 a failure the one-line message on stderr explains (a
+server unreachable, a setting missing from the environment, a refusal while a
+live run owns the sink, a declined confirmation); 2 wrong usage (bad flags,
+unknown sink, an epoch that is not recorded, a malformed duration, a revision
+that cannot work, a destructive command without ``--yes`` when stdin is not a
+terminal). ``verify`` answers a question and exits as ``diff`` does: 0 InfluxDB
+holds exactly the staged points, 1 it differs, 2 no answer (wrong usage or any
+failure: 1 would read as "it differs"). 130 when interrupted. Tracebacks only
+with --debug.
 
 ``--json`` prints one JSON object on stdout (sorted keys, indented; times as
 ISO-8601 UTC ``...Z`` strings, durations in seconds). Top-level keys:
@@ -23,7 +29,17 @@ epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one
 (fields of :class:`twophase.operations.verify.SeriesDiff`), ``notes``; abort and reset
 ``sink_id`` and what was done; dead-letters ``total`` and ``dead_letters``
 (fields of :class:`twophase.model.DeadLetter`) or ``exported`` and ``file``; gc ``dry_run``,
-``retention_s``, ``orphan_grace_s``, ``sinks`` and the totals.
+``retention_s``, ``orphan_grace_s``, ``sinks`` and the totals; db upgrade, downgrade
+and current ``url``, ``before``, ``after``, ``head``, ``at_head``; db history ``url``,
+``current``, ``head``, ``revisions`` (oldest first, fields of
+:class:`twophase.operations.migrate.SchemaRevision`); db upgrade and downgrade with
+``--sql`` ``action``, ``start``, ``target`` (null: no schema) and ``sql``.
+
+With ``--json`` an error is JSON too: one line on stderr (after any warning or
+progress line), the object ``{"error": message, "setting": option, "exit_code":
+code}``, where ``setting`` is the option a configuration error names
+(``staging_url``, whether the message says ``--staging-url``,
+``TWOPHASE_STAGING_URL`` or ``TWOPHASE_STAGING_URL_FILE``) and null for other errors.
 
 Layout: every command is an operation of :mod:`twophase.operations`, which
 returns data; this package only parses (:mod:`.parser`), calls
@@ -38,12 +54,15 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TextIO
 
+from twophase import logs
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console
 from twophase.cli.parser import build_parser
-from twophase.config import CLI_FLAGS
+from twophase.config import CLI_FLAGS, OPTIONS, env_name
+from twophase.config.urls import has_password
 from twophase.errors import (
     ConfigError,
     EpochRangeError,
@@ -51,7 +70,6 @@ from twophase.errors import (
     UnknownSinkError,
     UsageError,
 )
-from twophase.store.urls import has_password
 
 __all__ = ["build_parser", "main"]
 
@@ -63,15 +81,16 @@ class _Formatter(logging.Formatter):
 
 
 @contextmanager
-def _logging(debug: bool, stream: TextIO) -> Iterator[None]:
+def _logging(debug: bool, stream: TextIO, fmt: str = logs.TEXT) -> Iterator[None]:
     """twophase's warnings (retries) on stderr; with --debug everything, libraries too.
 
     Without --debug the connection pool's own reconnect warnings are dropped: the
-    error line says what failed, once.
+    error line says what failed, once. With ``--log-format json`` each line is a JSON
+    object (:mod:`twophase.logs`).
     """
     logger = logging.getLogger() if debug else logging.getLogger("twophase")
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(_Formatter())
+    handler.setFormatter(_Formatter() if fmt == logs.TEXT else logs.formatter(fmt))
     quiet, mute = logging.getLogger("psycopg"), logging.NullHandler()
     previous = logger.level
     logger.addHandler(handler)
@@ -95,38 +114,64 @@ def _warn_password_flag(console: Console) -> None:
         )
 
 
-def _fail(console: Console, code: int, message: str) -> int:
+@dataclass(frozen=True)
+class _Failure:
+    """How a command ended when it raised: the exit code, the message, and the option
+    a configuration error names (``staging_url``; None for other errors)."""
+
+    code: int
+    message: str
+    setting: str | None = None
+
+
+# The names a ConfigError gives a setting under: the option, its variable, the
+# variable of a file that holds a secret.
+_SETTINGS = (
+    {name: name for name in OPTIONS}
+    | {env_name(name): name for name in OPTIONS}
+    | {env_name(name) + "_FILE": name for name in OPTIONS}
+)
+
+
+def _failure(exc: Exception, failed: int) -> _Failure:
+    """The exit code and message of an error; ``failed`` is the command's code for a
+    failure (1; verify's is 2, its 1 meaning that InfluxDB differs)."""
+    if isinstance(exc, UsageError | UnknownSinkError | EpochRangeError):
+        return _Failure(cmd.EXIT_USAGE, str(exc))
+    if isinstance(exc, ConfigError):
+        setting = _SETTINGS.get(exc.option, exc.option)
+        if exc.option in CLI_FLAGS:  # given as a flag: wrong usage
+            flag = "--" + exc.option.replace("_", "-")
+            return _Failure(cmd.EXIT_USAGE, f"{flag}: {exc.problem}", setting)
+        return _Failure(failed, str(exc), setting)
+    if isinstance(exc, TwoPhaseError | OSError):
+        return _Failure(failed, str(exc))
+    return _Failure(
+        failed, f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"
+    )
+
+
+def _fail(console: Console, failure: _Failure) -> int:
     if console.args.debug:
         traceback.print_exc(file=console.err)
-    console.err.write(f"twophase: error: {message}\n")
-    return code
+    console.error(failure.message, failure.setting, failure.code)
+    return failure.code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (the console script exits with it)."""
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    # Known before parsing, so that argparse's own usage errors can be JSON too.
+    args = build_parser(json_errors="--json" in arguments).parse_args(arguments)
     console = Console(args, sys.stdout, sys.stderr, sys.stdin)
-    with _logging(args.debug, console.err):
+    with _logging(args.debug, console.err, args.log_format):
         _warn_password_flag(console)
         try:
             return int(args.handler(console))
-        except (UsageError, UnknownSinkError, EpochRangeError) as exc:
-            return _fail(console, cmd.EXIT_USAGE, str(exc))
-        except ConfigError as exc:
-            if exc.option in CLI_FLAGS:  # given as a flag: wrong usage
-                flag = "--" + exc.option.replace("_", "-")
-                return _fail(console, cmd.EXIT_USAGE, f"{flag}: {exc.problem}")
-            return _fail(console, cmd.EXIT_FAILED, str(exc))
-        except (TwoPhaseError, OSError) as exc:
-            return _fail(console, cmd.EXIT_FAILED, str(exc))
         except KeyboardInterrupt:
-            return _fail(console, 130, "interrupted (the staging store stays consistent)")
+            return _fail(console, _Failure(130, "interrupted (the staging store stays consistent)"))
         except Exception as exc:  # one line for the operator; --debug shows all
-            return _fail(
-                console,
-                cmd.EXIT_FAILED,
-                f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)",
-            )
+            return _fail(console, _failure(exc, args.failed))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 
 from twophase import operations as ops
@@ -21,16 +22,24 @@ from twophase.protocol.requeue import RequeueFilter
 from twophase.store.views import EpochRange
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# verify answers a question, as diff does: 1 is the answer "InfluxDB differs", so no
+# answer (wrong usage, a setting, a server unreachable) must not read as one: it is 2.
+EXIT_DIFFERS, EXIT_NO_ANSWER = 1, 2
 
 
 def full_config(args: argparse.Namespace) -> TwoPhaseConfig:
     return load_config(**{name: getattr(args, name) for name in CLI_FLAGS})
 
 
-def staging_config(args: argparse.Namespace) -> StagingConfig:
-    for name in CLI_FLAGS:  # a malformed flag fails even where this command does not use it
+def check_flags(args: argparse.Namespace) -> None:
+    """A malformed connection flag fails even where the command does not use it."""
+    for name in CLI_FLAGS:
         if getattr(args, name) is not None:
             load_setting(name, {}, **{name: getattr(args, name)})
+
+
+def staging_config(args: argparse.Namespace) -> StagingConfig:
+    check_flags(args)
     return _load_staging(staging_url=args.staging_url)
 
 
@@ -144,7 +153,7 @@ def cmd_verify(con: Console) -> int:
     with con.hooks() as hooks:
         report = ops.verify(full_config(args), args.sink, selection_of(args), hooks)
     con.emit(asdict(report) | {"ok": report.ok}, render.verify_lines(report))
-    return EXIT_OK if report.ok else EXIT_FAILED
+    return EXIT_OK if report.ok else EXIT_DIFFERS
 
 
 def cmd_metrics(con: Console) -> int:
@@ -162,12 +171,48 @@ def cmd_metrics(con: Console) -> int:
     return EXIT_OK
 
 
-def cmd_db(con: Console) -> int:
+def cmd_db_upgrade(con: Console) -> int:
     args = con.args
-    config = staging_config(args)
-    if args.action == "current":
-        report = ops.current_schema(config)
-    else:
-        report = ops.upgrade_schema(config, args.revision)
+    if args.sql:
+        return _print_sql(con, ops.upgrade_sql)
+    revision = _target(args.revision)
+    return _print_schema(con, ops.upgrade_schema(staging_config(args), revision))
+
+
+def cmd_db_downgrade(con: Console) -> int:
+    args = con.args
+    if args.sql:
+        return _print_sql(con, ops.downgrade_sql)
+    revision = _target(args.revision)
+    with con.hooks() as hooks:
+        report = ops.downgrade_schema(staging_config(args), revision, hooks)
+    return _print_schema(con, report)
+
+
+def cmd_db_current(con: Console) -> int:
+    return _print_schema(con, ops.current_schema(staging_config(con.args)))
+
+
+def cmd_db_history(con: Console) -> int:
+    history = ops.schema_history(staging_config(con.args))
+    con.emit(history, render.history_lines(history))
+    return EXIT_OK
+
+
+def _target(revision: str) -> str:
+    """A revision to migrate the store to: it starts from where the store is."""
+    if ":" in revision:
+        raise UsageError(f"{revision}: FROM:TO goes with --sql (the store's revision is FROM)")
+    return revision
+
+
+def _print_schema(con: Console, report: ops.SchemaReport) -> int:
     con.emit(asdict(report) | {"at_head": report.at_head}, render.schema_lines(report))
+    return EXIT_OK
+
+
+def _print_sql(con: Console, offline: Callable[[str], ops.SchemaSql]) -> int:
+    check_flags(con.args)  # no connection is made, but a wrong flag is still wrong
+    migration = offline(con.args.revision)
+    con.emit(migration, migration.sql.splitlines())
     return EXIT_OK

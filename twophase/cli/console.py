@@ -28,6 +28,13 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
+def error_json(message: str, setting: str | None, code: int) -> str:
+    """An error as the one line of JSON ``--json`` prints on stderr: a line of its own,
+    so that a script finds it among warnings and progress lines."""
+    data = {"error": message, "setting": setting, "exit_code": code}
+    return json.dumps(data, sort_keys=True) + "\n"
+
+
 class ProgressBar:
     """A progress bar on a terminal; otherwise a plain line at most every ``interval`` s."""
 
@@ -96,6 +103,16 @@ class Console:
     def warn(self, text: str) -> None:
         self.err.write(f"twophase: warning: {text}\n")
 
+    def error(self, message: str, setting: str | None, code: int) -> None:
+        """The error that ends the command: one line, JSON with --json.
+
+        ``setting`` is the option a configuration error names (``staging_url``).
+        """
+        if self.args.json:
+            self.err.write(error_json(message, setting, code))
+        else:
+            self.err.write(f"twophase: error: {message}\n")
+
     def progress(self, step: Progress) -> None:
         """One bar per step label, in turn (verify reads, then queries)."""
         if step.label != self._label or self._bar is None:
@@ -113,15 +130,20 @@ class Console:
         """Ask on a terminal; refuse without --yes when stdin is not one."""
         if getattr(self.args, "yes", False):
             return
+        command = self.command()
         if not isatty(self.stdin):
             raise UsageError(
-                f"{self.args.command} is destructive and stdin is not a terminal: "
-                "pass --yes to confirm"
+                f"{command} is destructive and stdin is not a terminal: pass --yes to confirm"
             )
         self.err.write(f"{question}\nProceed? [y/N] ")
         self.err.flush()
         if self.stdin.readline().strip().lower() not in ("y", "yes"):
-            raise RefusedError(f"{self.args.command}: not confirmed; nothing was changed")
+            raise RefusedError(f"{command}: not confirmed; nothing was changed")
+
+    def command(self) -> str:
+        """The command as typed: ``abort``, ``db downgrade``."""
+        action = getattr(self.args, "action", None)
+        return f"{self.args.command} {action}" if action else str(self.args.command)
 
     @contextmanager
     def hooks(self) -> Iterator[Hooks]:

@@ -1,7 +1,10 @@
 """The ``twophase`` command line: commands, flags and argument types.
 
 The connection flags are the settings marked ``flag`` in
-:data:`twophase.config.SETTINGS`; each overrides its ``TWOPHASE_*`` variable.
+:data:`twophase.config.SETTINGS`; each overrides its ``TWOPHASE_*`` variable. All of
+them are accepted before the command; after it, a command takes the flags of the
+servers it talks to: the staging store's, and InfluxDB's for those that send to or read
+from InfluxDB.
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from twophase import __version__
+from twophase import __version__, logs
 from twophase.cli import commands as cmd
-from twophase.cli.console import Console
-from twophase.config import BY_NAME, CLI_FLAGS, parse_duration
+from twophase.cli.console import Console, error_json
+from twophase.config import BY_NAME, CLI_FLAGS, INFLUX, STAGING, parse_duration
 from twophase.errors import ConfigError
 from twophase.operations import LIVE_WINDOW_S
 from twophase.operations.exporter import DEFAULT_PORT
@@ -21,12 +24,26 @@ from twophase.wording import age
 
 Handler = Callable[[Console], int]
 
+VERIFY_EXIT_STATUS = (
+    "exit status, as diff's: 0 InfluxDB holds exactly the staged points; 1 it differs "
+    "(the differences are listed); 2 no answer: wrong usage, a setting missing or wrong, "
+    "a server unreachable"
+)
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit 2."""
+    """argparse, but a usage error is one line (no usage dump) and exit 2; with
+    ``json_errors`` (``--json`` was given) the JSON object every error is then."""
+
+    def __init__(self, *args: Any, json_errors: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.json_errors = json_errors
 
     def error(self, message: str) -> Any:
-        self.exit(cmd.EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        text = f"{message} (see {self.prog} --help)"
+        if self.json_errors:
+            self.exit(cmd.EXIT_USAGE, error_json(text, None, cmd.EXIT_USAGE))
+        self.exit(cmd.EXIT_USAGE, f"{self.prog}: error: {text}\n")
 
 
 def _epoch(text: str) -> int:
@@ -55,8 +72,18 @@ def _duration(option: str) -> Callable[[str], float]:
     return parse
 
 
-def _common(suppress: bool) -> Parser:
-    """Connection and output flags, accepted before or after the command."""
+def _log_format(text: str) -> str:
+    # Checked while parsing: JSON without python-json-logger is a usage error, not a traceback.
+    try:
+        logs.formatter(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+    return text
+
+
+def _common(suppress: bool, sections: tuple[str, ...]) -> Parser:
+    """The connection flags of ``sections`` and the output flags, accepted before or
+    after the command."""
     parent = Parser(add_help=False)
 
     def default(value: Any) -> Any:
@@ -64,22 +91,69 @@ def _common(suppress: bool) -> Parser:
         return argparse.SUPPRESS if suppress else value
 
     group = parent.add_argument_group("connection (override the TWOPHASE_* variables)")
-    for name in CLI_FLAGS:
-        setting = BY_NAME[name]
-        metavar = name.rsplit("_", 1)[-1].upper()
-        group.add_argument(
-            setting.cli_flag, metavar=metavar, help=setting.help, default=default(None)
-        )
+    for setting in (BY_NAME[name] for name in CLI_FLAGS):
+        if setting.section in sections:
+            metavar = setting.name.rsplit("_", 1)[-1].upper()
+            group.add_argument(
+                setting.cli_flag, metavar=metavar, help=setting.help, default=default(None)
+            )
     parent.add_argument(
         "--json",
         action="store_true",
         default=default(False),
-        help="print JSON (sorted keys, ISO-8601 UTC times)",
+        help="print JSON (sorted keys, ISO-8601 UTC times); errors too, on stderr",
     )
     parent.add_argument(
         "--debug", action="store_true", default=default(False), help="debug logging and tracebacks"
     )
+    parent.add_argument(
+        "--log-format",
+        type=_log_format,
+        choices=logs.FORMATS,
+        default=default(logs.TEXT),
+        help="log lines on stderr as text or JSON objects (json: pip install twophase[json-logs])",
+    )
     return parent
+
+
+class _Commands:
+    """Adds commands to a subparsers action; each gets the connection flags of the servers
+    it talks to."""
+
+    def __init__(self, subparsers: Any, json_errors: bool) -> None:
+        self._subparsers, self._json_errors = subparsers, json_errors
+        self._staging = _common(True, (STAGING,))
+        self._both = _common(True, (STAGING, INFLUX))
+
+    def add(
+        self,
+        name: str,
+        handler: Handler,
+        text: str,
+        influx: bool = False,
+        failed: int = cmd.EXIT_FAILED,
+        epilog: str | None = None,
+    ) -> Parser:
+        """A command; ``influx``: it talks to InfluxDB too; ``failed``: its exit code when
+        it fails."""
+        parent = self._both if influx else self._staging
+        sub = self._parser(name, text, parents=[parent], epilog=epilog)
+        sub.set_defaults(handler=handler, failed=failed)
+        return sub
+
+    def group(self, name: str, text: str) -> _Commands:
+        """A command of commands (``db upgrade``); the flags go to each of them."""
+        sub = self._parser(name, text)
+        actions = sub.add_subparsers(
+            dest="action", required=True, metavar="ACTION", parser_class=Parser, help="the action"
+        )
+        return _Commands(actions, self._json_errors)
+
+    def _parser(self, name: str, text: str, **more: Any) -> Parser:
+        sub: Parser = self._subparsers.add_parser(
+            name, help=text, description=text, json_errors=self._json_errors, **more
+        )
+        return sub
 
 
 def _sink(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -87,10 +161,20 @@ def _sink(parser: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def _epochs(parser: argparse.ArgumentParser, single_only: bool = False) -> None:
-    parser.add_argument("--epoch", type=_epoch, metavar="N", required=single_only)
+    parser.add_argument(
+        "--epoch",
+        type=_epoch,
+        metavar="N",
+        required=single_only,
+        help="one epoch: N, or cN for the N-th correction",
+    )
     if not single_only:
-        parser.add_argument("--from", dest="first", type=_epoch, metavar="A")
-        parser.add_argument("--to", dest="last_epoch", type=_epoch, metavar="B")
+        parser.add_argument(
+            "--from", dest="first", type=_epoch, metavar="A", help="the first epoch of a range"
+        )
+        parser.add_argument(
+            "--to", dest="last_epoch", type=_epoch, metavar="B", help="the last epoch of a range"
+        )
 
 
 def _live_window(parser: argparse.ArgumentParser) -> None:
@@ -109,22 +193,59 @@ def _guard(parser: argparse.ArgumentParser, confirm: bool = True) -> None:
     )
     _live_window(parser)
     if confirm:
-        parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        _yes(parser)
 
 
-def _inspection(command: Callable[[str, Handler, str], Any]) -> None:
-    sub = command("status", cmd.cmd_status, "per sink: owner, epochs, staged points, dead letters")
+def _yes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _setting_default(option: str) -> str:
+    setting = BY_NAME[option]
+    return f"default: {setting.env}, else {age(setting.default)}"
+
+
+def _inspection(commands: _Commands) -> None:
+    sub = commands.add(
+        "status", cmd.cmd_status, "per sink: owner, epochs, staged points, dead letters"
+    )
     _sink(sub, required=False)
     _live_window(sub)
-    sub = command("epochs", cmd.cmd_epochs, "one line per epoch (the last 20 by default)")
+    sub = commands.add("epochs", cmd.cmd_epochs, "one line per epoch (the last 20 by default)")
     _sink(sub)
     _epochs(sub)
     sub.add_argument("--last", type=_count, metavar="N", help="the last N epochs (default 20)")
-    sub = command("verify", cmd.cmd_verify, "compare the staged points with InfluxDB")
+    sub = commands.add(
+        "verify",
+        cmd.cmd_verify,
+        "compare the staged points with InfluxDB",
+        influx=True,
+        failed=cmd.EXIT_NO_ANSWER,
+        epilog=VERIFY_EXIT_STATUS,
+    )
     _sink(sub)
     _epochs(sub)
-    sub = command(
-        "dead-letters", cmd.cmd_dead_letters, "list, export or requeue rejected rows and points"
+    _dead_letters(commands)
+    _schema(commands.group("db", "the staging schema: upgrade, downgrade, show, print the SQL"))
+    sub = commands.add("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
+    sub.add_argument("action", choices=["serve"], help="serve: run the exporter until stopped")
+    sub.add_argument(
+        "--port",
+        type=_count,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"port to listen on (default {DEFAULT_PORT})",
+    )
+    sub.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    _live_window(sub)
+
+
+def _dead_letters(commands: _Commands) -> None:
+    sub = commands.add(
+        "dead-letters",
+        cmd.cmd_dead_letters,
+        "list, export or requeue rejected rows and points",
+        influx=True,  # --requeue sends
     )
     _sink(sub)
     _epochs(sub, single_only=False)
@@ -138,61 +259,103 @@ def _inspection(command: Callable[[str, Handler, str], Any]) -> None:
     sub.add_argument("--reason", metavar="TEXT", help="with --requeue: only reasons holding TEXT")
     sub.add_argument("--dry-run", action="store_true", help="with --requeue: count, send nothing")
     _guard(sub, confirm=False)
-    sub = command("db", cmd.cmd_db, "the staging schema: upgrade it, or show its revision")
-    sub.add_argument("action", choices=["upgrade", "current"])
-    sub.add_argument("--revision", default="head", metavar="REV", help="upgrade to (head)")
-    sub = command("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
-    sub.add_argument("action", choices=["serve"], help="serve: run the exporter until stopped")
-    sub.add_argument("--port", type=_count, default=DEFAULT_PORT, metavar="N")
-    sub.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
-    _live_window(sub)
 
 
-def _actions(command: Callable[[str, Handler, str], Any]) -> None:
-    sub = command("recover", cmd.cmd_recover, "promote every PRECOMMITTED epoch, in order")
+def _schema(actions: _Commands) -> None:
+    sql = "print the SQL for a DBA instead of running it (the database is not touched)"
+    sub = actions.add("upgrade", cmd.cmd_db_upgrade, "create or upgrade the staging schema")
+    sub.add_argument(
+        "--revision",
+        default="head",
+        metavar="REV",
+        help="upgrade to REV (default head); with --sql also FROM:TO (FROM default: no schema)",
+    )
+    sub.add_argument("--sql", action="store_true", help=sql)
+    sub = actions.add(
+        "downgrade", cmd.cmd_db_downgrade, "downgrade the staging schema (drops data)"
+    )
+    sub.add_argument(
+        "revision",
+        metavar="REV",
+        help="the revision to go down to (base: no schema); with --sql also FROM:TO "
+        "(FROM default: the head)",
+    )
+    sub.add_argument("--sql", action="store_true", help=sql)
+    _yes(sub)
+    actions.add("current", cmd.cmd_db_current, "the store's revision, and whether it is the head")
+    actions.add(
+        "history", cmd.cmd_db_history, "the shipped revisions, the head and the current one"
+    )
+
+
+def _actions(commands: _Commands) -> None:
+    sub = commands.add(
+        "recover", cmd.cmd_recover, "promote every PRECOMMITTED epoch, in order", influx=True
+    )
     _sink(sub, required=False)
     _guard(sub, confirm=False)
-    sub = command(
-        "resend", cmd.cmd_resend, "send the retained points of COMMITTED epochs again (operator)"
+    sub = commands.add(
+        "resend",
+        cmd.cmd_resend,
+        "send the retained points of COMMITTED epochs again (operator)",
+        influx=True,
     )
     _sink(sub)
     _epochs(sub)
     sub.add_argument("--all", action="store_true", help="every retained COMMITTED epoch")
     _guard(sub, confirm=False)
-    sub = command("abort", cmd.cmd_abort, "discard a PRECOMMITTED epoch (operator decision)")
+    sub = commands.add("abort", cmd.cmd_abort, "discard a PRECOMMITTED epoch (operator decision)")
     _sink(sub)
     _epochs(sub, single_only=True)
-    sub.add_argument("--reason", default="aborted by an operator", metavar="TEXT")
+    sub.add_argument(
+        "--reason",
+        default="aborted by an operator",
+        metavar="TEXT",
+        help="why, recorded in the epoch's history (default: aborted by an operator)",
+    )
     _guard(sub)
-    sub = command("gc", cmd.cmd_gc, "remove staged points past retention and orphaned writes")
+    sub = commands.add("gc", cmd.cmd_gc, "remove staged points past retention and orphaned writes")
     _sink(sub, required=False)
-    sub.add_argument("--retention", type=_duration("--retention"), metavar="DURATION")
-    sub.add_argument("--orphan-grace", type=_duration("--orphan-grace"), metavar="DURATION")
+    sub.add_argument(
+        "--retention",
+        type=_duration("--retention"),
+        metavar="DURATION",
+        help=f"keep the staged points of ended epochs this long ({_setting_default('retention')})",
+    )
+    sub.add_argument(
+        "--orphan-grace",
+        type=_duration("--orphan-grace"),
+        metavar="DURATION",
+        help="a write of a never-decided epoch is garbage at this age "
+        f"({_setting_default('orphan_grace')})",
+    )
     sub.add_argument("--dry-run", action="store_true", help="count, remove nothing")
-    sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    sub = command("reset", cmd.cmd_reset, "unbind a sink from its query after a checkpoint reset")
+    _yes(sub)
+    sub = commands.add(
+        "reset", cmd.cmd_reset, "unbind a sink from its query after a checkpoint reset"
+    )
     _sink(sub)
     _guard(sub)
 
 
-def build_parser() -> Parser:
+def build_parser(json_errors: bool = False) -> Parser:
+    """The parser of every command; ``json_errors``: usage errors as JSON (``--json``)."""
     parser = Parser(
         prog="twophase",
-        parents=[_common(False)],
+        parents=[_common(False, (STAGING, INFLUX))],
         description="Operate a twophase staging store (Spark -> PostgreSQL -> "
         "InfluxDB, exactly once).",
+        json_errors=json_errors,
     )
     parser.add_argument("--version", action="version", version=f"twophase {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    subparsers = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        parser_class=Parser,
+        help="the command (twophase COMMAND --help)",
     )
-    common = _common(True)
-
-    def command(name: str, handler: Handler, text: str) -> Any:
-        sub = commands.add_parser(name, parents=[common], help=text, description=text)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    _inspection(command)
-    _actions(command)
+    commands = _Commands(subparsers, json_errors)
+    _inspection(commands)
+    _actions(commands)
     return parser

@@ -8,7 +8,7 @@ from typing import Any
 
 from twophase.operations import GcSummary, ResendReport
 from twophase.operations.delivery import RecoverReport, RequeueReport
-from twophase.operations.migrate import SchemaReport
+from twophase.operations.migrate import SchemaHistory, SchemaReport
 from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
 from twophase.operations.verify import SeriesDiff, VerifyReport
 from twophase.store.views import EpochInfo, SinkStatus
@@ -25,9 +25,9 @@ def cell(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    """Plain aligned columns; the last one is not padded."""
-    cells = [[cell(v) for v in row] for row in rows]
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], width: int = 60) -> list[str]:
+    """Plain aligned columns, cells at most ``width``; the last one is not padded."""
+    cells = [[cell(v, width) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     return [
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
@@ -201,7 +201,36 @@ def schema_lines(report: SchemaReport) -> list[str]:
     if before == after:
         state = "at the head" if report.at_head else f"this twophase needs {report.head}"
         return [f"{where}: {after} ({state})"]
-    return [f"{where}: {before} -> {after}"]
+    lines = [f"{where}: {before} -> {after}"]
+    if not report.at_head:
+        lines.append(
+            f"this twophase needs {report.head}: its jobs refuse the store until "
+            "`twophase db upgrade`"
+        )
+    return lines
+
+
+def history_lines(history: SchemaHistory) -> list[str]:
+    """The revisions oldest first, the head and the store's current one marked."""
+    rows = [(r.revision, r.description, _marks(r.head, r.current)) for r in history.revisions]
+    lines = table(("REVISION", "DESCRIPTION", ""), rows, width=100)  # descriptions whole
+    return [*lines, f"staging schema of {history.url}: {_where(history)}"]
+
+
+def _where(history: SchemaHistory) -> str:
+    current = history.current
+    if current is None:
+        return "no schema (`twophase db upgrade` creates it)"
+    if current == history.head:
+        return f"{current} (at the head)"
+    if current not in {r.revision for r in history.revisions}:
+        return f"{current}, a revision this twophase does not ship"
+    return f"{current} (this twophase needs {history.head}: `twophase db upgrade`)"
+
+
+def _marks(head: bool, current: bool) -> str:
+    marks = [word for word, on in (("head", head), ("current", current)) if on]
+    return f"({', '.join(marks)})" if marks else ""
 
 
 def abort_lines(done: AbortReport) -> list[str]:

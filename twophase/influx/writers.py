@@ -77,7 +77,7 @@ class V2Writer:
     """
 
     def __init__(self, config: InfluxConfig) -> None:
-        from influxdb_client import InfluxDBClient
+        from influxdb_client.client.influxdb_client import InfluxDBClient
         from influxdb_client.client.write_api import SYNCHRONOUS
 
         token = config.token.reveal() if config.token else None
@@ -99,7 +99,7 @@ class V2Writer:
 
     def write(self, body: bytes) -> None:
         """One write of ``body``; returns on 2xx, raises a classified error otherwise."""
-        from influxdb_client import WritePrecision
+        from influxdb_client.domain.write_precision import WritePrecision
         from influxdb_client.rest import ApiException
 
         try:
@@ -117,4 +117,4 @@ class V2Writer:
             raise scrubbed(transport_error(exc, self._target), self._secrets) from None
 
     def close(self) -> None:
-        self._client.close()
+        self._client.close()  # type: ignore[no-untyped-call]  # influxdb-client leaves it untyped

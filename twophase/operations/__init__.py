@@ -13,7 +13,9 @@ Store operations need only the staging settings (:mod:`.store`):
 Delivery operations also talk to InfluxDB (:mod:`.delivery`):
 :func:`recover`, :func:`resend`, :func:`verify`, :func:`requeue`.
 The exporter (:mod:`.metrics`): :func:`start_exporter`. The schema from the
-installed package (:mod:`.schema`): :func:`upgrade_schema`, :func:`current_schema`.
+installed package (:mod:`.migrate`): :func:`current_schema`, :func:`upgrade_schema`,
+:func:`downgrade_schema`, :func:`schema_history`, and the SQL of a migration
+without running it: :func:`upgrade_sql`, :func:`downgrade_sql`.
 
 Errors are twophase's own (:mod:`twophase.errors`): ``UnknownSinkError`` and
 ``EpochRangeError`` for what is not recorded, ``UsageError`` for arguments that
@@ -33,7 +35,18 @@ from twophase.operations.delivery import (
 )
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
-from twophase.operations.migrate import SchemaReport, current_schema, upgrade_schema
+from twophase.operations.migrate import (
+    SchemaHistory,
+    SchemaReport,
+    SchemaRevision,
+    SchemaSql,
+    current_schema,
+    downgrade_schema,
+    downgrade_sql,
+    schema_history,
+    upgrade_schema,
+    upgrade_sql,
+)
 from twophase.operations.store import (
     AbortReport,
     DeadLetterListing,
@@ -63,10 +76,15 @@ __all__ = [
     "RequeueReport",
     "ResendReport",
     "ResetReport",
+    "SchemaHistory",
     "SchemaReport",
+    "SchemaRevision",
+    "SchemaSql",
     "abort",
     "current_schema",
     "dead_letters",
+    "downgrade_schema",
+    "downgrade_sql",
     "epochs",
     "export_dead_letters",
     "gc",
@@ -74,8 +92,10 @@ __all__ = [
     "requeue",
     "resend",
     "reset",
+    "schema_history",
     "start_exporter",
     "status",
     "upgrade_schema",
+    "upgrade_sql",
     "verify",
 ]

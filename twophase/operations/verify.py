@@ -115,7 +115,9 @@ def window_query(window: Window, retention_policy: str | None) -> str:
     return f"SELECT * FROM {source} WHERE {where} GROUP BY *"  # noqa: S608
 
 
-def actual_points(series_list: Iterable[dict[str, Any]]) -> Iterator[tuple[Series, int, dict]]:
+def actual_points(
+    series_list: Iterable[dict[str, Any]],
+) -> Iterator[tuple[Series, int, dict[str, Any]]]:
     """(series, time, fields) of InfluxDB's answer; empty tags and null fields are absent."""
     for series in series_list:
         tags = tuple(sorted((k, v) for k, v in (series.get("tags") or {}).items() if v != ""))
@@ -147,8 +149,6 @@ def same_value(expected: FieldValue, actual: Any) -> bool:
     but a bool is never a number."""
     if isinstance(expected, bool) or isinstance(actual, bool):
         return type(expected) is type(actual) and expected == actual
-    if isinstance(expected, str) or isinstance(actual, str):
-        return expected == actual
     return bool(expected == actual)
 
 

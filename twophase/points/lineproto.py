@@ -178,6 +178,15 @@ def field_text(column: str, value: Any, unsigned: bool = False) -> str | None:
         return f"{value}i"
     if value is None:
         return None
+    return _converted_field_text(column, value, unsigned)
+
+
+def _converted_field_text(column: str, value: Any, unsigned: bool) -> str | None:
+    """A value of no plain type (numpy scalars, Decimal, subclasses), converted first.
+
+    Kept out of :func:`field_text`, whose plain types are the common case and are
+    tested first, without a call.
+    """
     if isinstance(value, float):  # numpy's float64 (a float subclass): the common numpy case
         return field_text(column, float(value))
     if isinstance(value, UNSIGNED_TYPES):

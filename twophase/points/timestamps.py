@@ -22,9 +22,13 @@ from twophase.points.lineproto import (
     MISSING,
     NUMPY_TIME_TYPES,
     is_null,
-    np,
     show,
 )
+
+try:  # numpy's times come from pandas / Arrow conversions; without numpy there are none
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy ships with the spark extra
+    np = None  # type: ignore[assignment]
 
 _NS_PER_DAY = 86_400 * 1_000_000_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -81,30 +85,45 @@ def _parse_time(value: Any, unit: int) -> int | None:
     if isinstance(value, BOOL_TYPES + NUMPY_TIME_TYPES[1:]):
         return None  # booleans and durations are integers to Python/numpy, not times
     if isinstance(value, datetime):
-        nanos = getattr(value, "asm8", None)  # pandas Timestamp: keeps its nanoseconds
-        if nanos is not None:
-            return _numpy_time_ns(nanos)
-        return datetime_ns(value)
+        return _moment_ns(value)
     if isinstance(value, date):
         return (value - _EPOCH_DATE).days * _NS_PER_DAY
     if isinstance(value, str):
         return _iso_ns(value)
     if isinstance(value, NUMPY_TIME_TYPES[:1]):
         return _numpy_time_ns(value)
+    return _number_ns(value, unit)
+
+
+def _moment_ns(value: datetime) -> int | None:
+    nanos = getattr(value, "asm8", None)  # pandas Timestamp: keeps its nanoseconds
+    if nanos is not None:
+        return _numpy_time_ns(nanos)
+    return datetime_ns(value)
+
+
+def _number_ns(value: Any, unit: int) -> int | None:
+    """A number of ``unit`` in nanoseconds, or None for anything else."""
     if isinstance(value, INT_TYPES):
         return int(value) * unit
     if isinstance(value, FLOAT_TYPES):
-        value = float(value)
-        if not math.isfinite(value):
+        number = float(value)
+        if not math.isfinite(number):
             return None
-        value = Decimal(repr(value))  # the number as written, not its binary neighbour
+        # repr: the number as written, not its binary neighbour
+        return _decimal_ns(Decimal(repr(number)), unit)
     if isinstance(value, Decimal):
-        if not value.is_finite():
-            return None
-        with localcontext() as context:
-            context.prec = 60  # exact for any in-range time
-            return int((value * unit).to_integral_value(rounding=ROUND_HALF_EVEN))
+        return _decimal_ns(value, unit)
     return None
+
+
+def _decimal_ns(value: Decimal, unit: int) -> int | None:
+    """Exact, rounded half to even; None for NaN and infinities."""
+    if not value.is_finite():
+        return None
+    with localcontext() as context:
+        context.prec = 60  # exact for any in-range time
+        return int((value * unit).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def _numpy_time_ns(value: Any) -> int | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from twophase.faults import crash_point
+from twophase.logs import lease_fields
 from twophase.model import CommitMessage, EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
@@ -97,6 +98,7 @@ class Committer:
                 lease.sink_id,
                 epoch,
                 decision.state,
+                extra=lease_fields(lease, epoch),
             )
         promoted = None
         if decision.state == EpochState.PRECOMMITTED and self._handoff is not None:

@@ -32,6 +32,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from twophase.faults import crash_point
+from twophase.logs import fields, lease_fields
 from twophase.model import EpochPlan, Lease
 from twophase.protocol.promoter import Promoter, PromoteResult
 
@@ -60,7 +61,9 @@ class Handoff:
                 raise RuntimeError(f"sink {lease.sink_id!r}: an epoch is still promoting")
             future = self._pool.submit(self._promoter.promote, lease, epoch, plan, watch_fence=True)
             self._in_flight[lease.sink_id] = future
-        log.debug("sink %s epoch %d handed off", lease.sink_id, epoch)
+        log.debug(
+            "sink %s epoch %d handed off", lease.sink_id, epoch, extra=lease_fields(lease, epoch)
+        )
 
     def wait(self, sink_id: str) -> PromoteResult | None:
         """Wait for the sink's promotion in flight: its result, None if there was none.
@@ -82,7 +85,9 @@ class Handoff:
             try:
                 result = self.wait(sink_id)
             except Exception as exc:  # every sink ends before the first error is raised
-                log.error("sink %s: background promotion failed: %s", sink_id, exc)
+                log.error(
+                    "sink %s: background promotion failed: %s", sink_id, exc, extra=fields(sink_id)
+                )
                 errors.append(exc)
             else:
                 if result is not None:

@@ -22,6 +22,7 @@ from twophase.config import InfluxConfig
 from twophase.errors import PermanentError, TwoPhaseError
 from twophase.faults import crash_point
 from twophase.influx.sender import BatchSender
+from twophase.logs import lease_fields
 from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, Phase, StagedChunk
 from twophase.points.batching import batches
 from twophase.protocol.deadletters import DeadLetterLog
@@ -105,6 +106,7 @@ class Promoter:
             epoch,
             delivered,
             rejected,
+            extra=lease_fields(lease, epoch),
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 

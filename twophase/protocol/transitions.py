@@ -104,6 +104,18 @@ _INSERT_DECISION = (
 )
 # octet_length of a compressed text value is read from its header: no decompression.
 
+# A correction (negative epoch) leaves the sink's last decided epoch and query alone.
+_COUNT_DECISION = (
+    "UPDATE twophase_sinks SET"
+    " last_decided_epoch = CASE WHEN %(e)s >= 0 THEN %(e)s ELSE last_decided_epoch END,"
+    " query_id = CASE WHEN %(e)s >= 0 THEN COALESCE(query_id, %(q)s) ELSE query_id END,"
+    " points_staged = points_staged + %(n)s,"
+    " points_rejected_stage = points_rejected_stage + %(r)s,"
+    " staged_bytes = staged_bytes + %(b)s,"
+    " updated_at = now()"
+    " WHERE sink_id = %(s)s"
+)
+
 
 def insert_decision(
     cur: Cursor, lease: Lease, epoch: int, refs: Sequence[WriteRow], detail: str = ""
@@ -122,14 +134,16 @@ def insert_decision(
     cur.execute(_INSERT_DECISION, (*row, rejected, ids))
     staged_bytes = cur.fetchone()[0]  # type: ignore[index]
     cur.execute(
-        "UPDATE twophase_sinks SET last_decided_epoch = CASE WHEN %(e)s >= 0 THEN %(e)s"
-        " ELSE last_decided_epoch END, query_id = CASE WHEN %(e)s >= 0 THEN"
-        " COALESCE(query_id, %(q)s) ELSE query_id END, points_staged = points_staged + %(n)s,"
-        " points_rejected_stage = points_rejected_stage + %(r)s, staged_bytes = staged_bytes"
-        " + %(b)s, updated_at = now() WHERE sink_id = %(s)s",
-        {"e": epoch, "q": lease.query_id, "n": points, "r": rejected, "b": staged_bytes,
-         "s": lease.sink_id},
-    )  # fmt: skip
+        _COUNT_DECISION,
+        {
+            "e": epoch,
+            "q": lease.query_id,
+            "n": points,
+            "r": rejected,
+            "b": staged_bytes,
+            "s": lease.sink_id,
+        },
+    )
     what = f"{len(refs)} writes, {points} points, {rejected} rejected at stage{detail}"
     event(cur, lease.sink_id, epoch, "decided", lease.run_id, what)
     return Decision(lease.sink_id, epoch, state, False, points)

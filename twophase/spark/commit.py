@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 
 from twophase.errors import ConfigError, PermanentError, TwoPhaseError
+from twophase.logs import fields
 from twophase.model import CommitMessage, Lease
 from twophase.protocol.committer import CommitOutcome
 from twophase.protocol.runtime import TwoPhase
@@ -69,7 +70,12 @@ def open_in_background(sink: SinkOptions) -> None:
         try:
             two_phase(sink)
         except Exception as exc:  # reported by the first real use, not from a thread
-            log.debug("opening sink %s in the background failed: %s", sink.sink_id, exc)
+            log.debug(
+                "opening sink %s in the background failed: %s",
+                sink.sink_id,
+                exc,
+                extra=fields(sink.sink_id),
+            )
 
     threading.Thread(target=opening, name="twophase-open", daemon=True).start()
 
@@ -148,7 +154,12 @@ def commit_epoch(
             f"split off to {sink.dead_letter_sink!r} cannot be decided"
         )
     if identity is None:
-        log.info("sink %s epoch %d had no tasks: nothing to decide", sink.sink_id, epoch)
+        log.info(
+            "sink %s epoch %d had no tasks: nothing to decide",
+            sink.sink_id,
+            epoch,
+            extra=fields(sink.sink_id, epoch),
+        )
         return None
     outcome = None
     if messages:
@@ -168,6 +179,7 @@ def commit_epoch(
         " (replay)" if outcome.replay else "",
         list(outcome.recovered) or "none",
         outcome.promoted.delivered if outcome.promoted else 0,
+        extra=fields(sink.sink_id, epoch, identity[0]),
     )
     return outcome
 
@@ -189,6 +201,7 @@ def abort_epoch(sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]
     write_ids = [m.write_id for m in messages]
     if not write_ids:
         return 0
+    about = fields(sink.sink_id, epoch, messages[0].run_id or None)
     try:
         removed = two_phase(sink).gc.discard(write_ids)
     except TwoPhaseError as exc:
@@ -198,9 +211,12 @@ def abort_epoch(sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]
             epoch,
             len(write_ids),
             exc,
+            extra=about,
         )
         return 0
-    log.info("sink %s epoch %d aborted: %d writes discarded", sink.sink_id, epoch, removed)
+    log.info(
+        "sink %s epoch %d aborted: %d writes discarded", sink.sink_id, epoch, removed, extra=about
+    )
     return removed
 
 

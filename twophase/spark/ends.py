@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twophase.errors import TwoPhaseError
+from twophase.logs import fields
 from twophase.protocol.runs import FAILED, STOPPED
 from twophase.spark.commit import drain, two_phase
 from twophase.spark.foreach import ForeachBatchWriter
@@ -48,7 +49,12 @@ def end_query(query: Any, sink: Sink) -> None:
     try:
         drain_query(options)
     except Exception as exc:  # its epoch stays PRECOMMITTED: the next start promotes it
-        log.error("sink %s: the last background promotion failed: %s", options.sink_id, exc)
+        log.error(
+            "sink %s: the last background promotion failed: %s",
+            options.sink_id,
+            exc,
+            extra=fields(options.sink_id, run_id=run_id),
+        )
         reason = FAILED
     end_run(run_id, options, reason)
 
@@ -84,15 +90,22 @@ def end_run(run_id: str, sink: SinkOptions, reason: str) -> None:
     """Record the end of ``run_id`` for the sink and its dead-letter sink; log, never raise."""
     sinks = [sink] if sink.dead_letter_sink is None else [sink, sink.dead_letters()]
     for one in sinks:
+        about = fields(one.sink_id, run_id=run_id)
         try:
             if two_phase(one).runs.end(one.sink_id, run_id, reason):
-                log.info("sink %s: run %s %s", one.sink_id, run_id, reason)
+                log.info("sink %s: run %s %s", one.sink_id, run_id, reason, extra=about)
         except TwoPhaseError as exc:
-            log.warning("sink %s: could not record that run %s ended: %s", one.sink_id, run_id, exc)
+            log.warning(
+                "sink %s: could not record that run %s ended: %s",
+                one.sink_id,
+                run_id,
+                exc,
+                extra=about,
+            )
 
 
 def _listener(query_id: str, run_id: str, sink: SinkOptions) -> Any:
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
     class RunEnds(StreamingQueryListener):
         """Ends the run of one query when Spark reports it terminated."""

@@ -14,9 +14,10 @@ PostgreSQL), where each process reads them itself.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from twophase import logs
 from twophase.config import (
     OPTIONS,
     SECRET_OPTIONS,
@@ -27,10 +28,10 @@ from twophase.config import (
     load_setting,
     load_staging_config,
 )
+from twophase.config.urls import has_password
 from twophase.errors import ConfigError
 from twophase.model import check_sink_id
 from twophase.points.builder import PointSpec
-from twophase.store.urls import has_password
 
 POINTS = "points"
 DEAD_LETTERS = "dead_letters"
@@ -40,7 +41,9 @@ REASON_COLUMN = "reason"
 PAYLOAD_COLUMN = "payload"
 
 POINT_OPTIONS = ("measurement", "tags", "fields", "time", "precision", "null_fields")
-SINK_OPTIONS = ("sink_id", "mode", "dead_letter_sink", *POINT_OPTIONS)
+# log_format: the data source's commit runs in a Python worker of its own, which the
+# job's logging set-up never reaches; the sink configures logging there itself.
+SINK_OPTIONS = ("sink_id", "mode", "dead_letter_sink", "log_format", *POINT_OPTIONS)
 # Spark passes its own writeStream options to every sink; they are not ours to judge.
 SPARK_OPTIONS = ("checkpointlocation", "path", "queryname")
 MAX_SINK_ID_LENGTH = 200
@@ -63,6 +66,7 @@ class SinkOptions:
     spec: PointSpec | None
     settings: tuple[tuple[str, str], ...] = ()
     dead_letter_sink: str | None = None
+    log_format: str | None = None
 
     def dead_letters(self) -> SinkOptions:
         """The sink that rows split off upstream go to (``dead_letter_sink``), with the
@@ -72,7 +76,9 @@ class SinkOptions:
                 "dead_letter_sink",
                 f"is not set for sink {self.sink_id!r}: set it to split dead letters off",
             )
-        return SinkOptions(self.dead_letter_sink, DEAD_LETTERS, None, self.settings)
+        return SinkOptions(
+            self.dead_letter_sink, DEAD_LETTERS, None, self.settings, log_format=self.log_format
+        )
 
     def staging_config(self) -> StagingConfig:
         """The staging store settings (all an executor needs)."""
@@ -114,7 +120,8 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         )
     settings = {key: value for key, value in values.items() if key in OPTIONS}
     sink_id, dead = values.get("sink_id", ""), values.get("dead_letter_sink")
-    return build_sink(sink_id, mode, spec, settings, spec_values, dead)
+    sink = build_sink(sink_id, mode, spec, settings, spec_values, dead)
+    return replace(sink, log_format=_log_format(values.get("log_format")))
 
 
 def build_sink(
@@ -182,6 +189,15 @@ def _needed_columns(sink: SinkOptions) -> list[tuple[str, str]]:
     if sink.spec.time_column is not None:
         needed.append(("time", sink.spec.time_column))
     return needed
+
+
+def _log_format(text: str | None) -> str | None:
+    if text is None:
+        return None
+    fmt = text.strip().lower()
+    if fmt not in logs.FORMATS:
+        raise ConfigError(logs.OPTION, f"{text!r} is not one of {', '.join(logs.FORMATS)}")
+    return fmt
 
 
 def _columns(text: str | None) -> tuple[str, ...] | None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
+from twophase import logs
 from twophase.config import BACKGROUND
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
@@ -95,6 +96,8 @@ class TwoPhaseInfluxDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         sink = parse_options(self.options)
+        if sink.log_format is not None:  # this process runs the commit: its lines go here
+            logs.configure(sink.log_format)
         check_schema(sink, schema.fieldNames())
         if sink.config().influx.promotion == BACKGROUND:
             # pyspark/sql/worker/python_streaming_sink_runner.py: one worker run per commit

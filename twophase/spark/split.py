@@ -63,7 +63,11 @@ def split_dead_letters(df: Any, sink: SinkOptions | Mapping[str, str]) -> Any:
         )
     from pyspark.sql import functions as F
 
-    udf = F.arrow_udf(_Splitter(dead), "boolean", F.ArrowUDFType.SCALAR_ITER)
+    # From the module that defines them: pyspark.sql.functions re-exports them implicitly,
+    # which a strict type check does not follow.
+    from pyspark.sql.pandas.functions import ArrowUDFType, arrow_udf
+
+    udf = arrow_udf(_Splitter(dead), "boolean", ArrowUDFType.SCALAR_ITER)
     keep = udf.asNondeterministic()(*_SPLIT).alias(_KEEP)
     kept = [field.name for field in fields if field.name not in _SPLIT]
     # The UDF is a column of a projection, not a filter's condition: Spark pushes a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twophase.store.urls import BadUrl, DbUrl, has_password, mask
+from twophase.config.urls import BadUrl, DbUrl, has_password, mask
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,177 @@
+"""The CLI's conventions without servers: help on every flag, the connection flags each
+command shows, JSON errors with --json, verify's exit status, and the offline schema SQL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from twophase.cli import build_parser, main
+from twophase.config import INFLUX, SETTINGS, STAGING
+
+STAGING_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section == STAGING}
+INFLUX_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section == INFLUX}
+BOTH = STAGING_FLAGS | INFLUX_FLAGS
+# The connection flags each command takes after its name: those of the servers it talks to.
+SECTIONS = {
+    "status": STAGING_FLAGS,
+    "epochs": STAGING_FLAGS,
+    "verify": BOTH,
+    "dead-letters": BOTH,  # --requeue sends to InfluxDB
+    "db upgrade": STAGING_FLAGS,
+    "db downgrade": STAGING_FLAGS,
+    "db current": STAGING_FLAGS,
+    "db history": STAGING_FLAGS,
+    "metrics": STAGING_FLAGS,
+    "recover": BOTH,
+    "resend": BOTH,
+    "abort": STAGING_FLAGS,
+    "gc": STAGING_FLAGS,
+    "reset": STAGING_FLAGS,
+}
+
+
+def parsers(parser: argparse.ArgumentParser, name: str = "") -> Iterator[tuple[str, Any]]:
+    """Every parser under ``parser`` by its command (``""`` for ``twophase`` itself)."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                yield from parsers(sub, f"{name} {command}".strip())
+
+
+PARSERS = dict(parsers(build_parser()))
+
+
+@pytest.fixture(autouse=True)
+def no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reads TWOPHASE_* variables: the test's arguments alone must decide."""
+    import os
+
+    for key in [k for k in os.environ if k.startswith("TWOPHASE_")]:
+        monkeypatch.delenv(key)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("command", sorted(PARSERS), ids=lambda c: c or "twophase")
+def test_every_flag_and_argument_has_help(command: str) -> None:
+    actions = [a for a in PARSERS[command]._actions if not isinstance(a, argparse._HelpAction)]
+    silent = [a.dest for a in actions if not a.help or a.help == argparse.SUPPRESS]
+    assert silent == []
+
+
+def test_the_sections_cover_every_command() -> None:
+    leaves = {name for name, parser in PARSERS.items() if parser.get_default("handler")}
+    assert leaves == set(SECTIONS)
+
+
+@pytest.mark.parametrize("command", sorted(SECTIONS))
+def test_a_command_shows_the_connection_flags_it_uses(command: str) -> None:
+    flags = {f for a in PARSERS[command]._actions for f in a.option_strings} & BOTH
+    assert flags == SECTIONS[command]
+
+
+def test_the_help_of_db_upgrade_and_verify() -> None:
+    upgrade, verify = PARSERS["db upgrade"].format_help(), PARSERS["verify"].format_help()
+    assert "--staging-url" in upgrade and "--influx-url" not in upgrade
+    assert "--staging-url" in verify and "--influx-url" in verify
+    assert "1 it differs" in " ".join(verify.split())  # the exit status, in the epilog
+
+
+def test_every_connection_flag_is_accepted_before_any_command() -> None:
+    args = build_parser().parse_args(["--influx-url", "http://i:8086", "db", "current"])
+    assert args.influx_url == "http://i:8086"
+    refused = PARSERS["db current"].parse_known_args(["--influx-url", "http://i:8086"])
+    assert refused[1] == ["--influx-url", "http://i:8086"]  # not one of its flags after it
+
+
+def test_a_usage_error_with_json_is_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--json", "epochs", "--sink", "s", "--last", "x")
+    assert (code, out) == (2, "")
+    assert json.loads(err) == {
+        "error": "argument --last: 'x' is not a count (an integer >= 0) "
+        "(see twophase epochs --help)",
+        "setting": None,
+        "exit_code": 2,
+    }
+    code, _, err = run(capsys, "frobnicate", "--json")
+    assert code == 2 and "invalid choice: 'frobnicate'" in json.loads(err)["error"]
+
+
+def test_a_bad_flag_with_json_names_the_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--json", "--staging-url", "mysql://u@h/db", "status")
+    assert (code, out) == (2, "")
+    error = json.loads(err)
+    assert error["setting"] == "staging_url" and error["exit_code"] == 2
+    assert error["error"].startswith("--staging-url: must be a PostgreSQL URL")
+
+
+def test_a_missing_variable_with_json_names_the_setting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run(capsys, "status", "--json")
+    assert code == 1
+    assert json.loads(err) == {
+        "error": "TWOPHASE_STAGING_URL: is required but not set",
+        "setting": "staging_url",
+        "exit_code": 1,
+    }
+    monkeypatch.setenv("TWOPHASE_STAGING_URL_FILE", "/nonexistent/url")
+    code, _, err = run(capsys, "status", "--json")
+    assert code == 1 and json.loads(err)["setting"] == "staging_url"  # the file's variable
+
+
+def test_errors_without_json_stay_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "status")
+    assert (code, err) == (1, "twophase: error: TWOPHASE_STAGING_URL: is required but not set\n")
+
+
+def test_verify_without_an_answer_exits_2_where_other_commands_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(capsys, "verify", "--sink", "s", "--json")
+    assert code == 2 and json.loads(err)["exit_code"] == 2  # 1 would read as "it differs"
+    assert run(capsys, "recover")[0] == 1
+
+
+def test_db_upgrade_sql_needs_no_database(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "db", "upgrade", "--sql")
+    assert (code, err) == (0, "")
+    assert out.startswith("BEGIN;") and out.rstrip().endswith("COMMIT;")
+    assert "CREATE TABLE twophase_sinks" in out and "CREATE TABLE twophase_alembic_version" in out
+    code, out, _ = run(capsys, "db", "downgrade", "0004_sink_counters", "--sql", "--json")
+    script = json.loads(out)
+    assert code == 0 and (script["start"], script["target"]) == (
+        "0005_chunk_lanes",
+        "0004_sink_counters",
+    )
+    assert "ALTER TABLE twophase_staged_chunks DROP COLUMN lane" in script["sql"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["db", "downgrade", "0004:0005", "--sql"], "cannot downgrade from 0004_sink_counters"),
+        (["db", "upgrade", "--revision", "0005:0004", "--sql"], "cannot upgrade from 0005"),
+        (["db", "upgrade", "--revision", "nosuch", "--sql"], "'nosuch'"),
+        (["db", "downgrade", "0005:0004"], "FROM:TO goes with --sql"),
+    ],
+)
+def test_a_revision_that_cannot_work_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert message in err and len(err.splitlines()) == 1

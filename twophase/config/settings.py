@@ -1,0 +1,321 @@
+"""The table of settings: every setting's option name, environment variable, kind, default and help.
+
+:data:`SETTINGS` is the single source of every setting. Parsing
+(:mod:`twophase.config.loading`), the CLI's connection flags and the Spark sink's
+options are all derived from it, so a setting is defined in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "TWOPHASE_"
+INFLUX_APIS = ("v1", "v2", "auto")
+INLINE, BACKGROUND = "inline", "background"
+PROMOTIONS = (INLINE, BACKGROUND)
+MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
+STAGING, INFLUX = "staging", "influx"
+# One promote request's worth of lines: also the staged chunk size, so that a chunk
+# goes out as one request.
+_REQUEST_POINTS = 5000
+
+
+def env_name(option: str) -> str:
+    """The environment variable of an option: ``influx_db`` -> ``TWOPHASE_INFLUX_DB``."""
+    return ENV_PREFIX + option.upper()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: option ``name`` (lower case), its ``TWOPHASE_*`` variable, how to read it.
+
+    ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
+    ``int``, ``choice``, ``staging_url``, ``http_url`` or ``path`` (a readable
+    file). ``attr`` is its field in :class:`~twophase.config.sections.StagingConfig`
+    or :class:`~twophase.config.sections.InfluxConfig` (``section``). ``flag``
+    settings are also flags of the ``twophase`` CLI (``--influx-db``).
+    """
+
+    name: str
+    section: str
+    attr: str
+    kind: str
+    help: str
+    default: Any = None
+    required: bool = False
+    flag: bool = False
+    minimum: float = 0
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    @property
+    def secret(self) -> bool:
+        return self.kind == "secret"
+
+    @property
+    def cli_flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _tls_settings(section: str, server: str, ca_note: str) -> tuple[Setting, ...]:
+    """The CA, client certificate and key files of one server's TLS: the same three
+    settings for both servers, so they are written once."""
+    return (
+        Setting(
+            name=f"{section}_tls_ca",
+            section=section,
+            attr="tls_ca",
+            kind="path",
+            help=f"CA certificate file the certificate of {server} must be signed by ({ca_note})",
+        ),
+        Setting(
+            name=f"{section}_tls_cert",
+            section=section,
+            attr="tls_cert",
+            kind="path",
+            help=f"client certificate file for {server} (with {section}_tls_key)",
+        ),
+        Setting(
+            name=f"{section}_tls_key",
+            section=section,
+            attr="tls_key",
+            kind="path",
+            help=f"private key file of the client certificate for {server}",
+        ),
+    )
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # The staging store (lanes too: a line's lane is chosen when it is staged).
+    Setting(
+        name="staging_url",
+        section=STAGING,
+        attr="url",
+        kind="staging_url",
+        help="SQLAlchemy URL of the staging database (postgresql+psycopg://user@host:5432/db)",
+        required=True,
+        flag=True,
+    ),
+    Setting(
+        name="retention",
+        section=STAGING,
+        attr="retention_s",
+        kind="duration",
+        help="how long staged points of ended epochs are kept for resending and verifying",
+        default=7 * 86400,
+    ),
+    Setting(
+        name="orphan_grace",
+        section=STAGING,
+        attr="orphan_grace_s",
+        kind="duration",
+        help="age after which a write of a never-decided epoch is garbage",
+        default=3600,
+    ),
+    Setting(
+        name="staging_connect_timeout",
+        section=STAGING,
+        attr="connect_timeout_s",
+        kind="duration",
+        help="timeout of a connection to the staging database",
+        default=10,
+    ),
+    Setting(
+        name="staging_retry_deadline",
+        section=STAGING,
+        attr="retry_deadline_s",
+        kind="duration",
+        help=(
+            "how long a step (claim, decide, mark, a task's staging) retries while the staging "
+            "database is unreachable before failing (retryable)"
+        ),
+        default=60.0,
+    ),
+    Setting(
+        name="staging_chunk_points",
+        section=STAGING,
+        attr="chunk_points",
+        kind="int",
+        help="lines per staged chunk (a promote request's worth)",
+        default=_REQUEST_POINTS,
+        minimum=1,
+    ),
+    Setting(
+        name="staging_chunk_chars",
+        section=STAGING,
+        attr="chunk_chars",
+        kind="int",
+        help="characters per staged chunk (a longer line is a chunk alone)",
+        default=1024 * 1024,
+        minimum=1,
+    ),
+    *_tls_settings(
+        STAGING,
+        "the staging database",
+        "libpq's sslrootcert; sslmode defaults to verify-full then",
+    ),
+    Setting(
+        name="promote_connections",
+        section=STAGING,
+        attr="lanes",
+        kind="int",
+        help=(
+            "InfluxDB connections an epoch is promoted over at once (its lanes); each series "
+            "keeps to one lane, chosen when its points are staged"
+        ),
+        default=4,
+        minimum=1,
+        maximum=MAX_LANES,
+    ),
+    # InfluxDB, and how an epoch is promoted to it.
+    Setting(
+        name="influx_url",
+        section=INFLUX,
+        attr="url",
+        kind="http_url",
+        help="http(s)://host:port of InfluxDB",
+        required=True,
+        flag=True,
+    ),
+    Setting(
+        name="influx_api",
+        section=INFLUX,
+        attr="api",
+        kind="choice",
+        help="v1 (/write), v2 (/api/v2/write) or auto (asks /ping)",
+        default="auto",
+        choices=INFLUX_APIS,
+        flag=True,
+    ),
+    Setting(
+        name="influx_db",
+        section=INFLUX,
+        attr="database",
+        kind="text",
+        help="1.x database",
+        flag=True,
+    ),
+    Setting(
+        name="influx_rp",
+        section=INFLUX,
+        attr="retention_policy",
+        kind="text",
+        help="1.x retention policy",
+        flag=True,
+    ),
+    Setting(name="influx_user", section=INFLUX, attr="username", kind="text", help="1.x user"),
+    Setting(
+        name="influx_password",
+        section=INFLUX,
+        attr="password",
+        kind="secret",
+        help="1.x password",
+    ),
+    Setting(
+        name="influx_org",
+        section=INFLUX,
+        attr="org",
+        kind="text",
+        help="2.x organisation",
+        flag=True,
+    ),
+    Setting(
+        name="influx_bucket",
+        section=INFLUX,
+        attr="bucket",
+        kind="text",
+        help="2.x bucket",
+        flag=True,
+    ),
+    Setting(name="influx_token", section=INFLUX, attr="token", kind="secret", help="2.x token"),
+    *_tls_settings(INFLUX, "an https InfluxDB", "default: the system's CAs"),
+    Setting(
+        name="influx_timeout",
+        section=INFLUX,
+        attr="timeout_s",
+        kind="duration",
+        help="one HTTP request's timeout",
+        default=10.0,
+    ),
+    Setting(
+        name="influx_batch_points",
+        section=INFLUX,
+        attr="batch_points",
+        kind="int",
+        help="points per promote request",
+        default=_REQUEST_POINTS,
+        minimum=1,
+    ),
+    Setting(
+        name="influx_batch_bytes",
+        section=INFLUX,
+        attr="batch_bytes",
+        kind="int",
+        help="bytes per promote request",
+        default=4 * 1024 * 1024,
+        minimum=1024,
+    ),
+    Setting(
+        name="influx_retry_deadline",
+        section=INFLUX,
+        attr="retry_deadline_s",
+        kind="duration",
+        help="how long promotion retries without progress before failing (retryable)",
+        default=300.0,
+    ),
+    Setting(
+        name="influx_retry_initial",
+        section=INFLUX,
+        attr="retry_initial_s",
+        kind="duration",
+        help="first backoff step",
+        default=0.5,
+    ),
+    Setting(
+        name="influx_retry_max",
+        section=INFLUX,
+        attr="retry_max_s",
+        kind="duration",
+        help="largest backoff step",
+        default=30.0,
+    ),
+    Setting(
+        name="promotion",
+        section=INFLUX,
+        attr="promotion",
+        kind="choice",
+        help=(
+            "inline: a commit returns once its epoch is in InfluxDB; background: once it is "
+            "decided, while a thread promotes it and the next batch computes (the next commit "
+            "waits for it)"
+        ),
+        default=INLINE,
+        choices=PROMOTIONS,
+    ),
+    Setting(
+        name="metrics_port",
+        section=INFLUX,
+        attr="metrics_port",
+        kind="int",
+        help=(
+            "port of the Prometheus endpoint of the process that promotes (the Spark driver): "
+            "its InfluxDB requests; off when unset"
+        ),
+        minimum=1,
+    ),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+OPTIONS = tuple(BY_NAME)
+SECRET_OPTIONS = tuple(s.name for s in SETTINGS if s.secret)
+CLI_FLAGS = tuple(s.name for s in SETTINGS if s.flag)
+
+
+def default(name: str) -> Any:
+    """The table's default of a setting (for the config objects' fields)."""
+    return BY_NAME[name].default
