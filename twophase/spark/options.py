@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from twophase import logs
 from twophase.config import (
     OPTIONS,
     SECRET_OPTIONS,
@@ -194,6 +193,8 @@ def _needed_columns(sink: SinkOptions) -> list[tuple[str, str]]:
 def _log_format(text: str | None) -> str | None:
     if text is None:
         return None
+    from twophase import logs  # not at the top: executors unpickle options, never log set-up
+
     fmt = text.strip().lower()
     if fmt not in logs.FORMATS:
         raise ConfigError(logs.OPTION, f"{text!r} is not one of {', '.join(logs.FORMATS)}")
