@@ -3,13 +3,16 @@
 DEV := scripts/dev.sh
 ARGS ?=
 
-.PHONY: setup test unit stop lint bench-quick bench
+.PHONY: setup test test-full unit stop lint bench-quick bench
 
 setup:
 	$(DEV) setup
 
 test:
 	$(DEV) test $(ARGS)
+
+test-full:
+	$(DEV) test --full $(ARGS)
 
 unit:
 	$(DEV) unit $(ARGS)

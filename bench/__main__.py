@@ -45,6 +45,7 @@ METRICS: dict[str, Metric] = {
     "background": background.measure_background,
     "spark_raw": spark_raw.measure_spark_raw,
     "roundtrip": roundtrip.measure_roundtrip,
+    "stage_memory": children.measure_stage_memory,
 }
 SPARK_METRICS = ("spark_e2e", "spark_raw")  # run in full mode, or with --spark
 

@@ -1,19 +1,24 @@
-"""A fresh process that promotes or writes, for metrics 4 (memory) and 5 (recovery).
+"""A fresh process that promotes, writes or stages, for metrics 4 and 11 (memory) and 5
+(recovery).
 
 ::
 
     python -m bench.child promote --staging-url URL --influx-url URL --influx-db DB --sink S
     python -m bench.child direct --influx-url URL --influx-db DB --points N --seeds 3,4,5
         [--stream]
+    python -m bench.child stage --staging-url URL --sink S --points N --seeds 3
+        --spool-memory BYTES
 
 ``promote`` opens the protocol like a restarted driver, claims the sink
 (fencing the bench's own run) and promotes every PRECOMMITTED epoch
 (``Committer.recover``). ``direct`` sends the lines of the given seeds
 straight to InfluxDB, one epoch per seed: prebuilt before the clock starts,
 or with ``--stream`` generated lazily in batches (the most frugal direct
-writer), through :class:`bench.direct.DirectWriter`. Both print one JSON
-line: seconds, points, and the RSS before and the peak RSS during the
-measured part.
+writer), through :class:`bench.direct.DirectWriter`. ``stage`` stages the
+lines of one seed as one write, from a generator (read once, as a Spark
+task's rows), with the given ``staging_spool_memory``, as an executor's
+task does. Each prints one JSON line: seconds, points, and the RSS before
+and the peak RSS during the measured part.
 """
 
 from __future__ import annotations
@@ -32,18 +37,21 @@ from bench.lines import epoch_lines, iter_lines
 from bench.sides import QUERY_ID
 from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
 from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.stager import Stager
+from twophase.store.database import Database
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.child")
-    ap.add_argument("mode", choices=("promote", "direct"))
+    ap.add_argument("mode", choices=("promote", "direct", "stage"))
     ap.add_argument("--staging-url")
-    ap.add_argument("--influx-url", required=True)
-    ap.add_argument("--influx-db", required=True)
+    ap.add_argument("--influx-url", default="")
+    ap.add_argument("--influx-db", default="")
     ap.add_argument("--sink")
     ap.add_argument("--points", type=int, default=0)
     ap.add_argument("--seeds", default="")
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--spool-memory", type=int, default=None)
     return ap.parse_args(argv)
 
 
@@ -83,6 +91,19 @@ def direct(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
     )
 
 
+def stage(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
+    overrides = {} if args.spool_memory is None else {"staging_spool_memory": args.spool_memory}
+    staging = load_staging_config(env={}, staging_url=args.staging_url, **overrides)
+    (seed,) = (int(s) for s in args.seeds.split(","))
+    with Database(staging) as db:
+        stager = Stager(db, staging)
+        before, reset = rss.current_kb(), rss.reset_peak()
+        started = time.perf_counter()
+        message = stager.stage(args.sink, 0, iter_lines(args.points, seed))
+        done = time.perf_counter()
+    return _result(done - started, message.points, before, reset, spool_memory=staging.spool_memory)
+
+
 def _result(
     seconds: float, points: int, before_kb: int, reset: bool, **extra: Any
 ) -> dict[str, Any]:
@@ -101,7 +122,7 @@ def _result(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     influx = InfluxConfig(url=args.influx_url, api="v1", database=args.influx_db)
-    result = promote(args, influx) if args.mode == "promote" else direct(args, influx)
+    result = {"promote": promote, "direct": direct, "stage": stage}[args.mode](args, influx)
     print(json.dumps(result), flush=True)
     return 0
 

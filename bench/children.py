@@ -1,9 +1,12 @@
-"""Metrics 4 (memory of the promoting process) and 5 (recovery by a fresh process).
+"""Metrics 4 (memory of the promoting process), 5 (recovery by a fresh process) and 11
+(memory of a staging task).
 
 The bench process stages and decides epochs (PRECOMMITTED, not promoted);
 then a fresh child process (``bench.child``) promotes them, as a restarted
 driver would, and reports its time and peak RSS. The direct side is a fresh
-child too, sending the same lines.
+child too, sending the same lines. Metric 11's children stage one task's
+lines from a generator, as an executor does, with the default spool bound
+and with none.
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ from bench.lines import iter_lines
 from bench.servers import REPO
 from bench.sides import QUERY_ID, BenchError
 from bench.stats import Summary, at_least_direct, entry, interleaved
+from twophase.config.settings import default
 from twophase.protocol.runtime import TwoPhase
 from twophase.protocol.stager import Stager
 
 MEMORY_TARGET_MB = 50.0
 RECOVERY_TARGET = 0.8
+# Metric 11: a staging task may hold its spool's bound in memory, and this much more
+# than the same task with a spool of none (allocator slack, a block being converted).
+STAGE_SLACK_MB = 16.0
 
 
 def run_child(*args: str) -> dict[str, Any]:
@@ -180,4 +187,62 @@ def measure_recovery(ctx: Context) -> dict[str, Any]:
         open_s={
             k: round(statistics.median(r["open_s"] for r in v), 3) for k, v in runs.results.items()
         },
+    )
+
+
+def stage_child(ctx: Context, points: int, spool_memory: int) -> dict[str, Any]:
+    """A fresh child stages ``points`` lines of a new seed as one write; its result."""
+    result = run_child(
+        "stage",
+        "--staging-url",
+        ctx.scratch.staging_url(MAIN),
+        "--sink",
+        "bench-stage-memory",
+        "--points",
+        str(points),
+        "--seeds",
+        str(ctx.seeds.take()),
+        "--spool-memory",
+        str(spool_memory),
+    )
+    if result["points"] != points:
+        raise BenchError(f"staging staged {result['points']} of {points} points")
+    return result
+
+
+def measure_stage_memory(ctx: Context) -> dict[str, Any]:
+    """Metric 11: peak RSS growth of a process staging one task's points from a generator,
+    with the default ``staging_spool_memory`` against a spool that keeps nothing in memory
+    (every chunk to its file: the memory of a stager without a spool's memory part)."""
+    points, repeats = ctx.plan.stage_memory
+    bound = int(default("staging_spool_memory"))
+    ctx.log(f"stage memory: staging {points:,} points in a child x {repeats} per side")
+    results: dict[str, list[dict[str, Any]]] = {"default_bound": [], "file_only": []}
+
+    def side(name: str, spool_memory: int) -> Callable[[int], float]:
+        def one(repeat: int) -> float:
+            result = stage_child(ctx, points, spool_memory)
+            results[name].append(result)
+            return float(result["growth_mb"])
+
+        return one
+
+    spooled, file_only = interleaved(repeats, side("default_bound", bound), side("file_only", 0))
+    over = statistics.median(spooled) - statistics.median(file_only)
+    bound_mb = bound / 2**20
+    return entry(
+        "MB peak RSS growth",
+        {"default_bound": Summary.of(spooled), "file_only": Summary.of(file_only)},
+        statistics.median(spooled) / max(statistics.median(file_only), 0.1),
+        "default bound / file only (medians)",
+        f"<= the bound ({bound_mb:g} MiB) + {STAGE_SLACK_MB:g} MB over file only",
+        over <= bound_mb + STAGE_SLACK_MB,
+        points=points,
+        spool_memory_bytes=bound,
+        over_file_only_mb=round(over, 1),
+        seconds={
+            name: round(statistics.median(r["seconds"] for r in runs), 3)
+            for name, runs in results.items()
+        },
+        peak_reset=all(r["peak_reset"] for runs in results.values() for r in runs),
     )

@@ -35,6 +35,8 @@ class Plan:
     spark_raw: tuple[int, int, int]
     # metric 10: (epoch size, epochs in a row, repeats per side), 20 ms from InfluxDB
     roundtrip: tuple[int, int, int]
+    # metric 11: (points of the staging task, repeats per side)
+    stage_memory: tuple[int, int]
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -57,6 +59,7 @@ QUICK = Plan(
     background=((100_000, 10, 1), (1_000_000, 2, 1)),
     roundtrip=(1_000_000, 1, 1),
     spark_raw=(50_000, 6, 8),  # as in full mode: it runs only with --spark
+    stage_memory=(1_000_000, 1),
 )
 
 FULL = Plan(
@@ -75,4 +78,5 @@ FULL = Plan(
     background=((100_000, 10, 3), (1_000_000, 10, 3)),
     roundtrip=(1_000_000, 3, 3),
     spark_raw=(50_000, 6, 8),
+    stage_memory=(1_000_000, 3),
 )

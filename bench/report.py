@@ -22,6 +22,7 @@ TITLES = {
     "background": "8 background promotion, epochs in a row",
     "spark_raw": "9 Spark, many points per batch",
     "roundtrip": "10 promotion 20 ms away, lanes",
+    "stage_memory": "11 memory of a staging task",
 }
 
 

@@ -1,7 +1,7 @@
 """Metric 6: the session-metrics job end to end in Spark, against the pipeline users write.
 
 Three sides read the same generated input (``jobs/generate_events.py``, 5,000
-events per file) with the same settings (``local[2]``, available-now):
+events per file) with the same settings (``local[2,4]``, available-now):
 
 - ``job``: ``jobs/session_metrics.py`` as shipped (staged points, dead
   letters split off, exactly once);

@@ -3,7 +3,7 @@
 ::
 
     python -m bench.spark_plain --input DIR --checkpoint DIR [--max-files-per-trigger N]
-        [--available-now] [--master local[2]] [--sink twophase]
+        [--available-now] [--master local[2,4]] [--sink twophase]
 
 Written on purpose without any of twophase's or the job's code, the way the
 Spark and InfluxDB documentation suggest: Spark's JSON source with a schema,
@@ -46,7 +46,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--max-files-per-trigger", type=int, default=None)
     ap.add_argument("--available-now", action="store_true")
-    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--master", default="local[2,4]")
     ap.add_argument("--shuffle-partitions", type=int, default=4)
     ap.add_argument("--sink-id", default="plain", help="the sink id with --sink twophase")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")

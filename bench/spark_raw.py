@@ -6,7 +6,7 @@ per micro-batch, where promotion is most of the batch. Three sides run
 ``bench/spark_raw_job.py`` on the same generated events
 (``jobs/generate_events.py``, no malformed lines), with the same point shape
 (``qos_raw``, tags stream, ISP and user, two integer fields, the event's time)
-and the same settings (``local[2]``, available-now, ``Plan.spark_raw``: events
+and the same settings (``local[2,4]``, available-now, ``Plan.spark_raw``: events
 per file, files per trigger, micro-batches):
 
 - ``background``: ``twophase.spark.foreach_batch_writer`` with

@@ -3,7 +3,7 @@
 ::
 
     python -m bench.spark_raw_job --input DIR --checkpoint DIR [--max-files-per-trigger N]
-        [--available-now] [--master local[2]] [--sink plain|twophase]
+        [--available-now] [--master local[2,4]] [--sink plain|twophase]
         [--promotion inline|background] [--promote-connections N] [--sink-id ID]
 
 Reads the generated session events (``jobs/generate_events.py``) with Spark's

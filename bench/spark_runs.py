@@ -29,7 +29,7 @@ from bench.sides import BenchError
 from bench.stats import rotated
 from twophase.config import InfluxConfig
 
-MASTER = "local[2]"
+MASTER = "local[2,4]"  # local[2] would run each task once: one failed task fails the query
 TIMEOUT_S = 600
 QUERY = "stats"  # the query metric 6's jobs report progress under
 
@@ -80,7 +80,7 @@ def job_env(staging_url: str | None, influx: InfluxConfig) -> dict[str, str]:
 def job_command(
     entry: Sequence[str], input_dir: Path, checkpoint: Path, sink_id: str, per_trigger: int
 ) -> list[str]:
-    """The command line every job takes: input, checkpoint, sink, trigger, ``local[2]``."""
+    """The command line every job takes: input, checkpoint, sink, trigger, ``local[2,4]``."""
     return [
         sys.executable,
         *entry,

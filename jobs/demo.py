@@ -4,7 +4,7 @@
 
     scripts/dev.sh demo                 # sets everything up, then runs this
     python jobs/demo.py [--files 24] [--events-per-file 400] [--kill-at after_decide:3] \
-        [--log-format text|json]
+        [--master 'local[*,4]'] [--log-format text|json]
 
 1. Generates seeded session events (with malformed lines) into a fresh input
    directory, and a fresh sink id and InfluxDB database for this run.
@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from jobs.generate_events import Expected, event_files, expected, generate  # noqa: E402
+from jobs.session_metrics import DEFAULT_MASTER  # noqa: E402
 from twophase import logs  # noqa: E402
 from twophase.config import load_config  # noqa: E402
 from twophase.errors import ConfigError  # noqa: E402
@@ -74,6 +75,8 @@ def run_job(
         "--available-now",
         "--max-files-per-trigger",
         str(args.files_per_batch),
+        "--master",
+        args.master,
         "--conf",
         "spark.ui.enabled=false",
         "--log-format",
@@ -179,6 +182,12 @@ def main() -> int:
     )
     ap.add_argument("--workdir", type=Path, default=REPO / ".local" / "demo")
     ap.add_argument("--max-restarts", type=int, default=5)
+    ap.add_argument(
+        "--master",
+        default=DEFAULT_MASTER,
+        help=f"Spark master of the job (default {DEFAULT_MASTER}: a failed task is tried up "
+        "to 4 times; with local[N] one failed task fails the run)",
+    )
     ap.add_argument(
         "--log-format",
         choices=logs.FORMATS,

@@ -7,6 +7,7 @@
         [--window "5 minutes"] [--watermark "10 minutes"] [--log-format text|json]
 
     python jobs/session_metrics.py ...        # the same, Spark started from this Python
+                                              # (master local[*,4] unless --master)
     python jobs/session_metrics.py --remote sc://HOST:15002 ...   # a Spark Connect client
 
 Reads JSON-lines events (``{"timestamp": 1545184226.432, "stream_id": "s1",
@@ -41,8 +42,9 @@ standard error into its standard output. Spark's own logging is left to its log4
 settings.
 
 Exit status: 0 when ``--available-now`` consumed the input, 1 when a query
-failed, 2 when the job was refused at start (bad setting, sink owned by
-another query).
+failed (also when, at the start, a server was away while the job delivered
+what a crashed run had left), 2 when the job was refused at start (bad
+setting, sink owned by another query).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ EVENT_SCHEMA = (
 MIN_EVENT_SECONDS = -62135596800
 MAX_EVENT_SECONDS = 253402300799
 DEFAULT_SHUFFLE_PARTITIONS = 4
+# All cores, and up to 4 attempts per task: local[*] runs each task once, so a task
+# whose staging a dropped PostgreSQL connection cut would fail the query.
+DEFAULT_MASTER = "local[*,4]"
 FORMAT = "twophase-influx"
 FOREACH_BATCH, DATA_SOURCE = "foreach-batch", "data-source"
 EXIT_FAILED, EXIT_REFUSED = 1, 2
@@ -113,7 +118,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     where.add_argument(
         "--master",
         default=None,
-        help="Spark master when started with python (spark-submit: use its --master)",
+        help=f"Spark master when started with python (default {DEFAULT_MASTER}: all cores, "
+        "a failed task tried up to 4 times; spark-submit: use its --master)",
     )
     where.add_argument(
         "--remote",
@@ -150,8 +156,9 @@ def spark_session(args: argparse.Namespace) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"twophase-session-metrics-{args.sink_id}")
-    if args.master:
-        builder = builder.master(args.master)
+    master = args.master or (None if args.remote or _under_spark_submit() else DEFAULT_MASTER)
+    if master:
+        builder = builder.master(master)
     if args.remote:
         builder = builder.remote(args.remote)
     builder = builder.config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
@@ -165,6 +172,12 @@ def spark_session(args: argparse.Namespace) -> Any:
     if not args.remote:  # a Connect client has no SparkContext: the server logs
         spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _under_spark_submit() -> bool:
+    """spark-submit started this Python (its JVM gateway is already up): its --master
+    applies, which a master set here would override."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def read_events(spark: Any, args: argparse.Namespace) -> Any:
@@ -397,14 +410,19 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
-    """Start the query, claim its sinks, and wait; the exit status."""
+    """Start the query, claim its sinks (delivering what a crashed run left), and wait;
+    the exit status."""
     import twophase.spark as tps
-    from twophase.errors import TwoPhaseError
+    from twophase.errors import RetryableError, TwoPhaseError
 
     query = sink = None
     try:
         query, sink = start_query(spark, args)
         tps.claim_query(query, sink)
+    except RetryableError as exc:  # the claim's recovery met a server away: try again later
+        code = fail(query, EXIT_FAILED, f"{type(exc).__name__}: {exc}")
+        end_failed_run(query, sink)
+        return code
     except TwoPhaseError as exc:
         return fail(query, EXIT_REFUSED, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # Spark's analysis errors carry the sink's ConfigError
@@ -413,6 +431,17 @@ def start_and_wait(spark: Any, args: argparse.Namespace) -> int:
         return wait(query, sink, args.available_now)
     finally:  # the run is over however the query ended: operators need no --force
         tps.end_query(query, sink)
+
+
+def end_failed_run(query: Any, sink: Any) -> None:
+    """Record that the run which claimed the sinks failed, so that operators' commands
+    need no --force for it."""
+    if query is None:
+        return
+    from twophase.protocol.runs import FAILED
+    from twophase.spark.ends import end_run, run_of
+
+    end_run(*run_of(query, sink), FAILED)
 
 
 def wait(query: Any, sink: Any, available_now: bool) -> int:

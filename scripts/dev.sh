@@ -3,6 +3,7 @@
 #
 #   scripts/dev.sh setup            install missing tools, create .venv, start the servers
 #   scripts/dev.sh test [args...]   setup + ruff + mypy + pytest (args go to pytest)
+#   scripts/dev.sh test --full      the same with the exhaustive test matrices (README)
 #   scripts/dev.sh demo [args...]   setup + the exactly-once demo (jobs/demo.py)
 #   scripts/dev.sh unit [args...]   pytest -m unit, venv only, no servers
 #   scripts/dev.sh lint             ruff + mypy, venv only
@@ -203,7 +204,7 @@ cmd_unit() {
 }
 
 usage() {
-    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 

@@ -1,12 +1,19 @@
-"""Shared fixtures: server URLs from the environment, and markers derived from folders.
+"""Shared fixtures: server URLs from the environment, markers derived from folders, and
+the ``full`` marker's selection.
 
 The servers are started by ``scripts/dev.sh test`` (or ``eval "$(scripts/dev.sh env)"``).
 Sub-folders add their own conftest.py; keep this one small.
+
+Tests (or parameter combinations, ``pytest.param(..., marks=pytest.mark.full)``) marked
+``full`` are the exhaustive matrices: every fault kind keeps a test in the default run,
+and the rest of its combinations run only with ``--full`` (``scripts/dev.sh test
+--full``) or ``TWOPHASE_FULL=1``, or when named on the command line by their node id.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,8 +35,31 @@ URL_FIXTURES = {
 SERVER_MARKERS = ("integration", "e2e")
 
 
+# `--full` or TWOPHASE_FULL=1 (any value but empty or 0): also run the tests marked `full`.
+FULL_ENV = "TWOPHASE_FULL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help=f"also run the tests marked `full`, the exhaustive matrices (or set {FULL_ENV}=1)",
+    )
+
+
+def full_run(config: pytest.Config) -> bool:
+    return bool(config.getoption("--full")) or os.environ.get(FULL_ENV, "") not in ("", "0")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if full_run(config):
+        return "twophase: full run (tests marked `full` included)"
+    return "twophase: default run (tests marked `full` deselected; --full runs them)"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection sees the items
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         try:
             folder = item.path.resolve().relative_to(TESTS_DIR).parts[0]
@@ -38,6 +68,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = FOLDER_MARKERS.get(folder)
         if marker is not None:
             item.add_marker(marker)
+    if full_run(config):
+        return
+    named = named_on_command_line(config)
+    dropped = [
+        item
+        for item in items
+        if item.get_closest_marker("full") is not None and not named(item.nodeid)
+    ]
+    if dropped:
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
+        config.hook.pytest_deselected(items=dropped)
+
+
+def named_on_command_line(config: pytest.Config) -> Callable[[str], bool]:
+    """Whether a node id was asked for by name (``path::test`` or ``path::test[params]``):
+    a test of the full matrix runs alone when named, without --full."""
+    asked: set[str] = set()
+    for arg in config.args:
+        if "::" not in arg:
+            continue
+        path, _, rest = arg.partition("::")
+        try:
+            relative = Path(path).resolve().relative_to(config.rootpath)
+        except ValueError:
+            continue
+        asked.add(f"{relative.as_posix()}::{rest}")
+    return lambda nodeid: nodeid in asked or nodeid.split("[", 1)[0] in asked
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 from twophase.errors import ConfigError, PermanentError
 
@@ -75,9 +76,20 @@ class Lease:
     token: int
 
 
+# The version of CommitMessage's fields. Spark pickles a message on an executor and
+# unpickles it on the driver, which may run another twophase during an upgrade: the
+# driver refuses a version it does not read rather than misread it.
+COMMIT_MESSAGE_FORMAT = 1
+UNVERSIONED = 0  # a message pickled by a twophase from before the format field
+
+
 @dataclass(frozen=True)
 class CommitMessage:
-    """What a task tells the driver about its write (picklable; Spark ships it)."""
+    """What a task tells the driver about its write (picklable; Spark ships it).
+
+    ``format`` is :data:`COMMIT_MESSAGE_FORMAT` of the twophase that made it;
+    the driver checks it (:meth:`check_format`).
+    """
 
     sink_id: str
     epoch: int
@@ -90,6 +102,26 @@ class CommitMessage:
     run_id: str | None = None
     query_id: str | None = None
     store: str | None = None  # the staging store it went to (masked URL), to name a mismatch
+    format: int = COMMIT_MESSAGE_FORMAT
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling: a message pickled without ``format`` is :data:`UNVERSIONED` (the
+        class's default would pass it off as this version)."""
+        values: dict[str, Any] = {"format": UNVERSIONED}
+        for part in state if isinstance(state, tuple) else (state,):  # (dict, slots) too
+            values.update(part or {})
+        self.__dict__.update(values)
+
+    def check_format(self) -> CommitMessage:
+        """The message itself if this twophase reads its format; PermanentError if not."""
+        if self.format != COMMIT_MESSAGE_FORMAT:
+            made = " (unversioned: an older twophase)" if self.format == UNVERSIONED else ""
+            raise PermanentError(
+                f"commit message format {self.format}{made} from an executor, this driver "
+                f"reads format {COMMIT_MESSAGE_FORMAT}: run the same twophase version on the "
+                "driver and the executors"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -172,12 +204,14 @@ class StagedChunk:
     lane: int = 0  # its promotion lane (twophase.protocol.lanes)
 
     @classmethod
-    def of_lines(cls, write_id: str, first_seq: int, lines: Sequence[str]) -> StagedChunk:
+    def of_lines(
+        cls, write_id: str, first_seq: int, lines: Sequence[str], lane: int = 0
+    ) -> StagedChunk:
         body = "\n".join(lines)
         ends = None
         if body.count("\n") != len(lines) - 1:  # some line holds a newline: keep its bounds
             ends = list(itertools.accumulate(len(line) + 1 for line in lines))
-        return cls(write_id, first_seq, len(lines), ends, body)
+        return cls(write_id, first_seq, len(lines), ends, body, lane)
 
     @functools.cached_property
     def _lines(self) -> list[str]:

@@ -8,13 +8,17 @@ whose commit may have landed before the connection dropped is read back by
 the step's ``again`` call rather than done twice (a decide). Past the
 deadline the step raises :class:`~twophase.errors.StagingDeadlineError`
 (retryable: a restart recovers), which an enclosing step does not retry again.
+
+Both deadlines count from the last progress, not from the start of the work: a
+long promotion that meets one dropped connection after minutes of sending gets the
+whole deadline to ride it out, and a deadline error says how long the outage lasted.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,6 +104,7 @@ class StagingRetry:
         *,
         again: Callable[[], T] | None = None,
         repeatable: Callable[[], bool] = lambda: True,
+        progress: Progress | None = None,
     ) -> T:
         """``call()``, repeated while it raises StagingUnavailableError.
 
@@ -107,27 +112,84 @@ class StagingRetry:
         reads back what a first attempt may have committed). When
         ``repeatable()`` is false after a failure (the step consumed input
         it cannot read again) the error is raised as it is.
+
+        The deadline runs from the first failure of the current outage: the
+        first failure, or the first after an attempt that reported to
+        ``progress`` (a long step that got on, then lost its connection).
         """
-        started = self.clock()
-        for attempt in itertools.count(1):
+        outage = _Outage(self.clock, progress)
+        step = call
+        while True:
             try:
-                return (call if attempt == 1 or again is None else again)()
+                return step()
             except StagingDeadlineError:
                 raise  # an inner step already waited its deadline
             except StagingUnavailableError as exc:
                 if not repeatable():
                     raise
-                self._wait(what, attempt, started, exc)
-        raise AssertionError("itertools.count never ends")
+                outage.failed()
+                self._wait(what, outage, exc)
+            step = again or call
 
-    def _wait(self, what: str, attempt: int, started: float, exc: Exception) -> None:
-        waited = self.clock() - started
-        remaining = self.policy.deadline_s - waited
+    def _wait(self, what: str, outage: _Outage, exc: Exception) -> None:
+        lasted = outage.lasted()
+        remaining = self.policy.deadline_s - lasted
         if remaining <= 0:
             raise StagingDeadlineError(
-                f"{what}: the staging database stayed unavailable for {waited:.0f}s "
+                f"{what}: the staging database stayed unavailable for {lasted:.0f}s, "
+                f"{outage.failures} failed attempt(s) "
                 f"(staging_retry_deadline {self.policy.deadline_s:g}s): {exc}"
             ) from None
-        delay = min(self.policy.delay(attempt), remaining)
-        log.warning("%s failed (attempt %d); retrying in %.2fs: %s", what, attempt, delay, exc)
+        delay = min(self.policy.delay(outage.failures), remaining)
+        log.warning(
+            "%s failed (attempt %d); retrying in %.2fs: %s", what, outage.failures, delay, exc
+        )
         self.sleep(delay)
+
+
+class Progress:
+    """What a long step wrapped by :class:`StagingRetry` calls each time it gets on
+    (a promotion: each request delivered), so that a failure after it begins a new
+    outage with the whole deadline ahead. Lanes call it from their threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reports = 0
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._reports += 1
+
+    @property
+    def reports(self) -> int:
+        with self._lock:
+            return self._reports
+
+
+class _Outage:
+    """One ``StagingRetry`` call's current outage: when its first failure was, and how
+    many attempts have failed since."""
+
+    def __init__(self, clock: Callable[[], float], progress: Progress | None) -> None:
+        self._clock = clock
+        self._progress = progress
+        self._reports = self._reported()
+        self.began: float | None = None
+        self.failures = 0
+
+    def failed(self) -> None:
+        """Count a failure; the first one, or the first after progress, begins an outage.
+
+        Measured from the failure, not from the attempt's start: an attempt that
+        reported nothing may have worked for minutes before the connection dropped."""
+        reports = self._reported()
+        if self.began is None or reports != self._reports:
+            self.began, self.failures, self._reports = self._clock(), 0, reports
+        self.failures += 1
+
+    def lasted(self) -> float:
+        """Seconds from the outage's first failure to now."""
+        return 0.0 if self.began is None else self._clock() - self.began
+
+    def _reported(self) -> int:
+        return 0 if self._progress is None else self._progress.reports

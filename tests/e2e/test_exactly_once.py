@@ -215,8 +215,14 @@ def assert_refused(job: Job) -> None:
 
 
 # Six job starts on local-cluster (each first batch starts executors: ~30 s) take
-# 5-7 minutes on an idle 2-core machine; give a loaded machine room.
+# 5-7 minutes on an idle 2-core machine; give a loaded machine room. Both sides run with
+# --full only. The default run kills drivers at every protocol step (above), on a
+# standalone cluster (test_standalone.py) and under Spark Connect with the data source
+# (test_connect.py); it kills a driver that promotes in the background, beside sinks
+# promoting over one and four lanes, in the soak (tests/soak); and the integration crash
+# matrix kills every crash point inline and in the background, over one and four lanes.
 @pytest.mark.timeout(1800)
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("promotion", "stats_writer", "lanes"),
     [("inline", "data-source", 1), ("background", "foreach-batch", 4)],

@@ -50,6 +50,8 @@ from tests.support import REPO, admin_conninfo, free_port
 pytestmark = pytest.mark.timeout(1200)
 
 LOCAL = REPO / ".local"
+# Two files per micro-batch: one batch per kill (five), one after.
+FILES = 12
 
 
 def run(*args: str | Path, cwd: Path | None = None) -> str:
@@ -127,6 +129,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
     cluster: tuple[SparkMasterServer, list[SparkWorkerServer]],
 ) -> None:
     master, workers = cluster
+    files = event_files[:FILES]
     python = wheel_venv / "python"
     url = make_url(target.staging_url)
     without_password = url.set(password=None).render_as_string(hide_password=False)
@@ -149,7 +152,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
     fed: list[Path] = []
 
     def feed_more(count: int) -> None:
-        new = event_files[len(fed) : len(fed) + count]
+        new = files[len(fed) : len(fed) + count]
         fed.extend(new)
         feed(work / "input", new)
 
@@ -170,7 +173,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
     staging.kill(lambda: [p for w in workers for p in processes(w, PYTHON_WORKER)])  # all of them
     wait_exact(job, target, fed, MALFORMED, timeout=300)
     staging.kill(lambda: [p for p in [workers[0].pid()] if p])  # a whole worker
-    feed_more(len(event_files) - len(fed))
+    feed_more(len(files) - len(fed))
     wait_exact(job, target, fed, MALFORMED, timeout=300)
     assert staging.killed == 3, staging.killed
     job.kill()
@@ -184,7 +187,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
         PYSPARK_PYTHON=str(python),
     )
     assert final.returncode == 0, final.tail()
-    assert not mismatches(target.influx, event_files)
+    assert not mismatches(target.influx, files)
     cli = make_cli(target.staging_url, target.influx)
     gc = cli.run("gc", "--yes")
     assert gc.code == 0, gc.err

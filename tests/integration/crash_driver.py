@@ -2,8 +2,13 @@
 
 It keeps its own "Spark commit log" (a file of epochs Spark considers done)
 and on start replays from the first epoch not in it, exactly as Spark restarts
-from a checkpoint whose offset log is ahead of its commit log. Set
-TWOPHASE_CRASH_AT to have it SIGKILL itself at a named protocol step.
+from a checkpoint whose offset log is ahead of its commit log. It claims the
+sink as a query's start does (``TwoPhase.claim``: what older runs left
+PRECOMMITTED is promoted before the first epoch, or without any epoch when
+the log is complete). Set TWOPHASE_CRASH_AT to have it SIGKILL itself at a
+named protocol step; or ``--arm-last PLAN`` with TWOPHASE_CRASH_PLAN to arm a
+crash plan (:mod:`twophase.faults`) only once every epoch but the last is
+promoted, so that its count starts in the last epoch.
 
     python -m tests.integration.crash_driver --staging-url U --influx-url U \
         --influx-db D --sink S --epochs N --spark-log FILE --run-id R
@@ -16,6 +21,7 @@ import os
 from pathlib import Path
 
 from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.faults import PLAN_ENV
 from twophase.protocol.runtime import TwoPhase
 
 MEASUREMENT = "crash"
@@ -61,6 +67,7 @@ def main() -> None:
     ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
     ap.add_argument("--promotion", default="inline", help="inline or background")
     ap.add_argument("--lanes", type=int, default=1, help="promote_connections")
+    ap.add_argument("--arm-last", default=None, help="crash plan (JSON) armed for the last epoch")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
@@ -81,8 +88,11 @@ def main() -> None:
     start = max(done) + 1 if done else 0
     perturbed = {int(e) for e in args.perturb.split(",") if e}
     with TwoPhase.open(config) as tp:
-        lease = tp.ledger.begin_run(args.sink, args.run_id, "query-1")
+        lease = tp.claim(args.sink, args.run_id, "query-1")
         for epoch in range(start, args.epochs):
+            if args.arm_last and epoch == args.epochs - 1:
+                tp.committer.drain()  # the epoch before promoted: the plan counts from here
+                arm(args.arm_last)
             messages = [
                 tp.stager.stage(
                     args.sink,
@@ -97,6 +107,15 @@ def main() -> None:
             outcome = tp.committer.commit(lease, epoch, messages)
             print(f"epoch {epoch} {outcome.state} replay={outcome.replay}", flush=True)
             append_log(log, epoch)
+
+
+def arm(plan: str) -> None:
+    """Write the crash plan where TWOPHASE_CRASH_PLAN points, whole (a reader never
+    sees half of it)."""
+    path = Path(os.environ[PLAN_ENV])
+    hidden = path.with_name(path.name + ".tmp")
+    hidden.write_text(plan)
+    hidden.replace(path)
 
 
 if __name__ == "__main__":

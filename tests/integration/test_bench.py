@@ -1,6 +1,10 @@
 """The benchmark harness runs as users run it: `python -m bench --quick` against the real
 servers writes a results file whose `metrics` hold, per metric, both sides' median,
-min and max, the ratio, the target and whether it holds; and it cleans up after itself."""
+min and max, the ratio, the target and whether it holds; and it cleans up after itself.
+
+The default run checks the harness on its two cheapest metrics and a skipped Spark
+one (about 20 s); the whole quick run (4-5 minutes here, most of it 1M-point epochs
+that measure speed rather than correctness) is in --full."""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 
 from tests.support import REPO, admin_conninfo
 
@@ -25,6 +31,7 @@ METRICS = (
     "background",
     "spark_raw",
     "roundtrip",
+    "stage_memory",
 )
 SPARK_METRICS = ("spark_e2e", "spark_raw")  # run in full mode (or with --spark)
 
@@ -35,16 +42,17 @@ def bench_databases(url: str) -> list[str]:
         return [r[0] for r in rows]
 
 
-def test_quick_mode_writes_every_metric_with_its_target(
-    base_staging_url: str, influx_url: str, tmp_path: Path
-) -> None:
+def run_bench(
+    base_staging_url: str, influx_url: str, out: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m bench --quick --out OUT ARGS...``; fails the test unless it exits 0."""
     env = {
         **os.environ,
         "TWOPHASE_STAGING_URL": base_staging_url,
         "TWOPHASE_INFLUX_URL": influx_url,
     }
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out), *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -53,6 +61,46 @@ def test_quick_mode_writes_every_metric_with_its_target(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def assert_measured(metrics: dict[str, Any], name: str) -> None:
+    """A metric measured on both sides, with its ratio, target and verdict."""
+    metric = metrics[name]
+    assert {"unit", "sides", "ratio", "target", "holds"} <= set(metric), name
+    assert isinstance(metric["holds"], bool) and metric["ratio"] > 0, name
+    assert len(metric["sides"]) == 2, name
+    for side in metric["sides"].values():
+        assert side["min"] <= side["median"] <= side["max"], (name, side)
+
+
+def test_a_run_of_some_metrics_writes_them_with_their_targets_and_cleans_up(
+    base_staging_url: str, influx_url: str, tmp_path: Path
+) -> None:
+    """``--only``: the metrics asked for, in order, a Spark one skipped (quick mode),
+    no chart without the throughput metric; scratch databases dropped."""
+    only = ("fixed_cost", "history", "spark_e2e")
+    done = run_bench(base_staging_url, influx_url, tmp_path, "--only", *only)
+    (found,) = tmp_path.glob("*.json")
+    assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md"}
+    results = json.loads(found.read_text())
+    assert results["plan"] == "quick" and results["machine"]["cpus"] >= 1
+    metrics = results["metrics"]
+    assert tuple(metrics) == only
+    assert "skipped" in metrics["spark_e2e"] and metrics["spark_e2e"]["holds"] is None
+    for name in ("fixed_cost", "history"):
+        assert_measured(metrics, name)
+    assert metrics["history"]["gc"]["bounded"] is True
+    assert found.stem in done.stdout and "| 3 flat with history |" in done.stdout
+    assert (tmp_path / f"{found.stem}.md").read_text() in done.stdout  # the table
+    assert bench_databases(base_staging_url) == []  # scratch databases dropped
+
+
+@pytest.mark.full
+def test_quick_mode_writes_every_metric_with_its_target(
+    base_staging_url: str, influx_url: str, tmp_path: Path
+) -> None:
+    done = run_bench(base_staging_url, influx_url, tmp_path)
     (found,) = tmp_path.glob("*.json")
     assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".md", ".png"}
     results = json.loads(found.read_text())
@@ -62,12 +110,7 @@ def test_quick_mode_writes_every_metric_with_its_target(
     for name in SPARK_METRICS:  # metrics 6 and 9 run in full mode (or with --spark)
         assert "skipped" in metrics[name] and metrics[name]["holds"] is None, name
     for name in (m for m in METRICS if m not in SPARK_METRICS):
-        metric = metrics[name]
-        assert {"unit", "sides", "ratio", "target", "holds"} <= set(metric), name
-        assert isinstance(metric["holds"], bool) and metric["ratio"] > 0, name
-        assert len(metric["sides"]) == 2, name
-        for side in metric["sides"].values():
-            assert side["min"] <= side["median"] <= side["max"], (name, side)
+        assert_measured(metrics, name)
     sizes = metrics["throughput"]["by_size"]
     assert set(sizes) == {"1000", "10000", "100000", "1000000"}
     assert all(sizes[s]["holds"] is None for s in ("1000", "10000"))  # no target below 100k

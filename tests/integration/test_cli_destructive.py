@@ -18,10 +18,12 @@ from tests.integration.cli_helpers import (
     make_idle,
     sql,
 )
-from tests.integration.test_protocol import lines, stage
-from tests.support import REPO
+from tests.integration.test_protocol import M, lines, stage
+from tests.support import REPO, influx_rows
 from twophase.config import InfluxConfig
+from twophase.influx.query import query_v1
 from twophase.model import EpochState
+from twophase.points.builder import Rejected
 
 
 @pytest.fixture
@@ -137,12 +139,88 @@ def test_reset_is_the_way_out_of_a_checkpoint_reset(tp: Any, cli: Cli, staging_u
     assert cli("recover", "--sink", SINK).code == 0
     done = cli("reset", "--sink", SINK, "--yes", "--json")
     assert done.code == 0, done.err
-    assert done.json() == {"sink_id": SINK, "query_id": "q1", "epochs_forgotten": 4}
+    assert done.json() == {
+        "sink_id": SINK,
+        "query_id": "q1",
+        "epochs_forgotten": 4,
+        "dead_letters_kept": 2,  # epoch 1's row rejected at staging, epoch 2's refused point
+    }
     # the reset checkpoint's new query starts again at epoch 0
     lease = tp.ledger.begin_run(SINK, "r5", "q-new")
     outcome = tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 2, host="z")]))
     assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
     assert cli("reset", "--sink", "nope", "--yes").code == 2
+
+
+def dead_letters_of(staging_url: str, sink: str = SINK) -> list[tuple[Any, ...]]:
+    return sql(
+        staging_url,
+        "SELECT epoch, phase, requeued_in FROM twophase_dead_letters WHERE sink_id = %s"
+        " ORDER BY id",
+        sink,
+    )
+
+
+def test_a_reset_and_the_gc_after_it_keep_the_dead_letters_of_decided_writes(
+    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+) -> None:
+    """A reset forgets the epochs, which makes every write an orphan; the gc past the
+    orphan grace removes them, but the dead letters of the writes the epochs had chosen
+    stay the sink's: listed, and requeued once the cause is fixed. Dead letters of
+    writes no epoch chose (failed task attempts) go with their writes."""
+    make_idle(staging_url)
+    assert cli("recover", "--sink", SINK).code == 0  # epoch 3: a reset needs none pending
+    # Orphans with rows rejected at staging: a failed attempt of decided epoch 1, and a
+    # crashed run's attempt of epoch 4, never decided.
+    for epoch in (1, 4):
+        orphan: list[Any] = [*lines(epoch, 2, host="o"), Rejected(2, "bad row", '{"v": 1}')]
+        stage(tp, SINK, epoch, [orphan], attempt=1)
+    assert len(dead_letters_of(staging_url)) == 4
+    decided = [(1, "stage", None), (2, "promote", None)]
+
+    asked = on_terminal(cli, "n", "reset", "--sink", SINK)
+    assert asked.returncode == 1, asked.stderr
+    question = " ".join(asked.stderr.split())
+    assert "Deleted: its 4 epoch records now" in question, question
+    assert "with the dead letters of writes no epoch chose (2)" in question, question
+    assert "Kept: its 2 dead letters of decided writes" in question, question
+    done = cli("reset", "--sink", SINK, "--yes")
+    assert done.code == 0, done.err
+    assert "forgot 4 epochs, kept 2 dead letters" in done.out
+
+    # The reset checkpoint's new query decides epochs 0-2 again: the old writes of those
+    # epochs are orphans at once, the others past the grace.
+    lease = tp.ledger.begin_run(SINK, "r5", "q-new")
+    for epoch in range(3):
+        tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [lines(epoch, 2, host="n")]))
+    tp.runs.end(SINK, "r5", "stopped")
+    swept = cli("gc", "--sink", SINK, "--orphan-grace", "0s", "--yes", "--json")
+    assert swept.code == 0, swept.err
+    assert swept.json()["orphan_writes"] == 2 * 3 + 1 + 2  # the old epochs 0-3, the orphans
+    assert sql(staging_url, "SELECT count(*) FROM twophase_writes WHERE sink_id = %s", SINK) == [
+        (3,)
+    ]
+    assert dead_letters_of(staging_url) == decided  # the orphans' letters went
+
+    listed = cli("dead-letters", "--sink", SINK, "--json")
+    assert listed.code == 0, listed.err
+    assert [(d["epoch"], d["phase"]) for d in listed.json()["dead_letters"]] == [
+        (1, "stage"),
+        (2, "promote"),
+    ]
+    assert cli("status", "--sink", SINK, "--json").json()["sinks"][0]["dead_letters"] == 2
+
+    # The cause fixed (the measurement whose field type refused the point dropped), the
+    # kept promote-time letter is requeued as the sink's first correction, once.
+    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    requeued = cli("dead-letters", "--sink", SINK, "--requeue")
+    assert requeued.code == 0, requeued.err
+    assert "requeued 1 dead letter of epoch 2 as correction c1: 1 delivered" in requeued.out
+    assert "1 rows rejected at staging are not requeued" in requeued.err
+    assert dead_letters_of(staging_url) == [(1, "stage", None), (2, "promote", -1)]
+    assert [dict(fields)["v"] for _, _, fields in influx_rows(influx, M)] == ["not a float"]
+    assert cli("gc", "--sink", SINK, "--orphan-grace", "0s", "--yes").code == 0
+    assert len(dead_letters_of(staging_url)) == 2
 
 
 def test_gc_dry_run_then_for_real(cli: Cli, staging_url: str) -> None:

@@ -3,10 +3,12 @@ recovery InfluxDB holds exactly what a crash-free run writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +84,28 @@ def run_driver(
     promotion: str = "inline",
     lanes: int = 1,
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TWOPHASE_CRASH_AT"}
+    driver = start_driver(
+        staging_url, influx, log, run_id, crash, perturb, batch_points, promotion, lanes
+    )
+    out, err = driver.communicate(timeout=300)
+    return subprocess.CompletedProcess(driver.args, driver.returncode, out, err)
+
+
+def start_driver(
+    staging_url: str,
+    influx: InfluxConfig,
+    log: Path,
+    run_id: str,
+    crash: str | None = None,
+    perturb: list[int] | None = None,
+    batch_points: int = 40,
+    promotion: str = "inline",
+    lanes: int = 1,
+    arm_last: tuple[Path, dict[str, Any]] | None = None,
+) -> subprocess.Popen[str]:
+    """The driver as a child process; ``arm_last``: a crash plan file and the plan the
+    driver arms there once every epoch but the last is promoted."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
     if crash:
         env["TWOPHASE_CRASH_AT"] = crash
     cmd = [
@@ -112,8 +135,11 @@ def run_driver(
         "--lanes",
         str(lanes),
     ]
-    return subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+    if arm_last is not None:
+        env["TWOPHASE_CRASH_PLAN"] = str(arm_last[0])
+        cmd += ["--arm-last", json.dumps(arm_last[1])]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -238,3 +264,69 @@ def test_sigkill_at_each_step_then_recover(
         assert conn.execute("SELECT count(*) FROM twophase_writes").fetchone() == (
             EPOCHS * PARTITIONS,
         )
+
+
+# A crash in the last epoch, restarted with no new input: the restarted driver has no
+# epoch to commit. Inline, Spark's log never holds an epoch before it is COMMITTED, so
+# the restart replays the last one. In the background, commit returns once the epoch is
+# decided and handed off, and Spark logs it while it promotes: a kill then ("held", the
+# promoter paused there until the test kills the driver once the epoch is in the log)
+# leaves a logged epoch PRECOMMITTED that only the restart's claim can deliver.
+LAST = EPOCHS - 1
+LAST_EPOCH_CRASHES = [
+    ("inline", "after_decide"),  # decided, not promoted, not logged: replayed
+    ("inline", "after_mark"),  # COMMITTED, not logged: replayed, skipped
+    ("background", "after_decide"),  # decided, not handed off, not logged: replayed
+    ("background", "promote_batch:2"),  # logged, 2 of its requests sent: held
+    ("background", "after_promote"),  # logged, every request sent, not marked: held
+]
+HELD = {"promote_batch", "after_promote"}  # in the promoter thread, after Spark's log
+
+
+@pytest.mark.parametrize(
+    ("promotion", "point"),
+    LAST_EPOCH_CRASHES,
+    ids=[f"{promotion}-{point}" for promotion, point in LAST_EPOCH_CRASHES],
+)
+def test_sigkill_in_the_last_epoch_then_restart_with_no_new_input(
+    promotion: str,
+    point: str,
+    crash_free: dict[str, Any],
+    staging_url: str,
+    influx: InfluxConfig,
+    tmp_path: Path,
+) -> None:
+    log, plan = tmp_path / "spark-commit-log", tmp_path / "crash-plan.json"
+    held = promotion == "background" and point.split(":")[0] in HELD
+    armed: dict[str, Any] = {"at": point, "scope": "process"}
+    if held:
+        armed["pause_s"] = 300  # the test kills the driver while it sleeps there
+    driver = start_driver(
+        staging_url, influx, log, "run-1", promotion=promotion, arm_last=(plan, armed)
+    )
+    if held:
+        deadline = time.monotonic() + 120
+        while not (plan.with_name(plan.name + ".fired").exists() and LAST in read_log(log)):
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.05)
+        driver.kill()
+    driver.communicate(timeout=300)
+    assert driver.returncode == -signal.SIGKILL
+    summary = staging_summary(staging_url)["epochs"]
+    assert summary[LAST][:2] == (LAST, "PRECOMMITTED") or point == "after_mark", summary
+    if held:  # in Spark's log: nothing will run the epoch again
+        assert read_log(log) == list(range(EPOCHS)), read_log(log)
+
+    decided = [row[0] for row in summary]
+    restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, promotion=promotion)
+    assert restarted.returncode == 0, restarted.stderr
+    if held:
+        assert restarted.stdout == ""  # no epoch committed: the claim alone recovered it
+    assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
+    assert dead_letters(staging_url) == crash_free["dead"]
+    per_epoch = PARTITIONS * POINTS_PER_PARTITION
+    expected = [
+        (e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
+        for e in range(EPOCHS)
+    ]
+    assert staging_summary(staging_url)["epochs"] == expected  # none left PRECOMMITTED

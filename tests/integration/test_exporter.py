@@ -6,15 +6,15 @@ import dataclasses
 import time
 import urllib.request
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cli_helpers import known_store, sql
+from tests.integration.test_auto_gc import Clock, committer_of
 from tests.integration.test_protocol import lines, stage
-from tests.support import admin_conninfo, free_port, port_is_free, two_phase
+from tests.support import admin_conninfo, free_port, port_is_free, staging_config_for, two_phase
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.model import Lease
@@ -159,8 +159,28 @@ def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: Any, exporter: Exporter
     known_store(tp)
     tp.ledger.abort("s", 3, "test")
     assert value(scrape(exporter.port), "twophase_staged_bytes", sink="s") > 0
-    later = datetime.now(timezone.utc) + timedelta(days=30)
-    assert tp.gc.collect("s", now=later).epochs_purged == 4
+    assert tp.gc.collect("s", ahead_s=30 * 86400).epochs_purged == 4
     got = scrape(exporter.port)
     assert value(got, "twophase_staged_bytes", sink="s") == 0
     assert value(got, "twophase_staged_bytes", sink="t") > 0  # another sink's stay
+
+
+def test_automatic_gc_lowers_the_retained_bytes(
+    staging_url: str, influx: InfluxConfig, exporter: Exporter
+) -> None:
+    retained_sql = "SELECT sum(octet_length(body)) FROM twophase_staged_chunks"
+    with two_phase(staging_config_for(staging_url, retention="0s"), influx) as tp:
+        clock = Clock()
+        committer, auto = committer_of(tp, clock, limit=100)
+        try:
+            lease = tp.ledger.begin_run("a", "r1", "q1")
+            for epoch in range(3):
+                committer.commit(lease, epoch, stage(tp, "a", epoch, [lines(epoch, 10)]))
+            retained = value(scrape(exporter.port), "twophase_staged_bytes", sink="a")
+            assert retained == sql(staging_url, retained_sql)[0][0] > 0
+            clock.pass_interval()  # due: the next commit starts a collection
+            committer.commit(lease, 3, stage(tp, "a", 3, [lines(3, 10)]))
+            assert auto.wait(30)
+        finally:
+            committer.close()
+    assert value(scrape(exporter.port), "twophase_staged_bytes", sink="a") == 0

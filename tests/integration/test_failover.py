@@ -63,8 +63,9 @@ def epoch_lines(epoch: int, offset: float = 0.0) -> list[list[str]]:
 
 
 def staged(tp: Any, epoch: int, attempts: int = 5) -> list[Any]:
-    """The epoch's writes, staged again as Spark re-runs a failed task: a COPY the
-    failover cuts cannot be repeated by the stager (its rows were read), only re-run."""
+    """The epoch's writes, staged again as Spark re-runs a failed task: the stager
+    repeats a COPY the failover cuts by itself, and a staging that fails anyway (past
+    its deadline) is re-run whole."""
     for attempt in range(attempts):
         try:
             return stage(tp, SINK, epoch, epoch_lines(epoch), attempt=attempt)

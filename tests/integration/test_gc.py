@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
+import pytest
+
+import twophase.protocol.gc as gc_module
+from tests.integration.cli_helpers import sql
 from tests.integration.test_protocol import STAGED_POINTS, lines, scalar, stage
 
-LATER = datetime.now(timezone.utc) + timedelta(days=30)
+LATER = 30 * 86400  # seconds ahead of the database's clock: every retention has passed
+PURGED = (
+    "SELECT COALESCE(array_agg(epoch ORDER BY epoch), '{}') FROM twophase_epochs"
+    " WHERE purged_at IS NOT NULL"
+)
+WRITES = "SELECT count(*) FROM twophase_writes"
 
 
 def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> None:
@@ -16,15 +25,15 @@ def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> No
     tp.ledger.decide(lease, 1, stage(tp, "s", 1, [lines(1, 5)]))  # PRECOMMITTED: kept
 
     assert tp.gc.collect().epochs_purged == 0  # within retention (7 days)
-    dry = tp.gc.collect(now=LATER, dry_run=True)
+    dry = tp.gc.collect(dry_run=True, ahead_s=LATER)
     assert (dry.epochs_purged, dry.points_purged) == (1, 5)
     assert scalar(staging_url, STAGED_POINTS) == 10
 
-    report = tp.gc.collect(now=LATER)
+    report = tp.gc.collect(ahead_s=LATER)
     assert (report.epochs_purged, report.points_purged) == (1, 5)
     assert scalar(staging_url, STAGED_POINTS) == 5
     assert scalar(staging_url, "SELECT purged_at IS NOT NULL FROM twophase_epochs WHERE epoch = 0")
-    assert tp.gc.collect(now=LATER).epochs_purged == 0  # idempotent
+    assert tp.gc.collect(ahead_s=LATER).epochs_purged == 0  # idempotent
     tp.committer.recover(lease)  # the PRECOMMITTED epoch still promotes in full
     assert scalar(staging_url, "SELECT points_delivered FROM twophase_epochs WHERE epoch = 1") == 5
 
@@ -46,7 +55,7 @@ def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> N
         )
         == 0
     )
-    report = tp.gc.collect(now=datetime.now(timezone.utc) + timedelta(hours=2))
+    report = tp.gc.collect(ahead_s=2 * 3600)
     assert report.orphan_writes == 1
     assert (
         scalar(
@@ -59,3 +68,71 @@ def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> N
     assert scalar(staging_url, STAGED_POINTS) == 3
     tp.committer.recover(lease)
     assert scalar(staging_url, "SELECT state FROM twophase_epochs WHERE epoch = 0") == "COMMITTED"
+
+
+def test_a_limit_bounds_one_collection(tp: Any, staging_url: str) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    for epoch in range(5):
+        stage(tp, "s", epoch, [lines(epoch, 2)], attempt=1)  # an orphan once epoch is decided
+        tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 2)]))
+    dry = tp.gc.collect("s", dry_run=True, limit=2, ahead_s=LATER)
+    assert (dry.epochs_purged, dry.points_purged, dry.orphan_writes) == (2, 4, 2)
+
+    first = tp.gc.collect("s", limit=2, ahead_s=LATER)
+    assert (first.epochs_purged, first.points_purged, first.orphan_writes) == (2, 4, 2)
+    assert scalar(staging_url, PURGED) == [0, 1]  # the oldest first
+    assert scalar(staging_url, WRITES) == 5 + 3
+    rest = tp.gc.collect("s", ahead_s=LATER)
+    assert (rest.epochs_purged, rest.orphan_writes) == (3, 3)
+    assert scalar(staging_url, PURGED) == [0, 1, 2, 3, 4]
+    assert scalar(staging_url, STAGED_POINTS) == 0
+
+
+def _host_clock(offset: timedelta) -> type[datetime]:
+    """A ``datetime`` whose ``now`` is the host's clock ``offset`` off: what GC must not
+    go by (the epochs and writes are stamped by the database's clock)."""
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> Skewed:
+            moved = datetime.now(tz) + offset
+            return cls.fromtimestamp(moved.timestamp(), tz)
+
+    return Skewed
+
+
+def test_ages_are_measured_by_the_database_clock(
+    tp: Any, staging_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    for epoch in (0, 1):
+        tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 5)]))
+    undecided = stage(tp, "s", 2, [lines(2, 4)])  # a run that died before voting
+    # By the database's clock epoch 0 ended 8 days ago (retention: 7 days) and the
+    # undecided write is 2 hours old (grace: 1 hour); epoch 1 ended just now.
+    sql(
+        staging_url,
+        "UPDATE twophase_epochs SET committed_at = now() - interval '8 days' WHERE epoch = 0",
+    )
+    sql(
+        staging_url,
+        "UPDATE twophase_writes SET staged_at = now() - interval '2 hours'"
+        " WHERE write_id::text = %s",
+        undecided[0].write_id,
+    )
+
+    # A host whose clock runs 30 days ahead purges only what the database says expired,
+    monkeypatch.setattr(gc_module, "datetime", _host_clock(timedelta(days=30)), raising=False)
+    report = tp.gc.collect()
+    assert (report.epochs_purged, report.points_purged, report.orphan_writes) == (1, 5, 1)
+    assert scalar(staging_url, PURGED) == [0]
+
+    # and one 30 days behind still purges what did.
+    sql(
+        staging_url,
+        "UPDATE twophase_epochs SET committed_at = now() - interval '8 days' WHERE epoch = 1",
+    )
+    monkeypatch.setattr(gc_module, "datetime", _host_clock(timedelta(days=-30)), raising=False)
+    assert tp.gc.collect().epochs_purged == 1
+    assert scalar(staging_url, PURGED) == [0, 1]
+    assert scalar(staging_url, STAGED_POINTS) == 0

@@ -24,6 +24,7 @@ REVISIONS = [
     "0003_run_ends",
     "0004_sink_counters",
     "0005_chunk_lanes",
+    "0006_kept_dead_letters",
 ]
 
 

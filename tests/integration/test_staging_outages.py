@@ -3,11 +3,16 @@ connection terminated while a step is under way; the step is repeated, the resul
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +22,20 @@ import pytest
 from scripts.services import PostgresServer
 from tests.integration.test_protocol import M, lines, stage
 from tests.support import admin_conninfo, alembic, free_port, influx_count, two_phase, unique
+from twophase import faults
 from twophase.config import InfluxConfig, StagingConfig, load_staging_config
 from twophase.errors import StagingDeadlineError, StagingUnavailableError
 from twophase.model import EpochState
+from twophase.points.builder import Rejected
+from twophase.protocol import stager as stager_module
+from twophase.protocol.stager import Stager
 from twophase.store.database import Database
 
 SINK = "outage"
 # Short connection timeouts so a step notices the outage quickly; a deadline well
 # above a restart's few seconds.
 SETTINGS = {"staging_connect_timeout": "2s", "staging_retry_deadline": "60s"}
+PAUSE_S = 2.0  # a COPY paused at its crash point waits this long; its connection ends meanwhile
 
 
 @pytest.fixture(scope="module")
@@ -198,23 +208,262 @@ def test_staging_waits_for_a_store_that_is_down_before_it_reads_its_input(
     assert influx_count(influx, M) == 15
 
 
-def test_staging_cut_mid_copy_fails_at_once_and_leaves_nothing(
-    server: PostgresServer, staging: StagingConfig, influx: InfluxConfig
-) -> None:
-    """Input already read cannot be read again: the task fails (Spark re-runs it,
-    reading its input again), and nothing of the cut attempt stays staged."""
+def terminate_others(url: str) -> int:
+    """End every other connection to the database (the pool's and a step's under way)."""
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        row = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
-    def rows_then_outage() -> Iterator[str]:
-        yield from lines(0, 10)
-        server.stop(mode="fast")  # while the COPY is open
-        yield from lines(0, 10)[5:]
 
+def pause_at(monkeypatch: pytest.MonkeyPatch, folder: Path, at: str) -> Path:
+    """Arm crash point ``at`` of the sink to pause there; the marker it makes when it fires."""
+    plan = folder / "plan.json"
+    plan.write_text(json.dumps({"at": at, "sink": SINK, "pause_s": PAUSE_S}))
+    monkeypatch.setenv(faults.PLAN_ENV, str(plan))
+    monkeypatch.setattr(faults, "_hits", {})  # count this test's hits only
+    return plan.with_name(plan.name + ".fired")
+
+
+def open_files_in(folder: Path) -> list[str]:
+    """This process's open files in ``folder`` (a spool's file has no name there)."""
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(str(folder)):
+                found.append(target)
+    return found
+
+
+@contextmanager
+def cut_when_paused(
+    marker: Path, spool_dir: Path, cut: Callable[[], object]
+) -> Iterator[dict[str, Any]]:
+    """Once the paused COPY fires its crash point, note the spool's open files, then cut
+    its connection with ``cut()``; what the cutting thread saw, once it has finished."""
+
+    def cutting() -> dict[str, Any]:
+        wait_for(marker.exists)
+        spooled = open_files_in(spool_dir)
+        return {"spooled": spooled, "cut": cut()}
+
+    thread, box = in_thread(cutting)
+    seen: dict[str, Any] = {}
+    try:
+        yield seen
+    finally:
+        thread.join(120)  # the server is back before anything else runs
+    assert "error" not in box, box.get("error")
+    seen.update(box["result"])
+
+
+def staged_writes(url: str) -> list[tuple[Any, ...]]:
+    """(write id, points, rejected, checksum, chunks, chunked points, dead letters) per write."""
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        return conn.execute(
+            "SELECT w.write_id::text, w.points, w.rejected, w.checksum,"
+            " (SELECT count(*) FROM twophase_staged_chunks c WHERE c.write_id = w.write_id),"
+            " (SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks c"
+            "  WHERE c.write_id = w.write_id),"
+            " (SELECT count(*) FROM twophase_dead_letters d WHERE d.write_id = w.write_id)"
+            " FROM twophase_writes w WHERE w.sink_id = %s",
+            (SINK,),
+        ).fetchall()
+
+
+def mixed(n: int) -> list[str | Rejected]:
+    """``n`` lines of epoch 0, with a rejected row after line 0, 97, 194..."""
+    items: list[str | Rejected] = []
+    for index, line in enumerate(lines(0, n)):
+        items.append(line)
+        if index % 97 == 0:
+            items.append(Rejected(len(items), "no fields", f'{{"row": {index}}}'))
+    return items
+
+
+def read_once(items: list[str | Rejected], box: dict[str, int]) -> Iterator[str | Rejected]:
+    """``items`` as an input that can be read once (as Spark's rows), counting what it gives."""
+    for item in items:
+        box["given"] = box.get("given", 0) + 1
+        yield item
+
+
+def reference(staging: StagingConfig, influx: InfluxConfig, items: list[str | Rejected]) -> Any:
+    """The message of ``items`` staged without a fault (another sink: the checksum to expect)."""
     with two_phase(staging, influx) as tp:
-        with pytest.raises(StagingUnavailableError):
-            tp.stager.stage(SINK, 0, rows_then_outage(), run_id="r1", query_id="q1")
-        server.start()
-        with psycopg.connect(admin_conninfo(staging.url.reveal())) as conn:
-            assert conn.execute("SELECT count(*) FROM twophase_writes").fetchone() == (0,)
+        return Stager(tp.db, staging).stage("reference", 0, list(items))
+
+
+def repeated(caplog: pytest.LogCaptureFixture, message: Any) -> bool:
+    """Whether the staging of ``message``'s write failed once and was repeated."""
+    failed = f"stage write {message.write_id} failed (attempt 1)"
+    return any(failed in r.getMessage() for r in caplog.records)
+
+
+def check_staged_once(url: str, message: Any, expected: Any) -> None:
+    assert (message.points, message.rejected, message.checksum) == (
+        expected.points,
+        expected.rejected,
+        expected.checksum,
+    )
+    ((write_id, points, rejected, checksum, _, chunked, letters),) = staged_writes(url)
+    assert write_id == message.write_id
+    assert (points, rejected, checksum) == (expected.points, expected.rejected, expected.checksum)
+    assert (chunked, letters) == (expected.points, expected.rejected)
+
+
+def restart(server: PostgresServer) -> None:
+    server.stop(mode="fast")
+    server.start()
+
+
+@pytest.mark.parametrize(
+    ("input_kind", "cut"),
+    [("generator", "terminate"), ("list", "terminate"), ("generator", "restart")],
+)
+def test_a_copy_cut_mid_way_is_repeated_under_the_same_write_id(
+    server: PostgresServer,
+    staging: StagingConfig,
+    influx: InfluxConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    input_kind: str,
+    cut: str,
+) -> None:
+    """A connection ended (or PostgreSQL restarted) while the COPY runs: the same call
+    stages again from what it spooled (a generator: its rows are not read again) or from
+    its list, under the same write id; the write is staged once, whole, with the checksum
+    of an uncut staging."""
+    caplog.set_level(logging.WARNING, logger="twophase.retry")
+    url = staging.url.reveal()
+    config = replace(staging, chunk_points=100)
+    items = mixed(2_000)
+    expected = reference(config, influx, items)
+    given: dict[str, int] = {}
+    source = read_once(items, given) if input_kind == "generator" else items
+    marker = pause_at(monkeypatch, tmp_path, "stage_rows:9")  # mid-COPY: line 450 of 2,000
+    cutting = (lambda: terminate_others(url)) if cut == "terminate" else (lambda: restart(server))
+    with two_phase(config, influx) as tp:
+        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        with cut_when_paused(marker, tmp_path, cutting):
+            message = Stager(tp.db, config, spool_dir=str(tmp_path)).stage(
+                SINK, 0, source, run_id="r1", query_id="q1"
+            )
+        check_staged_once(url, message, expected)
+        assert tp.committer.commit(lease, 0, [message]).state == EpochState.COMMITTED
+    assert repeated(caplog, message)
+    assert given.get("given", len(items)) == len(items)  # each row read once
+    assert influx_count(influx, M) == 2_000
+
+
+def test_a_generator_past_the_memory_bound_is_repeated_from_the_spools_file(
+    staging: StagingConfig,
+    influx: InfluxConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With a spool of a few kilobytes, the chunks and rejected rows spill to a file (in the
+    spool directory, without a name); the cut COPY is repeated from memory and file, the
+    rows are read once, and the file is gone when the call returns."""
+    caplog.set_level(logging.WARNING, logger="twophase.retry")
+    url = staging.url.reveal()
+    config = replace(staging, chunk_points=100, spool_memory=10_000)
+    items = mixed(3_000)
+    expected = reference(config, influx, items)
+    given: dict[str, int] = {}
+    marker = pause_at(monkeypatch, tmp_path, "stage_rows:41")  # line 2,050 of 3,000
+    with two_phase(config, influx) as tp:
+        with cut_when_paused(marker, tmp_path, lambda: terminate_others(url)) as seen:
+            message = Stager(tp.db, config, spool_dir=str(tmp_path)).stage(
+                SINK, 0, read_once(items, given), run_id="r1", query_id="q1"
+            )
+        assert seen["spooled"], "nothing was spooled to a file while the COPY ran"
+        assert open_files_in(tmp_path) == []  # closed with the call
+        assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.json.fired"}
+        check_staged_once(url, message, expected)
+    assert repeated(caplog, message)
+    assert given["given"] == len(items)
+
+
+def test_a_list_is_repeated_without_a_spool(
+    staging: StagingConfig,
+    influx: InfluxConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A list (the rows a split kept, a requeue's lines) is in memory already: a repeat
+    encodes it again, and nothing is spooled, whatever its size."""
+    caplog.set_level(logging.WARNING, logger="twophase.retry")
+    url = staging.url.reveal()
+    config = replace(staging, chunk_points=100, spool_memory=0)
+    items = mixed(2_000)
+    expected = reference(config, influx, items)
+
+    def no_spool(*args: object) -> None:
+        raise AssertionError("a list input was spooled")
+
+    monkeypatch.setattr(stager_module, "Spool", no_spool)
+    marker = pause_at(monkeypatch, tmp_path, "stage_rows:9")
+    with two_phase(config, influx) as tp:
+        with cut_when_paused(marker, tmp_path, lambda: terminate_others(url)) as seen:
+            message = Stager(tp.db, config, spool_dir=str(tmp_path)).stage(SINK, 0, items)
+        assert seen["cut"] >= 1 and seen["spooled"] == []
+        check_staged_once(url, message, expected)
+    assert repeated(caplog, message)
+
+
+@pytest.mark.parametrize("input_kind", ["generator", "list"])
+def test_a_staging_whose_commit_landed_is_read_back_not_staged_twice(
+    staging: StagingConfig,
+    influx: InfluxConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    input_kind: str,
+) -> None:
+    """The COMMIT lands but its answer is lost: the repeat finds the write's row and
+    returns the message the first attempt recorded; nothing is staged twice."""
+    url = staging.url.reveal()
+    recorded: list[Any] = []
+    record_write = stager_module._record_write
+
+    def recording(cur: Any, message: Any) -> None:
+        recorded.append(message)
+        record_write(cur, message)
+
+    monkeypatch.setattr(stager_module, "_record_write", recording)
+    items = mixed(1_000)
+    db = AckLost(staging)
+    with two_phase(staging, influx, db=db) as tp:
+        db.lose_next = True
+        source = iter(items) if input_kind == "generator" else items
+        message = tp.stager.stage(SINK, 0, source, partition_id=2, run_id="r1", query_id="q1")
+        assert not db.lose_next  # the first attempt committed, and its answer was lost
+        assert recorded == [message]  # one attempt staged; the repeat read it back
+        check_staged_once(url, message, message)
+        assert (message.points, message.rejected, message.partition_id) == (1_000, 11, 2)
+        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        assert tp.committer.commit(lease, 0, [message]).state == EpochState.COMMITTED
+    assert influx_count(influx, M) == 1_000
+
+
+def test_a_write_id_found_staged_at_insert_is_read_back(
+    staging: StagingConfig, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt whose write id is already staged (the cut attempt's COMMIT landed after
+    the read-back looked) meets the primary key and returns the staged write's message."""
+    url = staging.url.reveal()
+    items = mixed(500)
+    with two_phase(staging, influx) as tp:
+        first = tp.stager.stage(SINK, 0, list(items), run_id="r1", query_id="q1")
+        monkeypatch.setattr(stager_module.uuid, "uuid4", lambda: uuid.UUID(first.write_id))
+        again = tp.stager.stage(SINK, 0, iter(items), run_id="r1", query_id="q1")
+    assert again == first
+    check_staged_once(url, again, first)
 
 
 def test_past_the_deadline_a_step_fails_retryable_and_a_restart_recovers(

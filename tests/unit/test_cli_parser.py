@@ -154,7 +154,7 @@ def test_db_upgrade_sql_needs_no_database(capsys: pytest.CaptureFixture[str]) ->
     code, out, _ = run(capsys, "db", "downgrade", "0004_sink_counters", "--sql", "--json")
     script = json.loads(out)
     assert code == 0 and (script["start"], script["target"]) == (
-        "0005_chunk_lanes",
+        "0006_kept_dead_letters",
         "0004_sink_counters",
     )
     assert "ALTER TABLE twophase_staged_chunks DROP COLUMN lane" in script["sql"]

@@ -21,10 +21,7 @@ class Gate:
         self.failing = failing
         self.calls: list[tuple[str, int]] = []
 
-    def promote(
-        self, lease: Lease, epoch: int, plan: Any = None, *, watch_fence: bool = False
-    ) -> PromoteResult:
-        assert watch_fence  # a handed-off promotion stops once its run is fenced
+    def promote(self, lease: Lease, epoch: int, plan: Any = None) -> PromoteResult:
         self.calls.append((lease.sink_id, epoch))
         self.release.wait(10)
         if lease.sink_id in self.failing:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
+from tests.unit.test_chunks import FakeReader, staged
 from tests.unit.test_sender import FakeClock as Clock
+from tests.unit.test_sender import FakeInflux, lines_of, make_sender
+from twophase.config import InfluxConfig
 from twophase.errors import (
     FencedError,
     StagingDeadlineError,
     StagingUnavailableError,
 )
-from twophase.retry import RetryPolicy, StagingRetry
+from twophase.model import DeadLetter, Lease, StagedChunk
+from twophase.protocol.promoter import Promoter
+from twophase.retry import Progress, RetryPolicy, StagingRetry
 
 
 def retry(clock: Clock, deadline_s: float = 10.0) -> StagingRetry:
@@ -96,3 +101,124 @@ def test_a_zero_deadline_means_one_attempt() -> None:
     with pytest.raises(StagingDeadlineError):
         retry(clock, deadline_s=0)("claim", failing(1))
     assert clock.sleeps == []
+
+
+def working_then_failing(clock: Clock, work_s: float, failures: int) -> Callable[[], str]:
+    """A step that works for ``work_s`` seconds, then loses its connection; its next
+    ``failures - 1`` attempts fail at once, and the one after succeeds."""
+    calls = {"n": 0}
+
+    def call() -> str:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            clock.now += work_s
+        if calls["n"] <= failures:
+            raise StagingUnavailableError(f"connection dropped ({calls['n']})")
+        return "done"
+
+    return call
+
+
+def test_a_step_that_worked_past_the_deadline_then_failed_once_is_repeated() -> None:
+    clock = Clock()
+    assert retry(clock, deadline_s=10)("promote", working_then_failing(clock, 120, 1)) == "done"
+    assert clock.sleeps == [0.5]
+
+
+def test_the_deadline_error_names_the_outage_not_the_step() -> None:
+    clock = Clock()
+    with pytest.raises(StagingDeadlineError) as err:
+        retry(clock, deadline_s=10)("promote", working_then_failing(clock, 120, 100))
+    assert "stayed unavailable for 10s" in str(err.value)
+    assert "(staging_retry_deadline 10s): connection dropped" in str(err.value)
+    assert sum(clock.sleeps) == pytest.approx(10.0)
+
+
+def test_progress_reported_begins_a_new_outage() -> None:
+    """An early blip, then minutes of progress, then a dropped connection: the second
+    outage gets the whole deadline, and its backoff starts over."""
+    clock, calls = Clock(), []
+    progress = Progress()
+
+    def step() -> str:
+        calls.append(clock.now)
+        if len(calls) == 1:
+            raise StagingUnavailableError("refused at once")
+        if len(calls) == 2:
+            for _ in range(60):  # a request delivered every 2 s
+                clock.now += 2
+                progress()
+            raise StagingUnavailableError("connection dropped")
+        return "done"
+
+    assert retry(clock, deadline_s=10)("promote", step, progress=progress) == "done"
+    assert clock.sleeps == [0.5, 0.5]
+
+
+def test_without_progress_an_outage_runs_from_its_first_failure() -> None:
+    clock, calls = Clock(), []
+
+    def step() -> str:
+        calls.append(1)
+        if len(calls) == 2:
+            clock.now += 120  # worked, but reported nothing
+        raise StagingUnavailableError("down")
+
+    with pytest.raises(StagingDeadlineError, match=r"unavailable for 120s, 2 failed attempt"):
+        retry(clock, deadline_s=10)("promote", step, progress=Progress())
+
+
+class DroppingReader:
+    """A reader that loses its connection at once on the first read, and after
+    ``after`` chunks on the second; the third reads everything."""
+
+    def __init__(self, reader: FakeReader, after: int) -> None:
+        self.reader, self.after, self.reads = reader, after, 0
+
+    def chunks_of(
+        self, write_ids: Sequence[str], small: bool = False
+    ) -> Iterator[tuple[int, StagedChunk]]:
+        self.reads += 1
+        for number, item in enumerate(self.reader.chunks_of(write_ids, small)):
+            if (self.reads, number) in ((1, 0), (2, self.after)):
+                raise StagingUnavailableError("connection dropped")
+            yield item
+
+    def record(self, letters: Sequence[DeadLetter]) -> None:
+        self.reader.record(letters)
+
+
+class FakeLedger:
+    def __init__(self) -> None:
+        self.marked: tuple[int, int] | None = None
+
+    def check_lease(self, lease: Lease) -> None:
+        pass
+
+    def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
+        self.marked = (delivered, rejected)
+
+    def record_error(self, sink_id: str, epoch: int, error: str) -> None:
+        pass
+
+
+def test_a_promotion_that_delivered_since_the_last_failure_gets_the_whole_deadline() -> None:
+    """A blip at the start, then 2 minutes of requests (InfluxDB takes 2 s each), then
+    a dropped read: the requests were progress, so the promotion starts over."""
+    clock = Clock()
+    plan, staged_reader = staged([lines_of(100)], chunk_points=1)
+    reader = DroppingReader(staged_reader, after=60)
+    ledger = FakeLedger()
+    sender = make_sender(FakeInflux(clock, request_s=2.0), clock).sender
+    config = InfluxConfig(url="http://fake", batch_points=1, batch_bytes=1 << 20)
+    promoter = Promoter(
+        ledger,  # type: ignore[arg-type]
+        reader,  # type: ignore[arg-type]
+        sender,
+        reader,  # type: ignore[arg-type]
+        config,
+        retry=retry(clock, deadline_s=10),
+    )
+    result = promoter.promote(Lease("s", "r", "q", 1), plan.epoch, plan)
+    assert (result.delivered, ledger.marked) == (100, (100, 0))
+    assert reader.reads == 3 and clock.sleeps == [0.5, 0.5]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from collections.abc import Callable
 
 import pytest
@@ -274,6 +275,54 @@ def test_deadline_counts_from_the_last_progress() -> None:
     start = clock.now
     assert sender.send(lines_of(4)) == []
     assert clock.now - start > 30  # longer than one deadline in total, yet no error
+
+
+def test_a_bisection_longer_than_the_deadline_then_one_failure_is_retried() -> None:
+    """A refused body is an answer too: InfluxDB was up while it bisected."""
+    clock = FakeClock()
+    writer = FakeInflux(
+        clock,
+        bad=lambda _: "nope",
+        request_s=1.0,
+        fail=lambda n, _: TransientWriteError("reset") if n == 100 else None,
+    )
+    start = clock.now
+    rejected = make_sender(writer, clock, deadline_s=30).send(lines_of(64))
+    assert len(rejected) == 64 and len(clock.sleeps) == 1
+    assert clock.now - start > 100  # the failure came long after the call's start
+
+
+def test_time_before_the_first_attempt_is_not_influx_time() -> None:
+    """A fencing check that rode out a staging outage does not spend InfluxDB's deadline."""
+    clock = FakeClock()
+    writer = FakeInflux(clock, fail=lambda n, _: TransientWriteError("reset") if n == 1 else None)
+    sender = make_sender(writer, clock, deadline_s=30).sender
+    checks: list[float] = []
+
+    def slow_check() -> None:
+        if not checks:
+            clock.now += 50.0
+        checks.append(clock.now)
+
+    assert sender.send(b"m v=1i 1", 1, lambda: ["m v=1i 1"], before_attempt=slow_check) == []
+    assert len(writer.bodies) == 2 and len(clock.sleeps) == 1
+
+
+def test_the_deadline_error_names_the_outage_not_the_send() -> None:
+    clock = FakeClock()
+    writer = FakeInflux(
+        clock,
+        bad=lambda _: "nope",
+        request_s=1.0,
+        fail=lambda n, _: TransientWriteError("down") if n >= 60 else None,
+    )
+    start = clock.now
+    with pytest.raises(InfluxUnavailableError) as caught:
+        make_sender(writer, clock, deadline_s=30).send(lines_of(64))
+    assert clock.now - start > 80  # the send lasted far longer than the outage
+    message = str(caught.value)
+    assert re.search(r"after \d+ attempt\(s\) over 3[01]s \(influx_retry_deadline 30s", message)
+    assert message.endswith(": down")
 
 
 @pytest.mark.parametrize("error", [InfluxAuthError("401"), InfluxNotFoundError("404")])

@@ -243,7 +243,8 @@ def abort_lines(done: AbortReport) -> list[str]:
 def reset_lines(done: ResetReport) -> list[str]:
     return [
         f"reset sink {done.sink_id!r}: unbound from query {done.query_id}, forgot "
-        f"{done.epochs_forgotten} epochs; the next query may start at any epoch"
+        f"{done.epochs_forgotten} epochs, kept {done.dead_letters_kept} dead letters; the "
+        "next query may start at any epoch"
     ]
 
 

@@ -27,10 +27,12 @@ class StagingConfig:
     url: Secret
     retention_s: float = default("retention")
     orphan_grace_s: float = default("orphan_grace")
+    gc_interval_s: float = default("gc_interval")
     connect_timeout_s: float = default("staging_connect_timeout")
     retry_deadline_s: float = default("staging_retry_deadline")
     chunk_points: int = default("staging_chunk_points")
     chunk_chars: int = default("staging_chunk_chars")
+    spool_memory: int = default("staging_spool_memory")
     lanes: int = default("promote_connections")
     tls_ca: str | None = None
     tls_cert: str | None = None

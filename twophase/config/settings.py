@@ -118,6 +118,18 @@ SETTINGS: tuple[Setting, ...] = (
         default=3600,
     ),
     Setting(
+        name="gc_interval",
+        section=STAGING,
+        attr="gc_interval_s",
+        kind="duration",
+        help=(
+            "how often the process committing a sink collects its garbage (staged points past "
+            "retention, orphaned writes) on a thread of its own, a bounded amount each time; "
+            "0: never (then run `twophase gc`)"
+        ),
+        default=600,
+    ),
+    Setting(
         name="staging_connect_timeout",
         section=STAGING,
         attr="connect_timeout_s",
@@ -132,7 +144,8 @@ SETTINGS: tuple[Setting, ...] = (
         kind="duration",
         help=(
             "how long a step (claim, decide, mark, a task's staging) retries while the staging "
-            "database is unreachable before failing (retryable)"
+            "database is unreachable before failing (retryable), counted from its first failure "
+            "since its last progress"
         ),
         default=60.0,
     ),
@@ -153,6 +166,19 @@ SETTINGS: tuple[Setting, ...] = (
         help="characters per staged chunk (a longer line is a chunk alone)",
         default=1024 * 1024,
         minimum=1,
+    ),
+    Setting(
+        name="staging_spool_memory",
+        section=STAGING,
+        attr="spool_memory",
+        kind="int",
+        help=(
+            "bytes of a task's staged chunks and rejected rows kept in memory, so that its "
+            "staging can be repeated after a lost connection; beyond them, a temporary file "
+            "(in Spark's local directory on executors)"
+        ),
+        default=64 * 1024 * 1024,
+        minimum=0,
     ),
     *_tls_settings(
         STAGING,

@@ -62,7 +62,12 @@ class BatchSender:
         self._rand = rand
 
     def send(
-        self, body: bytes, count: int, lines: Callable[[], Sequence[str]]
+        self,
+        body: bytes,
+        count: int,
+        lines: Callable[[], Sequence[str]],
+        *,
+        before_attempt: Callable[[], None] | None = None,
     ) -> list[tuple[int, str]]:
         """Deliver ``count`` lines joined into one request ``body``; return (index,
         reason) of the lines InfluxDB rejected.
@@ -74,12 +79,13 @@ class BatchSender:
 
         Transient errors (InfluxUnavailableError from the writer) are retried
         with backoff until ``policy.deadline_s`` has passed without progress --
-        measured from the call's start or the last acknowledged request,
-        whichever is later, so a long send that keeps delivering is not cut
-        off -- then InfluxUnavailableError is raised: nothing is known about
-        which lines arrived; the caller re-sends the whole set later, which is
-        idempotent. The last attempt starts before the deadline, so the call
-        may end up to one request timeout after it.
+        measured from the start of the first failed attempt since InfluxDB last
+        answered (acknowledged or refused a body), so a long send that keeps
+        getting answers is not cut off by one failure late in it -- then
+        InfluxUnavailableError is raised, saying how long the outage lasted:
+        nothing is known about which lines arrived; the caller re-sends the
+        whole set later, which is idempotent. The last attempt starts before
+        the deadline, so the call may end up to one request timeout after it.
 
         Only when InfluxDB refuses the body are its lines taken apart, through
         ``lines()``: 413 splits it in halves recursively (a single line that is
@@ -88,8 +94,12 @@ class BatchSender:
         isolated and rejected with InfluxDB's reason; good lines of the same
         body are delivered. Auth, not-found and other permanent errors
         propagate at once.
+
+        ``before_attempt`` runs before every attempt -- the first, each retry
+        after its wait, each part of a split -- and stops the send by raising
+        (a promoter's fencing check: a fenced run sends nothing more).
         """
-        delivery = _Delivery(self)
+        delivery = _Delivery(self, before_attempt)
         delivery.deliver_body(body, count, lambda: list(_encoded(lines())))
         return delivery.rejected
 
@@ -99,13 +109,13 @@ def _encoded(lines: Iterable[str]) -> Iterator[tuple[int, bytes]]:
 
 
 class _Delivery:
-    """The state of one ``send`` call: rejected lines and the time of the last progress."""
+    """The state of one ``send`` call: the lines rejected so far."""
 
-    def __init__(self, sender: BatchSender) -> None:
+    def __init__(self, sender: BatchSender, before_attempt: Callable[[], None] | None) -> None:
         self._sender = sender
+        self._before_attempt = before_attempt
         self.policy = sender._policy
         self.rejected: list[tuple[int, str]] = []
-        self.progress_at = sender._clock()
 
     def deliver(self, batch: list[tuple[int, bytes]]) -> None:
         self.deliver_body(b"\n".join(line for _, line in batch), len(batch), lambda: batch)
@@ -131,23 +141,38 @@ class _Delivery:
         self.deliver(batch[middle:])
 
     def write_with_retry(self, body: bytes, lines: int) -> None:
+        """One request, repeated while it fails transiently.
+
+        InfluxDB answered the request before this one (or none was sent yet), so
+        the outage is timed from the start of the first failed attempt: not from
+        the call's start (a long bisection is progress too), and not from the last
+        answer (what the caller does between requests is not InfluxDB's time).
+        """
+        began: float | None = None
         for attempt in itertools.count(1):
+            if self._before_attempt is not None:  # after a wait too: the run may be fenced by now
+                self._before_attempt()
+            sent_at = self._sender._clock()
             try:
                 self._sender._writer.write(body)
             except InfluxUnavailableError as exc:
-                self.wait_or_give_up(attempt, lines, exc)
+                began = sent_at if began is None else began
+                self.wait_or_give_up(attempt, lines, exc, began)
                 continue
-            self.progress_at = self._sender._clock()
             return
 
-    def wait_or_give_up(self, attempt: int, lines: int, exc: InfluxUnavailableError) -> None:
-        """Sleep before the next attempt, or raise when the deadline does not allow one."""
+    def wait_or_give_up(
+        self, attempt: int, lines: int, exc: InfluxUnavailableError, began: float
+    ) -> None:
+        """Sleep before the next attempt, or raise when the deadline, counted from
+        ``began`` (the outage's first failed attempt), does not allow one."""
         retry_after = getattr(exc, "retry_after", None)
-        remaining = self.progress_at + self.policy.deadline_s - self._sender._clock()
+        lasted = self._sender._clock() - began
+        remaining = self.policy.deadline_s - lasted
         if remaining <= 0 or (retry_after or 0.0) > remaining:
             raise InfluxUnavailableError(
-                f"InfluxDB still unavailable after {attempt} attempt(s) and "
-                f"{self.policy.deadline_s:g}s without progress: {exc}"
+                f"InfluxDB still unavailable after {attempt} attempt(s) over {lasted:.0f}s "
+                f"(influx_retry_deadline {self.policy.deadline_s:g}s without progress): {exc}"
             ) from exc
         delay = min(self.policy.delay(attempt, retry_after, self._sender._rand), remaining)
         log.warning(

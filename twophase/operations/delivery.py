@@ -78,10 +78,9 @@ def recover(
             hooks.progress(Progress("recover", "points", sent, total, note))
 
         for sink in work:
-            lease = tp.ledger.begin_run(sink, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
-            # Pending is read again under the new lease: the fenced run may have
-            # promoted some meanwhile.
-            tp.committer.recover(lease, on_promoted=on_promoted)
+            # A claim under a run of its own promotes what is pending, read again under
+            # the new lease: the fenced run may have promoted some meanwhile.
+            tp.committer.claim(sink, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None, on_promoted)
     return RecoverReport(tuple(results))
 
 
@@ -133,8 +132,8 @@ def requeue(
         if dry_run or not selection.ids:
             return _requeue_report(selection, dry_run)
         refuse_if_live(views, [sink_id], "requeue", guard, hooks)
-        lease = tp.ledger.begin_run(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
-        earlier = tp.committer.recover(lease)  # I3: what is pending goes first
+        earlier: list[PromoteResult] = []  # I3: the claim promotes what is pending first
+        lease = tp.committer.claim(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None, earlier.append)
         selection = requeuer.select(sink_id, chosen)  # again, under the lease
         if not selection.ids:
             return _requeue_report(selection, False, earlier)

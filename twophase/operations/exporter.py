@@ -234,7 +234,11 @@ def _state_families(rows: list[SinkRow]) -> Iterator[Metric]:
         " live window without an end; none: no Spark run owns it).",
         ("sink", "state"),
     )
-    staged = _gauge("twophase_staged_bytes", "Bytes of staged line protocol retained.")
+    staged = _gauge(
+        "twophase_staged_bytes",
+        "Bytes of staged line protocol the sink retains now: its decided epochs' that GC"
+        " has not purged yet (nor an abort removed).",
+    )
     for r in rows:
         s = r.sink_id
         epochs.add_metric([s, "precommitted"], r.precommitted)

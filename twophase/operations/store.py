@@ -82,9 +82,13 @@ class GcSummary:
 
 @dataclass(frozen=True)
 class ResetReport:
+    """What a reset deleted (the epoch records) and kept (the dead letters of the writes
+    those epochs chose, still listed and requeueable)."""
+
     sink_id: str
     query_id: str | None
     epochs_forgotten: int
+    dead_letters_kept: int
 
 
 @contextmanager
@@ -261,12 +265,22 @@ def reset(
                 f"`twophase recover --sink {sink_id}` before resetting it"
             )
         refuse_if_live(views, [sink_id], "reset", guard, hooks)
-        count = views.epoch_bounds(sink_id)[0]
-        hooks.confirm(
-            f"Reset sink {sink_id!r}? It is unbound from query {row.query_id} and its "
-            f"{count} epoch records are forgotten (their retained staged points become orphans "
-            "for gc: no resend or verify of them afterwards); the next query may start at any "
-            "epoch."
-        )
-        Ledger(db).reset(sink_id, actor())
-    return ResetReport(sink_id, row.query_id, count)
+        hooks.confirm(_reset_question(views, row))
+        done = Ledger(db).reset(sink_id, actor())
+    return ResetReport(sink_id, row.query_id, done.epochs, done.dead_letters_kept)
+
+
+def _reset_question(views: Views, row: SinkStatus) -> str:
+    """What a reset deletes and what it keeps, in the words of the confirmation."""
+    sink_id = row.sink_id
+    epochs = views.epoch_bounds(sink_id)[0]
+    kept = views.count_dead_letters(sink_id, None)
+    orphaned = views.orphan_dead_letters(sink_id)
+    return (
+        f"Reset sink {sink_id!r}? It is unbound from query {row.query_id}; the next query "
+        f"may start at any epoch. Deleted: its {epochs} epoch records now; then, by gc, "
+        f"every staged write of the sink, which the reset makes an orphan ({row.staged_points}"
+        " staged points: no resend or verify of them afterwards), with the dead letters of "
+        f"writes no epoch chose ({orphaned}). Kept: its {kept} dead letters of decided "
+        "writes, still listed by `twophase dead-letters` and requeueable."
+    )

@@ -1,9 +1,12 @@
 """The two-phase commit, one module per role.
 
-Phase 1 on executors: :mod:`.stager` (rows staged as one write, lanes from :mod:`.lanes`).
-Phase 2 on the driver: :mod:`.committer` (per epoch: recover, decide, promote), the vote and
+Phase 1 on executors: :mod:`.stager` (rows staged as one write, lanes from :mod:`.lanes`,
+repeated through an outage from :mod:`.spool`).
+Phase 2 on the driver: :mod:`.committer` (a run's claim, which recovers what older runs left;
+per epoch: recover, decide, promote), the vote and
 the sink's runs in :mod:`.ledger` and :mod:`.transitions`, reading decided epochs back in
 :mod:`.reader` and :mod:`.readahead`, :mod:`.promoter` (send, mark COMMITTED) with
 :mod:`.deadletters`, background promotion in :mod:`.handoff`. Around them: :mod:`.gc`
-(retention, orphans), :mod:`.runs` (a run's end), and the operator's :mod:`.requeue` and
-:mod:`.resend`. :mod:`.runtime` wires the parts from one configuration."""
+(retention, orphans; after commits, when due, :mod:`.autogc`), :mod:`.runs` (a run's end),
+and the operator's :mod:`.requeue` and :mod:`.resend`. :mod:`.runtime` wires the parts from
+one configuration."""

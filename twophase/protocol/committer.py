@@ -5,7 +5,9 @@ staged: promote older PRECOMMITTED epochs first (I3), decide (the vote:
 PRECOMMITTED, I1), promote (COMMITTED, I2). It may be called any number of
 times for the same epoch: a Spark replay of a decided epoch is detected by
 the ledger, its new writes are discarded, and a COMMITTED epoch is never
-sent again (I4).
+sent again (I4). ``Committer.claim`` is what a run calls when it starts: it
+claims the sink and promotes what older runs left PRECOMMITTED, so that
+recovery does not wait for a commit that may never come.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from twophase.faults import crash_point
 from twophase.logs import lease_fields
 from twophase.model import CommitMessage, EpochState, Lease
+from twophase.protocol.autogc import AutoGc
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
@@ -46,15 +49,48 @@ class Committer:
         promoter: Promoter,
         gc: GarbageCollector,
         handoff: Handoff | None = None,
+        auto_gc: AutoGc | None = None,
     ):
         self._ledger = ledger
         self._promoter = promoter
         self._gc = gc
         self._handoff = handoff  # background promotion (None: inline)
+        self._auto_gc = auto_gc  # collections after commits (None: only `twophase gc`)
         # Leases whose last commit in this process left no epoch PRECOMMITTED: until
         # they decide again, nothing can be pending (deciding for the sink takes
         # their token, I5), so their next commit need not look.
         self._settled: set[Lease] = set()
+
+    def claim(
+        self,
+        sink_id: str,
+        run_id: str,
+        query_id: str | None,
+        on_promoted: Callable[[PromoteResult], None] | None = None,
+    ) -> Lease:
+        """Begin ``run_id`` on the sink (fencing older runs, I5), then promote under the
+        new lease every epoch older runs left PRECOMMITTED, in order (I3).
+
+        So a run delivers what a crash left even when it never commits (an
+        available-now query with no new input). Runs on the caller's thread, also
+        with background promotion: the claim returns once those epochs are
+        COMMITTED, and a query that ends at once has nothing to drain. A failure
+        is raised as a commit's recovery raises it (InfluxUnavailableError past
+        the retry deadline, the epoch left PRECOMMITTED); the run keeps the sink,
+        and its first commit, or the next claim, recovers again. This run's own
+        epochs are left to its commits (one may be promoting on another thread).
+        """
+        lease = self._ledger.begin_run(sink_id, run_id, query_id)
+        recovered = self._recover(lease, on_promoted, inherited=True)
+        if recovered:
+            log.info(
+                "sink %s: run %s recovered epochs %s at its claim",
+                sink_id,
+                run_id,
+                [r.epoch for r in recovered],
+                extra=lease_fields(lease),
+            )
+        return lease
 
     def recover(
         self, lease: Lease, on_promoted: Callable[[PromoteResult], None] | None = None
@@ -64,11 +100,26 @@ class Committer:
         Stops at the first failure (a later epoch never overtakes an earlier
         one). ``on_promoted`` is called after each epoch, for progress.
         """
-        results = []
-        for epoch in self._ledger.pending(lease.sink_id):
-            results.append(self._promoter.promote(lease, epoch))
-            if on_promoted is not None:
-                on_promoted(results[-1])
+        return self._recover(lease, on_promoted, inherited=False)
+
+    def _recover(
+        self,
+        lease: Lease,
+        on_promoted: Callable[[PromoteResult], None] | None,
+        inherited: bool,
+    ) -> list[PromoteResult]:
+        """Recover the pending epochs (``inherited``: only those of other runs) under
+        the sink's recovery lock. Nothing pending, the common case, takes no lock."""
+        other_than = lease.run_id if inherited else None
+        if not self._ledger.pending(lease.sink_id, other_than=other_than):
+            return []
+        results: list[PromoteResult] = []
+        with self._ledger.recovering(lease.sink_id):
+            # Again under the lock: a recovery that held it may have promoted them.
+            for epoch in self._ledger.pending(lease.sink_id, other_than=other_than):
+                results.append(self._promoter.promote(lease, epoch))
+                if on_promoted is not None:
+                    on_promoted(results[-1])
         return results
 
     def commit(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> CommitOutcome:
@@ -92,22 +143,43 @@ class Committer:
         decision = self._ledger.decide(lease, epoch, messages, start_promotion=True)
         crash_point("after_decide", lease.sink_id)
         if decision.replay:
-            self._gc.discard([m.write_id for m in messages])
-            log.info(
-                "sink %s epoch %d is a replay (%s): new attempt discarded",
-                lease.sink_id,
-                epoch,
-                decision.state,
-                extra=lease_fields(lease, epoch),
-            )
+            self._discard_replayed(lease, epoch, decision.state, messages)
         promoted = None
         if decision.state == EpochState.PRECOMMITTED and self._handoff is not None:
             self._handoff.hand_off(lease, epoch, decision.plan)
         elif decision.state == EpochState.PRECOMMITTED:
             promoted = self._promoter.promote(lease, epoch, decision.plan)
         self._settled.add(lease)
+        if self._auto_gc is not None:  # starts a thread when due; never waits, never raises
+            self._auto_gc.poke(lease.sink_id)
         state = EpochState.COMMITTED if promoted else decision.state
         return CommitOutcome(lease.sink_id, epoch, state, decision.replay, recovered, promoted)
+
+    def _discard_replayed(
+        self, lease: Lease, epoch: int, state: EpochState, messages: Sequence[CommitMessage]
+    ) -> None:
+        """Remove a replay's new writes now. They are orphans already (the epoch's decision
+        names others), so a failure here only leaves them to GC: it must not fail a
+        commit whose epoch is decided and delivered as it should be."""
+        try:
+            self._gc.discard([m.write_id for m in messages])
+        except Exception as exc:
+            log.warning(
+                "sink %s epoch %d is a replay (%s): its new attempt is left to gc: %s",
+                lease.sink_id,
+                epoch,
+                state,
+                exc,
+                extra=lease_fields(lease, epoch),
+            )
+            return
+        log.info(
+            "sink %s epoch %d is a replay (%s): new attempt discarded",
+            lease.sink_id,
+            epoch,
+            state,
+            extra=lease_fields(lease, epoch),
+        )
 
     def drain(self) -> list[PromoteResult]:
         """Wait for the epochs promoting in the background (none when inline); raises
@@ -115,6 +187,10 @@ class Committer:
         return [] if self._handoff is None else self._handoff.drain()
 
     def close(self) -> None:
-        """Drain, then stop the background threads."""
-        if self._handoff is not None:
-            self._handoff.close()
+        """Drain, then stop the background threads (promotions, then collections)."""
+        try:
+            if self._handoff is not None:
+                self._handoff.close()
+        finally:
+            if self._auto_gc is not None:
+                self._auto_gc.close()

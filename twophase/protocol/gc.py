@@ -5,7 +5,15 @@
   then deleted; the epoch keeps its row and is marked ``purged_at``.
 * A write no decision names is an orphan (a failed, speculative or replayed
   task attempt). It is removed once its epoch is decided, or after
-  ``orphan_grace`` if its epoch never is (a run that crashed before voting).
+  ``orphan_grace`` if its epoch never is (a run that crashed before voting),
+  with its staged lines and its dead letters -- except those a reset kept:
+  a reset forgets the epochs, which makes every write an orphan, but the
+  dead letters of the writes they had chosen stay the sink's.
+
+Every age is measured by the database's clock (the cut-offs are read from its
+``now()``, the clock that stamped the epochs and writes), never by the
+calling host's. A ``limit`` bounds one collection's work (the committer's
+automatic collections, :mod:`.autogc`); what is left waits for the next.
 
 Idempotent and safe to run at any time, also while a query runs: it locks
 the sink rows before deleting writes, as decide does, so it never removes a
@@ -17,7 +25,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -45,18 +53,41 @@ class GarbageCollector:
 
     def __init__(self, db: Database, retention_s: float, orphan_grace_s: float, chunk: int = 200):
         self._db = db
-        self._retention = timedelta(seconds=retention_s)
-        self._grace = timedelta(seconds=orphan_grace_s)
+        self._retention_s = retention_s
+        self._grace_s = orphan_grace_s
         self._chunk = chunk
 
     def collect(
-        self, sink_id: str | None = None, now: datetime | None = None, dry_run: bool = False
+        self,
+        sink_id: str | None = None,
+        dry_run: bool = False,
+        *,
+        limit: int | None = None,
+        ahead_s: float = 0.0,
     ) -> GcReport:
-        """Remove expired staged points and orphaned writes (of one sink, or all)."""
-        now = now or datetime.now(timezone.utc)
-        epochs, points = self._purge_expired(sink_id, now - self._retention, dry_run)
-        orphans = self._remove_orphans(sink_id, now - self._grace, dry_run)
+        """Remove expired staged points and orphaned writes (of one sink, or all).
+
+        ``limit``: at most that many epochs purged and that many orphaned writes
+        removed (None: all). ``ahead_s``: collect as the database's clock will
+        see it that many seconds from now (tests, benchmarks).
+        """
+        expired_before, staged_before = self._cutoffs(ahead_s)
+        epochs, points = self._purge_expired(sink_id, expired_before, dry_run, limit)
+        orphans = self._remove_orphans(sink_id, staged_before, dry_run, limit)
         return GcReport(sink_id, epochs, points, orphans, dry_run)
+
+    def _cutoffs(self, ahead_s: float) -> tuple[datetime, datetime]:
+        """Ended before the first, an epoch is past retention; staged before the second,
+        an undecided write is past its grace. Read once per collection from the clock
+        that stamped them: a host's clock running ahead must not purge early."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT t - make_interval(secs => %s), t - make_interval(secs => %s)"
+                " FROM (SELECT now() + make_interval(secs => %s) AS t) clock",
+                (self._retention_s, self._grace_s, ahead_s),
+            )
+            expired_before, staged_before = cur.fetchone()  # type: ignore[misc]
+        return expired_before, staged_before
 
     def discard(self, write_ids: Sequence[str]) -> int:
         """Delete writes that no decided epoch names, now (a Spark replay's new attempt,
@@ -75,13 +106,13 @@ class GarbageCollector:
         return self._db.retry("discard", discard)
 
     def _purge_expired(
-        self, sink_id: str | None, before: datetime, dry_run: bool
+        self, sink_id: str | None, before: datetime, dry_run: bool, limit: int | None
     ) -> tuple[int, int]:
         epochs = points = 0
-        limit = None if dry_run else self._chunk  # LIMIT NULL: a dry run counts everything at once
-        while True:
+        while limit is None or epochs < limit:
             with self._db.transaction() as cur:
-                expired = _expired_epochs(cur, sink_id, before, limit)
+                take = _take(self._chunk, limit, epochs, dry_run)
+                expired = _expired_epochs(cur, sink_id, before, take)
                 if not expired:
                     return epochs, points
                 write_ids = [w for _, _, ids in expired for w in ids]
@@ -90,12 +121,16 @@ class GarbageCollector:
                 if dry_run:
                     return epochs, points
                 cur.execute(_MARK_PURGED, ([s for s, _, _ in expired], [e for _, e, _ in expired]))
+        return epochs, points
 
-    def _remove_orphans(self, sink_id: str | None, staged_before: datetime, dry_run: bool) -> int:
+    def _remove_orphans(
+        self, sink_id: str | None, staged_before: datetime, dry_run: bool, limit: int | None
+    ) -> int:
         removed = 0
-        while True:
+        while limit is None or removed < limit:
             with self._db.transaction() as cur:
-                ids = _orphan_writes(cur, sink_id, staged_before, None if dry_run else self._chunk)
+                take = _take(self._chunk, limit, removed, dry_run)
+                ids = _orphan_writes(cur, sink_id, staged_before, take)
                 if not ids or dry_run:
                     return removed + len(ids)
                 _lock_sinks_of_writes(cur, ids)
@@ -103,6 +138,15 @@ class GarbageCollector:
                 removed += len(gone)
                 if len(gone) < len(ids):  # a decision chose some meanwhile: nothing more here
                     return removed
+        return removed
+
+
+def _take(chunk: int, limit: int | None, done: int, dry_run: bool) -> int | None:
+    """Rows for the next transaction: a chunk, no more than the limit leaves."""
+    left = None if limit is None else limit - done
+    if dry_run:
+        return left  # a dry run counts all it may remove at once (None: LIMIT NULL)
+    return chunk if left is None else min(chunk, left)
 
 
 def _expired_epochs(
@@ -171,7 +215,9 @@ def _lock_sinks_of_writes(cur: Cursor, ids: list[uuid.UUID]) -> None:
 
 
 def _delete_unchosen_writes(cur: Cursor, ids: list[uuid.UUID]) -> list[uuid.UUID]:
-    """Remove the given writes, their lines and dead letters, unless a decision names them."""
+    """Remove the given writes, their lines and dead letters, unless a decision names them.
+    A dead letter a reset kept (``reset_at``: its write was chosen before the reset
+    forgot the epoch) stays: it is the sink's, not the orphan's."""
     cur.execute(
         "DELETE FROM twophase_writes w WHERE w.write_id = ANY(%s) AND NOT EXISTS ("
         " SELECT 1 FROM twophase_epochs e WHERE e.sink_id = w.sink_id AND e.epoch = w.epoch"
@@ -181,5 +227,8 @@ def _delete_unchosen_writes(cur: Cursor, ids: list[uuid.UUID]) -> list[uuid.UUID
     gone = [row[0] for row in cur.fetchall()]
     if gone:
         cur.execute("DELETE FROM twophase_staged_chunks WHERE write_id = ANY(%s)", (gone,))
-        cur.execute("DELETE FROM twophase_dead_letters WHERE write_id = ANY(%s)", (gone,))
+        cur.execute(
+            "DELETE FROM twophase_dead_letters WHERE write_id = ANY(%s) AND reset_at IS NULL",
+            (gone,),
+        )
     return gone

@@ -21,8 +21,8 @@ Contracts:
   does interpreter exit (``concurrent.futures`` joins its threads).
 * A crash anywhere leaves the epoch PRECOMMITTED (or COMMITTED): nothing is
   lost, since the promotion is the idempotent :meth:`Promoter.promote` (I4).
-* A fenced run's promoter sends nothing more: it checks its lease before
-  every request (FencedError); inline, a fenced run fails at its mark.
+* A fenced run's promoter starts no request more: as inline, it checks its
+  lease before every request and every retry of one (FencedError).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Handoff:
         with self._lock:
             if lease.sink_id in self._in_flight:
                 raise RuntimeError(f"sink {lease.sink_id!r}: an epoch is still promoting")
-            future = self._pool.submit(self._promoter.promote, lease, epoch, plan, watch_fence=True)
+            future = self._pool.submit(self._promoter.promote, lease, epoch, plan)
             self._in_flight[lease.sink_id] = future
         log.debug(
             "sink %s epoch %d handed off", lease.sink_id, epoch, extra=lease_fields(lease, epoch)

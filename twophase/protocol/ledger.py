@@ -16,7 +16,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twophase.errors import (
@@ -46,7 +46,15 @@ from twophase.protocol.transitions import (
 )
 from twophase.store.database import Database
 
-__all__ = ["Decision", "Ledger"]
+__all__ = ["Decision", "Forgotten", "Ledger"]
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What a reset did: the epoch records it deleted, the dead letters the sink keeps."""
+
+    epochs: int
+    dead_letters_kept: int
 
 
 def _reset_hint(sink_id: str) -> str:
@@ -191,10 +199,10 @@ class Ledger:
     def check_lease(self, lease: Lease) -> None:
         """FencedError if a newer run has taken the sink since ``lease`` was granted.
 
-        A read without the sink's lock: a promoter running beside its caller
-        asks before each request, so that a fenced run stops sending. (InfluxDB
-        cannot refuse a fenced writer; a request already under way still lands,
-        and the mark that follows is refused.)
+        One single-row read without the sink's lock: a promoter asks before
+        every request and every retry of one, so that a fenced run starts no
+        request more. (InfluxDB cannot refuse a fenced writer; a request already
+        under way still lands, and the mark that follows is refused.)
         """
         self._db.retry("check lease", lambda: self._check_lease(lease))
 
@@ -269,18 +277,34 @@ class Ledger:
                 )
                 event(cur, sink_id, epoch, "promote_failed", None, message)
 
-    def pending(self, sink_id: str) -> list[int]:
-        """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3)."""
-        return self._db.retry("recover", lambda: self._pending(sink_id))
+    def pending(self, sink_id: str, *, other_than: str | None = None) -> list[int]:
+        """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3).
 
-    def _pending(self, sink_id: str) -> list[int]:
+        With ``other_than`` (a run id), only those other runs decided: what that run
+        found pending when it claimed the sink. (Its own are its commits' to finish;
+        they are all above those, since it decides only once it holds the sink.)
+        """
+        return self._db.retry("recover", lambda: self._pending(sink_id, other_than))
+
+    def _pending(self, sink_id: str, other_than: str | None) -> list[int]:
         with self._db.transaction() as cur:
             cur.execute(
                 "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
-                " ORDER BY epoch",
-                (EpochState.PRECOMMITTED, sink_id),
+                " AND (%s::text IS NULL OR run_id IS DISTINCT FROM %s) ORDER BY epoch",
+                (EpochState.PRECOMMITTED, sink_id, other_than, other_than),
             )
             return [row[0] for row in cur.fetchall()]
+
+    @contextmanager
+    def recovering(self, sink_id: str) -> Iterator[None]:
+        """Hold the sink's recovery lock: one recovery of a sink at a time, across
+        processes. A run's claim and its first commit may both find an epoch pending
+        (the claim on the driver, the commit in a Python worker); without the lock
+        both would send it, and the commit could decide and send the next epoch while
+        the claim's requests of the older one are still landing (I3). Whoever gets
+        the lock second reads what is pending again and finds it done."""
+        with self._db.session_lock(f"recover:{sink_id}"):
+            yield
 
     # -- operator actions -------------------------------------------------------
 
@@ -316,11 +340,14 @@ class Ledger:
                 release_requeued(cur, sink_id, epoch)
             event(cur, sink_id, epoch, "aborted", actor, reason)
 
-    def reset(self, sink_id: str, actor: str = "operator") -> None:
+    def reset(self, sink_id: str, actor: str = "operator") -> Forgotten:
         """Unbind the sink from its query after a deliberate checkpoint reset (I6's way out).
 
-        The next query may start at any epoch; epochs decided so far stay as
-        history. Raises StateError while epochs are PRECOMMITTED (recover first).
+        The next query may start at any epoch. The epoch records are deleted, so
+        every write becomes an orphan for GC; the dead letters of the writes the
+        epochs chose are marked ``reset_at`` first and stay the sink's: listed,
+        requeueable, never removed by GC. Raises StateError while epochs are
+        PRECOMMITTED (recover first).
         """
         with self._db.transaction() as cur:
             lock_sink(cur, sink_id)
@@ -329,6 +356,7 @@ class Ledger:
                     f"sink {sink_id!r} has PRECOMMITTED epochs: run `twophase recover --sink "
                     f"{sink_id}` before resetting it"
                 )
+            kept = _keep_dead_letters(cur, sink_id)
             cur.execute(
                 "DELETE FROM twophase_epochs WHERE sink_id = %s RETURNING epoch", (sink_id,)
             )
@@ -340,10 +368,29 @@ class Ledger:
                 " WHERE sink_id = %s",
                 (sink_id,),
             )
-            event(cur, sink_id, None, "reset", actor, f"forgot {removed} epochs")
+            detail = f"forgot {removed} epochs, kept {kept} dead letters"
+            event(cur, sink_id, None, "reset", actor, detail)
+            return Forgotten(removed, kept)
 
 
 # -- helpers: each runs inside the caller's transaction -------------------------
+
+
+def _keep_dead_letters(cur: Cursor, sink_id: str) -> int:
+    """Mark the dead letters of the writes the sink's epochs chose as kept by a reset
+    (the epochs that name those writes are about to go); how many the sink keeps."""
+    cur.execute(
+        "UPDATE twophase_dead_letters d SET reset_at = now() FROM twophase_epochs e"
+        " WHERE e.sink_id = %s AND d.sink_id = e.sink_id AND d.epoch = e.epoch"
+        " AND d.write_id = ANY(e.write_ids) AND d.reset_at IS NULL",
+        (sink_id,),
+    )
+    cur.execute(
+        "SELECT count(*) FROM twophase_dead_letters WHERE sink_id = %s AND reset_at IS NOT NULL",
+        (sink_id,),
+    )
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def _refuse_superseded_run(cur: Cursor, sink_id: str, sink: dict[str, Any], run_id: str) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from twophase.config import InfluxConfig
-from twophase.errors import PermanentError, TwoPhaseError
+from twophase.errors import FencedError, PermanentError, TwoPhaseError
 from twophase.faults import crash_point
 from twophase.influx.sender import BatchSender
 from twophase.logs import lease_fields
@@ -30,7 +30,7 @@ from twophase.protocol.lanes import fan_out
 from twophase.protocol.ledger import Ledger
 from twophase.protocol.readahead import read_ahead
 from twophase.protocol.reader import StagedReader
-from twophase.retry import RetryPolicy, StagingRetry
+from twophase.retry import Progress, RetryPolicy, StagingRetry
 
 log = logging.getLogger("twophase.protocol.promoter")
 _READ_AHEAD = 4  # pieces read from PostgreSQL while InfluxDB takes the current request
@@ -75,24 +75,24 @@ class Promoter:
         # re-sending is harmless (I4), so a read cut by a staging outage starts over
         self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
 
-    def promote(
-        self,
-        lease: Lease,
-        epoch: int,
-        plan: EpochPlan | None = None,
-        *,
-        watch_fence: bool = False,
-    ) -> PromoteResult:
+    def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
         """Send the epoch and mark it COMMITTED. ``plan`` is the attempt the decision
         already started (:meth:`Ledger.decide` with ``start_promotion``); without it
-        an attempt is started here. With ``watch_fence`` (a promotion that runs while
-        its caller goes on) the lease is checked before every request, so a run
-        fenced meanwhile sends nothing more (FencedError)."""
+        an attempt is started here.
+
+        The lease is checked before every request and every retry of one, in
+        every lane (:class:`_LeaseWatch`), so a run fenced meanwhile starts no
+        request more: FencedError, the epoch left PRECOMMITTED for the new run."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
-        check = functools.partial(self._ledger.check_lease, lease) if watch_fence else None
+        check = _LeaseWatch(functools.partial(self._ledger.check_lease, lease))
         try:
+            # Each request delivered is progress: a connection dropped after minutes of
+            # sending begins a new staging outage, with the whole deadline to ride it out.
+            progress = Progress()
             delivered, rejected = self._retry(
-                "promote", lambda: self.send(plan, before_request=check)
+                "promote",
+                lambda: self.send(plan, on_batch=lambda _: progress(), before_request=check),
+                progress=progress,
             )
         except TwoPhaseError as exc:
             self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
@@ -125,10 +125,10 @@ class Promoter:
         chunks in the epoch's order (I4: a series keeps to its lane).
         Returns (delivered, rejected). Rejections become dead letters (once
         each). ``on_batch`` gets the running count of points sent, for
-        progress; ``before_request`` runs before each request and stops the
-        send by raising. Raises PermanentError if the lines read back are not
-        the decided ones (I1). Used by :meth:`promote` and by the resend of
-        COMMITTED epochs.
+        progress; ``before_request`` runs before each request and each retry
+        of one, in every lane, and stops the send by raising. Raises
+        PermanentError if the lines read back are not the decided ones (I1).
+        Used by :meth:`promote` and by the resend of COMMITTED epochs.
         """
         tally = _Tally(plan)
         small = tally.points <= self._batch_points
@@ -156,12 +156,11 @@ class Promoter:
     ) -> None:
         """Send pieces in requests over one connection, in their order."""
         for request in _requests(pieces, self._batch_points, self._batch_bytes):
-            if before_request is not None:
-                before_request()
             rejects = self._sender.send(
                 b"\n".join(piece.data for piece in request),
                 sum(piece.points for piece in request),
                 functools.partial(_lines_of, request),
+                before_attempt=before_request,  # the sender retries: checked before each try
             )
             self._dead_letters.record(_dead_letters(plan, request, rejects))
             tally.sent(request, len(rejects), on_batch)
@@ -180,6 +179,29 @@ class Promoter:
         chunks = self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
         for index, chunk in chunks:
             yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
+
+
+class _LeaseWatch:
+    """A promotion's fencing check, shared by its lanes: one read of the sink's token
+    per request or retry (:meth:`Ledger.check_lease`), never cached while the lease
+    holds -- a cached answer would let a request start after the new run's claim.
+
+    Fencing is for good (a token only grows, a fenced run never claims again), so
+    once a read has seen it every later call, in any lane, raises without reading.
+    """
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = check
+        self._fenced: str | None = None
+
+    def __call__(self) -> None:
+        if self._fenced is not None:
+            raise FencedError(self._fenced)
+        try:
+            self._check()
+        except FencedError as exc:
+            self._fenced = str(exc)
+            raise
 
 
 @dataclass(frozen=True)

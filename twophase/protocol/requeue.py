@@ -42,12 +42,13 @@ from twophase.protocol.transitions import (
     lock_sink,
 )
 from twophase.store.database import Database
+from twophase.store.views import DECIDED_LETTER
 
-# Promote-time dead letters of decided writes not yet requeued, by the caller's filters.
+# Promote-time dead letters of decided writes (or kept by a reset, which forgot the
+# epochs that chose them) not yet requeued, by the caller's filters.
 _SELECTED = (
-    "FROM twophase_dead_letters d JOIN twophase_epochs e ON e.sink_id = d.sink_id"
-    " AND e.epoch = d.epoch AND d.write_id = ANY(e.write_ids)"
-    " WHERE d.sink_id = %(sink)s AND d.phase = %(phase)s AND d.requeued_in IS NULL"
+    f"FROM twophase_dead_letters d WHERE {DECIDED_LETTER}"
+    " AND d.sink_id = %(sink)s AND d.phase = %(phase)s AND d.requeued_in IS NULL"
     " AND (%(epoch)s::bigint IS NULL OR d.epoch = %(epoch)s)"
     " AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)"
 )

@@ -1,7 +1,8 @@
 """Assembles the protocol's parts from one configuration.
 
 ``TwoPhase.open(config)`` checks the staging schema, resolves the InfluxDB
-API, and wires stager, ledger, promoter, committer, GC and the runs' ends.
+API, and wires stager, ledger, promoter, committer, GC (by an operator, and
+automatic after commits) and the runs' ends.
 The Spark sink, the jobs and the CLI all start here, so they share one set
 of defaults.
 """
@@ -15,6 +16,8 @@ from twophase.influx import metering
 from twophase.influx.api import make_writer
 from twophase.influx.sender import BatchSender
 from twophase.influx.writers import InfluxWriter
+from twophase.model import Lease
+from twophase.protocol.autogc import AutoGc
 from twophase.protocol.committer import Committer
 from twophase.protocol.deadletters import DeadLetterLog
 from twophase.protocol.gc import GarbageCollector
@@ -41,6 +44,7 @@ class TwoPhase:
     committer: Committer
     gc: GarbageCollector
     runs: Runs
+    auto_gc: AutoGc
 
     @classmethod
     def open(
@@ -79,6 +83,7 @@ class TwoPhase:
         )
         gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
         handoff = Handoff(promoter) if config.influx.promotion == BACKGROUND else None
+        auto_gc = AutoGc(gc, config.staging.gc_interval_s)
         return cls(
             config=config,
             db=db,
@@ -87,10 +92,17 @@ class TwoPhase:
             ledger=ledger,
             reader=reader,
             promoter=promoter,
-            committer=Committer(ledger, promoter, gc, handoff),
+            committer=Committer(ledger, promoter, gc, handoff, auto_gc),
             gc=gc,
             runs=Runs(db),
+            auto_gc=auto_gc,
         )
+
+    def claim(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
+        """Claim the sink for a run that starts (fencing older runs, I5) and promote what
+        older runs left PRECOMMITTED (:meth:`Committer.claim`). A driver of its own
+        starts here; :meth:`Ledger.begin_run` only claims."""
+        return self.committer.claim(sink_id, run_id, query_id)
 
     def close(self) -> None:
         """Drain background promotions (raising the first failure), then disconnect."""

@@ -1,6 +1,6 @@
 """Phase 1, executor side: stage one task's points into PostgreSQL as one write.
 
-A *write* is one task attempt's output for one epoch. :meth:`Stager.stage`
+A *write* is one staging call's output for one epoch. :meth:`Stager.stage`
 COPYs its lines (in chunks: see :class:`~twophase.model.StagedChunk`) and its
 stage-time dead letters and records the write, all in one transaction, and
 returns a :class:`~twophase.model.CommitMessage` for the driver's vote.
@@ -9,31 +9,89 @@ Nothing reaches InfluxDB here.
 Idempotency: every call makes a new write (fresh ``write_id``); a retried task
 stages again under a new id and only the write ids named by the decision
 count (I1). Unchosen writes are orphans, which GC removes.
+
+Repeats: a transaction that the staging store's outage cuts (mid-COPY, or at
+COMMIT) is repeated by the same call under the same write id, until
+``staging_retry_deadline``. The call's input is read once: what it encodes --
+the chunks, whose timestamps are then fixed (I8), and the rejected rows -- is
+kept as it goes in a spool (:mod:`twophase.protocol.spool`: memory up to
+``staging_spool_memory``, then a temporary file), and a repeat COPYs the spool
+before it reads on. An input already in memory (a list or tuple) is encoded
+again instead. A repeat first reads back whether the cut attempt committed:
+the write's row, chunks and dead letters commit together, so a
+``twophase_writes`` row with the write id means they all landed, and its
+message is returned rather than the write staged twice.
 """
 
 from __future__ import annotations
 
 import itertools
-import pickle
-import tempfile
+import logging
 import uuid
-from collections.abc import Iterable, Iterator
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import psycopg
 
 from twophase.config import StagingConfig
 from twophase.faults import crash_point
+from twophase.logs import fields
 from twophase.model import CommitMessage, LineChecksum, Phase, StagedChunk, check_sink_id
 from twophase.points.batching import batches
 from twophase.protocol.lanes import LaneChooser
+from twophase.protocol.spool import Spool
 from twophase.store.database import Database
 
 if TYPE_CHECKING:
     from twophase.points.builder import Rejected
 
+log = logging.getLogger("twophase.protocol.stager")
 _CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (a dict lookup)
+# The spool's parts, and what it counts for the memory of a rejected row and of one
+# entry of a chunk's ``ends`` (an int object and its pointer) beside their texts.
+_CHUNKS, _REJECTS = "chunks", "rejects"
+_REJECT_BYTES = 200
+_END_BYTES = 36
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How lines are cut into chunks: see :class:`Stager`."""
+
+    chunk_points: int
+    chunk_chars: int
+    lanes: int
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One staging call's write: its id, fixed for all its attempts, and its task."""
+
+    sink_id: str
+    epoch: int
+    write_id: uuid.UUID
+    partition_id: int
+    attempt: int
+    run_id: str | None
+    query_id: str | None
+
+    def message(self, points: int, rejected: int, checksum: str, store: str) -> CommitMessage:
+        return CommitMessage(
+            sink_id=self.sink_id,
+            epoch=self.epoch,
+            write_id=str(self.write_id),
+            partition_id=self.partition_id,
+            attempt=self.attempt,
+            points=points,
+            rejected=rejected,
+            checksum=checksum,
+            run_id=self.run_id,
+            query_id=self.query_id,
+            store=store,
+        )
 
 
 class Stager:
@@ -43,13 +101,15 @@ class Stager:
     about ``config.chunk_chars`` characters (a single longer line is a chunk
     of its own). With ``config.lanes`` > 1 (``promote_connections``) each chunk holds
     the lines of one lane only (:mod:`twophase.protocol.lanes`), in their given order.
+    A call's spool keeps ``config.spool_memory`` bytes in memory, then spills to a
+    temporary file in ``spool_dir`` (the system's temporary directory when None).
     """
 
-    def __init__(self, db: Database, config: StagingConfig):
+    def __init__(self, db: Database, config: StagingConfig, spool_dir: str | None = None):
         self._db = db
-        self._chunk_points = config.chunk_points
-        self._chunk_chars = config.chunk_chars
-        self._lanes = config.lanes
+        self._shape = _Shape(config.chunk_points, config.chunk_chars, config.lanes)
+        self._spool_memory = config.spool_memory
+        self._spool_dir = spool_dir
 
     def stage(
         self,
@@ -65,77 +125,181 @@ class Stager:
         """COPY ``items`` (lines, or rows rejected at conversion) as one new write.
 
         All or nothing: the lines, the dead letters and the write record commit
-        in one transaction. ``items`` is consumed lazily (bounded memory: one
-        chunk of lines at a time; rejected rows are spooled to a temporary file).
+        in one transaction. ``items`` is read once, lazily, as the COPY goes
+        (bounded memory: one block of lines at a time, and the spool).
 
-        While the staging store is unreachable before any item was taken, the
-        call is repeated (``staging_retry_deadline``). Once items were taken it
-        cannot read them again: the error is raised, the task fails, and
-        Spark's next attempt of the task (which reads its input again) waits
-        here for the store.
+        While the staging store is unreachable the transaction is repeated
+        (``staging_retry_deadline``) under the same write id, from the spool
+        (see the module); an attempt whose COMMIT landed is read back, not
+        staged again. An error of the input itself is raised as it is.
         """
         check_sink_id(sink_id)
-        source = _Taken(items)
-        return self._db.retry(
-            "stage",
-            lambda: self._stage(sink_id, epoch, source, partition_id, attempt, run_id, query_id),
-            repeatable=lambda: not source.taken,
-        )
-
-    def _stage(
-        self,
-        sink_id: str,
-        epoch: int,
-        items: Iterable[str | Rejected],
-        partition_id: int,
-        attempt: int,
-        run_id: str | None,
-        query_id: str | None,
-    ) -> CommitMessage:
-        write_id = uuid.uuid4()
-        with tempfile.TemporaryFile() as spool, self._db.transaction() as cur:
-            chunks, rejected = self._copy_lines(cur, sink_id, write_id, items, spool)
-            if rejected:
-                _copy_rejects(cur, sink_id, epoch, write_id, spool)
-            message = CommitMessage(
-                sink_id=sink_id,
-                epoch=epoch,
-                write_id=str(write_id),
-                partition_id=partition_id,
-                attempt=attempt,
-                points=chunks.points,
-                rejected=rejected,
-                checksum=chunks.checksum.hexdigest(),
-                run_id=run_id,
-                query_id=query_id,
-                store=self._db.config.display_url,
+        write = _Write(sink_id, epoch, uuid.uuid4(), partition_id, attempt, run_id, query_id)
+        with self._encoding(items, str(write.write_id)) as encoded:
+            return self._db.retry(
+                f"stage write {write.write_id}",
+                lambda: self._stage(write, encoded),
+                again=lambda: self._again(write, encoded),
+                repeatable=lambda: encoded.intact,
             )
-            _record_write(cur, message)
-            crash_point("in_stage", sink_id)
-        crash_point("after_stage", sink_id)
+
+    @contextmanager
+    def _encoding(self, items: Iterable[str | Rejected], write_id: str) -> Iterator[_Encoded]:
+        if isinstance(items, list | tuple):  # in memory already: encoded again on a repeat
+            yield _Reencoded(items, self._shape, write_id)
+            return
+        with Spool(self._spool_memory, self._spool_dir) as spool:
+            yield _Spooled(items, self._shape, write_id, spool)
+
+    def _again(self, write: _Write, encoded: _Encoded) -> CommitMessage:
+        """A repeat: the earlier attempt's write if its COMMIT landed, else staged anew."""
+        return self._landed(write) or self._stage(write, encoded)
+
+    def _stage(self, write: _Write, encoded: _Encoded) -> CommitMessage:
+        try:
+            with self._db.transaction() as cur:
+                chunks = _copy_chunks(cur, write, encoded.chunks())
+                if encoded.rejected:
+                    _copy_rejects(cur, write, encoded.rejects())
+                message = write.message(
+                    chunks.points,
+                    encoded.rejected,
+                    chunks.checksum.hexdigest(),
+                    self._db.config.display_url,
+                )
+                _record_write(cur, message)
+                crash_point("in_stage", write.sink_id)
+        except psycopg.errors.UniqueViolation:
+            # The write id is taken: write ids are fresh per call, so an earlier attempt
+            # of this one committed after its read-back looked (its COMMIT was still on
+            # its way) and the insert waited for it.
+            landed = self._landed(write)
+            if landed is None:
+                raise
+            return landed
+        crash_point("after_stage", write.sink_id)
         return message
 
-    def _copy_lines(
-        self,
-        cur: psycopg.Cursor[Any],
-        sink_id: str,
-        write_id: uuid.UUID,
-        items: Iterable[str | Rejected],
-        spool: IO[bytes],
-    ) -> tuple[_ChunkCopy, int]:
-        """COPY the lines in chunks; spool the rejected rows. (chunks, rejected count)"""
-        chooser = LaneChooser(self._lanes)
-        with cur.copy(_COPY_CHUNKS) as copy:
-            chunks = _ChunkCopy(copy, write_id, sink_id)
-            rejected = 0
-            for block in _blocks(items, self._chunk_points):
-                lines = [item for item in block if isinstance(item, str)]
-                if len(lines) != len(block):
-                    rejected += _spool_rejects(block, spool)
-                for lane, lane_lines in enumerate(chooser.split(lines)):
-                    for part in _split_by_chars(lane_lines, self._chunk_chars):
-                        chunks.write(part, lane)
-        return chunks, rejected
+    def _landed(self, write: _Write) -> CommitMessage | None:
+        """The message of ``write`` if an earlier attempt of this call committed it."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT points, rejected, checksum FROM twophase_writes WHERE write_id = %s",
+                (write.write_id,),
+            )
+            row = cur.fetchone()
+        if row is None:
+            return None
+        log.info(
+            "write %s of sink %s epoch %d: the attempt cut by the outage had committed "
+            "(read back, not staged again)",
+            write.write_id,
+            write.sink_id,
+            write.epoch,
+            extra=fields(write.sink_id, write.epoch, write.run_id),
+        )
+        return write.message(int(row[0]), int(row[1]), str(row[2]), self._db.config.display_url)
+
+
+class _Encoded(Protocol):
+    """One staging call's input, encoded: readable once per attempt, the same each time.
+
+    ``rejected`` (the count of rejected rows) and ``rejects()`` are complete once
+    ``chunks()`` was read to its end. ``intact`` is false once the input itself
+    failed: no attempt can then give the whole write.
+    """
+
+    rejected: int
+    intact: bool
+
+    def chunks(self) -> Iterator[StagedChunk]: ...
+
+    def rejects(self) -> Iterator[Rejected]: ...
+
+
+class _Reencoded:
+    """An input in memory (a list or tuple): an attempt encodes it again, identically."""
+
+    intact = True
+
+    def __init__(
+        self, items: list[str | Rejected] | tuple[str | Rejected, ...], shape: _Shape, write_id: str
+    ) -> None:
+        self._items = items
+        self._shape = shape
+        self._write_id = write_id
+        self.rejected = 0
+
+    def chunks(self) -> Iterator[StagedChunk]:
+        self.rejected = 0
+        return _encode(self._items, self._shape, self._write_id, self._count)
+
+    def _count(self, rejects: list[Rejected]) -> None:
+        self.rejected += len(rejects)
+
+    def rejects(self) -> Iterator[Rejected]:
+        return (item for item in self._items if not isinstance(item, str))
+
+
+class _Spooled:
+    """An input read once: its chunks and rejected rows are spooled as they are encoded;
+    an attempt reads the spool first, then encodes on from where the input was left."""
+
+    def __init__(
+        self, items: Iterable[str | Rejected], shape: _Shape, write_id: str, spool: Spool
+    ) -> None:
+        self._spool = spool
+        # Resumed by each attempt where the last one stopped (pulled with next(): an
+        # attempt that fails leaves it open).
+        self._live = _encode(items, shape, write_id, self._keep)
+        self.rejected = 0
+        self.intact = True
+
+    def chunks(self) -> Iterator[StagedChunk]:
+        yield from self._spool.read(_CHUNKS)
+        while True:
+            try:
+                chunk = next(self._live)
+            except StopIteration:
+                return
+            except BaseException:
+                self.intact = False  # the input failed: what it had left is lost
+                raise
+            self._spool.add(_CHUNKS, chunk, _chunk_bytes(chunk))  # before the COPY sees it
+            yield chunk
+
+    def _keep(self, rejects: list[Rejected]) -> None:
+        self.rejected += len(rejects)
+        size = sum(len(r.reason) + len(r.payload) + _REJECT_BYTES for r in rejects)
+        self._spool.add(_REJECTS, rejects, size)
+
+    def rejects(self) -> Iterator[Rejected]:
+        for block in self._spool.read(_REJECTS):
+            yield from block
+
+
+def _chunk_bytes(chunk: StagedChunk) -> int:
+    return len(chunk.body) + _END_BYTES * len(chunk.ends or ())
+
+
+def _encode(
+    items: Iterable[str | Rejected],
+    shape: _Shape,
+    write_id: str,
+    rejects: Callable[[list[Rejected]], None],
+) -> Iterator[StagedChunk]:
+    """The chunks of ``items``' lines in staged order; each block's rejected rows are
+    handed to ``rejects`` before the block's chunks are given."""
+    chooser = LaneChooser(shape.lanes)
+    seq = 0
+    for block in _blocks(items, shape.chunk_points):
+        lines = [item for item in block if isinstance(item, str)]
+        if len(lines) != len(block):
+            rejects([item for item in block if not isinstance(item, str)])
+        for lane, lane_lines in enumerate(chooser.split(lines)):
+            for part in _split_by_chars(lane_lines, shape.chunk_chars):
+                yield StagedChunk.of_lines(write_id, seq, part, lane)
+                seq += len(part)
 
 
 def _record_write(cur: psycopg.Cursor[Any], message: CommitMessage) -> None:
@@ -165,6 +329,16 @@ _COPY_CHUNKS = (
 _CHUNK_TYPES = ("uuid", "int4", "int4", "int4", "int4[]", "text", "int2")
 
 
+def _copy_chunks(
+    cur: psycopg.Cursor[Any], write: _Write, chunks: Iterable[StagedChunk]
+) -> _ChunkCopy:
+    with cur.copy(_COPY_CHUNKS) as copy:
+        counted = _ChunkCopy(copy, write.write_id, write.sink_id)
+        for chunk in chunks:
+            counted.write(chunk)
+    return counted
+
+
 class _ChunkCopy:
     """Writes one write's chunks into a running COPY, counting and hashing its lines."""
 
@@ -177,30 +351,22 @@ class _ChunkCopy:
         self.points = 0
         self.checksum = LineChecksum()
 
-    def write(self, lines: list[str], lane: int) -> None:
-        chunk = StagedChunk.of_lines(str(self._write_id), self.points, lines)
+    def write(self, chunk: StagedChunk) -> None:
         self._copy.write_row(
-            (self._write_id, self.chunks, self.points, chunk.points, chunk.ends, chunk.body, lane)
+            (
+                self._write_id,
+                self.chunks,
+                chunk.first_seq,
+                chunk.points,
+                chunk.ends,
+                chunk.body,
+                chunk.lane,
+            )
         )
         self.checksum.add_joined(chunk.body.encode("utf-8"))
-        before, self.points, self.chunks = self.points, self.points + len(lines), self.chunks + 1
+        before, self.points, self.chunks = self.points, self.points + chunk.points, self.chunks + 1
         for _ in range(self.points // _CRASH_EVERY - before // _CRASH_EVERY):
             crash_point("stage_rows", self._sink_id)  # the COPY is under way, nothing committed
-
-
-class _Taken(Iterable[T]):
-    """Items that know whether reading them has begun (then they cannot be read again).
-
-    Marked when iteration starts, not per item: no cost per line.
-    """
-
-    def __init__(self, items: Iterable[T]) -> None:
-        self._items = items
-        self.taken = False
-
-    def __iter__(self) -> Iterator[T]:
-        self.taken = True
-        return iter(self._items)
 
 
 def _blocks(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -219,31 +385,21 @@ def _split_by_chars(lines: list[str], max_chars: int) -> Iterator[list[str]]:
     yield from batches(lines, len(lines), max_chars, lambda line: len(line) + 1)
 
 
-def _spool_rejects(block: list[str | Rejected], spool: IO[bytes]) -> int:
-    rejects = [item for item in block if not isinstance(item, str)]
-    for item in rejects:
-        pickle.dump(item, spool)
-    return len(rejects)
-
-
-def _spooled(spool: IO[bytes]) -> Iterator[Rejected]:
-    spool.seek(0)
-    while True:
-        try:
-            yield pickle.load(spool)
-        except EOFError:
-            return
-
-
-def _copy_rejects(
-    cur: psycopg.Cursor[Any], sink_id: str, epoch: int, write_id: uuid.UUID, spool: IO[bytes]
-) -> None:
+def _copy_rejects(cur: psycopg.Cursor[Any], write: _Write, rejects: Iterable[Rejected]) -> None:
     sql = (
         "COPY twophase_dead_letters (sink_id, epoch, write_id, seq, phase, reason, payload)"
         " FROM STDIN"
     )
     with cur.copy(sql) as copy:
-        for rej in _spooled(spool):
+        for rej in rejects:
             copy.write_row(
-                (sink_id, epoch, write_id, rej.index, Phase.STAGE, rej.reason, rej.payload)
+                (
+                    write.sink_id,
+                    write.epoch,
+                    write.write_id,
+                    rej.index,
+                    Phase.STAGE,
+                    rej.reason,
+                    rej.payload,
+                )
             )

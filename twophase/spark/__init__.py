@@ -9,7 +9,8 @@
   dead-letter table from the tasks that read them, decided with the sink's
   epochs (no second query over the input).
 * :func:`claim_query` lets a driver claim the sink right after ``start()``,
-  so a second query or a reset checkpoint is refused before it computes
+  so a second query or a reset checkpoint is refused before it computes and
+  what a crashed run left PRECOMMITTED is delivered even if no batch comes
   (under Spark Connect, a foreachBatch writer needs it: see
   :mod:`twophase.spark.foreach`).
 * :func:`end_query` (after the query stopped) or :func:`watch_query` (a
@@ -80,22 +81,30 @@ def __getattr__(name: str) -> Any:
 
 
 def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lease:
-    """Claim the sink of a started query for its run.
+    """Claim the sink of a started query for its run, and deliver what a crashed run
+    left: the epochs older runs left PRECOMMITTED are promoted before it returns.
 
     ``sink`` is the sink's options as given to ``.option(...)`` (the data
     source), or the :class:`ForeachBatchWriter` given to ``foreachBatch``.
     Fences older runs of the same query (I5) and raises CheckpointResetError
-    when the sink belongs to another query (I6). With classic Spark it is
-    optional: the first commit claims anyway, this only refuses earlier.
-    Under Spark Connect a foreachBatch writer's batches wait for it: only the
-    client knows the query's id there (:mod:`twophase.spark.foreach`).
+    when the sink belongs to another query (I6). With classic Spark the
+    first commit claims and recovers anyway; calling this right after
+    ``start()`` refuses earlier, and recovers even when no batch comes (an
+    available-now query with no new input, a quiet stream). A recovery that
+    fails raises as a commit's does (InfluxUnavailableError past the retry
+    deadline). Under Spark Connect a foreachBatch writer's batches wait for
+    it: only the client knows the query's id there
+    (:mod:`twophase.spark.foreach`); the client claims without recovering (it
+    need not reach InfluxDB), and the server's first batch recovers.
     Idempotent.
     """
     from twophase.spark.commit import claim
     from twophase.spark.ends import run_of
+    from twophase.spark.foreach import is_connect
 
     run_id, options = run_of(query, sink)
     query_id = str(query.id)
+    recover = not is_connect(query)
     if options.dead_letter_sink is not None:
-        claim(options.dead_letters(), run_id, query_id)
-    return claim(options, run_id, query_id)
+        claim(options.dead_letters(), run_id, query_id, recover=recover)
+    return claim(options, run_id, query_id, recover=recover)

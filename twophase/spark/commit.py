@@ -11,6 +11,9 @@ Contracts:
 * :func:`commit_epoch` is idempotent per epoch: a replayed epoch is detected
   by the core and skipped (COMMITTED) or completed from its original writes
   (PRECOMMITTED); older PRECOMMITTED epochs are promoted first (I3).
+* :func:`claim` recovers: a run's first claim in a process promotes the
+  epochs older runs left PRECOMMITTED, whether it comes from
+  :func:`twophase.spark.claim_query` at the query's start or from a commit.
 * Errors propagate unchanged (the query fails with the twophase message):
   FencedError for a zombie run, CheckpointResetError for a reset checkpoint
   or a second query on the sink, InfluxUnavailableError past the retry
@@ -32,6 +35,7 @@ from twophase.model import CommitMessage, Lease
 from twophase.protocol.committer import CommitOutcome
 from twophase.protocol.runtime import TwoPhase
 from twophase.retry import StagingRetry
+from twophase.spark.master import warn_without_task_retries
 from twophase.spark.options import SinkOptions
 
 log = logging.getLogger("twophase.spark")
@@ -46,10 +50,12 @@ _CLAIM_POLL_S = 0.1
 
 
 def two_phase(sink: SinkOptions) -> TwoPhase:
-    """The protocol's parts for the sink's settings, opened once per process."""
+    """The protocol's parts for the sink's settings, opened once per process; the
+    first opening warns of a Spark master that retries no failed task."""
     with _lock:
         parts = _parts.get(sink.settings)
         if parts is None:
+            warn_without_task_retries()
             config = sink.config()
             parts = _parts[sink.settings] = StagingRetry.of(config.staging)(
                 "connect", lambda: TwoPhase.open(config, serve_metrics=True)
@@ -80,19 +86,27 @@ def open_in_background(sink: SinkOptions) -> None:
     threading.Thread(target=opening, name="twophase-open", daemon=True).start()
 
 
-def claim(sink: SinkOptions, run_id: str, query_id: str | None) -> Lease:
-    """Begin ``run_id`` on the sink once per process (fences older runs, I5).
+def claim(sink: SinkOptions, run_id: str, query_id: str | None, *, recover: bool = True) -> Lease:
+    """Begin ``run_id`` on the sink once per process (fences older runs, I5), and
+    promote what older runs left PRECOMMITTED (:meth:`Committer.claim`; ``recover``
+    False: claim only, for a process that does not promote).
 
     Raises CheckpointResetError when the sink belongs to another query that
     has decided epochs (a second query on the same sink id, or a restart
-    from a deleted checkpoint, I6).
+    from a deleted checkpoint, I6), and a recovery's failure as a commit
+    raises it; the lease is then not kept, so the next claim recovers again.
     """
     key = (sink.sink_id, run_id)
     with _lock:
         lease = _leases.get(key)
     if lease is not None:
         return lease
-    lease = two_phase(sink).ledger.begin_run(sink.sink_id, run_id, query_id)
+    warn_without_task_retries()  # the parts may have been opened before the SparkContext
+    parts = two_phase(sink)
+    if recover:
+        lease = parts.committer.claim(sink.sink_id, run_id, query_id)
+    else:
+        lease = parts.ledger.begin_run(sink.sink_id, run_id, query_id)
     with _lock:
         return _leases.setdefault(key, lease)
 
@@ -143,8 +157,11 @@ def commit_epoch(
     With a ``dead_letter_sink``, the rows split off upstream
     (:mod:`twophase.spark.split`) are decided next, as that sink's epoch.
     ``identity`` is the run and query when the caller knows them (foreachBatch);
-    otherwise the messages carry them.
+    otherwise the messages carry them. A message of a format this twophase does
+    not read (an executor running another version) is a PermanentError.
     """
+    for message in messages:
+        message.check_format()
     if identity is None and messages:
         identity = _identity(sink, epoch, messages)
     if identity is None and sink.dead_letter_sink is not None:
@@ -161,10 +178,10 @@ def commit_epoch(
             extra=fields(sink.sink_id, epoch),
         )
         return None
-    outcome = None
-    if messages:
-        lease = claim(sink, *identity)
-        outcome = two_phase(sink).committer.commit(lease, epoch, messages)
+    # The run's first claim in this process recovers what older runs left, also when
+    # the batch has nothing to decide (a foreachBatch writer's empty first batch).
+    lease = claim(sink, *identity)
+    outcome = two_phase(sink).committer.commit(lease, epoch, messages) if messages else None
     # The points first, then the rows split off upstream: a crash between them
     # leaves the dead letters to the replay of this micro-batch.
     if sink.dead_letter_sink is not None:
@@ -187,9 +204,10 @@ def commit_epoch(
 def _commit_split(dead: SinkOptions, epoch: int, run_id: str, query_id: str | None) -> None:
     """Decide the dead-letter sink's epoch from the writes this run's tasks split off."""
     parts = two_phase(dead)
+    lease = claim(dead, run_id, query_id)
     messages = parts.reader.partition_writes(dead.sink_id, epoch, run_id, query_id)
     if messages:
-        parts.committer.commit(claim(dead, run_id, query_id), epoch, messages)
+        parts.committer.commit(lease, epoch, messages)
 
 
 def abort_epoch(sink: SinkOptions, epoch: int, messages: Sequence[CommitMessage]) -> int:

@@ -47,7 +47,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from twophase.config import BACKGROUND
-from twophase.errors import ConfigError
+from twophase.errors import ConfigError, PermanentError
+from twophase.model import CommitMessage
 from twophase.points.builder import PointSpec
 from twophase.spark.commit import await_claim, commit_epoch, open_in_background
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
@@ -151,8 +152,27 @@ def _write_batch(
     stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
     with driver.tagged(df, batch_id):
         rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
-    messages = [pickle.loads(row.message) for row in rows]
+    messages = [message_of(row.message) for row in rows]
     commit_epoch(sink, batch_id, messages, (driver.run_id, driver.query_id))
+
+
+def message_of(data: bytes) -> CommitMessage:
+    """A staging task's pickled message (its format is checked by the commit). A pickle
+    this twophase cannot even load (an executor of another version: a class moved or
+    renamed) is a PermanentError saying so, not an AttributeError from deep in pickle."""
+    try:
+        message = pickle.loads(data)
+    except (AttributeError, ImportError, TypeError, pickle.UnpicklingError) as exc:
+        raise PermanentError(
+            f"cannot read a commit message from an executor ({type(exc).__name__}: {exc}): "
+            "run the same twophase version on the driver and the executors"
+        ) from None
+    if not isinstance(message, CommitMessage):
+        raise PermanentError(
+            f"a staging task returned {type(message).__name__}, not a commit message: "
+            "run the same twophase version on the driver and the executors"
+        )
+    return message
 
 
 @dataclass(frozen=True)

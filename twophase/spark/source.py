@@ -43,6 +43,7 @@ from twophase.config import BACKGROUND
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.spark.commit import abort_epoch, commit_epoch
+from twophase.spark.master import warn_without_task_retries
 from twophase.spark.options import SinkOptions, check_schema, parse_options
 from twophase.spark.stage import current_task, rows_of, stage_task
 
@@ -118,8 +119,12 @@ class TwoPhaseInfluxDataSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Make ``format("twophase-influx")`` available in this Spark session (idempotent)."""
+    """Make ``format("twophase-influx")`` available in this Spark session (idempotent).
+
+    Warns here of a master that retries no failed task: the sink's commit runs in a
+    Python worker, which cannot read the master."""
     spark.dataSource.register(TwoPhaseInfluxDataSource)
+    warn_without_task_retries()
 
 
 def _staged(messages: Sequence[WriterCommitMessage | None], strict: bool) -> list[CommitMessage]:

@@ -12,7 +12,9 @@ counts; the others are orphans that abort or GC removes.
 
 from __future__ import annotations
 
+import os
 import pickle
+import random
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -94,12 +96,13 @@ def stage_task(
     """Stage one partition's rows (mappings: see :func:`rows_of`) as one write.
 
     All or nothing (one PostgreSQL transaction); returns the message the
-    driver's vote needs. A staging store that is down is waited for (up to
-    ``staging_retry_deadline``); other staging errors propagate, failing the
-    task, which Spark may retry.
+    driver's vote needs. A staging store that is down or lost mid-way is
+    waited for and the staging repeated (up to ``staging_retry_deadline``),
+    from a spool in Spark's local directory; other staging errors propagate,
+    failing the task, which Spark may retry.
     """
     config = sink.staging_config()
-    stager = Stager(shared_database(config), config)
+    stager = Stager(shared_database(config), config, spool_dir=local_dir())
     return stager.stage(
         sink.sink_id,
         task.epoch,
@@ -109,6 +112,15 @@ def stage_task(
         run_id=task.run_id,
         query_id=task.query_id,
     )
+
+
+def local_dir() -> str | None:
+    """A directory of Spark's for a task's temporary files: one of ``SPARK_LOCAL_DIRS``,
+    which Spark gives its Python workers (the executor's disks for scratch data, where
+    its shuffle spills too), chosen at random to spread tasks over them as PySpark's own
+    spills do; None (the system's temporary directory) outside Spark."""
+    found = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if os.path.isdir(d)]
+    return random.choice(found) if found else None
 
 
 def rows_of(data: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
@@ -121,10 +133,12 @@ def rows_of(data: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
             yield item.asDict()
 
 
-def items_of(sink: SinkOptions, rows: Iterable[Mapping[str, Any]]) -> Iterator[str | Rejected]:
-    """One line or one Rejected per row, in order (never drops a row)."""
+def items_of(sink: SinkOptions, rows: Iterable[Mapping[str, Any]]) -> Iterable[str | Rejected]:
+    """One line or one Rejected per row, in order (never drops a row). The dead letters
+    of rows in a list come as a list: staging repeats it without spooling it."""
     if sink.spec is None:
-        return dead_letters(rows)
+        letters = dead_letters(rows)
+        return list(letters) if isinstance(rows, list | tuple) else letters
     return PointBuilder(sink.spec, unsigned=sink.writes_unsigned()).convert(rows)
 
 

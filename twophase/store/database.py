@@ -30,8 +30,11 @@ log = logging.getLogger("twophase.store.database")
 # The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.store.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0005_chunk_lanes"
+SCHEMA_REVISION = "0006_kept_dead_letters"
 VERSION_TABLE = "twophase_alembic_version"
+# The first key of twophase's advisory locks ("tp"), so that they keep out of the way
+# of other applications' locks in a shared database.
+_LOCK_SPACE = 0x7470
 
 _UPGRADE_HINT = (
     "run `twophase db upgrade` (or `alembic upgrade head` from the twophase repository "
@@ -51,7 +54,7 @@ class Database:
     ):
         self.config = config
         self.retry = StagingRetry.of(config)  # for steps that ride out an outage
-        conninfo = config.psycopg_conninfo()
+        conninfo = self._conninfo = config.psycopg_conninfo()
         _probe(conninfo, config)
         self._pool = ConnectionPool(
             conninfo,
@@ -105,6 +108,39 @@ class Database:
         """One transaction: commit on normal exit, roll back on any exception."""
         with self.connection() as conn, conn.transaction(), conn.cursor() as cur:
             yield cur
+
+    @contextmanager
+    def session_lock(self, name: str) -> Iterator[None]:
+        """Hold PostgreSQL's session-level advisory lock ``name`` for the block, waiting
+        while another session (of any process) holds it.
+
+        The lock lives on a connection of its own, outside the pool: a holder's steps
+        inside the block and a waiter's wait must not take the pool's connections from
+        each other. Taking it rides out an outage like any step (``retry``); if the
+        connection drops inside the block, PostgreSQL releases the lock, as it does
+        when the holder's process dies.
+        """
+        conn = self.retry("lock", lambda: self._locked_session(name))
+        try:
+            yield
+        finally:
+            conn.close()  # ends the session, and the lock with it
+
+    def _locked_session(self, name: str) -> psycopg.Connection:
+        """A new session that holds the lock (StagingUnavailableError when it cannot)."""
+        timeout = max(1, int(self.config.connect_timeout_s))
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=timeout)
+            try:
+                conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (_LOCK_SPACE, name))
+            except BaseException:
+                conn.close()
+                raise
+        except psycopg.OperationalError as exc:
+            raise StagingUnavailableError(
+                f"staging database {self.config.display_url}: {_first_line(exc)}"
+            ) from None
+        return conn
 
     def schema_revision(self) -> str | None:
         """The Alembic revision the database is at, or None when the schema is absent."""

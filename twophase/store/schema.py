@@ -26,7 +26,8 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   ``lane`` is the promotion lane of the chunk's lines (:mod:`twophase.protocol.lanes`;
   0 with one connection).
 * ``twophase_dead_letters``: rows and points that could not be delivered, with the reason;
-  ``requeued_in`` names the correction that carried a point again.
+  ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
+  letter a reset kept (its write's epoch is forgotten, the letter stays the sink's).
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
 
 ``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
@@ -218,6 +219,12 @@ dead_letters = Table(
         comment="the correction (epoch -n) that carried it again",
     ),
     Column("requeued_at", DateTime(timezone=True), nullable=True),
+    Column(
+        "reset_at",
+        DateTime(timezone=True),
+        nullable=True,
+        comment="the reset that forgot the epoch of its (decided) write; kept by gc",
+    ),
     UniqueConstraint("write_id", "phase", "seq"),
     CheckConstraint(f"phase IN {PHASES!r}", name="phase"),
     Index(None, "sink_id", "epoch"),

@@ -103,6 +103,14 @@ class EpochEvent:
     detail: str | None
 
 
+# A dead letter ``d`` of a write a decision chose (a failed or duplicate task attempt
+# rejected the same rows too, but its write is an orphan and its rejections do not count),
+# or one a reset kept when it forgot the epoch that chose its write.
+DECIDED_LETTER = (
+    "(d.reset_at IS NOT NULL OR EXISTS (SELECT 1 FROM twophase_epochs e"
+    " WHERE e.sink_id = d.sink_id AND e.epoch = d.epoch AND d.write_id = ANY(e.write_ids)))"
+)
+
 # The owning run's state (see SinkStatus.owner_state), over ``s`` and its run ``r``.
 OWNER_STATE_SQL = """CASE
     WHEN s.owner_run_id IS NULL OR left(s.owner_run_id, %(cli_len)s) = %(cli)s THEN NULL
@@ -124,18 +132,12 @@ CROSS JOIN LATERAL (SELECT COALESCE(sum(c.points), 0) AS n,
     FROM twophase_writes w JOIN twophase_staged_chunks c ON c.write_id = w.write_id
     WHERE w.sink_id = s.sink_id) st
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM twophase_dead_letters d
-    JOIN twophase_epochs de ON de.sink_id = d.sink_id AND de.epoch = d.epoch
-    AND d.write_id = ANY(de.write_ids) WHERE d.sink_id = s.sink_id AND d.requeued_in IS NULL) dl
+    WHERE d.sink_id = s.sink_id AND d.requeued_in IS NULL AND {DECIDED_LETTER}) dl
 WHERE %(sink)s::text IS NULL OR s.sink_id = %(sink)s
 ORDER BY s.sink_id
 """  # noqa: S608 - constant fragments; every value is a parameter
 
-# Dead letters of the writes an epoch's decision chose: a failed or duplicate task attempt
-# rejected the same rows too, but its write is an orphan and its rejections do not count.
-_DECIDED_DEAD_LETTERS = (
-    "FROM twophase_dead_letters d JOIN twophase_epochs e ON e.sink_id = d.sink_id"
-    " AND e.epoch = d.epoch AND d.write_id = ANY(e.write_ids) WHERE d.sink_id = %s"
-)
+_DECIDED_DEAD_LETTERS = f"FROM twophase_dead_letters d WHERE d.sink_id = %s AND {DECIDED_LETTER}"
 
 _EPOCH_COLUMNS = (
     "sink_id, epoch, state, run_id, cardinality(write_ids), points_staged, points_delivered,"
@@ -260,6 +262,18 @@ class Views:
                 f"SELECT count(*) {_DECIDED_DEAD_LETTERS}"  # constant text, no user data
                 " AND (%s::bigint IS NULL OR d.epoch = %s)",
                 (sink_id, epoch, epoch),
+            )
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+
+    def orphan_dead_letters(self, sink_id: str) -> int:
+        """The sink's dead letters of writes no decision chose (orphans' copies, which
+        GC removes with their writes)."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                f"SELECT count(*) FROM twophase_dead_letters d WHERE d.sink_id = %s"  # noqa: S608
+                f" AND NOT {DECIDED_LETTER}",  # constant text, no user data
+                (sink_id,),
             )
             row = cur.fetchone()
             return int(row[0]) if row else 0
