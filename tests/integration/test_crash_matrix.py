@@ -73,20 +73,9 @@ MATRIX = (
 )
 
 
-def run_driver(
-    staging_url: str,
-    influx: InfluxConfig,
-    log: Path,
-    run_id: str,
-    crash: str | None = None,
-    perturb: list[int] | None = None,
-    batch_points: int = 40,
-    promotion: str = "inline",
-    lanes: int = 1,
-) -> subprocess.CompletedProcess[str]:
-    driver = start_driver(
-        staging_url, influx, log, run_id, crash, perturb, batch_points, promotion, lanes
-    )
+def run_driver(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """:func:`start_driver`, waited for."""
+    driver = start_driver(*args, **kwargs)
     out, err = driver.communicate(timeout=300)
     return subprocess.CompletedProcess(driver.args, driver.returncode, out, err)
 

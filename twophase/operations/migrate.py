@@ -140,15 +140,7 @@ def schema_history(config: StagingConfig) -> SchemaHistory:
 
 def upgrade_sql(revision: str = "head") -> SchemaSql:
     """The SQL of an upgrade to ``revision``, from no schema, or ``FROM:TO``."""
-    from alembic import command
-
-    start_spec, _, target_spec = revision.rpartition(":")
-    with _alembic_errors():
-        script = _script()
-        start, target = _resolve(script, start_spec or "base"), _resolve(script, target_spec)
-        _require_direction(script, start, target, "upgrade")
-        sql = _offline(lambda config: command.upgrade(config, _span(start, target), sql=True))
-    return SchemaSql("upgrade", start, target, sql)
+    return _migration_sql("upgrade", revision, default_start="base")
 
 
 def downgrade_sql(revision: str) -> SchemaSql:
@@ -157,15 +149,22 @@ def downgrade_sql(revision: str) -> SchemaSql:
     Offline, Alembic cannot ask the store where it is: the start is the head unless
     given.
     """
+    return _migration_sql("downgrade", revision, default_start="head")
+
+
+def _migration_sql(action: str, revision: str, default_start: str) -> SchemaSql:
+    """Alembic's offline ``upgrade``/``downgrade`` of ``[FROM:]TO``, checked for direction."""
     from alembic import command
 
     start_spec, _, target_spec = revision.rpartition(":")
+    run = getattr(command, action)
     with _alembic_errors():
         script = _script()
-        start, target = _resolve(script, start_spec or "head"), _resolve(script, target_spec)
-        _require_direction(script, start, target, "downgrade")
-        sql = _offline(lambda config: command.downgrade(config, _span(start, target), sql=True))
-    return SchemaSql("downgrade", start, target, sql)
+        start = _resolve(script, start_spec or default_start)
+        target = _resolve(script, target_spec)
+        _require_direction(script, start, target, action)
+        sql = _offline(lambda config: run(config, _span(start, target), sql=True))
+    return SchemaSql(action, start, target, sql)
 
 
 def _revision(config: StagingConfig) -> str | None:
