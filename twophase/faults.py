@@ -25,16 +25,31 @@ shutdown hook. Only use ``session`` for a process started in a session of its
 own (``start_new_session=True``): it kills everything in that session.
 Unarmed, a crash point costs two dict lookups.
 
-Points: ``stage_rows`` (mid-COPY), ``in_stage`` (the write is recorded, its
-transaction not yet committed), ``after_stage``, ``in_decide`` (the vote is
-written, its transaction not yet committed), ``after_decide``,
-``promote_batch`` (after each acknowledged InfluxDB batch), ``after_promote``
-(all batches acknowledged, epoch not yet marked), ``after_mark``, ``drain``
-(background promotion: a caller is about to wait for a handed-off epoch,
-which may still be promoting; never reached with inline promotion). With
-background promotion ``after_decide`` is the moment between the decision and
-the hand-off to the promoter thread, and the ``promote_*``/``after_*`` points
-fire in that thread.
+Points, in protocol order (``in_*``: the step's rows are written, its
+transaction not yet committed):
+
+* a run's claim: ``in_begin_run`` (the new fencing token), ``after_begin_run``
+  (claimed, nothing older recovered yet);
+* staging, in a task: ``stage_rows`` (mid-COPY), ``in_stage`` (the write is
+  recorded), ``after_stage``;
+* the decision: ``in_decide`` (the vote), ``after_decide``;
+* promotion: ``in_plan`` (an attempt counted, for a promotion that did not
+  start with its decision: recovery, a retry), ``promote_batch`` (after each
+  acknowledged InfluxDB request; also in an operator's resend),
+  ``before_dead_letters`` (a request acknowledged with rejections that are not
+  yet recorded; only such a request reaches it), ``after_promote`` (all
+  requests acknowledged, epoch not yet marked), ``after_mark``;
+* ``drain`` (background promotion: a caller is about to wait for a handed-off
+  epoch, which may still be promoting; never reached with inline promotion);
+* ``before_split_decide`` (Spark: the points sink's epoch committed, or handed
+  off, the dead-letter sink's epoch of rows split off upstream not yet decided);
+* ``in_discard`` (a replay's or Spark's aborted attempt's writes deleted);
+* operators and GC: ``in_gc`` (a GC batch deleted: expired points purged or
+  orphans removed), ``in_reset``, ``in_requeue`` (a correction decided).
+
+With background promotion ``after_decide`` is the moment between the decision
+and the hand-off to the promoter thread, and the ``promote_*``/``after_*``
+points fire in that thread; ``in_gc`` fires in the automatic GC's thread too.
 """
 
 from __future__ import annotations
@@ -51,15 +66,24 @@ SCOPE_ENV = "TWOPHASE_CRASH_SCOPE"
 SINK_ENV = "TWOPHASE_CRASH_SINK"
 PLAN_ENV = "TWOPHASE_CRASH_PLAN"
 CRASH_POINTS = (
+    "in_begin_run",
+    "after_begin_run",
     "stage_rows",
     "in_stage",
     "after_stage",
     "in_decide",
     "after_decide",
+    "in_plan",
     "promote_batch",
+    "before_dead_letters",
     "after_promote",
     "after_mark",
     "drain",
+    "before_split_decide",
+    "in_discard",
+    "in_gc",
+    "in_reset",
+    "in_requeue",
 )
 _hits: dict[str, int] = {}
 

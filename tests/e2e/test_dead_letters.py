@@ -60,7 +60,7 @@ def kinds_input(folder: Path, files: int) -> tuple[list[Path], dict[str, str]]:
 
 
 def test_each_kind_of_malformed_line_is_dead_lettered_once(target: Target, work: Path) -> None:
-    files, kinds = kinds_input(work / "source", 4)
+    files, kinds = kinds_input(work / "source", 5)
     plan, fed = work / "crash-plan.json", list(files[:1])
 
     def start() -> Job:
@@ -82,25 +82,31 @@ def test_each_kind_of_malformed_line_is_dead_lettered_once(target: Target, work:
     job.wait_for("the task failure", fired(plan).exists, KILL_TIMEOUT_S)
     wait_exact(job, target, fed, MALFORMED)
     assert job.returncode is None  # the query survived the failed task
-    # 2. and 3. The driver dies right after deciding the dead-letter epoch, then right
-    #    after marking it COMMITTED (before Spark logs the micro-batch): a restart re-runs it.
-    for point, new_file in (("after_decide:1", files[1]), ("after_mark:1", files[2])):
+    # 2. to 4. The driver dies between the points' commit and the dead-letter epoch's
+    #    decision, then right after deciding the dead-letter epoch, then right after
+    #    marking it COMMITTED (before Spark logs the micro-batch): a restart re-runs it.
+    kills = (
+        ("before_split_decide:1", SINK, files[1]),
+        ("after_decide:1", MALFORMED, files[2]),
+        ("after_mark:1", MALFORMED, files[3]),
+    )
+    for point, sink, new_file in kills:
         wait_idle(job, target.staging_url, SINK)
-        arm(plan, point, "session", sink=MALFORMED)
+        arm(plan, point, "session", sink=sink)
         fed.append(new_file)
         feed(work / "input", [new_file])
         assert job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (point, job.tail())
         disarm(plan)
         job = start()
         wait_exact(job, target, fed, MALFORMED)
-    fed.append(files[3])
-    feed(work / "input", files[3:])
+    fed.append(files[4])
+    feed(work / "input", files[4:])
     wait_exact(job, target, fed, MALFORMED)
     job.kill()
 
     dead = epochs(target.staging_url, MALFORMED)
     assert {e["state"] for e in dead} == {"COMMITTED"}
-    assert sum(e["replays"] for e in dead) >= 2  # the epochs in flight at the kills
+    assert sum(e["replays"] for e in dead) >= 2  # the epochs in flight at the last two kills
     staging = staging_config_for(target.staging_url, orphan_grace="0s")
     letters = ops.dead_letters(staging, MALFORMED, limit=None)
     assert letters.total == len(fed) * len(MALFORMED_KINDS)

@@ -57,12 +57,13 @@ CLUSTER = "local-cluster[2,1,1024]"
 class Chain:
     """One sink's job, restarted across crashes; remembers what input it was given."""
 
-    def __init__(self, target: Target, work: Path, event_files: list[Path]) -> None:
+    def __init__(self, target: Target, work: Path, event_files: list[Path], **env: str) -> None:
         self.target = target
         self.work = work
         self.pending = list(event_files)
         self.fed: list[Path] = []
         self.plan = work / "crash-plan.json"
+        self.env = env  # settings of every start of the job
         self.job = self.start()
 
     def start(self, checkpoint: str = "checkpoint") -> Job:
@@ -75,6 +76,7 @@ class Chain:
             available_now=False,
             max_files=2,
             crash_plan=self.plan,
+            **self.env,
         )
 
     def feed(self, count: int) -> None:
@@ -212,6 +214,77 @@ def assert_refused(job: Job) -> None:
     assert "CheckpointResetError" in message, job.tail()
     assert f"sink '{SINK}'" in message or f"sink '{MALFORMED}'" in message, job.tail()
     assert "twophase reset" in message, job.tail()
+
+
+# Every crash point a Spark job reaches, in one chain per mode (about 25 s a point):
+# a point fired by new input, or -- ``restart`` -- by the restart that follows a kill at
+# the first point (its claim, its recovery, its replay's discard). Not reached here:
+# ``before_dead_letters`` (the stats are never refused: the integration matrix kills
+# there), and the operators' ``in_reset`` and ``in_requeue`` (the CLI's tests do).
+ON_INPUT = (
+    "stage_rows",
+    "in_stage",
+    "after_stage",
+    "in_decide",
+    "after_decide",
+    "promote_batch",
+    "after_promote",
+    "after_mark",
+    "before_split_decide",
+    "in_gc",
+)
+AT_RESTART = (
+    ("after_decide", "in_begin_run"),
+    ("after_decide", "after_begin_run"),
+    ("after_decide", "in_plan"),
+    ("after_mark", "in_discard"),
+)
+
+
+@pytest.mark.timeout(2400)
+@pytest.mark.full
+@pytest.mark.parametrize(("promotion", "lanes"), [("inline", 1), ("background", 4)])
+def test_sigkill_at_every_crash_point_on_spark(
+    target: Target, work: Path, event_files: list[Path], promotion: str, lanes: int
+) -> None:
+    chain = Chain(
+        target,
+        work,
+        event_files,
+        TWOPHASE_PROMOTION=promotion,
+        TWOPHASE_PROMOTE_CONNECTIONS=str(lanes),
+        TWOPHASE_GC_INTERVAL="1s",  # in_gc: the automatic GC, purging at once
+        TWOPHASE_RETENTION="0s",
+    )
+    chain.feed(2)
+    chain.wait_exact()
+    for point in ON_INPUT + (("drain",) if promotion == "background" else ()):
+        kill_on_input(chain, point)
+        restart_exact(chain)
+    for first, then in AT_RESTART:
+        kill_on_input(chain, first)
+        arm(chain.plan, f"{then}:1", "session")
+        chain.job = chain.start()
+        assert chain.job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (then, chain.job.tail())
+        restart_exact(chain)
+    for sink in SINKS:
+        assert {e["state"] for e in chain.epochs()[sink]} == {"COMMITTED"}, sink
+    chain.job.kill()
+
+
+def kill_on_input(chain: Chain, point: str) -> None:
+    """Armed while idle, ``point`` kills the job's session in the next data epoch (one
+    file; three for the automatic GC, due a second after a commit)."""
+    wait_idle(chain.job, chain.target.staging_url, SINK)
+    arm(chain.plan, f"{point}:1", "session")
+    chain.feed(3 if point == "in_gc" else 1)
+    assert chain.job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (point, chain.job.tail())
+
+
+def restart_exact(chain: Chain) -> None:
+    disarm(chain.plan)
+    chain.job = chain.start()
+    chain.wait_exact()
 
 
 # Six job starts on local-cluster (each first batch starts executors: ~30 s) take

@@ -68,10 +68,18 @@ def main() -> None:
     ap.add_argument("--promotion", default="inline", help="inline or background")
     ap.add_argument("--lanes", type=int, default=1, help="promote_connections")
     ap.add_argument("--arm-last", default=None, help="crash plan (JSON) armed for the last epoch")
+    ap.add_argument("--gc-interval", default="0", help="gc_interval (0: no automatic GC)")
+    ap.add_argument("--retention", default="1h", help="retention of delivered points")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
-        load_staging_config(env={}, staging_url=args.staging_url, promote_connections=args.lanes),
+        load_staging_config(
+            env={},
+            staging_url=args.staging_url,
+            promote_connections=args.lanes,
+            gc_interval=args.gc_interval,
+            retention=args.retention,
+        ),
         InfluxConfig(
             url=args.influx_url,
             api="v1",

@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.cli_helpers import (
+    SCRIPT,
     SINK,
     Cli,
     M,
@@ -149,6 +151,12 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> 
     )
 
     make_idle(cli.staging_url)  # the query was stopped for the repair
+    # Killed after epoch 2's request (one per epoch), whose rejection it recorded: the
+    # operator runs it again, which re-sends every epoch once more.
+    crash = {"TWOPHASE_CRASH_AT": "promote_batch:3"}
+    killed = cli.run("resend", "--sink", SINK, "--all", env=cli.env() | crash)
+    assert killed.code == -9, (killed.code, killed.err)
+    assert len(influx_rows(tp.config.influx, M)) == 30  # epochs 0-2 (epoch 3 not yet)
     resent = cli.run("resend", "--sink", SINK, "--all", "--json")
     assert resent.code == 0, resent.err
     assert resent.json() == {
@@ -169,7 +177,42 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> 
     events = sql(
         cli.staging_url, "SELECT count(*) FROM twophase_epoch_events WHERE event = 'resent'"
     )
-    assert events == [(4,)]
+    assert events == [(2 + 4,)]  # those the killed resend finished, then all four
+    letters = sql(cli.staging_url, "SELECT epoch, phase FROM twophase_dead_letters")
+    assert sorted(letters) == [(1, "stage"), (2, "promote")]  # each rejection once
+
+
+def test_a_query_that_claims_the_sink_stops_a_resend(tp: Any, cli: Cli, tmp_path: Path) -> None:
+    """A resend runs under a lease of its own: the query restarted meanwhile claims the
+    sink, and the resend sends no request more, so an old value it would re-send can
+    never land after the query's newer one."""
+    known_store(tp)
+    tp.committer.recover(tp.ledger.begin_run(SINK, "r2", "q1"))
+    config = tp.config.influx
+    query_v1(config.url, config.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    make_idle(cli.staging_url)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"at": "promote_batch:1", "pause_s": 5}))
+    env = cli.env() | {"TWOPHASE_CRASH_PLAN": str(plan), "TWOPHASE_INFLUX_BATCH_POINTS": "5"}
+    resend = subprocess.Popen(
+        [str(SCRIPT), "resend", "--sink", SINK, "--all"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    fired = plan.with_name(plan.name + ".fired")
+    deadline = time.monotonic() + 60
+    while not fired.exists():  # its first request sent, the resend pauses
+        assert resend.poll() is None and time.monotonic() < deadline, resend.communicate()
+        time.sleep(0.05)
+    sent = len(influx_rows(config, M))  # its first request's points
+    tp.ledger.begin_run(SINK, "r3", "q1")  # the query, restarted, claims the sink
+    _, err = resend.communicate(timeout=60)
+    assert resend.returncode == 1, err
+    assert "was fenced by a newer run (r3)" in err, err
+    assert 0 < sent < 40 and len(influx_rows(config, M)) == sent  # no request after it
 
 
 def test_resend_refuses_what_it_cannot_send(tp: Any, cli: Cli, staging_url: str) -> None:

@@ -253,3 +253,64 @@ def test_gc_dry_run_then_for_real(cli: Cli, staging_url: str) -> None:
     bad = cli("gc", "--retention", "7x")
     assert bad.code == 2
     assert "argument --retention: '7x' is not a duration" in bad.one_line_error()
+
+
+def _store_snapshot(staging_url: str) -> list[Any]:
+    """What gc and reset change: epochs (state, purge), writes, staged points, dead
+    letters (and whether a reset kept them), the sink rows."""
+    return [
+        sql(staging_url, statement)
+        for statement in (
+            "SELECT sink_id, epoch, state, purged_at IS NULL FROM twophase_epochs"
+            " ORDER BY sink_id, epoch",
+            "SELECT write_id FROM twophase_writes ORDER BY write_id",
+            "SELECT write_id, count(*) FROM twophase_staged_chunks GROUP BY write_id"
+            " ORDER BY write_id",
+            "SELECT id, reset_at IS NULL FROM twophase_dead_letters ORDER BY id",
+            "SELECT sink_id, query_id, fencing_token, staged_bytes FROM twophase_sinks"
+            " ORDER BY sink_id",
+        )
+    ]
+
+
+# Each command's transaction killed after its deletes, before its COMMIT.
+KILLED_COMMANDS = {
+    "in_gc": ["gc", "--sink", SINK, "--retention", "0s", "--orphan-grace", "0s", "--yes"],
+    "in_reset": ["reset", "--sink", SINK, "--yes"],
+}
+
+
+@pytest.mark.parametrize("point", sorted(KILLED_COMMANDS))
+def test_sigkill_in_gc_and_reset_then_again(
+    tp: Any, cli: Cli, staging_url: str, point: str
+) -> None:
+    """SIGKILLed inside its transaction, gc or reset changes nothing; run again, it does
+    all of its work once: the purge and the orphan's removal, or the forgotten epochs
+    with their decided writes' dead letters kept."""
+    make_idle(staging_url)
+    assert cli("recover", "--sink", SINK).code == 0  # epoch 3 delivered: nothing pending
+    orphan: list[Any] = [*lines(4, 2, host="o"), Rejected(2, "bad row", '{"v": 1}')]
+    stage(tp, SINK, 4, [orphan], attempt=1)  # a crashed run's attempt, never decided
+    before = _store_snapshot(staging_url)
+    command = KILLED_COMMANDS[point]
+    killed = cli.run(*command, env=cli.env() | {"TWOPHASE_CRASH_AT": point})
+    assert killed.code == -9, (killed.code, killed.err)
+    assert _store_snapshot(staging_url) == before  # nothing half done
+
+    again = cli(*command, "--json")
+    assert again.code == 0, again.err
+    if point == "in_gc":
+        assert (again.json()["epochs_purged"], again.json()["orphan_writes"]) == (4, 1)
+        assert sql(
+            staging_url,
+            "SELECT count(*) FROM twophase_epochs WHERE sink_id = %s AND purged_at IS NULL",
+            SINK,
+        ) == [(0,)]
+        assert len(dead_letters_of(staging_url)) == 2  # the orphan's letter went with it
+    else:
+        assert again.json()["epochs_forgotten"] == 4
+        assert state(staging_url, 0) == "gone"
+        kept = sql(
+            staging_url, "SELECT count(*) FROM twophase_dead_letters WHERE reset_at IS NOT NULL"
+        )
+        assert kept == [(2,)]  # the decided writes' letters, kept for the sink

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,14 @@ SINK = "crash-sink"
 # requests cut every chunk (9 requests per epoch); 250-point requests carry two
 # whole chunks, then one (2 per epoch).
 CRASHES = [
-    ("stage_rows", 9, 40),  # epoch 1, mid-COPY of its second write (2 checks per write)
+    ("stage_rows", 14, 40),  # epoch 1, mid-COPY of its second write (3 checks per write)
     ("in_stage", 5, 40),  # epoch 1, its second write recorded, not committed
     ("after_stage", 5, 40),  # epoch 1, after some writes staged, before decide
     ("in_decide", 2, 40),  # epoch 1's vote written, its transaction not committed
     ("after_decide", 2, 40),  # epoch 1 decided, not promoted
     ("promote_batch", 11, 40),  # epoch 1, after 2 of its 9 requests
     ("promote_batch", 3, 250),  # epoch 1, after its first request (two chunks)
+    ("before_dead_letters", 1, 40),  # epoch 1's rejecting request sent, its letter unrecorded
     ("after_promote", 3, 40),  # epoch 2 fully sent, not marked COMMITTED
     ("after_mark", 2, 40),  # epoch 1 COMMITTED, not in Spark's commit log: a replay
 ]
@@ -62,8 +63,9 @@ CRASHES = [
 BACKGROUND_CRASHES = [*CRASHES, ("drain", 2, 40)]
 # Four lanes: each write's 100 lines are staged in a chunk per lane (its series), and
 # an epoch goes out over four connections at once, about 12 requests of up to 40
-# points (4 of up to 250) per epoch: the kills inside promotion moved to epoch 1.
-_LANE_NTH = {("promote_batch", 40): 15, ("promote_batch", 250): 6}
+# points (4 of up to 250) per epoch: the kills inside promotion moved to epoch 1, and
+# the one mid-COPY too (6 checks per write, one per chunk and per 50 lines).
+_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15, ("promote_batch", 250): 6}
 LANE_CRASHES = [(p, _LANE_NTH.get((p, b), n), b) for p, n, b in BACKGROUND_CRASHES]
 MATRIX = (
     [("inline", 1, *c) for c in CRASHES]
@@ -91,9 +93,11 @@ def start_driver(
     promotion: str = "inline",
     lanes: int = 1,
     arm_last: tuple[Path, dict[str, Any]] | None = None,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     """The driver as a child process; ``arm_last``: a crash plan file and the plan the
-    driver arms there once every epoch but the last is promoted."""
+    driver arms there once every epoch but the last is promoted; ``extra``: more
+    arguments (``--gc-interval``, ``--retention``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
     if crash:
         env["TWOPHASE_CRASH_AT"] = crash
@@ -123,6 +127,7 @@ def start_driver(
         promotion,
         "--lanes",
         str(lanes),
+        *extra,
     ]
     if arm_last is not None:
         env["TWOPHASE_CRASH_PLAN"] = str(arm_last[0])
@@ -167,12 +172,31 @@ def staging_summary(url: str) -> dict[str, Any]:
         return {"epochs": states.fetchall()}
 
 
-def test_the_matrix_covers_every_named_crash_point() -> None:
-    assert {point for point, _, _ in CRASHES} == set(CRASH_POINTS) - {"drain"}
-    assert {point for point, _, _ in BACKGROUND_CRASHES} == set(CRASH_POINTS)
-    assert {point for point, _, _ in LANE_CRASHES} == set(CRASH_POINTS)
+def every_epoch_committed() -> list[tuple[Any, ...]]:
+    """:func:`staging_summary`'s epochs once a run completed: each COMMITTED, the bad
+    point of its epoch rejected at promotion."""
+    per_epoch = PARTITIONS * POINTS_PER_PARTITION
+    return [
+        (e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
+        for e in range(EPOCHS)
+    ]
+
+
+def test_the_matrices_cover_every_named_crash_point() -> None:
+    """Each point is killed at in a driver, in every mode, or in the test named for it."""
+    in_steps = {point for point, _, _ in CRASHES}
+    assert {point for point, _, _ in BACKGROUND_CRASHES} == in_steps | {"drain"}
+    assert {point for point, _, _ in LANE_CRASHES} == in_steps | {"drain"}
     modes = {(promotion, lanes) for promotion in ("inline", "background") for lanes in (1, 4)}
     assert {(m[0], m[1]) for m in MATRIX} == modes
+    at_restart = {second.split(":")[0] for _, _, second, _ in RESTART_CRASHES}
+    assert {promotion for promotion, _, _, _ in RESTART_CRASHES} == {"inline", "background"}
+    covered = in_steps | {"drain"} | at_restart | set(ELSEWHERE)
+    assert covered == set(CRASH_POINTS), set(CRASH_POINTS) ^ covered
+    for point, test in ELSEWHERE.items():
+        path, _, name = test.partition("::")
+        source = (REPO / path).read_text()
+        assert f"def {name}(" in source and f'"{point}' in source, (point, test)
 
 
 def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:
@@ -232,12 +256,7 @@ def test_sigkill_at_each_step_then_recover(
 
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing or doubled
     assert dead_letters(staging_url) == crash_free["dead"]  # each rejection once
-    per_epoch = PARTITIONS * POINTS_PER_PARTITION
-    expected = [
-        (e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
-        for e in range(EPOCHS)
-    ]
-    assert staging_summary(staging_url)["epochs"] == expected  # none left PRECOMMITTED
+    assert staging_summary(staging_url)["epochs"] == every_epoch_committed()  # none pending
     if point == "after_mark" and promotion == "inline":  # in the background, Spark's log
         assert "replay=True" in restarted.stdout  # may hold the epoch before its mark
 
@@ -313,9 +332,78 @@ def test_sigkill_in_the_last_epoch_then_restart_with_no_new_input(
         assert restarted.stdout == ""  # no epoch committed: the claim alone recovered it
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
     assert dead_letters(staging_url) == crash_free["dead"]
-    per_epoch = PARTITIONS * POINTS_PER_PARTITION
-    expected = [
-        (e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
-        for e in range(EPOCHS)
-    ]
-    assert staging_summary(staging_url)["epochs"] == expected  # none left PRECOMMITTED
+    assert staging_summary(staging_url)["epochs"] == every_epoch_committed()  # none pending
+
+
+# A second kill while the restarted run claims the sink and recovers what the first
+# left: the first kill leaves epoch 1 decided and not promoted ("after_decide:2"), or
+# COMMITTED and not in Spark's log ("after_mark:2", so that the restart replays it and
+# discards its new writes). A third run finishes; automatic GC (purging every
+# delivered epoch at once) runs in the second.
+GC = ("--gc-interval", "0.01s", "--retention", "0s")
+RESTART_CRASHES = [
+    ("inline", "after_decide:2", "in_begin_run", ()),  # its claim's token, not committed
+    ("inline", "after_decide:2", "after_begin_run", ()),  # claimed, epoch 1 not recovered
+    ("inline", "after_decide:2", "in_plan", ()),  # recovery's attempt counted, uncommitted
+    ("background", "after_decide:2", "in_plan", ()),
+    ("inline", "after_mark:2", "in_discard", ()),  # the replay's new writes being deleted
+    ("inline", "after_decide:2", "in_gc", GC),  # a purge of delivered epochs, uncommitted
+    ("background", "after_decide:2", "in_gc", GC),  # ... beside a promotion in the background
+]
+# Points a driver does not reach, and the tests that kill there.
+ELSEWHERE = {
+    "before_split_decide": "tests/e2e/test_dead_letters.py::"
+    "test_each_kind_of_malformed_line_is_dead_lettered_once",
+    "in_discard": "tests/integration/test_gc.py::test_sigkill_in_sparks_abort_then_gc",
+    "in_gc": "tests/integration/test_cli_destructive.py::test_sigkill_in_gc_and_reset_then_again",
+    "in_reset": "tests/integration/test_cli_destructive.py::"
+    "test_sigkill_in_gc_and_reset_then_again",
+    "in_requeue": "tests/integration/test_requeue.py::"
+    "test_sigkill_at_each_step_of_a_requeue_then_recover",
+}
+
+
+@pytest.mark.parametrize(
+    ("promotion", "first", "second", "extra"),
+    RESTART_CRASHES,
+    ids=[f"{p}-{f.split(':')[0]}-then-{s}" for p, f, s, _ in RESTART_CRASHES],
+)
+def test_sigkill_again_while_the_restart_claims_and_recovers(
+    promotion: str,
+    first: str,
+    second: str,
+    extra: Sequence[str],
+    crash_free: dict[str, Any],
+    staging_url: str,
+    influx: InfluxConfig,
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "spark-commit-log"
+    runs = [("run-1", first, ()), ("run-2", second, extra)]
+    for run_id, crash, more in runs:
+        decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
+        killed = run_driver(
+            staging_url,
+            influx,
+            log,
+            run_id,
+            crash,
+            perturb=decided,
+            promotion=promotion,
+            extra=more,
+        )
+        assert killed.returncode == -signal.SIGKILL, (run_id, crash, killed.stderr)
+
+    decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
+    finished = run_driver(staging_url, influx, log, "run-3", perturb=decided, promotion=promotion)
+    assert finished.returncode == 0, finished.stderr
+    assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
+    assert dead_letters(staging_url) == crash_free["dead"]
+    assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
+    staging = staging_config_for(staging_url, orphan_grace="0s")
+    with two_phase(staging, influx) as tp:
+        tp.gc.collect()
+    with psycopg.connect(admin_conninfo(staging_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM twophase_writes").fetchone() == (
+            EPOCHS * PARTITIONS,
+        )

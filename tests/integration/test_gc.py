@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
+import subprocess
+import sys
 from datetime import datetime, timedelta, tzinfo
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import twophase.protocol.gc as gc_module
 from tests.integration.cli_helpers import sql
-from tests.integration.test_protocol import STAGED_POINTS, lines, scalar, stage
+from tests.integration.test_protocol import STAGED_POINTS, M, lines, scalar, stage
+from tests.support import REPO, influx_count
+from twophase.model import EpochState
 
 LATER = 30 * 86400  # seconds ahead of the database's clock: every retention has passed
 PURGED = (
@@ -136,3 +144,47 @@ def test_ages_are_measured_by_the_database_clock(
     assert tp.gc.collect().epochs_purged == 1
     assert scalar(staging_url, PURGED) == [0, 1]
     assert scalar(staging_url, STAGED_POINTS) == 0
+
+
+# What Spark's writer calls on the driver when a micro-batch's write job failed: the
+# staged writes of the tasks that finished, discarded (``DataSourceStreamWriter.abort``).
+_ABORT = """
+import pickle, sys
+from twophase.spark.commit import abort_epoch
+from twophase.spark.options import parse_options
+options, epoch, messages = pickle.load(open(sys.argv[1], "rb"))
+abort_epoch(parse_options(options), epoch, messages)
+"""
+
+
+def test_sigkill_in_sparks_abort_then_gc(
+    tp: Any, staging_url: str, influx: Any, tmp_path: Path
+) -> None:
+    """A failed micro-batch's abort is killed while it deletes the finished tasks' writes:
+    nothing of it is committed, the re-run of the batch is delivered once, and GC removes
+    the aborted attempt's writes, never the re-run's."""
+    lease = tp.ledger.begin_run("s", "r1", "q1")
+    aborted = stage(tp, "s", 0, [lines(0, 5), lines(0, 5, host="b")])
+    options = {"sink_id": "s", "measurement": M}
+    arguments = tmp_path / "abort.pickle"
+    arguments.write_bytes(pickle.dumps((options, 0, aborted)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
+    env["TWOPHASE_STAGING_URL"] = staging_url  # as executors get it: never a Spark option
+    killed = subprocess.run(
+        [sys.executable, "-c", _ABORT, str(arguments)],
+        env=env | {"TWOPHASE_CRASH_AT": "in_discard"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert scalar(staging_url, WRITES) == 2  # the delete died with its transaction
+
+    rerun = stage(tp, "s", 0, [lines(0, 5), lines(0, 5, host="b")], attempt=1)
+    assert tp.committer.commit(lease, 0, rerun).state == EpochState.COMMITTED
+    assert influx_count(influx, M) == 10  # the re-run's points, once
+    assert tp.gc.collect().orphan_writes == 2  # the aborted attempt's: its epoch chose others
+    chosen = sql(staging_url, "SELECT write_id::text FROM twophase_writes ORDER BY 1")
+    assert chosen == sorted((m.write_id,) for m in rerun)

@@ -174,7 +174,8 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> N
         parts.committer.commit(lease, 0, messages)
         sent.append([])
         epochs = Views(parts.db).epochs(SINK)
-        Resender(parts.db, parts.promoter).resend(plan_resend(SINK, epochs, True), "test")
+        plan = plan_resend(SINK, epochs, True)
+        Resender(parts.db, parts.promoter).resend(lease, plan, "test")
         verified = list(staged_lines(parts.reader, parts.reader.plan(SINK, 0), set()))
     assert sent[0] == sent[1] == verified == for_part[0] + for_part[1] + for_part[2]
     values = {row[0]: dict(row[2])["v"] for row in influx_rows(tp.config.influx, M)}

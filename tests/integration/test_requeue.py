@@ -180,9 +180,18 @@ def test_requeue_refuses_a_live_run_and_bad_flags(tp: Any, cli: Cli, influx: Inf
     assert usage.code == 2 and "--requeue" in usage.one_line_error()
 
 
-# Every step of a requeue: staged but not decided, decided, mid-promotion (the second
-# of several requests), all sent but not marked, marked.
-CRASH_STEPS = ("after_stage", "after_decide", "promote_batch:2", "after_promote", "after_mark")
+# Every step of a requeue: staged but not decided, the correction's decision written but
+# not committed, decided, mid-promotion (the second of several requests), all sent but
+# not marked, marked.
+CRASH_STEPS = (
+    "after_stage",
+    "in_requeue",
+    "after_decide",
+    "promote_batch:2",
+    "after_promote",
+    "after_mark",
+)
+UNDECIDED = ("after_stage", "in_requeue")  # the letters are still the sink's to requeue
 
 
 @pytest.mark.parametrize("crash_at", CRASH_STEPS)
@@ -199,7 +208,7 @@ def test_sigkill_at_each_step_of_a_requeue_then_recover(
     assert recovered.code == 0, recovered.err
     again = cli.run("dead-letters", "--sink", SINK, "--requeue")
     assert again.code == 0, again.err
-    decided_before_crash = crash_at != "after_stage"
+    decided_before_crash = crash_at not in UNDECIDED
     if decided_before_crash:
         assert f"no dead letters of sink {SINK!r} to requeue" in again.out
     else:

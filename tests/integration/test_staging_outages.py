@@ -20,14 +20,23 @@ import psycopg
 import pytest
 
 from scripts.services import PostgresServer
-from tests.integration.test_protocol import M, lines, stage
+from tests.integration.test_protocol import M, epoch_row, lines, scalar, stage
+from tests.integration.test_requeue import (
+    CONFLICTED,
+    drop_conflicting,
+    expected,
+    held,
+    rejected_store,
+)
+from tests.integration.test_requeue import SINK as RQ_SINK
 from tests.support import admin_conninfo, alembic, free_port, influx_count, two_phase, unique
 from twophase import faults
 from twophase.config import InfluxConfig, StagingConfig, load_staging_config
-from twophase.errors import StagingDeadlineError, StagingUnavailableError
-from twophase.model import EpochState
+from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
+from twophase.model import CommitMessage, EpochState, Lease
 from twophase.points.builder import Rejected
 from twophase.protocol import stager as stager_module
+from twophase.protocol.requeue import EVERY_LETTER, Requeuer
 from twophase.protocol.stager import Stager
 from twophase.store.database import Database
 
@@ -192,6 +201,152 @@ def test_a_decide_whose_commit_landed_is_read_back_not_counted_as_a_replay(
     assert replays(url, SINK) == 1
 
 
+def landed_repeat(caplog: pytest.LogCaptureFixture, what: str) -> bool:
+    """Whether step ``what`` failed once (the lost answer) and was repeated."""
+    return any(f"{what} failed (attempt 1)" in r.getMessage() for r in caplog.records)
+
+
+def events(url: str, sink_id: str, name: str, *, epoch: int | None = None, run: str = "") -> int:
+    """How many ``name`` events the sink's history holds (of ``epoch``, of run ``run``)."""
+    return int(
+        scalar(
+            url,
+            "SELECT count(*) FROM twophase_epoch_events WHERE sink_id = %s AND event = %s"
+            " AND (%s::bigint IS NULL OR epoch = %s) AND (%s = '' OR run_id = %s)",
+            sink_id,
+            name,
+            epoch,
+            epoch,
+            run,
+            run,
+        )
+    )
+
+
+def test_a_mark_whose_commit_landed_is_repeated_not_counted_twice(
+    staging: StagingConfig, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mark's COMMIT lands, its answer is lost: the repeat finds the epoch COMMITTED
+    and returns; the epoch is committed, and counted, once."""
+    caplog.set_level(logging.WARNING, logger="twophase.retry")
+    url = staging.url.reveal()
+    db = AckLost(staging)
+    with two_phase(staging, influx, db=db) as tp:
+        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        messages = stage(tp, SINK, 0, [lines(0, 30)])
+        decision = tp.ledger.decide(lease, 0, messages, start_promotion=True)
+        assert decision.plan is not None
+        delivered, rejected = tp.promoter.send(decision.plan)
+        db.lose_next = True
+        tp.ledger.mark_committed(lease, 0, delivered, rejected)
+        assert not db.lose_next  # the first attempt committed, and its answer was lost
+        assert tp.ledger.pending(SINK) == []
+    assert (delivered, rejected) == (30, 0)
+    assert landed_repeat(caplog, "mark")
+    row = epoch_row(url, SINK, 0)
+    assert (row["state"], row["delivered"], row["rejected_promote"]) == (
+        EpochState.COMMITTED,
+        30,
+        0,
+    )
+    counted = "SELECT epochs_committed, points_delivered FROM twophase_sinks WHERE sink_id = %s"
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        assert conn.execute(counted, (SINK,)).fetchone() == (1, 30)
+    assert events(url, SINK, "committed", epoch=0) == 1
+    assert influx_count(influx, M) == 30
+
+
+def test_a_claim_whose_commit_landed_returns_the_lease_it_committed(
+    staging: StagingConfig, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim's COMMIT lands, its answer is lost: the repeat finds the run owning the
+    sink and returns its lease, with the token committed (grown once, not twice); the
+    run decides and commits with it."""
+    caplog.set_level(logging.WARNING, logger="twophase.retry")
+    url = staging.url.reveal()
+    db = AckLost(staging)
+    with two_phase(staging, influx, db=db) as tp:
+        older = tp.ledger.begin_run(SINK, "r0", "q1")
+        db.lose_next = True
+        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        assert not db.lose_next  # the first attempt committed, and its answer was lost
+        assert lease == Lease(SINK, "r1", "q1", older.token + 1)
+        tokens = (
+            "SELECT s.fencing_token, r.fencing_token FROM twophase_sinks s JOIN twophase_runs r"
+            " ON r.sink_id = s.sink_id AND r.run_id = s.owner_run_id WHERE s.sink_id = %s"
+        )
+        with psycopg.connect(admin_conninfo(url)) as conn:
+            assert conn.execute(tokens, (SINK,)).fetchone() == (lease.token, lease.token)
+        decided = tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 20)]))
+        assert (decided.state, decided.replay) == (EpochState.COMMITTED, False)
+        with pytest.raises(FencedError):
+            tp.ledger.check_lease(older)
+    assert landed_repeat(caplog, "claim")
+    assert events(url, SINK, "run_started", run="r1") == 1
+    assert influx_count(influx, M) == 20
+
+
+class LoseTheDecisionsAnswer(Stager):
+    """Stages as the real one, then loses the answer of the next transaction's COMMIT:
+    in a requeue, the decision's (the transaction that records the correction)."""
+
+    def __init__(self, db: AckLost, config: StagingConfig) -> None:
+        super().__init__(db, config)
+        self._lossy = db
+
+    def stage(self, *args: Any, **kwargs: Any) -> CommitMessage:
+        message = super().stage(*args, **kwargs)
+        self._lossy.lose_next = True
+        return message
+
+
+def test_a_requeue_whose_decision_landed_is_read_back_not_refused(
+    staging: StagingConfig, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The COMMIT of the requeue's decision lands, its answer is lost: the repeat finds
+    the correction recorded with the write it staged and returns it (not "another
+    requeue ran meanwhile", not an error to the operator); each letter is requeued
+    once, and InfluxDB holds each point once."""
+    caplog.set_level(logging.WARNING, logger="twophase.retry")
+    url = staging.url.reveal()
+    db = AckLost(staging)
+    with two_phase(staging, influx, db=db) as tp:
+        rejected = rejected_store(tp, influx)  # promote-time dead letters: a type conflict
+        drop_conflicting(influx)
+        lease = tp.committer.claim(RQ_SINK, "requeue-1", None)
+        requeuer = Requeuer(db, LoseTheDecisionsAnswer(db, staging))
+        selection = requeuer.select(RQ_SINK, EVERY_LETTER)
+        assert (selection.epoch, len(selection.ids)) == (-1, rejected)
+        decision = requeuer.decide(lease, selection)
+        assert not db.lose_next  # the decision committed, and its answer was lost
+        assert (decision.epoch, decision.state, decision.replay) == (
+            -1,
+            EpochState.PRECOMMITTED,
+            False,
+        )
+        assert decision.points_staged == rejected
+        (promoted,) = tp.committer.recover(lease)
+        assert (promoted.epoch, promoted.delivered, promoted.rejected) == (-1, rejected, 0)
+    assert landed_repeat(caplog, "requeue")
+    assert epoch_row(url, RQ_SINK, -1)["state"] == EpochState.COMMITTED
+    assert events(url, RQ_SINK, "decided", epoch=-1) == 1
+    assert events(url, RQ_SINK, "requeued", epoch=-1) == 1
+    assert events(url, RQ_SINK, "committed", epoch=-1) == 1
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        counted = conn.execute(
+            "SELECT corrections, points_requeued FROM twophase_sinks WHERE sink_id = %s",
+            (RQ_SINK,),
+        ).fetchone()
+        requeued = conn.execute(
+            "SELECT epoch, requeued_in FROM twophase_dead_letters WHERE sink_id = %s",
+            (RQ_SINK,),
+        ).fetchall()
+    assert counted == (1, rejected)
+    assert len(requeued) == rejected  # the correction was delivered: no new dead letters
+    assert all(epoch >= 0 and into == -1 for epoch, into in requeued)
+    assert held(influx, CONFLICTED) == expected(CONFLICTED)
+
+
 def test_staging_waits_for_a_store_that_is_down_before_it_reads_its_input(
     server: PostgresServer, staging: StagingConfig, influx: InfluxConfig
 ) -> None:
@@ -345,7 +500,7 @@ def test_a_copy_cut_mid_way_is_repeated_under_the_same_write_id(
     expected = reference(config, influx, items)
     given: dict[str, int] = {}
     source = read_once(items, given) if input_kind == "generator" else items
-    marker = pause_at(monkeypatch, tmp_path, "stage_rows:9")  # mid-COPY: line 450 of 2,000
+    marker = pause_at(monkeypatch, tmp_path, "stage_rows:9")  # mid-COPY: 300 of 2,000 lines sent
     cutting = (lambda: terminate_others(url)) if cut == "terminate" else (lambda: restart(server))
     with two_phase(config, influx) as tp:
         lease = tp.ledger.begin_run(SINK, "r1", "q1")
@@ -376,7 +531,7 @@ def test_a_generator_past_the_memory_bound_is_repeated_from_the_spools_file(
     items = mixed(3_000)
     expected = reference(config, influx, items)
     given: dict[str, int] = {}
-    marker = pause_at(monkeypatch, tmp_path, "stage_rows:41")  # line 2,050 of 3,000
+    marker = pause_at(monkeypatch, tmp_path, "stage_rows:41")  # 1,400 of 3,000 lines sent
     with two_phase(config, influx) as tp:
         with cut_when_paused(marker, tmp_path, lambda: terminate_others(url)) as seen:
             message = Stager(tp.db, config, spool_dir=str(tmp_path)).stage(
@@ -460,7 +615,9 @@ def test_a_write_id_found_staged_at_insert_is_read_back(
     items = mixed(500)
     with two_phase(staging, influx) as tp:
         first = tp.stager.stage(SINK, 0, list(items), run_id="r1", query_id="q1")
-        monkeypatch.setattr(stager_module.uuid, "uuid4", lambda: uuid.UUID(first.write_id))
+        monkeypatch.setattr(
+            "twophase.protocol.stager.uuid.uuid4", lambda: uuid.UUID(first.write_id)
+        )
         again = tp.stager.stage(SINK, 0, iter(items), run_id="r1", query_id="q1")
     assert again == first
     check_staged_once(url, again, first)

@@ -74,7 +74,7 @@ def test_wrong_or_missing_value_names_the_variable(
 
 def test_explicit_option_errors_name_the_option() -> None:
     with pytest.raises(ConfigError, match=r"^influx_api:"):
-        load_config(env=BASE, influx_api="v3")
+        load_config(env=BASE, influx_api="v4")
     with pytest.raises(ConfigError, match=r"^influx_databse: unknown option"):
         load_config(env=BASE, influx_databse="typo")
 

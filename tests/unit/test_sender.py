@@ -380,6 +380,48 @@ def test_400_bisection_isolates_exactly_the_bad_lines(seed: int) -> None:
     assert len(writer.bodies) <= 1 + len(bad) * 2 * max(1, n.bit_length()) + n // 7 + 1
 
 
+class WholeInflux(FakeInflux):
+    """An InfluxDB 3 stand-in (``accept_partial=false``): a body with a bad line is
+    refused whole, naming its first bad line; ``misnamed`` names a line past the body
+    (a server that cannot be followed: the sender falls back to bisection)."""
+
+    misnamed = False
+
+    def write(self, body: bytes) -> None:
+        lines = body.decode().split("\n")
+        first = next((i for i, line in enumerate(lines) if self.bad(line)), None)
+        if first is None:
+            super().write(body)
+            return
+        self.bodies.append(lines)
+        self.clock.now += self.request_s
+        reason = str(self.bad(lines[first]))
+        line = len(lines) + 5 if self.misnamed else first
+        raise BadPointsError(f"refused line {line + 1} (400): {reason}", reason, line)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("misnamed", [False, True])
+def test_a_refusal_that_names_its_line_costs_one_request_per_bad_line(
+    seed: int, misnamed: bool
+) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 120)
+    bad = set(rng.sample(range(n), rng.randint(0, min(n, 6))))
+    lines = [f"BAD{i} {line}" if i in bad else line for i, line in enumerate(lines_of(n))]
+    clock = FakeClock()
+    writer = WholeInflux(clock, bad=_bad_marker)
+    writer.misnamed = misnamed
+    max_points = rng.choice([7, 50, 500])
+    rejected = make_sender(writer, clock, max_points=max_points).send(lines)
+    assert sorted(rejected) == [(i, f"unable to parse {lines[i]!r}") for i in sorted(bad)]
+    assert set(writer.stored) == {line for i, line in enumerate(lines) if i not in bad}
+    assert all(count == 1 for count in writer.stored.values())  # refused whole: none twice
+    bodies = -(-n // max_points)
+    if not misnamed:
+        assert len(writer.bodies) == bodies + len(bad)  # each bad line: one request more
+
+
 def test_bisection_re_sends_are_idempotent_and_survive_transient_faults() -> None:
     clock = FakeClock()
     writer = FakeInflux(

@@ -67,8 +67,10 @@ class InfluxConfig:
     """Where and how to write to InfluxDB.
 
     ``api`` is ``v1`` (``/write``: database, retention policy, user/password),
-    ``v2`` (``/api/v2/write`` via influxdb-client: org, bucket, token) or
-    ``auto`` (resolved once through ``/ping``; see :func:`twophase.influx.api.resolve_api`).
+    ``v2`` (``/api/v2/write`` via influxdb-client: org, bucket, token), ``v3``
+    (InfluxDB 3's ``/api/v3/write_lp``: database, token) or ``auto`` (resolved
+    once through ``/ping``, never to ``v3``; see
+    :func:`twophase.influx.api.resolve_api`).
     """
 
     url: str
@@ -97,8 +99,9 @@ class InfluxConfig:
 
     def validate_for_api(self) -> None:
         """Check the settings the chosen API needs (after ``auto`` is resolved)."""
-        if self.api == "v1" and not self.database:
-            raise ConfigError(env_name("influx_db"), "required with the InfluxDB 1.x API")
+        if self.api in ("v1", "v3") and not self.database:
+            version = "1.x" if self.api == "v1" else "3"
+            raise ConfigError(env_name("influx_db"), f"required with the InfluxDB {version} API")
         if self.api == "v2":
             if not self.bucket:
                 raise ConfigError(env_name("influx_bucket"), "required with the InfluxDB 2.x API")

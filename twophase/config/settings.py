@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV_PREFIX = "TWOPHASE_"
-INFLUX_APIS = ("v1", "v2", "auto")
+INFLUX_APIS = ("v1", "v2", "v3", "auto")
 INLINE, BACKGROUND = "inline", "background"
 PROMOTIONS = (INLINE, BACKGROUND)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
@@ -213,7 +213,8 @@ SETTINGS: tuple[Setting, ...] = (
         section=INFLUX,
         attr="api",
         kind="choice",
-        help="v1 (/write), v2 (/api/v2/write) or auto (asks /ping)",
+        help="v1 (/write), v2 (/api/v2/write), v3 (InfluxDB 3's /api/v3/write_lp) or auto"
+        " (asks /ping; never picks v3)",
         default="auto",
         choices=INFLUX_APIS,
         flag=True,
@@ -223,7 +224,7 @@ SETTINGS: tuple[Setting, ...] = (
         section=INFLUX,
         attr="database",
         kind="text",
-        help="1.x database",
+        help="1.x or 3.x database",
         flag=True,
     ),
     Setting(
@@ -258,7 +259,9 @@ SETTINGS: tuple[Setting, ...] = (
         help="2.x bucket",
         flag=True,
     ),
-    Setting(name="influx_token", section=INFLUX, attr="token", kind="secret", help="2.x token"),
+    Setting(
+        name="influx_token", section=INFLUX, attr="token", kind="secret", help="2.x or 3.x token"
+    ),
     *_tls_settings(INFLUX, "an https InfluxDB", "default: the system's CAs"),
     Setting(
         name="influx_timeout",

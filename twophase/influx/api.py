@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from twophase.config import InfluxConfig, env_name
 from twophase.errors import ConfigError
 from twophase.influx.classify import Target, classify_status, header
 from twophase.influx.http import auth_headers, request_once, secrets_of, timeout_of, tls_of
-from twophase.influx.writers import InfluxWriter, V1Writer, V2Writer
+from twophase.influx.writers import InfluxWriter, V1Writer, V2Writer, V3Writer
 
 
 def resolve_api(config: InfluxConfig) -> InfluxConfig:
@@ -68,7 +69,9 @@ def make_writer(config: InfluxConfig) -> InfluxWriter:
     if config.api == "auto":
         return AutoWriter(config)
     config.validate_for_api()
-    return V1Writer(config) if config.api == "v1" else V2Writer(config)
+    writers: dict[str, Callable[[InfluxConfig], InfluxWriter]]
+    writers = {"v1": V1Writer, "v2": V2Writer, "v3": V3Writer}
+    return writers[config.api](config)
 
 
 class AutoWriter:

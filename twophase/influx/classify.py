@@ -3,7 +3,8 @@
 =====================================================  =========================
 connection refused/reset, timeouts, 429, 500, 502-504  ``TransientWriteError``
 413                                                    ``BatchTooLargeError``
-400, 422 (the points themselves are wrong)             ``BadPointsError``
+400, 422 (the points themselves are wrong)             ``BadPointsError`` (with the
+                                                       line, when InfluxDB 3 names it)
 401, 403                                               ``InfluxAuthError``
 404 (and 1.x's 500 "retention policy not found")       ``InfluxNotFoundError``
 anything else                                          ``InfluxRequestError``
@@ -70,6 +71,8 @@ class Target:
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
     def where(self) -> str:
+        if self.api == "v3":
+            return f"InfluxDB 3 database {self.database!r} at {self.url}"
         if self.api == "v2":
             return f"bucket {self.bucket!r} of org {self.org!r} at {self.url}"
         rp = f", retention policy {self.retention_policy!r}" if self.retention_policy else ""
@@ -126,9 +129,36 @@ def classify_status(
 ) -> TwoPhaseError:
     """The exception for a non-2xx answer to a write (see the module's table)."""
     said = server_message(body, headers) or f"HTTP {status}"
-    error = scrubbed(_classify(status, said, headers, target), secrets)
+    refused = refused_line(body) if status == 400 and target.api == "v3" else None
+    if refused is not None:  # InfluxDB 3 names the line that made it refuse the request
+        line, reason = refused
+        where = target.where()
+        message = f"InfluxDB refused line {line + 1} of a request (400) for {where}: {reason}"
+        error: TwoPhaseError = BadPointsError(message, reason, line)
+    else:
+        error = _classify(status, said, headers, target)
+    error = scrubbed(error, secrets)
     error.http_status = status
     return error
+
+
+def refused_line(body: bytes | str | None) -> tuple[int, str] | None:
+    """(index in the request, reason) of the line InfluxDB 3 names in a refusal of a
+    whole request (``accept_partial=false``): ``{"error": ..., "data": {"line_number":
+    N, "error_message": ..., "original_line": ...}}``, N counted from 1. Read from the
+    shape of ``data``, never from the error's wording; None for any other body."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    data = parsed.get("data") if isinstance(parsed, dict) else None
+    if not isinstance(data, dict):
+        return None
+    number, reason = data.get("line_number"), data.get("error_message")
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        return None
+    return number - 1, _short(reason) if isinstance(reason, str) and reason else "refused"
 
 
 def _classify(
@@ -160,8 +190,9 @@ def _classify(
 
 def _auth_message(status: int, said: str, target: Target) -> str:
     what = "refused the credentials" if status == 401 else "denied permission"
-    if target.api == "v2":
-        fix = f"check {env_name('influx_token')} (or its _FILE) and its write access to the bucket"
+    if target.api in ("v2", "v3"):
+        where = "bucket" if target.api == "v2" else "database"
+        fix = f"check {env_name('influx_token')} (or its _FILE) and its write access to the {where}"
     else:
         user = f" of user {target.username!r}" if target.username else " (no user given)"
         fix = (

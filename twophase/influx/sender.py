@@ -92,7 +92,9 @@ class BatchSender:
         too large is rejected with the reason); 400/422 bisects: the halves
         are re-sent separately (idempotent) until each rejected line is
         isolated and rejected with InfluxDB's reason; good lines of the same
-        body are delivered. Auth, not-found and other permanent errors
+        body are delivered. When the refusal names its line (InfluxDB 3, which
+        refuses a request whole), that line is rejected and the others are
+        re-sent at once, no bisection needed. Auth, not-found and other permanent errors
         propagate at once.
 
         ``before_attempt`` runs before every attempt -- the first, each retry
@@ -129,8 +131,17 @@ class _Delivery:
         except BatchTooLargeError as exc:
             self.split(batch(), str(exc))
         except BadPointsError as exc:
-            # with 1.x the good lines were written already; re-sending them is harmless
-            self.split(batch(), exc.reason)
+            if exc.line is not None and 0 <= exc.line < count:  # named: none was written
+                self.skip(batch(), exc.line, exc.reason)
+            else:  # with 1.x the good lines were written already; re-sending is harmless
+                self.split(batch(), exc.reason)
+
+    def skip(self, batch: list[tuple[int, bytes]], line: int, reason: str) -> None:
+        """Reject the line InfluxDB named and send the others again, in their order."""
+        self.rejected.append((batch[line][0], reason))
+        rest = batch[:line] + batch[line + 1 :]
+        if rest:
+            self.deliver(rest)
 
     def split(self, batch: list[tuple[int, bytes]], reason: str) -> None:
         if len(batch) == 1:

@@ -167,6 +167,9 @@ def _points_pending(views: Views, work: Mapping[str, Sequence[int]]) -> int:
     )
 
 
+_API_NAMES = {"v2": "2.x", "v3": "InfluxDB 3"}
+
+
 def resend(
     config: TwoPhaseConfig,
     sink_id: str,
@@ -177,7 +180,9 @@ def resend(
     """Send the retained points of COMMITTED epochs again, in increasing order.
 
     ``selection`` None means every retained COMMITTED epoch (epochs past
-    retention are then left out and reported, not refused).
+    retention are then left out and reported, not refused). Claims the sink
+    like ``recover`` (refused while a live run owns it, unless forced): a
+    query that claims it back meanwhile stops the resend (FencedError).
     """
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)
@@ -193,7 +198,8 @@ def resend(
             sent = sum(e.points_sent + e.points_rejected for e in done)
             hooks.progress(Progress("resend", "points", sent, plan.points, f"epoch {epoch.epoch}"))
 
-        Resender(tp.db, tp.promoter).resend(plan, actor(), on_epoch)
+        lease = tp.committer.claim(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
+        Resender(tp.db, tp.promoter).resend(lease, plan, actor(), on_epoch)
     return ResendReport(sink_id, tuple(done), plan.skipped_aborted, plan.skipped_purged)
 
 
@@ -222,7 +228,8 @@ def verify(
     if influx.api != "v1":
         raise PermanentError(
             "verify reads InfluxDB back with InfluxQL through the 1.x /query API; with the "
-            "2.x API (TWOPHASE_INFLUX_API=v2) verification is not supported"
+            f"{_API_NAMES.get(influx.api, influx.api)} API (TWOPHASE_INFLUX_API={influx.api})"
+            " verification is not supported"
         )
 
     def query(statement: str) -> list[dict[str, Any]]:

@@ -81,6 +81,7 @@ class Committer:
         epochs are left to its commits (one may be promoting on another thread).
         """
         lease = self._ledger.begin_run(sink_id, run_id, query_id)
+        crash_point("after_begin_run", sink_id)
         recovered = self._recover(lease, on_promoted, inherited=True)
         if recovered:
             log.info(

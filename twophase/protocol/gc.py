@@ -30,6 +30,7 @@ from typing import Any
 
 import psycopg
 
+from twophase.faults import crash_point
 from twophase.model import EpochState
 from twophase.store.database import Database
 
@@ -101,7 +102,9 @@ class GarbageCollector:
         def discard() -> int:
             with self._db.transaction() as cur:
                 _lock_sinks_of_writes(cur, ids)
-                return len(_delete_unchosen_writes(cur, ids))
+                gone = len(_delete_unchosen_writes(cur, ids))
+                crash_point("in_discard")
+                return gone
 
         return self._db.retry("discard", discard)
 
@@ -121,6 +124,7 @@ class GarbageCollector:
                 if dry_run:
                     return epochs, points
                 cur.execute(_MARK_PURGED, ([s for s, _, _ in expired], [e for _, e, _ in expired]))
+                crash_point("in_gc", sink_id)
         return epochs, points
 
     def _remove_orphans(
@@ -135,6 +139,7 @@ class GarbageCollector:
                     return removed + len(ids)
                 _lock_sinks_of_writes(cur, ids)
                 gone = _delete_unchosen_writes(cur, ids)
+                crash_point("in_gc", sink_id)
                 removed += len(gone)
                 if len(gone) < len(ids):  # a decision chose some meanwhile: nothing more here
                     return removed

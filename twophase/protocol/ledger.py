@@ -40,6 +40,7 @@ from twophase.protocol.transitions import (
     event,
     insert_decision,
     lock_sink,
+    own_decision,
     release_requeued,
     start_attempt,
     state_of,
@@ -120,6 +121,7 @@ class Ledger:
                 (run_id, sink_id, query_id, token),
             )
             event(cur, sink_id, None, "run_started", run_id, f"fencing token {token}")
+            crash_point("in_begin_run", sink_id)
             return Lease(sink_id, run_id, query_id or sink["query_id"], token)
 
     # -- phase 2: vote and commit -------------------------------------------------
@@ -174,7 +176,8 @@ class Ledger:
                     f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
                     f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
                 )
-            decision = (read_back and _own_decision(cur, lease, epoch, messages)) or _vote(
+            ids = [m.write_id for m in messages]
+            decision = (read_back and own_decision(cur, lease.sink_id, epoch, ids)) or _vote(
                 cur, sink, lease, epoch, messages, self._db.config.display_url
             )
             if start_promotion and decision.state == EpochState.PRECOMMITTED:
@@ -194,7 +197,9 @@ class Ledger:
     def _plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
             check_fence(lock_sink(cur, lease.sink_id), lease)
-            return start_attempt(cur, lease, epoch)
+            plan = start_attempt(cur, lease, epoch)
+            crash_point("in_plan", lease.sink_id)
+            return plan
 
     def check_lease(self, lease: Lease) -> None:
         """FencedError if a newer run has taken the sink since ``lease`` was granted.
@@ -370,6 +375,7 @@ class Ledger:
             )
             detail = f"forgot {removed} epochs, kept {kept} dead letters"
             event(cur, sink_id, None, "reset", actor, detail)
+            crash_point("in_reset", sink_id)
             return Forgotten(removed, kept)
 
 
@@ -435,22 +441,6 @@ def _vote(
         )
     refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
     return insert_decision(cur, lease, epoch, refs)
-
-
-def _own_decision(
-    cur: Cursor, lease: Lease, epoch: int, messages: Sequence[CommitMessage]
-) -> Decision | None:
-    """The epoch's decision when it names exactly ``messages``' writes (an earlier
-    attempt of the same decide landed); None otherwise."""
-    cur.execute(
-        "SELECT state, points_staged, write_ids FROM twophase_epochs"
-        " WHERE sink_id = %s AND epoch = %s",
-        (lease.sink_id, epoch),
-    )
-    row = cur.fetchone()
-    if not messages or row is None or set(row[2]) != {uuid.UUID(m.write_id) for m in messages}:
-        return None
-    return Decision(lease.sink_id, epoch, EpochState(row[0]), False, row[1])
 
 
 def _count_replay(

@@ -84,7 +84,7 @@ class Promoter:
         every lane (:class:`_LeaseWatch`), so a run fenced meanwhile starts no
         request more: FencedError, the epoch left PRECOMMITTED for the new run."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
-        check = _LeaseWatch(functools.partial(self._ledger.check_lease, lease))
+        check = self.lease_check(lease)
         try:
             # Each request delivered is progress: a connection dropped after minutes of
             # sending begins a new staging outage, with the whole deadline to ride it out.
@@ -109,6 +109,11 @@ class Promoter:
             extra=lease_fields(lease, epoch),
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
+
+    def lease_check(self, lease: Lease) -> Callable[[], None]:
+        """A check to run before each request of a send under ``lease``: FencedError once
+        a newer run holds the sink (one read of the sink's token per call)."""
+        return _LeaseWatch(functools.partial(self._ledger.check_lease, lease))
 
     def send(
         self,
@@ -162,6 +167,8 @@ class Promoter:
                 functools.partial(_lines_of, request),
                 before_attempt=before_request,  # the sender retries: checked before each try
             )
+            if rejects:  # acknowledged, and its rejections not yet recorded
+                crash_point("before_dead_letters", plan.sink_id)
             self._dead_letters.record(_dead_letters(plan, request, rejects))
             tally.sent(request, len(rejects), on_batch)
             crash_point("promote_batch", plan.sink_id)

@@ -12,9 +12,11 @@ protocol as any epoch:
 2. :meth:`Requeuer.decide` stages their lines as one write of epoch ``-n``
    (:class:`~twophase.protocol.stager.Stager`), then, in one transaction under the
    sink's lock and the caller's fencing token, records the correction
-   PRECOMMITTED and marks exactly those letters ``requeued_in = -n``. A
-   crash before that transaction leaves an orphan write (GC removes it) and
-   the letters as they were; after it, the correction is an ordinary
+   PRECOMMITTED and marks exactly those letters ``requeued_in = -n``. That
+   transaction is repeated through an outage; a repeat first reads back a
+   correction whose commit landed but was not acknowledged. A crash before
+   that transaction leaves an orphan write (GC removes it) and the letters
+   as they were; after it, the correction is an ordinary
    PRECOMMITTED epoch that ``twophase recover`` promotes (I3).
 3. The caller promotes it (:meth:`~twophase.protocol.committer.Committer.recover`).
    Points InfluxDB refuses again become dead letters of the correction --
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from twophase.errors import StateError
 from twophase.faults import crash_point
-from twophase.model import Lease, Phase
+from twophase.model import CommitMessage, Lease, Phase
 from twophase.protocol.stager import Stager
 from twophase.protocol.transitions import (
     Cursor,
@@ -40,6 +43,7 @@ from twophase.protocol.transitions import (
     event,
     insert_decision,
     lock_sink,
+    own_decision,
 )
 from twophase.store.database import Database
 from twophase.store.views import DECIDED_LETTER
@@ -125,29 +129,69 @@ class Requeuer:
         Raises StateError when another requeue took the correction number or
         one of the letters meanwhile (nothing is then decided), FencedError
         for a stale lease.
+
+        The decision's transaction is repeated while the staging store is
+        unreachable (the staging before it rides out an outage by itself). A
+        repeat reads back first: the correction already recorded with exactly
+        the write this call staged was decided by an earlier attempt whose
+        commit landed before the connection dropped; it is returned, not
+        refused as another requeue's.
         """
         if not selection.ids:
             raise StateError(f"sink {lease.sink_id!r}: no dead letters to requeue")
+        message = self._stager.stage(
+            lease.sink_id, selection.epoch, selection.lines, run_id=lease.run_id
+        )
+
+        def attempt(read_back: bool) -> Decision:
+            return self._decide(lease, selection, message, read_back)
+
+        decision = self._db.retry("requeue", lambda: attempt(False), again=lambda: attempt(True))
+        crash_point("after_decide", lease.sink_id)
+        return decision
+
+    def _decide(
+        self,
+        lease: Lease,
+        selection: RequeueSelection,
+        message: CommitMessage,
+        read_back: bool,
+    ) -> Decision:
         epoch = selection.epoch
-        message = self._stager.stage(lease.sink_id, epoch, selection.lines, run_id=lease.run_id)
-        write = (uuid.UUID(message.write_id), message.points, 0, message.checksum)
         with self._db.transaction() as cur:
             sink = lock_sink(cur, lease.sink_id)
             check_fence(sink, lease)
-            if sink["corrections"] != selection.correction - 1:
-                raise StateError(f"sink {lease.sink_id!r}: another requeue ran meanwhile")
-            _mark_requeued(cur, lease.sink_id, epoch, selection.ids)
-            froms = ", ".join(map(str, selection.epochs))
-            decision = insert_decision(cur, lease, epoch, [write], f"; requeued from {froms}")
-            cur.execute(
-                "UPDATE twophase_sinks SET corrections = %s, points_requeued = points_requeued"
-                " + %s WHERE sink_id = %s",
-                (selection.correction, len(selection.ids), lease.sink_id),
-            )
-            detail = f"{len(selection.ids)} dead letters of epochs {froms}"
-            event(cur, lease.sink_id, epoch, "requeued", lease.run_id, detail)
-        crash_point("after_decide", lease.sink_id)
-        return decision
+            decision = (
+                read_back and own_decision(cur, lease.sink_id, epoch, [message.write_id])
+            ) or _record_correction(cur, lease, sink, selection, message)
+            crash_point("in_requeue", lease.sink_id)
+            return decision
+
+
+def _record_correction(
+    cur: Cursor,
+    lease: Lease,
+    sink: dict[str, Any],
+    selection: RequeueSelection,
+    message: CommitMessage,
+) -> Decision:
+    """Record correction ``-n`` PRECOMMITTED with the staged write, its letters requeued
+    in it, and count it (inside the caller's transaction, under the sink's lock)."""
+    if sink["corrections"] != selection.correction - 1:
+        raise StateError(f"sink {lease.sink_id!r}: another requeue ran meanwhile")
+    epoch = selection.epoch
+    _mark_requeued(cur, lease.sink_id, epoch, selection.ids)
+    froms = ", ".join(map(str, selection.epochs))
+    write = (uuid.UUID(message.write_id), message.points, 0, message.checksum)
+    decision = insert_decision(cur, lease, epoch, [write], f"; requeued from {froms}")
+    cur.execute(
+        "UPDATE twophase_sinks SET corrections = %s, points_requeued = points_requeued"
+        " + %s WHERE sink_id = %s",
+        (selection.correction, len(selection.ids), lease.sink_id),
+    )
+    detail = f"{len(selection.ids)} dead letters of epochs {froms}"
+    event(cur, lease.sink_id, epoch, "requeued", lease.run_id, detail)
+    return decision
 
 
 def _mark_requeued(cur: Cursor, sink_id: str, epoch: int, ids: tuple[int, ...]) -> None:

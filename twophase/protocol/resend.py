@@ -14,6 +14,11 @@ states do not change. Each resend is recorded in the epoch's history (event
 ``resent``). While an epoch is re-sent its row is locked FOR SHARE,
 so a concurrent GC (which locks FOR UPDATE SKIP LOCKED) cannot purge its
 points half-way.
+
+A resend runs under a lease of its own, checked before every request and
+every retry (as a promotion's is): a query that claims the sink meanwhile
+fences it, so an old value it re-sends can never land after the query's
+newer one (I5).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from twophase.errors import StateError
-from twophase.model import EpochPlan, EpochState
+from twophase.model import EpochPlan, EpochState, Lease
 from twophase.protocol.promoter import Promoter
 from twophase.protocol.reader import decided_writes
 from twophase.store.database import Database
@@ -94,6 +99,7 @@ class Resender:
 
     def resend(
         self,
+        lease: Lease,
         plan: ResendPlan,
         actor: str,
         on_epoch: Callable[[ResentEpoch], None] | None = None,
@@ -102,18 +108,23 @@ class Resender:
 
         Raises what promotion raises (InfluxUnavailableError after the retry
         deadline, PermanentError when staged points changed after the
-        decision) and StateError when an epoch was purged or reset meanwhile.
-        Epochs re-sent before a failure stay re-sent (and recorded).
+        decision, FencedError once a newer run holds the sink than ``lease``)
+        and StateError when an epoch was purged or reset meanwhile. Epochs
+        re-sent before a failure stay re-sent (and recorded).
         """
+        check = self._promoter.lease_check(lease)  # one for the whole resend: fenced is final
         done = []
         for epoch in sorted(plan.epochs):
-            result = self.resend_epoch(plan.sink_id, epoch, actor)
+            result = self.resend_epoch(plan.sink_id, epoch, actor, check)
             done.append(result)
             if on_epoch is not None:
                 on_epoch(result)
         return done
 
-    def resend_epoch(self, sink_id: str, epoch: int, actor: str) -> ResentEpoch:
+    def resend_epoch(
+        self, sink_id: str, epoch: int, actor: str, check: Callable[[], None]
+    ) -> ResentEpoch:
+        """Re-send one COMMITTED epoch; ``check`` runs before every request and retry."""
         with self._db.transaction() as cur:
             cur.execute(
                 "SELECT state, purged_at FROM twophase_epochs"
@@ -127,7 +138,7 @@ class Resender:
             plan = EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
             # The promoter's own loop: same batching and order, dead letters recorded once,
             # and the I1 check that the lines read back are the decided ones.
-            delivered, rejected = self._promoter.send(plan)
+            delivered, rejected = self._promoter.send(plan, before_request=check)
             cur.execute(
                 "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
                 " VALUES (%s, %s, 'resent', %s, %s)",

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from twophase.points.builder import Rejected
 
 log = logging.getLogger("twophase.protocol.stager")
-_CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (a dict lookup)
+_CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (two dict lookups)
 # The spool's parts, and what it counts for the memory of a rejected row and of one
 # entry of a chunk's ``ends`` (an int object and its pointer) beside their texts.
 _CHUNKS, _REJECTS = "chunks", "rejects"
@@ -365,8 +365,11 @@ class _ChunkCopy:
         )
         self.checksum.add_joined(chunk.body.encode("utf-8"))
         before, self.points, self.chunks = self.points, self.points + chunk.points, self.chunks + 1
-        for _ in range(self.points // _CRASH_EVERY - before // _CRASH_EVERY):
-            crash_point("stage_rows", self._sink_id)  # the COPY is under way, nothing committed
+        # Once per chunk, and once per _CRASH_EVERY lines: a write of a few points (a
+        # task's share of an aggregate) gets there too. The COPY is under way, nothing
+        # committed.
+        for _ in range(1 + self.points // _CRASH_EVERY - before // _CRASH_EVERY):
+            crash_point("stage_rows", self._sink_id)
 
 
 def _blocks(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +147,23 @@ def insert_decision(
     what = f"{len(refs)} writes, {points} points, {rejected} rejected at stage{detail}"
     event(cur, lease.sink_id, epoch, "decided", lease.run_id, what)
     return Decision(lease.sink_id, epoch, state, False, points)
+
+
+def own_decision(
+    cur: Cursor, sink_id: str, epoch: int, write_ids: Collection[str]
+) -> Decision | None:
+    """The epoch's decision when it names exactly ``write_ids`` (an earlier attempt of
+    the same step decided it, and its commit landed before the connection dropped);
+    None otherwise. Write ids are fresh per staging, so no other step names the same."""
+    cur.execute(
+        "SELECT state, points_staged, write_ids FROM twophase_epochs"
+        " WHERE sink_id = %s AND epoch = %s",
+        (sink_id, epoch),
+    )
+    row = cur.fetchone()
+    if not write_ids or row is None or set(row[2]) != {uuid.UUID(w) for w in write_ids}:
+        return None
+    return Decision(sink_id, epoch, EpochState(row[0]), False, row[1])
 
 
 def start_attempt(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:

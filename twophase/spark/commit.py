@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 
 from twophase.errors import ConfigError, PermanentError, TwoPhaseError
+from twophase.faults import crash_point
 from twophase.logs import fields
 from twophase.model import CommitMessage, Lease
 from twophase.protocol.committer import CommitOutcome
@@ -185,6 +186,7 @@ def commit_epoch(
     # The points first, then the rows split off upstream: a crash between them
     # leaves the dead letters to the replay of this micro-batch.
     if sink.dead_letter_sink is not None:
+        crash_point("before_split_decide", sink.sink_id)
         _commit_split(sink.dead_letters(), epoch, *identity)
     if outcome is None:
         return None

@@ -88,9 +88,9 @@ class SinkOptions:
         return load_config(None, **dict(self.settings))
 
     def writes_unsigned(self) -> bool:
-        """Whether unsigned integers can be written: only through the 2.x API, named
+        """Whether unsigned integers can be written: only through the 2.x or 3 API, named
         explicitly (read alone: executors may lack the other InfluxDB settings)."""
-        return bool(load_setting("influx_api", None, **dict(self.settings)) == "v2")
+        return load_setting("influx_api", None, **dict(self.settings)) in ("v2", "v3")
 
 
 def parse_options(options: Mapping[str, str]) -> SinkOptions:
