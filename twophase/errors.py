@@ -149,10 +149,14 @@ class BadPointsError(InfluxRequestError):
     With 1.x ("partial write: ... dropped=N") the other points of the body
     were written; which ones were refused is only known by re-sending parts.
     ``line`` is the refused line's index in the body when the server names it
-    (InfluxDB 3, which then wrote none of the body); None otherwise.
+    (InfluxDB 3, which then wrote none of the body), and ``original`` the
+    server's copy of that line when it sent one; None otherwise.
     """
 
-    def __init__(self, message: str, reason: str, line: int | None = None) -> None:
+    def __init__(
+        self, message: str, reason: str, line: int | None = None, original: str | None = None
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.line = line
+        self.original = original

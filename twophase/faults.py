@@ -14,7 +14,9 @@ Arm a point in one of two ways:
 
 With a sink (``"sink"`` in a plan, ``TWOPHASE_CRASH_SINK`` for the
 environment form), only that sink's steps count: a job whose driver commits
-two sinks per micro-batch can be killed in either one's protocol.
+two sinks per micro-batch can be killed in either one's protocol. Steps that
+serve no one sink (``in_discard``; ``in_gc`` of a collection of every sink)
+never count then.
 
 Scope ``process`` (default; ``TWOPHASE_CRASH_SCOPE`` for the environment form)
 kills only the process that got there — in Spark, a task failure the
@@ -23,7 +25,7 @@ job started with its own session: Python driver, JVM, Python daemons and
 workers) — a power cut of the whole driver, with no ``abort`` and no
 shutdown hook. Only use ``session`` for a process started in a session of its
 own (``start_new_session=True``): it kills everything in that session.
-Unarmed, a crash point costs two dict lookups.
+Unarmed, a crash point costs a few environment lookups.
 
 Points, in protocol order (``in_*``: the step's rows are written, its
 transaction not yet committed):
@@ -38,7 +40,8 @@ transaction not yet committed):
   acknowledged InfluxDB request; also in an operator's resend),
   ``before_dead_letters`` (a request acknowledged with rejections that are not
   yet recorded; only such a request reaches it), ``after_promote`` (all
-  requests acknowledged, epoch not yet marked), ``after_mark``;
+  requests acknowledged, epoch not yet marked), ``in_mark`` (COMMITTED
+  written), ``after_mark``;
 * ``drain`` (background promotion: a caller is about to wait for a handed-off
   epoch, which may still be promoting; never reached with inline promotion);
 * ``before_split_decide`` (Spark: the points sink's epoch committed, or handed
@@ -77,6 +80,7 @@ CRASH_POINTS = (
     "promote_batch",
     "before_dead_letters",
     "after_promote",
+    "in_mark",
     "after_mark",
     "drain",
     "before_split_decide",

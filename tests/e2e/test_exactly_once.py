@@ -229,6 +229,7 @@ ON_INPUT = (
     "after_decide",
     "promote_batch",
     "after_promote",
+    "in_mark",
     "after_mark",
     "before_split_decide",
     "in_gc",
@@ -237,7 +238,7 @@ AT_RESTART = (
     ("after_decide", "in_begin_run"),
     ("after_decide", "after_begin_run"),
     ("after_decide", "in_plan"),
-    ("after_mark", "in_discard"),
+    ("after_decide", "in_discard"),  # recovered at the claim, the replay's writes discarded
 )
 
 

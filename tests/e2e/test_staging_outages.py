@@ -1,11 +1,12 @@
 """PostgreSQL faults under a running Spark job on ``local[2]`` (no task retries): nine
 fast and immediate restarts and terminated backends, a few seconds apart, while tasks
-stage (mid-COPY and at the write's record), while the driver decides and before it
+stage (mid-COPY and at the write's record), while the driver decides and while it
 marks. The same job process carries on, finishes, and InfluxDB holds exactly what the
 input makes: no fault may cost a task, since none is retried."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,19 +30,19 @@ from twophase.config import InfluxConfig
 
 FILES = 12
 SECRET = f"Outage-{uuid.uuid4().hex}"  # the staging password: must appear in no output
-PAUSE_S = 3.0  # the paused step's process sleeps this long; the fault lands inside
+PAUSE_S = 5.0  # the paused step's process sleeps this long; the fault lands inside
 # (step paused at, fault): each step meets each kind of fault once. The staging points
 # fire in the Python workers of the tasks, the others in the driver.
 FAULTS = [
     ("stage_rows:1", "fast"),  # mid-COPY: repeated from the task's spool
     ("in_decide:1", "immediate"),  # the vote written, not committed
-    ("after_promote:1", "terminate"),  # delivered: the mark's connection is gone
+    ("in_mark:1", "terminate"),  # delivered, COMMITTED written, not committed
     ("in_stage:1", "immediate"),  # the write recorded, not committed
     ("in_decide:1", "terminate"),
-    ("after_promote:1", "fast"),
+    ("in_mark:1", "fast"),
     ("stage_rows:1", "terminate"),
     ("in_stage:1", "fast"),
-    ("after_promote:1", "immediate"),
+    ("in_mark:1", "immediate"),
 ]
 
 
@@ -100,6 +101,9 @@ def test_nine_postgres_faults_on_local2_do_not_fail_the_job(
     for number, (_, kind) in enumerate(FAULTS):
         job.wait_for(f"the paused step of fault {number + 1}", fired(plan).exists)
         fault(private_postgres, url, kind)
+        # Done while the step still slept in its open transaction: it met the fault.
+        landed = time.time() - fired(plan).stat().st_mtime
+        assert landed < PAUSE_S, (number + 1, kind, f"{landed:.1f}s after the pause began")
         if number + 1 < len(FAULTS):
             arm(plan, FAULTS[number + 1][0], sink=SINK, pause_s=PAUSE_S)
     disarm(plan)

@@ -273,19 +273,20 @@ def _store_snapshot(staging_url: str) -> list[Any]:
     ]
 
 
-# Each command's transaction killed after its deletes, before its COMMIT.
-KILLED_COMMANDS = {
-    "in_gc": ["gc", "--sink", SINK, "--retention", "0s", "--orphan-grace", "0s", "--yes"],
-    "in_reset": ["reset", "--sink", SINK, "--yes"],
-}
+# Each command's transaction killed after its deletes, before its COMMIT: gc's purge
+# (its first transaction), gc's removal of orphans (its second, the purge committed),
+# reset's one.
+GC = ["gc", "--sink", SINK, "--retention", "0s", "--orphan-grace", "0s", "--yes"]
+KILLED_COMMANDS = {"in_gc:1": GC, "in_gc:2": GC, "in_reset": ["reset", "--sink", SINK, "--yes"]}
+PURGED = "SELECT count(*) FROM twophase_epochs WHERE sink_id = %s AND purged_at IS NOT NULL"
 
 
 @pytest.mark.parametrize("point", sorted(KILLED_COMMANDS))
 def test_sigkill_in_gc_and_reset_then_again(
     tp: Any, cli: Cli, staging_url: str, point: str
 ) -> None:
-    """SIGKILLed inside its transaction, gc or reset changes nothing; run again, it does
-    all of its work once: the purge and the orphan's removal, or the forgotten epochs
+    """SIGKILLed inside a transaction, gc or reset leaves nothing of it; run again, it
+    does what is left once: the purge and the orphan's removal, or the forgotten epochs
     with their decided writes' dead letters kept."""
     make_idle(staging_url)
     assert cli("recover", "--sink", SINK).code == 0  # epoch 3 delivered: nothing pending
@@ -295,17 +296,19 @@ def test_sigkill_in_gc_and_reset_then_again(
     command = KILLED_COMMANDS[point]
     killed = cli.run(*command, env=cli.env() | {"TWOPHASE_CRASH_AT": point})
     assert killed.code == -9, (killed.code, killed.err)
-    assert _store_snapshot(staging_url) == before  # nothing half done
+    after = _store_snapshot(staging_url)
+    if point == "in_gc:2":  # the purge committed, the orphan's removal undone
+        assert sql(staging_url, PURGED, SINK) == [(4,)]
+        assert (after[1], after[3]) == (before[1], before[3])  # writes, dead letters
+    else:
+        assert after == before  # nothing half done
 
     again = cli(*command, "--json")
     assert again.code == 0, again.err
-    if point == "in_gc":
-        assert (again.json()["epochs_purged"], again.json()["orphan_writes"]) == (4, 1)
-        assert sql(
-            staging_url,
-            "SELECT count(*) FROM twophase_epochs WHERE sink_id = %s AND purged_at IS NULL",
-            SINK,
-        ) == [(0,)]
+    if point.startswith("in_gc"):
+        purged = 0 if point == "in_gc:2" else 4
+        assert (again.json()["epochs_purged"], again.json()["orphan_writes"]) == (purged, 1)
+        assert sql(staging_url, PURGED, SINK) == [(4,)]
         assert len(dead_letters_of(staging_url)) == 2  # the orphan's letter went with it
     else:
         assert again.json()["epochs_forgotten"] == 4

@@ -32,7 +32,7 @@ def staging_only_env(cli: Cli) -> dict[str, str]:
         (["gc", "--orphan-grace", "-1h"], 2, "argument --orphan-grace"),
         (["status", "--live-window", "soon"], 2, "argument --live-window"),
         (["--staging-url", "mysql://u@h/db", "status"], 2, "--staging-url: must be a PostgreSQL"),
-        (["--influx-api", "v9", "recover"], 2, "--influx-api: 'v9' is not one of v1, v2, auto"),
+        (["--influx-api", "v9", "recover"], 2, "--influx-api: 'v9' is not one of v1, v2, v3, auto"),
         (["status", "--sink", "ghost"], 2, "unknown sink 'ghost' (the store has no sinks)"),
         (["resend", "--sink", "ghost", "--all"], 2, "unknown sink 'ghost'"),
         (["dead-letters", "--sink", "ghost"], 2, "unknown sink 'ghost'"),

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ CRASHES = [
     ("promote_batch", 3, 250),  # epoch 1, after its first request (two chunks)
     ("before_dead_letters", 1, 40),  # epoch 1's rejecting request sent, its letter unrecorded
     ("after_promote", 3, 40),  # epoch 2 fully sent, not marked COMMITTED
+    ("in_mark", 2, 40),  # epoch 1 marked COMMITTED, the mark not committed
     ("after_mark", 2, 40),  # epoch 1 COMMITTED, not in Spark's commit log: a replay
 ]
 # Background promotion: the same points, now in the promoter thread while the caller
@@ -161,6 +162,12 @@ def dead_letters(url: str) -> list[tuple[Any, ...]]:
         return conn.execute(
             "SELECT epoch, phase, payload FROM twophase_dead_letters ORDER BY epoch, payload"
         ).fetchall()
+
+
+def scalar(url: str, statement: str) -> int:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        row = conn.execute(statement).fetchone()
+        return int(row[0]) if row else 0
 
 
 def staging_summary(url: str) -> dict[str, Any]:
@@ -350,6 +357,23 @@ RESTART_CRASHES = [
     ("inline", "after_decide:2", "in_gc", GC),  # a purge of delivered epochs, uncommitted
     ("background", "after_decide:2", "in_gc", GC),  # ... beside a promotion in the background
 ]
+# What the second kill leaves, read before and after it: an in_* step's transaction
+# undone whole (no run-2 row, no attempt counted, the replay's new writes not deleted,
+# nothing purged); after_begin_run, the claim committed and nothing after it.
+SECOND_KILL_LEAVES: dict[str, tuple[str, Callable[[int], int]]] = {
+    "in_begin_run": ("SELECT count(*) FROM twophase_runs WHERE run_id = 'run-2'", lambda _: 0),
+    "after_begin_run": (
+        "SELECT count(*) FROM twophase_runs r JOIN twophase_epochs e USING (sink_id)"
+        " WHERE r.run_id = 'run-2' AND e.epoch = 1 AND e.state = 'PRECOMMITTED'",
+        lambda _: 1,
+    ),
+    "in_plan": ("SELECT promote_attempts FROM twophase_epochs WHERE epoch = 1", lambda n: n),
+    "in_discard": (
+        "SELECT count(*) FROM twophase_writes WHERE epoch = 1",
+        lambda n: n + PARTITIONS,  # the replay staged its own, and they are all still there
+    ),
+    "in_gc": ("SELECT count(*) FROM twophase_epochs WHERE purged_at IS NOT NULL", lambda _: 0),
+}
 # Points a driver does not reach, and the tests that kill there.
 ELSEWHERE = {
     "before_split_decide": "tests/e2e/test_dead_letters.py::"
@@ -379,9 +403,11 @@ def test_sigkill_again_while_the_restart_claims_and_recovers(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "spark-commit-log"
+    left, expect = SECOND_KILL_LEAVES[second]
     runs = [("run-1", first, ()), ("run-2", second, extra)]
     for run_id, crash, more in runs:
         decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
+        before = scalar(staging_url, left)
         killed = run_driver(
             staging_url,
             influx,
@@ -393,6 +419,7 @@ def test_sigkill_again_while_the_restart_claims_and_recovers(
             extra=more,
         )
         assert killed.returncode == -signal.SIGKILL, (run_id, crash, killed.stderr)
+    assert scalar(staging_url, left) == expect(before), (second, before)
 
     decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
     finished = run_driver(staging_url, influx, log, "run-3", perturb=decided, promotion=promotion)

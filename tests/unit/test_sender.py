@@ -382,10 +382,12 @@ def test_400_bisection_isolates_exactly_the_bad_lines(seed: int) -> None:
 
 class WholeInflux(FakeInflux):
     """An InfluxDB 3 stand-in (``accept_partial=false``): a body with a bad line is
-    refused whole, naming its first bad line; ``misnamed`` names a line past the body
-    (a server that cannot be followed: the sender falls back to bisection)."""
+    refused whole, naming its first bad line and sending its copy of it; ``misnamed``
+    names a line past the body, ``miscopied`` sends another copy (servers that cannot
+    be followed: the sender falls back to bisection)."""
 
     misnamed = False
+    miscopied = False
 
     def write(self, body: bytes) -> None:
         lines = body.decode().split("\n")
@@ -397,13 +399,14 @@ class WholeInflux(FakeInflux):
         self.clock.now += self.request_s
         reason = str(self.bad(lines[first]))
         line = len(lines) + 5 if self.misnamed else first
-        raise BadPointsError(f"refused line {line + 1} (400): {reason}", reason, line)
+        copy = "another line" if self.miscopied else lines[first]
+        raise BadPointsError(f"refused line {line + 1} (400): {reason}", reason, line, copy)
 
 
 @pytest.mark.parametrize("seed", range(20))
-@pytest.mark.parametrize("misnamed", [False, True])
+@pytest.mark.parametrize("misnamed", [None, "line", "copy"])
 def test_a_refusal_that_names_its_line_costs_one_request_per_bad_line(
-    seed: int, misnamed: bool
+    seed: int, misnamed: str | None
 ) -> None:
     rng = random.Random(seed)
     n = rng.randint(1, 120)
@@ -411,15 +414,29 @@ def test_a_refusal_that_names_its_line_costs_one_request_per_bad_line(
     lines = [f"BAD{i} {line}" if i in bad else line for i, line in enumerate(lines_of(n))]
     clock = FakeClock()
     writer = WholeInflux(clock, bad=_bad_marker)
-    writer.misnamed = misnamed
+    writer.misnamed, writer.miscopied = misnamed == "line", misnamed == "copy"
     max_points = rng.choice([7, 50, 500])
     rejected = make_sender(writer, clock, max_points=max_points).send(lines)
     assert sorted(rejected) == [(i, f"unable to parse {lines[i]!r}") for i in sorted(bad)]
     assert set(writer.stored) == {line for i, line in enumerate(lines) if i not in bad}
     assert all(count == 1 for count in writer.stored.values())  # refused whole: none twice
     bodies = -(-n // max_points)
-    if not misnamed:
+    if misnamed is None:
         assert len(writer.bodies) == bodies + len(bad)  # each bad line: one request more
+
+
+def test_a_body_of_many_bad_lines_is_bisected_after_a_few_named_ones() -> None:
+    """A whole measurement refused (a field type conflict): a few lines are skipped by
+    name, then the rest is bisected; no deep recursion, every line once."""
+    n, bad = 5000, set(range(0, 5000, 3))
+    lines = [f"BAD{i} {line}" if i in bad else line for i, line in enumerate(lines_of(n))]
+    clock = FakeClock()
+    writer = WholeInflux(clock, bad=_bad_marker)
+    rejected = make_sender(writer, clock).send(lines)
+    assert sorted(i for i, _ in rejected) == sorted(bad)
+    assert set(writer.stored) == {line for i, line in enumerate(lines) if i not in bad}
+    assert all(count == 1 for count in writer.stored.values())
+    assert len(writer.bodies) < 2 * n  # bisection's cost, not a request per line per line
 
 
 def test_bisection_re_sends_are_idempotent_and_survive_transient_faults() -> None:

@@ -131,10 +131,10 @@ def classify_status(
     said = server_message(body, headers) or f"HTTP {status}"
     refused = refused_line(body) if status == 400 and target.api == "v3" else None
     if refused is not None:  # InfluxDB 3 names the line that made it refuse the request
-        line, reason = refused
+        line, reason, original = refused
         where = target.where()
         message = f"InfluxDB refused line {line + 1} of a request (400) for {where}: {reason}"
-        error: TwoPhaseError = BadPointsError(message, reason, line)
+        error: TwoPhaseError = BadPointsError(message, reason, line, original)
     else:
         error = _classify(status, said, headers, target)
     error = scrubbed(error, secrets)
@@ -142,8 +142,9 @@ def classify_status(
     return error
 
 
-def refused_line(body: bytes | str | None) -> tuple[int, str] | None:
-    """(index in the request, reason) of the line InfluxDB 3 names in a refusal of a
+def refused_line(body: bytes | str | None) -> tuple[int, str, str | None] | None:
+    """(index in the request, reason, the server's copy of the line) of the line
+    InfluxDB 3 names in a refusal of a
     whole request (``accept_partial=false``): ``{"error": ..., "data": {"line_number":
     N, "error_message": ..., "original_line": ...}}``, N counted from 1. Read from the
     shape of ``data``, never from the error's wording; None for any other body."""
@@ -158,7 +159,9 @@ def refused_line(body: bytes | str | None) -> tuple[int, str] | None:
     number, reason = data.get("line_number"), data.get("error_message")
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
         return None
-    return number - 1, _short(reason) if isinstance(reason, str) and reason else "refused"
+    original = data.get("original_line")
+    said = _short(reason) if isinstance(reason, str) and reason else "refused"
+    return number - 1, said, original if isinstance(original, str) else None
 
 
 def _classify(

@@ -106,6 +106,21 @@ class BatchSender:
         return delivery.rejected
 
 
+_NAMED_REFUSALS = 8  # lines a body may have named and skipped before it is bisected
+
+
+def _named_line(exc: BadPointsError, lines: Sequence[tuple[int, bytes]]) -> int | None:
+    """The line of ``lines`` the refusal names, when it names one of them as it is (the
+    server's copy of the line must match ours: a line we count differently is not
+    skipped on its word); None otherwise."""
+    line = exc.line
+    if line is None or not 0 <= line < len(lines):
+        return None
+    if exc.original is not None and lines[line][1].decode("utf-8", "replace") != exc.original:
+        return None
+    return line
+
+
 def _encoded(lines: Iterable[str]) -> Iterator[tuple[int, bytes]]:
     return ((i, line.encode("utf-8")) for i, line in enumerate(lines))
 
@@ -125,23 +140,38 @@ class _Delivery:
     def deliver_body(
         self, body: bytes, count: int, batch: Callable[[], list[tuple[int, bytes]]]
     ) -> None:
-        """Send ``body`` (``count`` lines); split ``batch()`` when InfluxDB refuses it."""
-        try:
-            self.write_with_retry(body, count)
-        except BatchTooLargeError as exc:
-            self.split(batch(), str(exc))
-        except BadPointsError as exc:
-            if exc.line is not None and 0 <= exc.line < count:  # named: none was written
-                self.skip(batch(), exc.line, exc.reason)
-            else:  # with 1.x the good lines were written already; re-sending is harmless
-                self.split(batch(), exc.reason)
+        """Send ``body`` (``count`` lines); split ``batch()`` when InfluxDB refuses it.
 
-    def skip(self, batch: list[tuple[int, bytes]], line: int, reason: str) -> None:
-        """Reject the line InfluxDB named and send the others again, in their order."""
-        self.rejected.append((batch[line][0], reason))
-        rest = batch[:line] + batch[line + 1 :]
-        if rest:
-            self.deliver(rest)
+        A refusal that names its line (InfluxDB 3: none of the body was written)
+        rejects that line and sends the others again, up to ``_NAMED_REFUSALS``
+        times per body (a body of many bad lines is then bisected: fewer bytes
+        sent again); any other refusal is bisected at once (with 1.x the good
+        lines were written already; re-sending them is harmless).
+        """
+        lines: list[tuple[int, bytes]] | None = None  # taken apart only when refused
+        for _ in range(_NAMED_REFUSALS + 1):
+            try:
+                self.write_with_retry(body, count)
+                return
+            except BatchTooLargeError as exc:
+                self.split(batch() if lines is None else lines, str(exc))
+                return
+            except BadPointsError as exc:
+                lines = batch() if lines is None else lines
+                line = _named_line(exc, lines)
+                if line is None:
+                    self.split(lines, exc.reason)
+                    return
+                self.rejected.append((lines[line][0], exc.reason))
+                lines = lines[:line] + lines[line + 1 :]
+                if not lines:
+                    return
+                body, count = b"\n".join(text for _, text in lines), len(lines)
+        assert lines  # past the named refusals: each half again, on its own
+        middle = len(lines) // 2
+        for half in (lines[:middle], lines[middle:]):
+            if half:
+                self.deliver(half)
 
     def split(self, batch: list[tuple[int, bytes]], reason: str) -> None:
         if len(batch) == 1:

@@ -180,9 +180,10 @@ def resend(
     """Send the retained points of COMMITTED epochs again, in increasing order.
 
     ``selection`` None means every retained COMMITTED epoch (epochs past
-    retention are then left out and reported, not refused). Claims the sink
-    like ``recover`` (refused while a live run owns it, unless forced): a
-    query that claims it back meanwhile stops the resend (FencedError).
+    retention are then left out and reported, not refused). Takes the sink
+    under a run of its own, as ``recover`` does but without promoting what is
+    pending (refused while a live run owns it, unless forced): a query that
+    claims it back meanwhile stops the resend (FencedError).
     """
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)
@@ -198,7 +199,10 @@ def resend(
             sent = sum(e.points_sent + e.points_rejected for e in done)
             hooks.progress(Progress("resend", "points", sent, plan.points, f"epoch {epoch.epoch}"))
 
-        lease = tp.committer.claim(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
+        # A run of its own, fencing the sink's previous run, but no recovery: what is
+        # pending stays for the query's claim or `twophase recover`, and is not sent
+        # here unasked and unreported.
+        lease = tp.ledger.begin_run(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
         Resender(tp.db, tp.promoter).resend(lease, plan, actor(), on_epoch)
     return ResendReport(sink_id, tuple(done), plan.skipped_aborted, plan.skipped_purged)
 

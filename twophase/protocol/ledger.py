@@ -263,6 +263,7 @@ class Ledger:
                 lease.run_id,
                 f"delivered {delivered}, rejected {rejected}",
             )
+            crash_point("in_mark", lease.sink_id)
 
     def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
         """Remember why the last promotion failed (for status); no state change.

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from twophase.points.builder import Rejected
 
 log = logging.getLogger("twophase.protocol.stager")
-_CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (two dict lookups)
+_CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (cheap, unarmed)
 # The spool's parts, and what it counts for the memory of a rejected row and of one
 # entry of a chunk's ``ends`` (an int object and its pointer) beside their texts.
 _CHUNKS, _REJECTS = "chunks", "rejects"
