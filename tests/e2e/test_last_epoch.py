@@ -52,8 +52,11 @@ LAST_EPOCH_CRASHES = [
 ]
 
 
-def start(target: Target, work: Path, promotion: str, plan: Path | None = None) -> Job:
-    return start_job(
+def start(
+    target: Target, work: Path, promotion: str, plan: Path | None = None, *, run: bool = False
+) -> Job:
+    """The job on the test's input; with ``run``, waited for until it ends."""
+    return (run_job if run else start_job)(
         target,
         work / "input",
         work / "checkpoint",
@@ -94,16 +97,7 @@ def test_sigkill_in_the_last_epoch_then_restart_with_no_new_input(
     ], at_crash
     assert at_crash[-1]["points"] > 0, at_crash  # a data epoch
 
-    restarted = run_job(
-        target,
-        work / "input",
-        work / "checkpoint",
-        SINK,
-        work / "logs",
-        max_files=FILES,
-        extra_args=NO_WATERMARK_BATCH,
-        TWOPHASE_PROMOTION=promotion,
-    )
+    restarted = start(target, work, promotion, run=True)
     assert restarted.returncode == 0, restarted.tail()
     assert restarted.records("DONE"), restarted.tail()
     assert not mismatches(target.influx, fed)

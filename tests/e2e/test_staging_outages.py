@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from scripts.services import PostgresServer
@@ -25,7 +24,8 @@ from tests.e2e.harness import (
     mismatches,
     start_job,
 )
-from tests.support import admin_conninfo, alembic, free_port, unique
+from tests.integration.test_staging_outages import terminate_others
+from tests.support import alembic, free_port, unique
 from twophase.config import InfluxConfig
 
 FILES = 12
@@ -58,12 +58,7 @@ def fault(server: PostgresServer, url: str, kind: str) -> None:
     """Restart the server (``fast``: sessions ended, a checkpoint; ``immediate``: as a
     crash, recovery at start), or end every backend of the database (``terminate``)."""
     if kind == "terminate":
-        with psycopg.connect(admin_conninfo(url), autocommit=True) as conn:
-            ended = conn.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            ).fetchone()
-        assert ended and ended[0] >= 1  # the paused step's connection at least
+        assert terminate_others(url) >= 1  # the paused step's connection at least
         return
     server.stop(mode=kind)
     server.start()

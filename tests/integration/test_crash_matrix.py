@@ -23,6 +23,7 @@ from tests.integration.crash_driver import (
     POINTS_PER_PARTITION,
     read_log,
 )
+from tests.integration.test_protocol import scalar
 from tests.support import (
     REPO,
     admin_conninfo,
@@ -162,12 +163,6 @@ def dead_letters(url: str) -> list[tuple[Any, ...]]:
         return conn.execute(
             "SELECT epoch, phase, payload FROM twophase_dead_letters ORDER BY epoch, payload"
         ).fetchall()
-
-
-def scalar(url: str, statement: str) -> int:
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        row = conn.execute(statement).fetchone()
-        return int(row[0]) if row else 0
 
 
 def staging_summary(url: str) -> dict[str, Any]:

@@ -365,12 +365,13 @@ def test_staging_waits_for_a_store_that_is_down_before_it_reads_its_input(
 
 def terminate_others(url: str) -> int:
     """End every other connection to the database (the pool's and a step's under way)."""
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        row = conn.execute(
+    return int(
+        scalar(
+            url,
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else 0
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+    )
 
 
 def pause_at(monkeypatch: pytest.MonkeyPatch, folder: Path, at: str) -> Path:
