@@ -8,7 +8,7 @@ Arm a point in one of two ways:
   every check, ``{"at": "<name>[:<n>]", "scope": "process" | "session",
   "sink": "<sink id>"}``, so a running job can be armed from outside. A plan
   fires once across all processes that read it: the first to fire creates
-  ``<file>.fired``. With ``"pause_s": <seconds>`` the process does not die:
+  ``<file>.fired`` and writes its pid there. With ``"pause_s": <seconds>`` the process does not die:
   it sleeps there that long (after creating the marker), so that a test can
   break a server while a step is under way.
 
@@ -127,11 +127,16 @@ def _read_plan(path: str) -> tuple[str | None, str, str | None, float | None]:
 
 
 def _claim(plan: str) -> bool:
-    """True for the first process to fire this plan (atomic create of the marker)."""
+    """True for the first process to fire this plan (atomic create of the marker). The
+    marker holds that process's pid: a test can then find the executor that runs it."""
     try:
-        os.close(os.open(plan + ".fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        marker = os.open(plan + ".fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
+    try:
+        os.write(marker, str(os.getpid()).encode())
+    finally:
+        os.close(marker)
     return True
 
 

@@ -1,6 +1,7 @@
 """The job on a standalone Spark cluster, as a cluster gets twophase: installed from the
-wheel, not from the source tree; its driver SIGKILLed twice, then, while tasks stage,
-an executor JVM, the executors' Python workers, and a whole worker; exact afterwards.
+wheel, not from the source tree; its driver SIGKILLed twice, then, each while a task
+holds a staged write: the executor JVM running it, the executors' Python workers, and
+the whole worker running it; exact afterwards.
 
 The cluster is a master and two workers (one core each), separate JVMs on loopback,
 from the pip-installed PySpark, with their work folders under ``.local/``. The wheel
@@ -19,11 +20,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
@@ -37,15 +37,15 @@ from tests.e2e.harness import (
     arm,
     epochs,
     feed,
+    fired,
     mismatches,
     orphan_writes,
     run_job,
     start_job,
-    undecided_writes,
     wait_exact,
 )
 from tests.integration.cli_helpers import make_cli
-from tests.support import REPO, admin_conninfo, free_port
+from tests.support import REPO, free_port
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -102,6 +102,7 @@ def cluster() -> Iterator[tuple[SparkMasterServer, list[SparkWorkerServer]]]:
 
 EXECUTOR = "CoarseGrainedExecutorBackend"  # an executor JVM's main class
 PYTHON_WORKER = "pyspark.daemon"  # the executor's Python daemon and the workers it forks
+PAUSE_S = 120  # a paused task outlives any kill's delivery by far
 
 
 def processes(worker: SparkWorkerServer, marker: str) -> list[int]:
@@ -144,6 +145,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
         *("--conf", f"spark.executorEnv.PGPASSWORD={url.password or ''}"),
     ]
     plan = work / "crash-plan.json"
+    launcher += ["--conf", f"spark.executorEnv.TWOPHASE_CRASH_PLAN={plan}"]
     args = (target, work / "input", work / "checkpoint", SINK, work / "logs")
     options: dict[str, Any] = dict(
         launcher=launcher, cwd=work, available_now=False, max_files=2, crash_plan=plan
@@ -166,13 +168,13 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
 
     job = start_job(*args, **options)
     wait_exact(job, target, fed, MALFORMED, timeout=300)  # recovered, and replayed
-    staging = Staging(job, target, feed_more)
-    staging.kill(lambda: [p for w in workers for p in processes(w, EXECUTOR)][:1])
+    staging = Staging(job, plan, feed_more)
+    staging.kill(lambda paused: [executor_of(paused)])
     wait_exact(job, target, fed, MALFORMED, timeout=300)
     assert "ExecutorLostFailure" in job.stderr(), job.tail()
-    staging.kill(lambda: [p for w in workers for p in processes(w, PYTHON_WORKER)])  # all of them
+    staging.kill(lambda paused: [paused, *python_workers(workers)])  # all of them
     wait_exact(job, target, fed, MALFORMED, timeout=300)
-    staging.kill(lambda: [p for p in [workers[0].pid()] if p])  # a whole worker
+    staging.kill(lambda paused: [w.pid() for w in workers if paused in processes(w, "")])
     feed_more(len(files) - len(fed))
     wait_exact(job, target, fed, MALFORMED, timeout=300)
     assert staging.killed == 3, staging.killed
@@ -203,27 +205,42 @@ def ended(job: Job) -> Any:
 
 
 class Staging:
-    """Kills processes the moment a write is staged but not yet decided: a task of the
-    running job is staging (or just has). Spark retries the task elsewhere; the write
-    of the killed attempt, if it committed, is an orphan."""
+    """Pauses a task of the running job just after its write is staged (``after_stage``:
+    the write committed, the task not ended) and kills processes there. The paused task
+    fails with them; Spark retries it elsewhere, and the write of the killed attempt is
+    an orphan."""
 
-    def __init__(self, job: Job, target: Target, feed_more: Any) -> None:
-        self.job, self.target, self.feed_more = job, target, feed_more
+    def __init__(self, job: Job, plan: Path, feed_more: Callable[[int], None]) -> None:
+        self.job, self.plan, self.feed_more = job, plan, feed_more
         self.killed = 0
 
-    def kill(self, victims: Any) -> None:
-        with psycopg.connect(admin_conninfo(self.target.staging_url), autocommit=True) as conn:
-            before = undecided_writes(conn)
-            self.feed_more(2)
-            self.job.wait_for(
-                "a write staged and not decided",
-                lambda: undecided_writes(conn) > before,
-                180,
-                interval=0.005,
-            )
-        pids = victims()
+    def kill(self, victims: Callable[[int], Sequence[int | None]]) -> None:
+        """SIGKILL ``victims(pid of the paused task's Python worker)``."""
+        arm(self.plan, "after_stage", scope="process", sink=SINK, pause_s=PAUSE_S)
+        self.feed_more(2)
+        marker = fired(self.plan)
+        self.job.wait_for(
+            "a task paused with its write staged",
+            lambda: marker.exists() and marker.read_text().isdigit(),
+            180,
+        )
+        pids = victims(int(marker.read_text()))
         assert pids, "nothing to kill"
         for pid in pids:
+            assert pid, "a victim that is not running"
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.killed += 1
+
+
+def python_workers(workers: list[SparkWorkerServer]) -> list[int]:
+    return [pid for worker in workers for pid in processes(worker, PYTHON_WORKER)]
+
+
+def executor_of(pid: int) -> int:
+    """The executor JVM that ``pid`` (a Python worker) descends from."""
+    while pid > 1:
+        if EXECUTOR in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("the paused task runs in no executor")

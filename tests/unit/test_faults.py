@@ -108,7 +108,7 @@ def test_plan_armed_from_outside_kills_the_whole_session_once(tmp_path: Path) ->
     assert codes == [-signal.SIGKILL, 0], "exactly one process fires a plan"
     killed = first if first.poll() == -signal.SIGKILL else second
     survivor = second if killed is first else first
-    assert (tmp_path / "plan.json.fired").exists()
+    assert (tmp_path / "plan.json.fired").read_text() == str(killed.pid)  # who fired
     assert not alive(grandchildren[(first, second).index(killed)])  # its session went with it
     assert alive(grandchildren[(first, second).index(survivor)])
     for proc, grandchild in zip((first, second), grandchildren, strict=True):
