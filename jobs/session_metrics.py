@@ -141,6 +141,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="add a zip of twophase to the executors' path (when it is not installed there)",
     )
     ap.add_argument(
+        "--targets",
+        default=None,
+        metavar="NAME=URL,...",
+        help="deliver to several InfluxDB servers, each exactly once (the sinks' option "
+        "targets; default: TWOPHASE_TARGETS, else TWOPHASE_INFLUX_URL's one server)",
+    )
+    ap.add_argument(
         "--log-format",
         choices=logs.FORMATS,
         default=logs.TEXT,
@@ -255,8 +262,9 @@ def session_stats(events: Any, window: str, watermark: str) -> Any:
 
 
 def sink_options(args: argparse.Namespace) -> dict[str, str]:
-    """The twophase-influx options of the stats sink (settings come from TWOPHASE_*)."""
-    return {
+    """The twophase-influx options of the stats sink (settings come from TWOPHASE_*,
+    the targets from ``--targets`` when given)."""
+    options = {
         "sink_id": args.sink_id,
         "measurement": MEASUREMENT,
         "tags": "stream_id,isp",
@@ -264,6 +272,7 @@ def sink_options(args: argparse.Namespace) -> dict[str, str]:
         "precision": "s",
         "dead_letter_sink": args.sink_id + MALFORMED_SUFFIX,
     }
+    return options | ({"targets": args.targets} if args.targets else {})
 
 
 def start_query(spark: Any, args: argparse.Namespace) -> tuple[Any, Any]:

@@ -160,3 +160,15 @@ class BadPointsError(InfluxRequestError):
         self.reason = reason
         self.line = line
         self.original = original
+
+
+# What one InfluxDB target of several may answer that leaves it lagging rather than
+# failing the commit (twophase.protocol.fanout): that server is down, refuses the
+# credentials, lacks the database or refuses the request. Anything else (fencing, a
+# damaged epoch, the staging store) fails the commit.
+TARGET_FAILURES: tuple[type[TwoPhaseError], ...] = (
+    InfluxUnavailableError,
+    InfluxAuthError,
+    InfluxNotFoundError,
+    InfluxRequestError,
+)

@@ -40,8 +40,9 @@ transaction not yet committed):
   acknowledged InfluxDB request; also in an operator's resend),
   ``before_dead_letters`` (a request acknowledged with rejections that are not
   yet recorded; only such a request reaches it), ``after_promote`` (all
-  requests acknowledged, epoch not yet marked), ``in_mark`` (COMMITTED
-  written), ``after_mark``;
+  requests acknowledged, epoch not yet marked), ``in_deliver`` (several targets:
+  one target's delivery of the epoch recorded, not committed; also in the
+  catch-up of a lagging target), ``in_mark`` (COMMITTED written), ``after_mark``;
 * ``drain`` (background promotion: a caller is about to wait for a handed-off
   epoch, which may still be promoting; never reached with inline promotion);
 * ``before_split_decide`` (Spark: the points sink's epoch committed, or handed
@@ -80,6 +81,7 @@ CRASH_POINTS = (
     "promote_batch",
     "before_dead_letters",
     "after_promote",
+    "in_deliver",
     "in_mark",
     "after_mark",
     "drain",

@@ -17,10 +17,11 @@ promoted, so that its count starts in the last epoch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
-from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import InfluxConfig, TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.faults import PLAN_ENV
 from twophase.protocol.runtime import TwoPhase
 
@@ -70,6 +71,8 @@ def main() -> None:
     ap.add_argument("--arm-last", default=None, help="crash plan (JSON) armed for the last epoch")
     ap.add_argument("--gc-interval", default="0", help="gc_interval (0: no automatic GC)")
     ap.add_argument("--retention", default="1h", help="retention of delivered points")
+    ap.add_argument("--influx-url-b", default=None, help="a second target, b (a: --influx-url)")
+    ap.add_argument("--influx-db-b", default=None, help="target b's database")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
@@ -80,16 +83,7 @@ def main() -> None:
             gc_interval=args.gc_interval,
             retention=args.retention,
         ),
-        InfluxConfig(
-            url=args.influx_url,
-            api="v1",
-            database=args.influx_db,
-            batch_points=args.batch_points,
-            retry_deadline_s=30,
-            retry_initial_s=0.05,
-            retry_max_s=1,
-            promotion=args.promotion,
-        ),
+        influx_config(args),
     )
     log = Path(args.spark_log)
     done = read_log(log)
@@ -115,6 +109,25 @@ def main() -> None:
             outcome = tp.committer.commit(lease, epoch, messages)
             print(f"epoch {epoch} {outcome.state} replay={outcome.replay}", flush=True)
             append_log(log, epoch)
+
+
+def influx_config(args: argparse.Namespace) -> InfluxConfig:
+    """One target; with ``--influx-url-b``, targets a and b (b given up after 1 s)."""
+    config = InfluxConfig(
+        url=args.influx_url,
+        api="v1",
+        database=args.influx_db,
+        batch_points=args.batch_points,
+        retry_deadline_s=30,
+        retry_initial_s=0.05,
+        retry_max_s=1,
+        promotion=args.promotion,
+    )
+    if args.influx_url_b is None:
+        return config
+    b = dataclasses.replace(config, url=args.influx_url_b, database=args.influx_db_b)
+    targets = (TargetConfig("a", config), TargetConfig("b", b))
+    return dataclasses.replace(config, targets=targets, target_deadline_s=1.0)
 
 
 def arm(plan: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.integration.cli_helpers import SCRIPT
 from tests.integration.crash_driver import (
     BAD_EPOCH,
     MEASUREMENT,
@@ -23,6 +24,7 @@ from tests.integration.crash_driver import (
     POINTS_PER_PARTITION,
     read_log,
 )
+from tests.integration.faultproxy import CUT, PASS, FaultProxy
 from tests.integration.test_protocol import scalar
 from tests.support import (
     REPO,
@@ -193,7 +195,8 @@ def test_the_matrices_cover_every_named_crash_point() -> None:
     assert {(m[0], m[1]) for m in MATRIX} == modes
     at_restart = {second.split(":")[0] for _, _, second, _ in RESTART_CRASHES}
     assert {promotion for promotion, _, _, _ in RESTART_CRASHES} == {"inline", "background"}
-    covered = in_steps | {"drain"} | at_restart | set(ELSEWHERE)
+    targets = {point for point, _ in TARGET_CRASHES} | {p for p, _ in TARGET_DOWN_CRASHES}
+    covered = in_steps | {"drain"} | at_restart | targets | set(ELSEWHERE)
     assert covered == set(CRASH_POINTS), set(CRASH_POINTS) ^ covered
     for point, test in ELSEWHERE.items():
         path, _, name = test.partition("::")
@@ -429,3 +432,125 @@ def test_sigkill_again_while_the_restart_claims_and_recovers(
         assert conn.execute("SELECT count(*) FROM twophase_writes").fetchone() == (
             EPOCHS * PARTITIONS,
         )
+
+
+# Two targets, a and b (each its own InfluxDB database): every step of a fan-out
+# promotion killed, inline over one lane and in the background over four. Per epoch,
+# 9 requests of 40 points go to each target (18 promote_batch checks), and each
+# target's delivery is recorded (2 in_deliver checks).
+TARGET_CRASHES = [
+    ("in_decide", 2),  # epoch 1's vote, uncommitted
+    ("after_decide", 2),  # epoch 1 decided, sent to neither target
+    ("promote_batch", 23),  # epoch 1, 5 of its 18 requests acknowledged
+    ("before_dead_letters", 1),  # epoch 1's rejecting request, in one target
+    ("in_deliver", 3),  # epoch 1 in one target, the record uncommitted
+    ("in_deliver", 4),  # epoch 1 in both, the second record uncommitted
+    ("after_promote", 2),  # epoch 1 in both targets, not marked
+    ("in_mark", 2),  # epoch 1's mark, uncommitted
+    ("after_mark", 2),  # epoch 1 COMMITTED, not in Spark's log: a replay
+]
+TARGET_MATRIX = [("inline", 1, *c) for c in TARGET_CRASHES] + [
+    ("background", 4, *c) for c in TARGET_CRASHES
+]
+
+
+@pytest.fixture
+def influx_b(influx_url: str) -> Iterator[InfluxConfig]:
+    """Target b's database on the same server (target a's: the ``influx`` fixture)."""
+    name = unique("tpb")
+    create_influx_database(influx_url, name)
+    yield InfluxConfig(url=influx_url, api="v1", database=name)
+    drop_influx_database(influx_url, name)
+
+
+def target_b(influx: InfluxConfig, url: str | None = None) -> tuple[str, ...]:
+    return ("--influx-url-b", url or influx.url, "--influx-db-b", str(influx.database))
+
+
+@pytest.mark.parametrize(
+    ("promotion", "lanes", "point", "nth"),
+    TARGET_MATRIX,
+    ids=[f"{m[0]}-{m[1]}lane-{m[2]}-{m[3]}" for m in TARGET_MATRIX],
+)
+def test_sigkill_at_each_step_of_a_two_target_promotion(
+    promotion: str,
+    lanes: int,
+    point: str,
+    nth: int,
+    crash_free: dict[str, Any],
+    staging_url: str,
+    influx: InfluxConfig,
+    influx_b: InfluxConfig,
+    tmp_path: Path,
+) -> None:
+    log, b = tmp_path / "spark-commit-log", target_b(influx_b)
+    options: dict[str, Any] = dict(promotion=promotion, lanes=lanes, extra=b)
+    crashed = run_driver(staging_url, influx, log, "run-1", f"{point}:{nth}", **options)
+    assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+    summary = staging_summary(staging_url)["epochs"]
+    decided = [row[0] for row in summary]
+    restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, **options)
+    assert restarted.returncode == 0, restarted.stderr
+    for target in (influx, influx_b):  # each target: nothing missing or doubled
+        assert influx_rows(target, MEASUREMENT) == crash_free["rows"]
+    assert dead_letters(staging_url) == crash_free["dead"]
+    assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
+    delivered = "SELECT count(*) FROM twophase_target_deliveries GROUP BY target ORDER BY target"
+    with psycopg.connect(admin_conninfo(staging_url)) as conn:
+        assert conn.execute(delivered).fetchall() == [(EPOCHS,), (EPOCHS,)]
+
+
+# Target b down (its fault proxy cutting every connection) through the crash and the
+# restart: every epoch is COMMITTED with a alone; b is brought back, and `twophase
+# recover` delivers its backlog, killed once in its own catch-up (in_deliver) first.
+TARGET_DOWN_CRASHES = [("after_decide", 2), ("promote_batch", 14), ("in_deliver", 2)]
+TARGET_DOWN_CRASHES += [("in_mark", 2), ("after_mark", 2)]
+
+
+@pytest.mark.parametrize(("point", "nth"), TARGET_DOWN_CRASHES)
+def test_sigkill_with_one_target_down_then_recover_catches_it_up(
+    point: str,
+    nth: int,
+    crash_free: dict[str, Any],
+    staging_url: str,
+    influx: InfluxConfig,
+    influx_b: InfluxConfig,
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "spark-commit-log"
+    with FaultProxy.for_url(influx_b.url).start() as proxy:
+        proxy.set_mode(CUT)
+        b = target_b(influx_b, proxy.url)
+        crashed = run_driver(staging_url, influx, log, "run-1", f"{point}:{nth}", extra=b)
+        assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+        decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
+        restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, extra=b)
+        assert restarted.returncode == 0, restarted.stderr
+        assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # a, all along
+        assert influx_rows(influx_b, MEASUREMENT) == []
+        assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
+        proxy.set_mode(PASS)
+        recover = [str(SCRIPT), "recover", "--sink", SINK, "--force"]
+        env = {
+            **os.environ,
+            "TWOPHASE_STAGING_URL": staging_url,
+            "TWOPHASE_TARGETS": f"a={influx.url},b={proxy.url}",
+            "TWOPHASE_TARGET_A_INFLUX_DB": str(influx.database),
+            "TWOPHASE_TARGET_B_INFLUX_DB": str(influx_b.database),
+            "TWOPHASE_INFLUX_API": "v1",
+            "TWOPHASE_INFLUX_BATCH_POINTS": "40",
+        }
+        env.pop("TWOPHASE_INFLUX_URL", None)
+        killed = subprocess.run(
+            recover, env={**env, "TWOPHASE_CRASH_AT": "in_deliver:2"}, capture_output=True
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        # killed recording epoch 1, sent: b holds epochs 0 and 1, its cursor on 0
+        assert len(influx_rows(influx_b, MEASUREMENT)) == 2 * PARTITIONS * POINTS_PER_PARTITION
+        cursor = "SELECT delivered_epoch FROM twophase_targets WHERE target = 'b'"
+        assert scalar(staging_url, cursor) == 0
+        done = subprocess.run(recover, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
+    assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
+    assert dead_letters(staging_url) == crash_free["dead"]

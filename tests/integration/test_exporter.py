@@ -12,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cli_helpers import known_store, sql
+from tests.integration.fanout_helpers import two_targets
+from tests.integration.faultproxy import CUT
 from tests.integration.test_auto_gc import Clock, committer_of
 from tests.integration.test_protocol import lines, stage
 from tests.support import admin_conninfo, free_port, port_is_free, staging_config_for, two_phase
@@ -135,10 +137,11 @@ def test_the_driver_serves_its_influx_request_metrics(
         tp.committer.commit(lease, 0, stage(tp, "d", 0, [lines(0, 5)]))
         tp.committer.commit(lease, 1, stage(tp, "d", 1, [[*lines(1, 4), bad]]))
         before = scrape(port)
-    assert value(before, "twophase_influx_responses_total", status_class="2xx") >= 2
-    assert value(before, "twophase_influx_responses_total", status_class="4xx") >= 1
-    assert value(before, "twophase_influx_sent_bytes_total") > 0
-    assert value(before, "twophase_influx_request_duration_seconds_count") >= 3
+    one = {"target": "default"}  # the one influx_url names
+    assert value(before, "twophase_influx_responses_total", status_class="2xx", **one) >= 2
+    assert value(before, "twophase_influx_responses_total", status_class="4xx", **one) >= 1
+    assert value(before, "twophase_influx_sent_bytes_total", **one) > 0
+    assert value(before, "twophase_influx_request_duration_seconds_count", **one) >= 3
 
     closed = dataclasses.replace(
         influx, url=f"http://127.0.0.1:{free_port()}", metrics_port=port, retry_deadline_s=0.3
@@ -152,7 +155,26 @@ def test_the_driver_serves_its_influx_request_metrics(
     unserved = free_port()
     with two_phase(staging, dataclasses.replace(influx, metrics_port=unserved)):
         assert port_is_free(unserved)  # the CLI's processes never take the driver's port
-    assert value(after, "twophase_influx_responses_total", status_class="transport") >= 2
+    assert value(after, "twophase_influx_responses_total", status_class="transport", **one) >= 2
+
+
+def test_the_driver_labels_its_requests_with_their_target(
+    staging: StagingConfig, influx_url: str
+) -> None:
+    port = free_port()
+    with two_targets(influx_url) as pair:
+        pair.proxy.set_mode(CUT)  # b refuses every connection: a takes the epochs
+        config = dataclasses.replace(pair.config, metrics_port=port)
+        with two_phase(staging, config, serve_metrics=True) as tp:
+            tp.promoter.close()  # no catch-up: b's requests are the commit's only
+            lease = tp.committer.claim("m", "r1", "q1")
+            tp.committer.commit(lease, 0, stage(tp, "m", 0, [lines(0, 5)]))
+            got = scrape(port)
+    a, b = {"target": "a"}, {"target": "b"}
+    assert value(got, "twophase_influx_responses_total", status_class="2xx", **a) >= 1
+    assert value(got, "twophase_influx_responses_total", status_class="transport", **b) >= 1
+    assert value(got, "twophase_influx_sent_bytes_total", **a) > 0
+    assert value(got, "twophase_influx_request_duration_seconds_count", **b) >= 1
 
 
 def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: Any, exporter: Exporter) -> None:

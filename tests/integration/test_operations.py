@@ -219,7 +219,7 @@ def test_schema_operations_return_data_and_ask_before_a_downgrade(staging: Stagi
     declined = Recorder(answer=False)
     with pytest.raises(RefusedError):
         ops.downgrade_schema(staging, "0004_sink_counters", declined.hooks())
-    assert "from 0006_kept_dead_letters to 0004_sink_counters" in declined.questions[0]
+    assert "from 0007_targets to 0004_sink_counters" in declined.questions[0]
     assert ":twophase@" not in declined.questions[0]  # the URL shown has no password
     assert ops.current_schema(staging).after == head
 

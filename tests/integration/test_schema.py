@@ -25,6 +25,7 @@ REVISIONS = [
     "0004_sink_counters",
     "0005_chunk_lanes",
     "0006_kept_dead_letters",
+    "0007_targets",
 ]
 
 

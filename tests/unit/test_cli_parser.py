@@ -29,6 +29,7 @@ SECTIONS = {
     "metrics": STAGING_FLAGS,
     "recover": BOTH,
     "resend": BOTH,
+    "targets": BOTH,  # resync sends to InfluxDB
     "abort": STAGING_FLAGS,
     "gc": STAGING_FLAGS,
     "reset": STAGING_FLAGS,
@@ -154,7 +155,7 @@ def test_db_upgrade_sql_needs_no_database(capsys: pytest.CaptureFixture[str]) ->
     code, out, _ = run(capsys, "db", "downgrade", "0004_sink_counters", "--sql", "--json")
     script = json.loads(out)
     assert code == 0 and (script["start"], script["target"]) == (
-        "0006_kept_dead_letters",
+        "0007_targets",
         "0004_sink_counters",
     )
     assert "ALTER TABLE twophase_staged_chunks DROP COLUMN lane" in script["sql"]
@@ -175,3 +176,68 @@ def test_a_revision_that_cannot_work_is_a_usage_error(
     code, out, err = run(capsys, *argv)
     assert (code, out) == (2, "")
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_targets_lists_by_default_and_resyncs_a_named_target() -> None:
+    listing = build_parser().parse_args(["targets", "--sink", "s", "--json"])
+    assert (listing.action, listing.name, listing.sink, listing.json) == (None, None, "s", True)
+    resync = build_parser().parse_args(
+        ["targets", "resync", "b", "--sink", "s", "--from-epoch", "3", "--yes", "--force"]
+    )
+    assert (resync.action, resync.name, resync.sink) == ("resync", "b", "s")
+    assert (resync.from_epoch, resync.yes, resync.force) == (3, True, True)
+    for command in ("verify", "resend"):
+        args = build_parser().parse_args([command, "--sink", "s", "--target", "b"])
+        assert args.target == "b"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["targets", "frob"], "invalid choice: 'frob'"),
+        (["targets", "resync", "b", "--from-epoch", "-1"], "'-1' is not a count"),
+        (["targets", "--from-epoch", "3"], "go with `targets resync`"),
+        (["targets", "--yes"], "go with `targets resync`"),
+        (["targets", "resync", "--sink", "s"], "resync NAME --sink S"),
+        (["targets", "resync", "b"], "resync NAME --sink S"),
+    ],
+)
+def test_targets_usage_errors_need_no_server(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert message in err and len(err.splitlines()) == 1
+
+
+SERVERS = ["--staging-url", "postgresql://u@127.0.0.1:1/db"]
+TWO = ["--targets", "a=http://127.0.0.1:1,b=http://127.0.0.1:2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["targets", "resync", "b", "--sink", "s", "--influx-url", "http://127.0.0.1:1"],
+            "needs the sink's targets in the configuration: set TWOPHASE_TARGETS",
+        ),
+        (
+            [*TWO, "targets", "resync", "c", "--sink", "s"],
+            "unknown target 'c': the configuration (TWOPHASE_TARGETS) names a, b",
+        ),
+        ([*TWO, "verify", "--sink", "s", "--target", "c"], "unknown target 'c'"),
+        ([*TWO, "resend", "--sink", "s", "--all", "--target", "c"], "unknown target 'c'"),
+        (
+            ["--influx-url", "http://127.0.0.1:1", "verify", "--sink", "s", "--target", "b"],
+            "names one InfluxDB server (TWOPHASE_INFLUX_URL, target 'default')",
+        ),
+    ],
+)
+def test_a_target_the_configuration_does_not_name_is_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Nothing listens on the servers' ports: the refusal comes first, exit 2."""
+    code, out, err = run(capsys, *SERVERS, *argv, "--json")
+    assert (code, out) == (2, "")
+    error = json.loads(err)
+    assert message in error["error"] and error["exit_code"] == 2

@@ -12,14 +12,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from twophase.cli.parser import _epoch
 from twophase.errors import BadPointsError, InfluxAuthError, TransientWriteError
 from twophase.influx.classify import Target, classify_status
-from twophase.influx.metering import retry_reason, status_class
+from twophase.influx.metering import REGISTRY, MeteredWriter, retry_reason, status_class
 from twophase.operations.exporter import (
     DURATION_BUCKETS,
     SinkRow,
     _Durations,
     metric_names,
     sink_families,
+    target_families,
 )
+from twophase.protocol.targets import TargetState
 from twophase.wording import epoch_label, name_epochs
 
 pytestmark = pytest.mark.unit
@@ -44,10 +46,13 @@ def _row(**changes: object) -> SinkRow:
     return SinkRow(**values)  # type: ignore[arg-type]
 
 
-def _exposed(rows: list[SinkRow]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _exposed(
+    rows: list[SinkRow], targets: tuple[TargetState, ...] = ()
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     class One:
         def collect(self):  # type: ignore[no-untyped-def]
             yield from sink_families(rows, {})
+            yield from target_families(targets)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(One())  # type: ignore[arg-type]
@@ -82,6 +87,47 @@ def test_names_and_labels_follow_prometheus_conventions() -> None:
     got = _exposed([_row(last_decided_epoch=12, last_commit_at=1.0, run_state="live")])
     labels = {name for _, pairs in got for name, _ in pairs}
     assert labels == {"sink", "state", "phase", "le"}  # bounded: never an epoch or a run id
+
+
+def test_each_target_has_its_lag_and_one_state() -> None:
+    quarantined = TargetState("s", "b", "quarantined", None, 0, 3, 90.5, 4096, 0, None, None, None)
+    live = TargetState("s", "a", "live", 7, 0, 0, None, 0, None, None, None, None)
+    got = _exposed([_row()], (quarantined, live))
+    a, b = (("sink", "s"), ("target", "a")), (("sink", "s"), ("target", "b"))
+    assert got[("twophase_target_lag_epochs", b)] == 3
+    assert got[("twophase_target_lag_seconds", b)] == 90.5
+    assert got[("twophase_target_lag_seconds", a)] == 0  # nothing lacking
+    assert got[("twophase_target_lag_bytes", b)] == 4096
+    assert got[("twophase_target_delivered_epoch", a)] == 7
+    assert ("twophase_target_delivered_epoch", b) not in got  # nothing delivered yet
+    b_states = {
+        dict(pairs)["state"]: v
+        for (name, pairs), v in got.items()
+        if name == "twophase_target_state" and ("target", "b") in pairs
+    }
+    assert b_states == {"live": 0, "lagging": 0, "quarantined": 1}
+    assert {name for name, _ in got} <= metric_names()
+
+
+def test_the_driver_labels_each_request_with_its_target() -> None:
+    class Fine:
+        def write(self, body: bytes) -> None:
+            return None
+
+        def close(self) -> None:
+            return None
+
+    def sent(target: str) -> float:
+        return (
+            REGISTRY.get_sample_value("twophase_influx_sent_bytes_total", {"target": target}) or 0.0
+        )
+
+    before = sent("unit-b"), sent("default")
+    MeteredWriter(Fine(), "unit-b").write(b"m v=1 1")  # type: ignore[arg-type]
+    MeteredWriter(Fine()).write(b"m v=1 12")  # type: ignore[arg-type]
+    assert (sent("unit-b") - before[0], sent("default") - before[1]) == (7, 8)
+    ok = {"target": "unit-b", "status_class": "2xx"}
+    assert REGISTRY.get_sample_value("twophase_influx_responses_total", ok) >= 1
 
 
 TARGET = Target("v1", "http://influx:8086", "db")

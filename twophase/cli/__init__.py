@@ -1,12 +1,13 @@
 """``twophase``: the operator's command line for a twophase staging store.
 
-Commands: status, epochs, verify, dead-letters, recover, resend, abort, gc,
-reset, metrics serve, and db (upgrade, downgrade, current, history) for the
-staging schema (``twophase COMMAND --help`` for each). Settings come from the
-``TWOPHASE_*`` variables (see :mod:`twophase.config`); the connection flags
-override them: every one before the command, and after it those of the servers
-the command talks to. Secrets (InfluxDB password or token, a database password)
-come only from the environment or ``*_FILE`` files, never from a flag.
+Commands: status, epochs, verify, dead-letters, recover, resend, targets (and
+targets resync), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
+current, history) for the staging schema (``twophase COMMAND --help`` for
+each). Settings come from the ``TWOPHASE_*`` variables (see
+:mod:`twophase.config`); the connection flags override them: every one before
+the command, and after it those of the servers the command talks to. Secrets
+(InfluxDB password or token, a database password) come only from the
+environment or ``*_FILE`` files, never from a flag.
 
 Exit codes: 0 success; 1 a failure the one-line message on stderr explains (a
 server unreachable, a setting missing from the environment, a refusal while a
@@ -20,13 +21,21 @@ with --debug.
 
 ``--json`` prints one JSON object on stdout (sorted keys, indented; times as
 ISO-8601 UTC ``...Z`` strings, durations in seconds). Top-level keys:
-status ``sinks`` (objects with the fields of :class:`twophase.store.views.SinkStatus`);
+status ``sinks`` (objects with the fields of :class:`twophase.store.views.SinkStatus`,
+and ``targets`` for a sink with several InfluxDB targets: objects with the keys of
+:meth:`twophase.protocol.targets.TargetState.as_dict`); targets ``targets`` (the
+same objects with ``sink_id``); targets resync ``sink_id``, ``target``,
+``from_epoch``, ``delivered``, ``skipped_purged`` (epochs GC purged: not
+supplied), ``state``, ``promoted``;
 epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one
 ``--epoch``); recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``,
 ``rejected``); resend ``sink_id``, ``resent`` (``sink_id``, ``epoch``,
-``points_sent``, ``points_rejected``), ``skipped_aborted``, ``skipped_purged``; verify ``sink_id``,
+``points_sent``, ``points_rejected``), ``skipped_aborted``, ``skipped_purged`` (and
+``target`` with ``--target``); verify ``sink_id``,
 ``epochs``, ``points``, ``series``, ``unparseable``, ``ok``, ``differences``
-(fields of :class:`twophase.operations.verify.SeriesDiff`), ``notes``; abort and reset
+(fields of :class:`twophase.operations.verify.SeriesDiff`), ``notes`` (and
+``target`` with ``--target``; with several targets and no ``--target``:
+``sink_id``, ``ok`` and ``targets``, one such object per target); abort and reset
 ``sink_id`` and what was done; dead-letters ``total`` and ``dead_letters``
 (fields of :class:`twophase.model.DeadLetter`) or ``exported`` and ``file``; gc ``dry_run``,
 ``retention_s``, ``orphan_grace_s``, ``sinks`` and the totals; db upgrade, downgrade

@@ -11,6 +11,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from twophase import operations as ops
 from twophase.cli import render
@@ -19,6 +20,7 @@ from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_confi
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
 from twophase.protocol.requeue import RequeueFilter
+from twophase.protocol.targets import TargetState
 from twophase.store.views import EpochRange
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -58,8 +60,49 @@ def selection_of(args: argparse.Namespace) -> EpochRange | None:
 
 
 def cmd_status(con: Console) -> int:
-    rows = ops.status(staging_config(con.args), con.args.sink, con.args.live_window)
-    con.emit({"sinks": rows}, render.status_lines(rows))
+    config = staging_config(con.args)
+    rows = ops.status(config, con.args.sink, con.args.live_window)
+    targets = ops.target_states(config, con.args.sink)
+    sinks = [asdict(s) | _targets_of(s.sink_id, targets) for s in rows]
+    con.emit({"sinks": sinks}, render.status_lines(rows, targets))
+    return EXIT_OK
+
+
+def _targets_of(sink_id: str, targets: list[TargetState]) -> dict[str, Any]:
+    """``targets`` of a sink with target rows; nothing for a sink with one target."""
+    mine = [_target_json(t) for t in targets if t.sink_id == sink_id]
+    return {"targets": mine} if mine else {}
+
+
+def _target_json(state: TargetState) -> dict[str, Any]:
+    """:meth:`TargetState.as_dict`, its times as the CLI writes every time (``...Z``)."""
+    times = {"lagging_since": state.lagging_since, "quarantined_at": state.quarantined_at}
+    return state.as_dict() | times
+
+
+def cmd_targets(con: Console) -> int:
+    args = con.args
+    if args.action == "resync":
+        return _resync(con)
+    if args.name is not None:
+        raise UsageError(f"{args.name!r}: a target is named with `targets resync NAME`")
+    if args.from_epoch is not None or args.force or args.yes:
+        raise UsageError("--from-epoch, --force and --yes go with `targets resync`")
+    targets = ops.target_states(staging_config(args), args.sink)
+    data = [{"sink_id": t.sink_id} | _target_json(t) for t in targets]
+    con.emit({"targets": data}, render.targets_lines(targets, args.sink))
+    return EXIT_OK
+
+
+def _resync(con: Console) -> int:
+    args = con.args
+    if args.name is None or args.sink is None:
+        raise UsageError("targets resync needs the target and its sink: resync NAME --sink S")
+    with con.hooks() as hooks:
+        report = ops.resync(
+            full_config(args), args.sink, args.name, args.from_epoch, con.guard(), hooks
+        )
+    con.emit(report, render.resync_lines(report))
     return EXIT_OK
 
 
@@ -143,17 +186,32 @@ def cmd_resend(con: Console) -> int:
     if not args.all and chosen is None:
         raise UsageError("choose epochs to re-send: --epoch N, --from A [--to B], or --all")
     with con.hooks() as hooks:
-        report = ops.resend(full_config(args), args.sink, chosen, con.guard(), hooks)
-    con.emit(report, render.resend_lines(report))
+        config = full_config(args)
+        report = ops.resend(config, args.sink, chosen, con.guard(), hooks, args.target)
+    named = {"target": args.target} if args.target else {}
+    con.emit(asdict(report) | named, render.resend_lines(report, args.target))
     return EXIT_OK
 
 
 def cmd_verify(con: Console) -> int:
+    """One target (``--target``, or the one InfluxDB server): its report; several: one
+    report per target, and ``ok`` when every target holds exactly the staged points."""
     args = con.args
     with con.hooks() as hooks:
-        report = ops.verify(full_config(args), args.sink, selection_of(args), hooks)
-    con.emit(asdict(report) | {"ok": report.ok}, render.verify_lines(report))
-    return EXIT_OK if report.ok else EXIT_DIFFERS
+        config = full_config(args)
+        names = None if args.target is None else [args.target]
+        reports = ops.verify_targets(config, args.sink, selection_of(args), hooks, names)
+    ok = all(r.report.ok for r in reports)
+    if args.target is not None or not config.influx.targets:
+        (one,) = reports
+        named = {"target": one.target} if args.target else {}
+        data = asdict(one.report) | {"ok": one.report.ok} | named
+        con.emit(data, render.verify_lines(one.report, args.target))
+    else:
+        per_target = [asdict(r.report) | {"ok": r.report.ok, "target": r.target} for r in reports]
+        data = {"sink_id": args.sink, "ok": ok, "targets": per_target}
+        con.emit(data, render.verify_targets_lines(reports))
+    return EXIT_OK if ok else EXIT_DIFFERS
 
 
 def cmd_metrics(con: Console) -> int:

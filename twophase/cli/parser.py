@@ -196,6 +196,14 @@ def _guard(parser: argparse.ArgumentParser, confirm: bool = True) -> None:
         _yes(parser)
 
 
+def _target(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument(
+        "--target",
+        metavar="NAME",
+        help=f"a target the configuration names (TWOPHASE_TARGETS): {text}",
+    )
+
+
 def _yes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
@@ -225,6 +233,7 @@ def _inspection(commands: _Commands) -> None:
     )
     _sink(sub)
     _epochs(sub)
+    _target(sub, "verify that target's InfluxDB only (default: every target, in turn)")
     _dead_letters(commands)
     _schema(commands.group("db", "the staging schema: upgrade, downgrade, show, print the SQL"))
     sub = commands.add("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
@@ -303,7 +312,9 @@ def _actions(commands: _Commands) -> None:
     _sink(sub)
     _epochs(sub)
     sub.add_argument("--all", action="store_true", help="every retained COMMITTED epoch")
+    _target(sub, "send to that target's InfluxDB only (default: to every target)")
     _guard(sub, confirm=False)
+    _targets(commands)
     sub = commands.add("abort", cmd.cmd_abort, "discard a PRECOMMITTED epoch (operator decision)")
     _sink(sub)
     _epochs(sub, single_only=True)
@@ -335,6 +346,31 @@ def _actions(commands: _Commands) -> None:
         "reset", cmd.cmd_reset, "unbind a sink from its query after a checkpoint reset"
     )
     _sink(sub)
+    _guard(sub)
+
+
+def _targets(commands: _Commands) -> None:
+    sub = commands.add(
+        "targets",
+        cmd.cmd_targets,
+        "per InfluxDB target of each sink: state, delivered epoch, lag; resync one",
+        influx=True,  # resync sends
+    )
+    sub.add_argument(
+        "action",
+        nargs="?",
+        choices=["resync"],
+        help="resync: re-deliver to target NAME, in epoch order, what staging still "
+        "retains of the epochs it lacks (default: list the targets)",
+    )
+    sub.add_argument("name", nargs="?", metavar="NAME", help="with resync: the target")
+    _sink(sub, required=False)
+    sub.add_argument(
+        "--from-epoch",
+        type=_count,
+        metavar="E",
+        help="with resync: re-deliver from epoch E on (default: the first the target lacks)",
+    )
     _guard(sub)
 
 

@@ -7,12 +7,26 @@ from datetime import datetime
 from typing import Any
 
 from twophase.operations import GcSummary, ResendReport
-from twophase.operations.delivery import RecoverReport, RequeueReport
+from twophase.operations.delivery import (
+    RecoverReport,
+    RequeueReport,
+    ResyncReport,
+    TargetVerifyReport,
+)
 from twophase.operations.migrate import SchemaHistory, SchemaReport
 from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
 from twophase.operations.verify import SeriesDiff, VerifyReport
+from twophase.protocol.targets import TargetState
 from twophase.store.views import EpochInfo, SinkStatus
-from twophase.wording import age, compact_ranges, epoch_label, iso, name_epochs, plural
+from twophase.wording import (
+    age,
+    compact_ranges,
+    epoch_label,
+    epochs_are,
+    iso,
+    name_epochs,
+    plural,
+)
 
 
 def cell(value: Any, width: int = 60) -> str:
@@ -62,10 +76,17 @@ _STATUS_HEADERS = (
 )
 
 
-def status_lines(rows: Sequence[SinkStatus]) -> list[str]:
+def status_lines(rows: Sequence[SinkStatus], targets: Sequence[TargetState] = ()) -> list[str]:
+    """The sinks' table, then a table of targets per sink that has target rows."""
     if not rows:
         return ["no sinks in this staging store"]
-    return table(_STATUS_HEADERS, [_status_row(s) for s in rows])
+    lines = table(_STATUS_HEADERS, [_status_row(s) for s in rows])
+    for s in rows:
+        mine = [t for t in targets if t.sink_id == s.sink_id]
+        if mine:
+            lines += ["", f"targets of sink {s.sink_id!r}:"]
+            lines += table(_TARGET_HEADERS, [_target_row(t) for t in mine])
+    return lines
 
 
 def _status_row(s: SinkStatus) -> tuple[Any, ...]:
@@ -88,6 +109,55 @@ def _status_row(s: SinkStatus) -> tuple[Any, ...]:
         s.replays_detected,
         s.last_error,
     )
+
+
+_TARGET_HEADERS = ("TARGET", "STATE", "DELIVERED", "LAG EPOCHS", "LAG", "LAG BYTES")
+
+
+def _target_row(t: TargetState) -> tuple[Any, ...]:
+    lag = None if t.lag_seconds is None else age(t.lag_seconds)
+    return (t.target, t.state, t.delivered_epoch, t.lag_epochs, lag, size(t.lag_bytes))
+
+
+def targets_lines(targets: Sequence[TargetState], sink_id: str | None) -> list[str]:
+    """Every target of every sink: its table row, when it lags or was quarantined, and
+    the last error its server gave."""
+    if not targets:
+        where = "this staging store" if sink_id is None else f"sink {sink_id!r}"
+        return [
+            f"no targets in {where}: a sink with one InfluxDB server has none "
+            "(its COMMITTED epochs are its deliveries)"
+        ]
+    headers = ("SINK", *_TARGET_HEADERS, "SINCE", "LAST ERROR")
+    rows = [(t.sink_id, *_target_row(t), _since(t), t.last_error) for t in targets]
+    return table(headers, rows)
+
+
+def _since(t: TargetState) -> Any:
+    """Since when the target is out of the live state: quarantined, else lagging."""
+    return t.quarantined_at or t.lagging_since
+
+
+def resync_lines(report: ResyncReport) -> list[str]:
+    who = f"target {report.target!r} of sink {report.sink_id!r}"
+    lines = []
+    if report.promoted:
+        pending = name_epochs([r.epoch for r in report.promoted])
+        lines.append(f"promoted first (they were pending): {pending}")
+    if report.from_epoch is None:
+        return [*lines, f"{who} lacks no epoch staging could supply; it is {report.state}"]
+    if report.delivered:
+        done = f"{name_epochs(report.delivered)} ({plural(len(report.delivered), 'epoch')})"
+        lines.append(f"re-delivered {done} to {who}, in epoch order from {report.from_epoch}")
+    else:
+        lines.append(f"re-delivered no epoch to {who} (from epoch {report.from_epoch})")
+    if report.skipped_purged:
+        lines.append(
+            f"NOT supplied: {epochs_are(report.skipped_purged)} purged from staging by GC "
+            f"before {report.target!r} had them: that InfluxDB lacks their points"
+        )
+    lines.append(f"{who} is {report.state}")
+    return lines
 
 
 def _run_state(s: SinkStatus) -> str | None:
@@ -265,37 +335,50 @@ def gc_lines(summary: GcSummary) -> list[str]:
 
 def recover_lines(report: RecoverReport) -> list[str]:
     results = report.recovered
+    lines = _caught_up_lines(report)
     if not results:
-        return ["nothing to recover: no PRECOMMITTED epochs"]
+        return ["nothing to recover: no PRECOMMITTED epochs", *lines]
     rows = [(r.sink_id, epoch_label(r.epoch), r.delivered, r.rejected) for r in results]
-    lines = table(("SINK", "EPOCH", "DELIVERED", "REJECTED"), rows)
+    lines = [*table(("SINK", "EPOCH", "DELIVERED", "REJECTED"), rows), *lines]
     lines.append(f"recovered {plural(len(results), 'epoch')}; no PRECOMMITTED epoch is left")
     if any(r.rejected for r in results):
         lines.append("InfluxDB rejected some points: see `twophase dead-letters`")
     return lines
 
 
-def resend_lines(report: ResendReport) -> list[str]:
+def _caught_up_lines(report: RecoverReport) -> list[str]:
+    """One line per lagging target recover caught up: the epochs it delivered to it."""
+    by_target: dict[tuple[str, str], list[int]] = {}
+    for done in report.caught_up:
+        by_target.setdefault((done.sink_id, done.target), []).append(done.epoch)
+    return [
+        f"sink {sink}: target {target} caught up, epochs {compact_ranges(epochs)} delivered"
+        for (sink, target), epochs in by_target.items()
+    ]
+
+
+def resend_lines(report: ResendReport, target: str | None = None) -> list[str]:
     rows = [(r.epoch, r.points_sent, r.points_rejected) for r in report.resent]
     lines = table(("EPOCH", "SENT", "REJECTED"), rows)
     sent = sum(r.points_sent for r in report.resent)
     lines.append(
         f"re-sent {plural(sent, 'point')} of {plural(len(report.resent), 'epoch')} "
-        f"of sink {report.sink_id!r}"
+        f"of sink {report.sink_id!r}" + ("" if target is None else f" to target {target!r}")
     )
     if report.skipped_aborted:
         lines.append(f"skipped aborted epochs {compact_ranges(report.skipped_aborted)}")
     return lines
 
 
-def verify_lines(report: VerifyReport) -> list[str]:
+def verify_lines(report: VerifyReport, target: str | None = None) -> list[str]:
     what = (
         f"sink {report.sink_id!r}, {name_epochs(report.epochs)}: "
         f"{report.points} points in {report.series} series"
     )
+    influx = "InfluxDB" if target is None else f"InfluxDB target {target!r}"
     lines = [f"note: {note}" for note in report.notes]
     if report.ok:
-        return [*lines, f"OK: InfluxDB holds exactly the staged points ({what})"]
+        return [*lines, f"OK: {influx} holds exactly the staged points ({what})"]
     diffs = report.differences
     lines += table(
         ("MEASUREMENT", "TAGS", "EXPECTED", "INFLUX", "MISSING", "DIFFERENT", "EXTRA"),
@@ -307,8 +390,20 @@ def verify_lines(report: VerifyReport) -> list[str]:
     lines += [f"  {d.measurement},{_tags(d.tags)}: {x}" for d in diffs[:10] for x in d.examples]
     if report.unparseable:
         lines.append(f"{report.unparseable} staged lines could not be parsed")
-    lines.append(f"DIFFERENCES in {len(diffs)} series ({what})")
+    where = "" if target is None else f" of target {target!r}"
+    lines.append(f"DIFFERENCES in {len(diffs)} series{where} ({what})")
     return lines
+
+
+def verify_targets_lines(reports: Sequence[TargetVerifyReport]) -> list[str]:
+    """Each target's verify, in turn, then which targets differ."""
+    lines: list[str] = []
+    for one in reports:
+        lines += [f"target {one.target!r}:", *verify_lines(one.report, one.target), ""]
+    differ = [r.target for r in reports if not r.report.ok]
+    if differ:
+        return [*lines, f"DIFFERENCES in {plural(len(differ), 'target')}: {', '.join(differ)}"]
+    return [*lines, f"OK: every target holds exactly the staged points ({len(reports)})"]
 
 
 def _counts(diff: SeriesDiff) -> tuple[int, int, int]:

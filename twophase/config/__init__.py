@@ -7,10 +7,12 @@ The package is read in this order:
   from it (:data:`BY_NAME`, :data:`OPTIONS`, :data:`CLI_FLAGS`, :func:`env_name`);
 - :mod:`.values`: reading one value of each kind (:func:`parse_duration`,
   :class:`Secret`, URLs, paths);
-- :mod:`.sections`: the frozen :class:`StagingConfig`, :class:`InfluxConfig` and
-  :class:`TwoPhaseConfig`;
+- :mod:`.sections`: the frozen :class:`StagingConfig`, :class:`InfluxConfig` (with
+  its named :class:`TargetConfig` servers) and :class:`TwoPhaseConfig`;
+- :mod:`.files`: the optional TOML file ``TWOPHASE_CONFIG`` names;
 - :mod:`.loading`: :func:`load_config` and its parts, explicit values first, then
-  ``TWOPHASE_*`` environment variables (or ``<VAR>_FILE`` for a secret);
+  ``TWOPHASE_*`` environment variables (or ``<VAR>_FILE`` for a secret), then the
+  file; one target's overrides are ``TWOPHASE_TARGET_<NAME>_<OPTION>``;
 - :mod:`.urls`: PostgreSQL URLs checked and masked without SQLAlchemy (executors read them);
 - :mod:`.tls`: TLS failures as errors naming the setting to fix.
 
@@ -27,17 +29,25 @@ from twophase.config.loading import (
     load_setting,
     load_staging_config,
 )
-from twophase.config.sections import InfluxConfig, StagingConfig, TwoPhaseConfig
+from twophase.config.sections import (
+    DEFAULT_TARGET,
+    InfluxConfig,
+    StagingConfig,
+    TargetConfig,
+    TwoPhaseConfig,
+)
 from twophase.config.settings import (
     BACKGROUND,
     BY_NAME,
     CLI_FLAGS,
+    CONFIG_FILE_ENV,
     ENV_PREFIX,
     INFLUX,
     INFLUX_APIS,
     INLINE,
     MAX_LANES,
     OPTIONS,
+    PER_TARGET,
     PROMOTIONS,
     SECRET_OPTIONS,
     SETTINGS,
@@ -45,6 +55,7 @@ from twophase.config.settings import (
     Setting,
     default,
     env_name,
+    target_env_name,
 )
 from twophase.config.values import Secret, mask_url, parse_duration
 
@@ -52,12 +63,15 @@ __all__ = [
     "BACKGROUND",
     "BY_NAME",
     "CLI_FLAGS",
+    "CONFIG_FILE_ENV",
+    "DEFAULT_TARGET",
     "ENV_PREFIX",
     "INFLUX",
     "INFLUX_APIS",
     "INLINE",
     "MAX_LANES",
     "OPTIONS",
+    "PER_TARGET",
     "PROMOTIONS",
     "SECRET_OPTIONS",
     "SETTINGS",
@@ -66,6 +80,7 @@ __all__ = [
     "Secret",
     "Setting",
     "StagingConfig",
+    "TargetConfig",
     "TwoPhaseConfig",
     "default",
     "env_name",
@@ -75,4 +90,5 @@ __all__ = [
     "load_staging_config",
     "mask_url",
     "parse_duration",
+    "target_env_name",
 ]

@@ -1,74 +1,233 @@
-"""Loading settings: explicit values first, then ``TWOPHASE_*`` environment variables.
+"""Loading settings: explicit values first, then ``TWOPHASE_*`` environment variables,
+then the TOML file ``TWOPHASE_CONFIG`` names, then the table's defaults.
 
 Every error names the option (the environment variable when the value came from
-there). A secret may also be given as ``<VAR>_FILE`` naming a file that holds it.
-Everything is parsed and validated once, when loaded.
+there, ``option in /path/file.toml`` when from the file). A secret may also be
+given as ``<VAR>_FILE`` naming a file that holds it. A sink's InfluxDB servers
+are ``influx_url`` (one) or ``targets`` (several, each of which may override
+the shared settings: ``TWOPHASE_TARGET_<NAME>_<OPTION>`` or the file's
+``[targets.NAME]``). Everything is parsed and validated once, when loaded.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
-from twophase.config.sections import InfluxConfig, StagingConfig, TwoPhaseConfig
-from twophase.config.settings import BY_NAME, INFLUX, OPTIONS, SETTINGS, STAGING, Setting, env_name
+from twophase.config.files import NO_FILE, ConfigFile, read_config_file
+from twophase.config.sections import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config.settings import (
+    BY_NAME,
+    INFLUX,
+    OPTIONS,
+    PER_TARGET,
+    SETTINGS,
+    STAGING,
+    TARGET_ENV_PREFIX,
+    Setting,
+    env_name,
+    target_env_name,
+)
 from twophase.config.values import Secret, parse
 from twophase.errors import ConfigError
 
+# Where a value was found; the first of them wins.
+_EXPLICIT, _ENVIRONMENT, _FILE, _UNSET = range(4)
+_SERVERS = ("influx_url", "targets")  # one server or several: exactly one of them is set
+Targets = tuple[tuple[str, str], ...]  # (name, URL) pairs, as the targets setting parses
+# TWOPHASE_TARGET_<NAME>_<OPTION>[_FILE]: the shape of every per-target variable.
+_TARGET_VAR = re.compile(
+    rf"{TARGET_ENV_PREFIX}[A-Z0-9_]+?_({'|'.join(o.upper() for o in PER_TARGET)})(_FILE)?"
+)
+
 
 class _Source:
-    """Looks a setting up in explicit values, then the environment, and parses it."""
+    """Looks a setting up in explicit values, then the environment, then the file, and
+    parses it. With ``target``, the source of that target's overrides: its variables
+    (``TWOPHASE_TARGET_<NAME>_<OPTION>``) and its ``[targets.NAME]`` table."""
 
-    def __init__(self, explicit: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        explicit: Mapping[str, Any],
+        env: Mapping[str, str],
+        file: ConfigFile = NO_FILE,
+        target: str | None = None,
+    ) -> None:
         self._explicit = {k: v for k, v in explicit.items() if v is not None}
-        self._env = env
+        self.env = env
+        self.file = file
+        self._values = file.target(target) if target else file.settings
+        self.var: Callable[[str], str] = partial(target_env_name, target) if target else env_name
 
-    def get(self, option: str) -> tuple[Any, str]:
-        """The raw value (None when unset) and the name it was given under."""
+    def for_target(self, name: str) -> _Source:
+        return _Source({}, self.env, self.file, name)
+
+    def rank(self, option: str) -> int:
+        """Where the option is set: explicitly, in the environment, in the file, or not."""
         if option in self._explicit:
-            return self._explicit[option], option
-        name = env_name(option)
-        value = self._env.get(name)
-        return (value if value not in ("", None) else None), name
+            return _EXPLICIT
+        if self.env.get(self.var(option)):
+            return _ENVIRONMENT
+        return _FILE if self._values.get(option)[0] is not None else _UNSET
+
+    def lookup(self, setting: Setting) -> tuple[Any, str]:
+        """The raw value (None when unset; a secret as :class:`Secret`) and the name it
+        was given under (the variable's when unset)."""
+        option = setting.name
+        if option in self._explicit:
+            return _wrap(setting, self._explicit[option]), option
+        var = self.var(option)
+        raw = self.env.get(var) or (self._secret_file(var) if _is_secret(setting) else None)
+        if raw is None:
+            raw, where = self._values.get(option)
+            if raw is not None:
+                return _wrap(setting, raw), where
+        return _wrap(setting, raw), var
 
     def value(self, setting: Setting) -> Any:
         """The parsed value, the table's default when unset; ConfigError naming it."""
-        if setting.secret or setting.kind == "staging_url":
-            raw, name = self._secret(setting.name)
-        else:
-            raw, name = self.get(setting.name)
+        raw, name = self.lookup(setting)
         if raw is None:
             if setting.required:
                 raise ConfigError(name, "is required but not set")
             return setting.default
         return parse(setting, raw, name)
 
-    def _secret(self, option: str) -> tuple[Secret | None, str]:
-        value, name = self.get(option)
-        if value is not None:
-            return (value if isinstance(value, Secret) else Secret(str(value))), name
-        file_var = env_name(option) + "_FILE"
-        path = self._env.get(file_var)
+    def _secret_file(self, var: str) -> str | None:
+        file_var = var + "_FILE"
+        path = self.env.get(file_var)
         if not path:
-            return None, name
+            return None
         try:
             with open(path, encoding="utf-8") as handle:
-                return Secret(handle.read().strip()), name
+                return handle.read().strip()
         except OSError as exc:
             raise ConfigError(file_var, f"cannot read the file it names ({exc.strerror})") from None
 
 
+def _is_secret(setting: Setting) -> bool:
+    return setting.secret or setting.kind == "staging_url"  # a URL may hold a password
+
+
+def _wrap(setting: Setting, raw: Any) -> Any:
+    if raw is None or not _is_secret(setting) or isinstance(raw, Secret):
+        return raw
+    return Secret(str(raw))
+
+
 def _source(env: Mapping[str, str] | None, explicit: Mapping[str, Any]) -> _Source:
-    return _Source(explicit, os.environ if env is None else env)
+    environ = os.environ if env is None else env
+    return _Source(explicit, environ, read_config_file(environ))
 
 
-def _section(
-    section: str, env: Mapping[str, str] | None, explicit: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The section's settings, parsed, by their field names."""
-    src = _source(env, explicit)
-    return {s.attr: src.value(s) for s in SETTINGS if s.section == section}
+def _staging(src: _Source) -> StagingConfig:
+    return StagingConfig(**{s.attr: src.value(s) for s in SETTINGS if s.section == STAGING})
+
+
+def _influx(src: _Source) -> InfluxConfig:
+    url, pairs = _servers(src)
+    shared = InfluxConfig(url=url, **_shared_fields(src))
+    if pairs:
+        _check_target_variables(src.env)
+    targets = tuple(_target(src.for_target(name), shared, name, at) for name, at in pairs)
+    config = replace(shared, targets=targets)
+    _check_min_targets(src, config)
+    # With targets, each target is checked (its own API may differ); the shared
+    # settings alone need not make a whole server's.
+    if not targets and config.api != "auto":
+        config.validate_for_api()
+    return config
+
+
+def _shared_fields(src: _Source) -> dict[str, Any]:
+    """The InfluxDB settings but the servers (read by :func:`_servers`), by field name."""
+    influx = (s for s in SETTINGS if s.section == INFLUX and s.name not in _SERVERS)
+    return {s.attr: src.value(s) for s in influx}
+
+
+def _servers(src: _Source) -> tuple[str, Targets]:
+    """The URL and the targets (none with ``influx_url``; with ``targets`` the URL is the
+    first target's). The first source that sets either decides, so an explicit value
+    or a variable replaces what the file says; both in one source is an error."""
+    url_at, targets_at = src.rank("influx_url"), src.rank("targets")
+    if url_at == targets_at:
+        _refuse_both_or_neither(src, url_at)
+    if url_at < targets_at:
+        return src.value(BY_NAME["influx_url"]), ()
+    pairs: Targets = src.value(BY_NAME["targets"])
+    return pairs[0][1], pairs
+
+
+def _refuse_both_or_neither(src: _Source, where: int) -> None:
+    url, targets = env_name("influx_url"), env_name("targets")
+    if where == _UNSET:
+        raise ConfigError(url, f"is required but not set (or {targets}, for several servers)")
+    raise ConfigError(
+        src.lookup(BY_NAME["targets"])[1],
+        f"is set together with {src.lookup(BY_NAME['influx_url'])[1]}: set only one "
+        f"({url} for one InfluxDB server, {targets} for several)",
+    )
+
+
+def _target(src: _Source, shared: InfluxConfig, name: str, url: str) -> TargetConfig:
+    """One target: the shared settings with its URL and overrides, checked like them;
+    errors name its own variables."""
+    overrides = {}
+    for setting in (BY_NAME[option] for option in PER_TARGET):
+        raw, given = src.lookup(setting)
+        if raw is not None:
+            overrides[setting.attr] = parse(setting, raw, given)
+    try:
+        influx = replace(shared, url=url, targets=(), **overrides)
+        if influx.api != "auto":
+            influx.validate_for_api()
+    except ConfigError as exc:
+        raise _for_target(exc, name) from None
+    return TargetConfig(name, influx)
+
+
+def _for_target(exc: ConfigError, name: str) -> ConfigError:
+    """A shared setting's error as one target's: the target's own variable fixes it for
+    that target, the shared one for all."""
+    option = next((o for o in PER_TARGET if env_name(o) == exc.option), None)
+    if option is None:
+        return ConfigError(exc.option, f"{exc.problem} (target {name!r})")
+    return ConfigError(
+        target_env_name(name, option),
+        f"{exc.problem} for target {name!r} (or {exc.option} for every target)",
+    )
+
+
+def _check_target_variables(env: Mapping[str, str]) -> None:
+    """Refuse a ``TWOPHASE_TARGET_*`` variable that can set nothing: a typo
+    (``..._INFLUX_DATABASE``) or a sink-wide setting would otherwise be ignored in
+    silence. Those of targets this sink lacks are left alone: another sink of the
+    same process may have them."""
+    settings = {s.env for s in SETTINGS}
+    for var in sorted(env):
+        if not var.startswith(TARGET_ENV_PREFIX) or var in settings:
+            continue
+        match = _TARGET_VAR.fullmatch(var)
+        if match is None or (match.group(2) and not BY_NAME[match.group(1).lower()].secret):
+            raise ConfigError(
+                var,
+                f"is not a per-target setting: {TARGET_ENV_PREFIX}<NAME>_<OPTION> (NAME upper "
+                f"case, - as _; <OPTION>_FILE for a secret) sets one of {', '.join(PER_TARGET)} "
+                f"for one target; its URL is in {env_name('targets')}",
+            )
+
+
+def _check_min_targets(src: _Source, config: InfluxConfig) -> None:
+    count = len(config.named_targets())
+    if config.min_targets > count:
+        raise ConfigError(
+            src.lookup(BY_NAME["min_targets"])[1],
+            f"is {config.min_targets}, more than the {count} target(s) configured",
+        )
 
 
 def load_setting(name: str, env: Mapping[str, str] | None = None, **explicit: Any) -> Any:
@@ -79,25 +238,21 @@ def load_setting(name: str, env: Mapping[str, str] | None = None, **explicit: An
 
 def load_staging_config(env: Mapping[str, str] | None = None, **explicit: Any) -> StagingConfig:
     """The staging store settings (for processes that never talk to InfluxDB)."""
-    return StagingConfig(**_section(STAGING, env, explicit))
+    return _staging(_source(env, explicit))
 
 
 def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) -> InfluxConfig:
-    """The InfluxDB settings; ``api`` may still be ``auto`` afterwards."""
-    config = InfluxConfig(**_section(INFLUX, env, explicit))
-    if config.api != "auto":
-        config.validate_for_api()
-    return config
+    """The InfluxDB settings, targets included; ``api`` may still be ``auto`` afterwards."""
+    return _influx(_source(env, explicit))
 
 
 def load_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TwoPhaseConfig:
     """Parse and validate everything once. Keyword names are option names
-    (``staging_url``, ``influx_url``, ``influx_api``, ``influx_db``, ...); each
-    falls back to ``TWOPHASE_<NAME>`` in ``env`` (default: ``os.environ``)."""
+    (``staging_url``, ``influx_url``, ``targets``, ``influx_db``, ...); each falls
+    back to ``TWOPHASE_<NAME>`` in ``env`` (default: ``os.environ``), then to the
+    TOML file ``TWOPHASE_CONFIG`` names."""
     unknown = sorted(set(explicit) - set(OPTIONS))
     if unknown:
         raise ConfigError(unknown[0], f"unknown option (known: {', '.join(OPTIONS)})")
-    return TwoPhaseConfig(
-        staging=load_staging_config(env, **explicit),
-        influx=load_influx_config(env, **explicit),
-    )
+    src = _source(env, explicit)
+    return TwoPhaseConfig(staging=_staging(src), influx=_influx(src))

@@ -2,7 +2,9 @@
 
 Their fields are the table's settings of their section (``Setting.attr``), with
 the table's defaults. A client certificate without its key, or a key without its
-certificate, is refused when the object is made.
+certificate, is refused when the object is made. A sink delivers to one or more
+named InfluxDB targets (:class:`TargetConfig`), each with an :class:`InfluxConfig`
+of its own.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ class InfluxConfig:
     (InfluxDB 3's ``/api/v3/write_lp``: database, token) or ``auto`` (resolved
     once through ``/ping``, never to ``v3``; see
     :func:`twophase.influx.api.resolve_api`).
+
+    ``targets`` are the named servers of a sink with several (the ``targets``
+    setting); empty when ``influx_url`` names the one server. With targets,
+    ``url`` is the first target's, so code that talks to one server keeps
+    working, and the other fields are the settings the targets share; each
+    target's own (overrides applied) is in its :class:`TargetConfig`.
+    :meth:`named_targets` gives the targets either way.
     """
 
     url: str
@@ -93,9 +102,17 @@ class InfluxConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    targets: tuple[TargetConfig, ...] = ()
+    min_targets: int = default("min_targets")
+    target_deadline_s: float = default("target_deadline")
+    target_max_lag_s: float = default("target_max_lag")
 
     def __post_init__(self) -> None:
         _check_pair("influx_tls", self.tls_cert, self.tls_key)
+
+    def named_targets(self) -> tuple[TargetConfig, ...]:
+        """The targets, or the one (named :data:`DEFAULT_TARGET`) that ``influx_url`` makes."""
+        return self.targets or (TargetConfig(DEFAULT_TARGET, self),)
 
     def validate_for_api(self) -> None:
         """Check the settings the chosen API needs (after ``auto`` is resolved)."""
@@ -107,6 +124,22 @@ class InfluxConfig:
                 raise ConfigError(env_name("influx_bucket"), "required with the InfluxDB 2.x API")
             if not self.org:
                 raise ConfigError(env_name("influx_org"), "required with the InfluxDB 2.x API")
+
+
+DEFAULT_TARGET = "default"  # the one target influx_url makes
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """One named InfluxDB server a sink delivers to.
+
+    ``influx`` is its configuration: the shared settings with its overrides
+    applied (``TWOPHASE_TARGET_<NAME>_<OPTION>``), its own ``url``, and no
+    ``targets`` of its own.
+    """
+
+    name: str
+    influx: InfluxConfig
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ INLINE, BACKGROUND = "inline", "background"
 PROMOTIONS = (INLINE, BACKGROUND)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
 STAGING, INFLUX = "staging", "influx"
+# The optional TOML file of settings (read below the environment, above the defaults).
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+# One target's override: TWOPHASE_TARGET_<NAME>_<OPTION>.
+TARGET_ENV_PREFIX = ENV_PREFIX + "TARGET_"
 # One promote request's worth of lines: also the staged chunk size, so that a chunk
 # goes out as one request.
 _REQUEST_POINTS = 5000
@@ -26,13 +30,25 @@ def env_name(option: str) -> str:
     return ENV_PREFIX + option.upper()
 
 
+def target_env_key(target: str) -> str:
+    """A target's name as its variables spell it: ``eu-west`` -> ``EU_WEST``."""
+    return target.upper().replace("-", "_")
+
+
+def target_env_name(target: str, option: str) -> str:
+    """The variable of one target's override: (``eu-west``, ``influx_db``) ->
+    ``TWOPHASE_TARGET_EU_WEST_INFLUX_DB``."""
+    return f"{TARGET_ENV_PREFIX}{target_env_key(target)}_{option.upper()}"
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: option ``name`` (lower case), its ``TWOPHASE_*`` variable, how to read it.
 
     ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
-    ``int``, ``choice``, ``staging_url``, ``http_url`` or ``path`` (a readable
-    file). ``attr`` is its field in :class:`~twophase.config.sections.StagingConfig`
+    ``int``, ``choice``, ``staging_url``, ``http_url``, ``targets`` (named http
+    URLs: ``a=http://h1:8086,b=https://h2:8086``) or ``path`` (a readable file).
+    ``attr`` is its field in :class:`~twophase.config.sections.StagingConfig`
     or :class:`~twophase.config.sections.InfluxConfig` (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
     """
@@ -204,9 +220,52 @@ SETTINGS: tuple[Setting, ...] = (
         section=INFLUX,
         attr="url",
         kind="http_url",
-        help="http(s)://host:port of InfluxDB",
-        required=True,
+        help="http(s)://host:port of InfluxDB (or targets, for several servers)",
         flag=True,
+    ),
+    Setting(
+        name="targets",
+        section=INFLUX,
+        attr="targets",
+        kind="targets",
+        help=(
+            "instead of influx_url, the InfluxDB servers a sink delivers each epoch to, "
+            "comma-separated name=http(s)://host:port (a=http://h1:8086,b=https://h2:8086); "
+            "names [a-z][a-z0-9_-]*; one server's own settings: "
+            "TWOPHASE_TARGET_<NAME>_<SETTING>"
+        ),
+        flag=True,
+    ),
+    Setting(
+        name="min_targets",
+        section=INFLUX,
+        attr="min_targets",
+        kind="int",
+        help=(
+            "targets that must have an epoch before it counts as delivered (COMMITTED); "
+            "at most the number of targets"
+        ),
+        default=1,
+        minimum=1,
+    ),
+    Setting(
+        name="target_deadline",
+        section=INFLUX,
+        attr="target_deadline_s",
+        kind="duration",
+        help=(
+            "how long a commit keeps retrying a failing target, once min_targets targets "
+            "have the epoch, before it leaves that target lagging"
+        ),
+        default=5.0,
+    ),
+    Setting(
+        name="target_max_lag",
+        section=INFLUX,
+        attr="target_max_lag_s",
+        kind="duration",
+        help="how long a target may lag behind before it is quarantined",
+        default=24 * 3600.0,
     ),
     Setting(
         name="influx_api",
@@ -343,6 +402,19 @@ BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 OPTIONS = tuple(BY_NAME)
 SECRET_OPTIONS = tuple(s.name for s in SETTINGS if s.secret)
 CLI_FLAGS = tuple(s.name for s in SETTINGS if s.flag)
+# The InfluxDB settings of the sink as a whole, not of one server: where it delivers,
+# how many servers must take an epoch, how it promotes, its metrics endpoint.
+SINK_WIDE = (
+    "influx_url",
+    "targets",
+    "min_targets",
+    "target_deadline",
+    "target_max_lag",
+    "promotion",
+    "metrics_port",
+)
+# The settings one target may override (TWOPHASE_TARGET_<NAME>_<OPTION>, [targets.NAME]).
+PER_TARGET = tuple(s.name for s in SETTINGS if s.section == INFLUX and s.name not in SINK_WIDE)
 
 
 def default(name: str) -> Any:

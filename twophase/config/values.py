@@ -1,5 +1,5 @@
 """Reading one value of each kind of setting: text, secrets, durations, integers, choices,
-URLs and file paths.
+URLs, lists of named InfluxDB targets and file paths.
 
 Each parser takes the :class:`~twophase.config.settings.Setting`, the raw value and
 the name it was given under (the option, or its environment variable), and raises
@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from twophase.config import urls
-from twophase.config.settings import Setting
+from twophase.config.settings import (
+    TARGET_ENV_PREFIX,
+    Setting,
+    env_name,
+    target_env_key,
+    target_env_name,
+)
 from twophase.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# A target's name: it becomes part of variable names (TWOPHASE_TARGET_<NAME>_...) and of
+# rows in the staging store, so it is kept to a portable alphabet.
+TARGET_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -99,16 +108,78 @@ def _staging_url(setting: Setting, url: Secret, name: str) -> Secret:
 
 
 def _http_url(setting: Setting, raw: Any, name: str) -> str:
-    url = str(raw)
+    return _checked_http_url(str(raw), name, "", env_name("influx_password"))
+
+
+def _checked_http_url(url: str, name: str, what: str, password_var: str) -> str:
+    """``url`` if it is an http(s) URL without a password; ``what`` starts the message
+    (which target), ``password_var`` is where the password belongs instead."""
     try:
         parts = urlsplit(url)
     except ValueError:  # "Invalid IPv6 URL" (an unclosed "["; found by fuzzing)
-        raise ConfigError(name, f"{mask_url(url)!r} is not an http(s) URL") from None
+        raise ConfigError(name, f"{what}{mask_url(url)!r} is not an http(s) URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(name, f"{mask_url(url)!r} is not an http(s) URL")
+        raise ConfigError(name, f"{what}{mask_url(url)!r} is not an http(s) URL")
     if parts.password:
-        raise ConfigError(name, "must not hold a password; use TWOPHASE_INFLUX_PASSWORD")
+        raise ConfigError(name, f"{what}must not hold a password; use {password_var}")
     return url.rstrip("/")
+
+
+def _targets(setting: Setting, raw: Any, name: str) -> tuple[tuple[str, str], ...]:
+    """``a=http://h1:8086,b=https://h2:8086`` (or a mapping name -> URL, as the TOML
+    file's ``[targets.NAME]`` tables give it): the (name, URL) pairs, in order."""
+    pairs = _target_pairs(raw, name)
+    if not pairs:
+        raise ConfigError(name, "names no target: give name=http(s)://host:port, comma-separated")
+    seen: dict[str, str] = {}
+    checked = []
+    for number, (target, url) in enumerate(pairs, 1):
+        checked.append(_target(number, target, url, name))
+        _check_unique(target, seen, name)
+    return tuple(checked)
+
+
+def _target_pairs(raw: Any, name: str) -> list[tuple[str, Any]]:
+    if isinstance(raw, Mapping):
+        return [(str(target), url) for target, url in raw.items()]
+    if not str(raw).strip():
+        return []
+    pairs = []
+    for number, entry in enumerate(str(raw).split(","), 1):
+        target, equals, url = entry.strip().partition("=")
+        if not equals:  # the entry may be a URL holding a password: shown masked
+            shown = f" ({mask_url(entry.strip())!r})" if entry.strip() else " (empty)"
+            raise ConfigError(name, f"entry {number}{shown} is not name=http(s)://host:port")
+        pairs.append((target.strip(), url.strip()))
+    return pairs
+
+
+def _target(number: int, target: str, url: Any, name: str) -> tuple[str, str]:
+    if not TARGET_NAME.fullmatch(target):
+        # A name of plain characters is shown as it is; anything else masked with its URL:
+        # "http://u:p=w@h" splits at the "=" inside the password.
+        plain = re.fullmatch(r"[\w.-]*", target)
+        shown = f"name {target!r}" if plain else repr(mask_url(f"{target}={url}"))
+        raise ConfigError(
+            name, f"entry {number} ({shown}): a target's name must match [a-z][a-z0-9_-]*"
+        )
+    password_var = target_env_name(target, "influx_password")
+    return target, _checked_http_url(str(url), name, f"target {target!r}: ", password_var)
+
+
+def _check_unique(target: str, seen: dict[str, str], name: str) -> None:
+    """Two targets may not share a name, nor the variables of their overrides."""
+    key = target_env_key(target)
+    if key not in seen:
+        seen[key] = target
+    elif seen[key] == target:
+        raise ConfigError(name, f"target {target!r} is named twice")
+    else:
+        raise ConfigError(
+            name,
+            f"targets {seen[key]!r} and {target!r} would share the variables "
+            f"{TARGET_ENV_PREFIX}{key}_*: rename one",
+        )
 
 
 def _path(setting: Setting, raw: Any, name: str) -> str:
@@ -126,6 +197,7 @@ _PARSERS: dict[str, Callable[[Setting, Any, str], Any]] = {
     "choice": _choice,
     "staging_url": _staging_url,
     "http_url": _http_url,
+    "targets": _targets,
     "path": _path,
 }
 

@@ -2,10 +2,12 @@
 
 Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink
 option): then :func:`serve` starts one Prometheus endpoint per process, and
-:class:`MeteredWriter` wraps the writer so that every request is measured:
-its latency, its answer by status class (``2xx``, ``4xx``, ``5xx``, or
-``transport`` when none came), the bytes sent, and the retries the sender
-makes by reason (``throttled``: 429; ``unavailable``: 5xx; ``transport``).
+:class:`MeteredWriter` wraps each target's writer so that every request is
+measured, labelled with the target (``target``: its name in ``targets``, or
+``default`` for the one ``influx_url`` names): its latency, its answer by
+status class (``2xx``, ``4xx``, ``5xx``, or ``transport`` when none came), the
+bytes sent; and the retries the sender makes by reason (``throttled``: 429;
+``unavailable``: 5xx; ``transport``), over all targets.
 
 The metrics live in :data:`REGISTRY`, not in prometheus-client's global
 one, so that importing twophase adds nothing to an application's own
@@ -21,6 +23,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from twophase.config import DEFAULT_TARGET
 from twophase.errors import TransientWriteError, TwoPhaseError
 from twophase.influx.sender import RetryEvent
 from twophase.influx.writers import InfluxWriter
@@ -32,13 +35,14 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 REQUEST_SECONDS = Histogram(
     "twophase_influx_request_duration_seconds",
     "Duration of one write request to InfluxDB, answered or failed.",
+    ["target"],
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
 RESPONSES = Counter(
     "twophase_influx_responses",
     "Write requests to InfluxDB by the class of their answer (transport: no answer).",
-    ["status_class"],
+    ["target", "status_class"],
     registry=REGISTRY,
 )
 RETRIES = Counter(
@@ -50,6 +54,7 @@ RETRIES = Counter(
 SENT_BYTES = Counter(
     "twophase_influx_sent_bytes",
     "Bytes of line protocol sent to InfluxDB (each attempt counts).",
+    ["target"],
     registry=REGISTRY,
 )
 STATUS_CLASSES = ("2xx", "4xx", "5xx", "transport")
@@ -75,14 +80,16 @@ def retry_reason(error: BaseException) -> str:
 
 
 class MeteredWriter:
-    """An :class:`InfluxWriter` that measures each request of the one it wraps.
+    """An :class:`InfluxWriter` that measures each request of the one it wraps, the
+    writer of ``target``.
 
     Same contract as the wrapped writer (one attempt, idempotent in effect,
     classified errors): it only observes.
     """
 
-    def __init__(self, inner: InfluxWriter) -> None:
+    def __init__(self, inner: InfluxWriter, target: str = DEFAULT_TARGET) -> None:
         self._inner = inner
+        self._target = target
 
     def write(self, body: bytes) -> None:
         started = time.perf_counter()
@@ -93,9 +100,10 @@ class MeteredWriter:
             error = exc
             raise
         finally:
-            REQUEST_SECONDS.observe(time.perf_counter() - started)
-            RESPONSES.labels(status_class(error)).inc()
-            SENT_BYTES.inc(len(body))
+            target = self._target
+            REQUEST_SECONDS.labels(target=target).observe(time.perf_counter() - started)
+            RESPONSES.labels(target=target, status_class=status_class(error)).inc()
+            SENT_BYTES.labels(target=target).inc(len(body))
 
     def close(self) -> None:
         self._inner.close()

@@ -9,9 +9,12 @@ terminal or exits; an operation talks to its caller through :class:`Hooks`
 
 Store operations need only the staging settings (:mod:`.store`):
 :func:`status`, :func:`epochs`, :func:`dead_letters`,
-:func:`export_dead_letters`, :func:`abort`, :func:`gc`, :func:`reset`.
-Delivery operations also talk to InfluxDB (:mod:`.delivery`):
-:func:`recover`, :func:`resend`, :func:`verify`, :func:`requeue`.
+:func:`export_dead_letters`, :func:`abort`, :func:`gc`, :func:`reset`, and
+:func:`target_states` (the targets of sinks that deliver to several InfluxDB
+servers). Delivery operations also talk to InfluxDB (:mod:`.delivery`):
+:func:`recover`, :func:`resend`, :func:`verify`, :func:`verify_targets`,
+:func:`requeue`, and :func:`resync` of one target (:func:`target_config`
+picks a configured target by name).
 The exporter (:mod:`.metrics`): :func:`start_exporter`. The schema from the
 installed package (:mod:`.migrate`): :func:`current_schema`, :func:`upgrade_schema`,
 :func:`downgrade_schema`, :func:`schema_history`, and the SQL of a migration
@@ -28,10 +31,15 @@ from __future__ import annotations
 from twophase.operations.delivery import (
     RequeueReport,
     ResendReport,
+    ResyncReport,
+    TargetVerifyReport,
     recover,
     requeue,
     resend,
+    resync,
+    target_config,
     verify,
+    verify_targets,
 )
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
@@ -61,6 +69,7 @@ from twophase.operations.store import (
     gc,
     reset,
     status,
+    target_states,
 )
 
 __all__ = [
@@ -76,10 +85,12 @@ __all__ = [
     "RequeueReport",
     "ResendReport",
     "ResetReport",
+    "ResyncReport",
     "SchemaHistory",
     "SchemaReport",
     "SchemaRevision",
     "SchemaSql",
+    "TargetVerifyReport",
     "abort",
     "current_schema",
     "dead_letters",
@@ -92,10 +103,14 @@ __all__ = [
     "requeue",
     "resend",
     "reset",
+    "resync",
     "schema_history",
     "start_exporter",
     "status",
+    "target_config",
+    "target_states",
     "upgrade_schema",
     "upgrade_sql",
     "verify",
+    "verify_targets",
 ]

@@ -8,14 +8,17 @@ A scrape costs two indexed queries, whatever the history's length: one row
 per sink (the running totals the ledger keeps in ``twophase_sinks``, the
 owning run through its primary key, the PRECOMMITTED epochs through their
 partial index) and the epochs committed since the previous scrape (primary
-key range). Counters are the store's own totals, so they survive exporter
-restarts; the commit-duration histogram is the exporter's (Prometheus
-treats its restart as a counter reset, as for any process). When the store
+key range); and a third, the targets of sinks that deliver to several
+InfluxDB servers, each with its backlog (the COMMITTED epochs it lacks).
+Counters are the store's own totals, so they survive exporter restarts; the
+commit-duration histogram is the exporter's (Prometheus treats its restart
+as a counter reset, as for any process). When the store
 cannot be read, the scrape still answers, with ``twophase_store_up 0`` and
 no per-sink series.
 
-Labels: ``sink`` (bounded by the sinks one deploys), ``state``, ``phase``.
-Never an epoch number or a run id: those are unbounded.
+Labels: ``sink`` (bounded by the sinks one deploys), ``target`` (the named
+InfluxDB servers of a sink with several), ``state``, ``phase``. Never an
+epoch number or a run id: those are unbounded.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from prometheus_client.registry import Collector
 from twophase.errors import TwoPhaseError
 from twophase.influx import metering
 from twophase.model import EpochState
+from twophase.operations.store import stored_states
+from twophase.protocol.targets import LAGGING, LIVE, QUARANTINED, TargetState
 from twophase.store.database import Database
 from twophase.store.views import CLI_RUN_PREFIX, LIVE_WINDOW_S, OWNER_RUN_SQL, OWNER_STATE_SQL
 
@@ -47,6 +52,7 @@ log = logging.getLogger("twophase.operations.exporter")
 
 DEFAULT_PORT = 9464
 RUN_STATES = ("live", "ended", "unknown", "none")
+TARGET_STATES = (LIVE, LAGGING, QUARANTINED)
 # Decide -> committed: from a loopback epoch (tens of ms) to an InfluxDB outage (many minutes).
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 RECENT_EPOCHS = 100  # committed epochs a new exporter puts in the histogram at its first scrape
@@ -147,6 +153,7 @@ class StoreCollector(Collector):
             started = time.perf_counter()
             try:
                 rows = self._read()
+                targets = stored_states(self._db)
             except (TwoPhaseError, psycopg.Error) as exc:
                 log.warning("scrape: cannot read the staging store: %s", exc)
                 rows = None
@@ -157,6 +164,7 @@ class StoreCollector(Collector):
             yield up
             if rows is not None:
                 yield from sink_families(rows, self._durations)
+                yield from target_families(targets)
             took = GaugeMetricFamily(
                 "twophase_scrape_duration_seconds", "How long reading the staging store took."
             )
@@ -292,6 +300,46 @@ def _total_families(rows: list[SinkRow]) -> Iterator[Metric]:
     yield from (staged, delivered, rejected, requeued, pending, replays, attempts, retries, fenced)
 
 
+def target_families(states: Iterable[TargetState]) -> Iterator[Metric]:
+    """The per-target metric families of one scrape (sinks with several targets)."""
+    labels = ("sink", "target")
+    lag_epochs = _gauge(
+        "twophase_target_lag_epochs",
+        "COMMITTED epochs of the sink the target is owed and does not hold yet.",
+        labels,
+    )
+    lag_seconds = _gauge(
+        "twophase_target_lag_seconds",
+        "Age of the oldest COMMITTED epoch the target lacks, since its commit (0: none).",
+        labels,
+    )
+    lag_bytes = _gauge(
+        "twophase_target_lag_bytes", "Staged bytes of the epochs the target lacks.", labels
+    )
+    state = _gauge(
+        "twophase_target_state",
+        "1 for the target's state: live, lagging (the catch-up delivers its backlog),"
+        " quarantined (behind longer than target_max_lag: `twophase targets resync`).",
+        ("sink", "target", "state"),
+    )
+    delivered = _gauge(
+        "twophase_target_delivered_epoch",
+        "The last epoch delivered to the target in epoch order (it holds every COMMITTED"
+        " epoch it is owed up to it).",
+        labels,
+    )
+    for t in states:
+        names = [t.sink_id, t.target]
+        lag_epochs.add_metric(names, t.lag_epochs)
+        lag_seconds.add_metric(names, t.lag_seconds or 0.0)
+        lag_bytes.add_metric(names, t.lag_bytes)
+        for name in TARGET_STATES:
+            state.add_metric([*names, name], float(t.state == name))
+        if t.delivered_epoch is not None:
+            delivered.add_metric(names, t.delivered_epoch)
+    yield from (lag_epochs, lag_seconds, lag_bytes, state, delivered)
+
+
 @dataclass(frozen=True)
 class Exporter:
     """A running exporter: its registry, and the HTTP server serving it."""
@@ -331,10 +379,17 @@ def metric_names() -> frozenset[str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Sample())
     names = {s.name for family in registry.collect() for s in family.samples}
-    names |= {s.name for family in metering.REGISTRY.collect() for s in family.samples}
-    for metric in ("twophase_influx_responses", "twophase_influx_retries"):
-        names.add(metric + "_total")  # labelled counters show no sample before their first use
+    for family in metering.REGISTRY.collect():
+        # Labelled metrics show no sample before their first use: their names by type.
+        names |= {family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",))}
     return frozenset(names)
+
+
+# The samples of each metric type, after the family's name.
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+}
 
 
 class _Sample(Collector):
@@ -344,6 +399,8 @@ class _Sample(Collector):
         row = SinkRow("example", 1, 1, 1.0, "live", *([0] * 14))
         durations = {"example": _Durations()}
         yield from sink_families([row], durations)
+        target = TargetState("example", "a", LIVE, 1, 0, 0, None, 0, None, None, None, None)
+        yield from target_families([target])
         for name in ("twophase_store_up", "twophase_scrape_duration_seconds"):
             gauge = GaugeMetricFamily(name, "")
             gauge.add_metric([], 0.0)

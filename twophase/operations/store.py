@@ -26,6 +26,7 @@ from twophase.operations.hooks import (
 )
 from twophase.protocol.gc import GarbageCollector, GcReport
 from twophase.protocol.ledger import Ledger
+from twophase.protocol.targets import TargetLedger, TargetState
 from twophase.store.database import Database
 from twophase.store.views import EpochEvent, EpochInfo, EpochRange, SinkStatus, Views
 from twophase.wording import age, iso
@@ -105,6 +106,20 @@ def status(
         if sink_id is not None:
             views.require_sink(sink_id)
         return views.status(sink_id, live_window_s)
+
+
+def target_states(config: StagingConfig, sink_id: str | None = None) -> list[TargetState]:
+    """Every target of every sink with several (of one sink: UnknownSinkError when it
+    does not exist); none for a sink with one target, or a store from before targets."""
+    with Database(config) as db:
+        if sink_id is not None:
+            Views(db).require_sink(sink_id)
+        return stored_states(db, sink_id)
+
+
+def stored_states(db: Database, sink_id: str | None = None) -> list[TargetState]:
+    """:meth:`TargetLedger.states`, or none when the store predates targets (0007)."""
+    return TargetLedger(db).states(sink_id) if Views(db).has_targets() else []
 
 
 def epochs(

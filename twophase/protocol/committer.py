@@ -23,7 +23,7 @@ from twophase.protocol.autogc import AutoGc
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.promoter import Promoter, PromoteResult
+from twophase.protocol.promoter import EpochPromoter, PromoteResult
 
 log = logging.getLogger("twophase.protocol.committer")
 
@@ -46,7 +46,7 @@ class Committer:
     def __init__(
         self,
         ledger: Ledger,
-        promoter: Promoter,
+        promoter: EpochPromoter,
         gc: GarbageCollector,
         handoff: Handoff | None = None,
         auto_gc: AutoGc | None = None,
@@ -83,6 +83,7 @@ class Committer:
         lease = self._ledger.begin_run(sink_id, run_id, query_id)
         crash_point("after_begin_run", sink_id)
         recovered = self._recover(lease, on_promoted, inherited=True)
+        self._promoter.claimed(lease)  # several targets: watch for a lagging one's backlog
         if recovered:
             log.info(
                 "sink %s: run %s recovered epochs %s at its claim",
@@ -188,10 +189,13 @@ class Committer:
         return [] if self._handoff is None else self._handoff.drain()
 
     def close(self) -> None:
-        """Drain, then stop the background threads (promotions, then collections)."""
+        """Drain, then stop the background threads (promotions, collections, catch-up)."""
         try:
             if self._handoff is not None:
                 self._handoff.close()
         finally:
-            if self._auto_gc is not None:
-                self._auto_gc.close()
+            try:
+                if self._auto_gc is not None:
+                    self._auto_gc.close()
+            finally:
+                self._promoter.close()

@@ -3,6 +3,11 @@
 * Staged points of COMMITTED or ABORTED epochs are kept ``retention`` after
   the epoch ended (so they can be re-sent, e.g. after an InfluxDB restore),
   then deleted; the epoch keeps its row and is marked ``purged_at``.
+* With several targets, a COMMITTED epoch's points are kept, past retention too,
+  until every target that is not quarantined holds it (each target's backlog,
+  :mod:`.targets`); a collection first quarantines the targets behind by more than
+  ``target_max_lag``, logging each, so that a dead target holds staging only so
+  long.
 * A write no decision names is an orphan (a failed, speculative or replayed
   task attempt). It is removed once its epoch is decided, or after
   ``orphan_grace`` if its epoch never is (a run that crashed before voting),
@@ -22,6 +27,7 @@ write that a concurrent decision chooses (I1).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +37,12 @@ from typing import Any
 import psycopg
 
 from twophase.faults import crash_point
+from twophase.logs import fields
 from twophase.model import EpochState
+from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
 
+log = logging.getLogger("twophase.protocol.gc")
 Cursor = psycopg.Cursor[Any]
 
 
@@ -46,17 +55,27 @@ class GcReport:
     points_purged: int
     orphan_writes: int
     dry_run: bool
+    quarantined: tuple[tuple[str, str], ...] = ()  # (sink, target) newly quarantined
 
 
 class GarbageCollector:
     """One role: delete what no longer needs keeping. ``collect`` and ``discard``
     are idempotent."""
 
-    def __init__(self, db: Database, retention_s: float, orphan_grace_s: float, chunk: int = 200):
+    def __init__(
+        self,
+        db: Database,
+        retention_s: float,
+        orphan_grace_s: float,
+        chunk: int = 200,
+        *,
+        max_lag_s: float | None = None,
+    ):
         self._db = db
         self._retention_s = retention_s
         self._grace_s = orphan_grace_s
         self._chunk = chunk
+        self._max_lag_s = max_lag_s  # target_max_lag (None: no quarantine here)
 
     def collect(
         self,
@@ -72,10 +91,31 @@ class GarbageCollector:
         removed (None: all). ``ahead_s``: collect as the database's clock will
         see it that many seconds from now (tests, benchmarks).
         """
+        quarantined = () if dry_run else self._quarantine(sink_id)
         expired_before, staged_before = self._cutoffs(ahead_s)
         epochs, points = self._purge_expired(sink_id, expired_before, dry_run, limit)
         orphans = self._remove_orphans(sink_id, staged_before, dry_run, limit)
-        return GcReport(sink_id, epochs, points, orphans, dry_run)
+        return GcReport(sink_id, epochs, points, orphans, dry_run, quarantined)
+
+    def _quarantine(self, sink_id: str | None) -> tuple[tuple[str, str], ...]:
+        """Quarantine the targets behind by more than ``target_max_lag``: they stop
+        holding retention. Never silent: a warning and an event each."""
+        if self._max_lag_s is None:
+            return ()
+        done = tuple(TargetLedger(self._db).quarantine(sink_id, self._max_lag_s))
+        for sink, target in done:
+            log.warning(
+                "sink %s: target %s is quarantined, lagging more than %g s: staging no longer "
+                "keeps its backlog; `twophase targets resync %s --sink %s` re-delivers what "
+                "is retained",
+                sink,
+                target,
+                self._max_lag_s,
+                target,
+                sink,
+                extra=fields(sink),
+            )
+        return done
 
     def _cutoffs(self, ahead_s: float) -> tuple[datetime, datetime]:
         """Ended before the first, an epoch is past retention; staged before the second,
@@ -162,6 +202,10 @@ def _expired_epochs(
         " WHERE state = ANY(%s) AND purged_at IS NULL"
         " AND COALESCE(committed_at, aborted_at) < %s"
         " AND (%s::text IS NULL OR sink_id = %s)"
+        # held for a target that lacks it and is not quarantined (twophase.protocol.targets)
+        " AND NOT EXISTS (SELECT 1 FROM twophase_target_backlog b JOIN twophase_targets t"
+        " ON t.sink_id = b.sink_id AND t.target = b.target WHERE t.state <> 'quarantined'"
+        " AND b.sink_id = twophase_epochs.sink_id AND b.epoch = twophase_epochs.epoch)"
         " ORDER BY sink_id, epoch LIMIT %s FOR UPDATE SKIP LOCKED",
         ([EpochState.COMMITTED, EpochState.ABORTED], before, sink_id, sink_id, limit),
     )

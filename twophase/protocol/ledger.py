@@ -350,7 +350,8 @@ class Ledger:
         """Unbind the sink from its query after a deliberate checkpoint reset (I6's way out).
 
         The next query may start at any epoch. The epoch records are deleted, so
-        every write becomes an orphan for GC; the dead letters of the writes the
+        every write becomes an orphan for GC, and so are the per-target cursors
+        and deliveries of a sink with several targets; the dead letters of the writes the
         epochs chose are marked ``reset_at`` first and stay the sink's: listed,
         requeueable, never removed by GC. Raises StateError while epochs are
         PRECOMMITTED (recover first).
@@ -367,6 +368,10 @@ class Ledger:
                 "DELETE FROM twophase_epochs WHERE sink_id = %s RETURNING epoch", (sink_id,)
             )
             removed = len(cur.fetchall())
+            # Several targets: their cursors count the forgotten epochs; the next query's
+            # start registers them again, from its first epoch.
+            cur.execute("DELETE FROM twophase_target_deliveries WHERE sink_id = %s", (sink_id,))
+            cur.execute("DELETE FROM twophase_targets WHERE sink_id = %s", (sink_id,))
             cur.execute(
                 "UPDATE twophase_sinks SET query_id = NULL, last_decided_epoch = NULL,"
                 " owner_run_id = NULL, fencing_token = fencing_token + 1, updated_at = now(),"

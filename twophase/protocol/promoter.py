@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError, PermanentError, TwoPhaseError
@@ -42,6 +43,28 @@ class PromoteResult:
     epoch: int
     delivered: int
     rejected: int
+
+
+class EpochPromoter(Protocol):
+    """The promotion role a committer drives: :class:`Promoter` for one InfluxDB
+    target, :class:`twophase.protocol.fanout.FanOutPromoter` for several."""
+
+    def promote(
+        self, lease: Lease, epoch: int, plan: EpochPlan | None = None
+    ) -> PromoteResult: ...  # idempotent: re-sends the fixed point set (I4)
+
+    def lease_check(self, lease: Lease) -> Callable[[], None]: ...
+
+    def send(
+        self,
+        plan: EpochPlan,
+        on_batch: Callable[[int], None] | None = None,
+        before_request: Callable[[], None] | None = None,
+    ) -> tuple[int, int]: ...  # no state change; safe to repeat
+
+    def claimed(self, lease: Lease) -> None: ...  # a run claimed the sink and recovered it
+
+    def close(self) -> None: ...  # stop what runs in the background
 
 
 class Promoter:
@@ -84,16 +107,8 @@ class Promoter:
         every lane (:class:`_LeaseWatch`), so a run fenced meanwhile starts no
         request more: FencedError, the epoch left PRECOMMITTED for the new run."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
-        check = self.lease_check(lease)
         try:
-            # Each request delivered is progress: a connection dropped after minutes of
-            # sending begins a new staging outage, with the whole deadline to ride it out.
-            progress = Progress()
-            delivered, rejected = self._retry(
-                "promote",
-                lambda: self.send(plan, on_batch=lambda _: progress(), before_request=check),
-                progress=progress,
-            )
+            delivered, rejected = self.deliver(plan, self.lease_check(lease))
         except TwoPhaseError as exc:
             self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
             raise
@@ -109,6 +124,25 @@ class Promoter:
             extra=lease_fields(lease, epoch),
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
+
+    def deliver(self, plan: EpochPlan, check: Callable[[], None]) -> tuple[int, int]:
+        """Send the plan (:meth:`send`), the whole send repeated through a staging
+        outage; ``check`` runs before every request and retry. No state change.
+        Returns (delivered, rejected)."""
+        # Each request delivered is progress: a connection dropped after minutes of
+        # sending begins a new staging outage, with the whole deadline to ride it out.
+        progress = Progress()
+        return self._retry(
+            "promote",
+            lambda: self.send(plan, on_batch=lambda _: progress(), before_request=check),
+            progress=progress,
+        )
+
+    def claimed(self, lease: Lease) -> None:
+        """A run claimed the sink and recovered it. One target: nothing more to do."""
+
+    def close(self) -> None:
+        """Nothing runs in the background here (one target)."""
 
     def lease_check(self, lease: Lease) -> Callable[[], None]:
         """A check to run before each request of a send under ``lease``: FencedError once

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from twophase.errors import StateError
 from twophase.model import EpochPlan, EpochState, Lease
-from twophase.protocol.promoter import Promoter
+from twophase.protocol.promoter import EpochPromoter
 from twophase.protocol.reader import decided_writes
 from twophase.store.database import Database
 from twophase.store.views import EpochInfo
@@ -93,7 +93,7 @@ def plan_resend(sink_id: str, epochs: Sequence[EpochInfo], everything: bool) -> 
 class Resender:
     """Sends COMMITTED epochs again through the promoter's own batching and checks."""
 
-    def __init__(self, db: Database, promoter: Promoter):
+    def __init__(self, db: Database, promoter: EpochPromoter):
         self._db = db
         self._promoter = promoter
 

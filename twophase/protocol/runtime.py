@@ -9,30 +9,37 @@ of defaults.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from twophase.config import BACKGROUND, TwoPhaseConfig
+from twophase.config import BACKGROUND, InfluxConfig, TwoPhaseConfig
 from twophase.influx import metering
 from twophase.influx.api import make_writer
 from twophase.influx.sender import BatchSender
 from twophase.influx.writers import InfluxWriter
 from twophase.model import Lease
 from twophase.protocol.autogc import AutoGc
+from twophase.protocol.catchup import CatchUp, TargetPromoters
 from twophase.protocol.committer import Committer
 from twophase.protocol.deadletters import DeadLetterLog
+from twophase.protocol.fanout import FanOutPromoter
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.promoter import Promoter
+from twophase.protocol.promoter import EpochPromoter, Promoter
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.runs import Runs
 from twophase.protocol.stager import Stager
+from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
 
 
 @dataclass(frozen=True)
 class TwoPhase:
-    """The driver-side parts over one staging database and one InfluxDB."""
+    """The driver-side parts over one staging database and its InfluxDB targets.
+
+    ``writer`` is the first target's; ``writers`` holds every target's, by name."""
 
     config: TwoPhaseConfig
     db: Database
@@ -40,11 +47,13 @@ class TwoPhase:
     stager: Stager
     ledger: Ledger
     reader: StagedReader
-    promoter: Promoter
+    promoter: EpochPromoter
     committer: Committer
     gc: GarbageCollector
     runs: Runs
     auto_gc: AutoGc
+    targets: TargetLedger
+    writers: dict[str, InfluxWriter]
 
     @classmethod
     def open(
@@ -65,29 +74,34 @@ class TwoPhase:
         shell holding the job's environment does not take the driver's port.
         """
         db = db or Database(config.staging)
-        writer = writer or make_writer(config.influx)
+        influx = config.influx
         on_retry = None
-        if serve_metrics and config.influx.metrics_port is not None:
-            metering.serve(config.influx.metrics_port)
-            writer, on_retry = metering.MeteredWriter(writer), metering.count_retry
+        if serve_metrics and influx.metrics_port is not None:
+            metering.serve(influx.metrics_port)
+            on_retry = metering.count_retry
+        writers = _writers(config, writer, metered=on_retry is not None)
         ledger, reader = Ledger(db), StagedReader(db)
-        sender = BatchSender(writer, config.influx, on_attempt_failed=on_retry)
-        promoter = Promoter(
-            ledger,
-            reader,
-            sender,
-            DeadLetterLog(db),
-            config.influx,
-            config.staging.lanes,
-            retry=db.retry,
+        targets = TargetLedger(db)
+
+        def promoter_for(name: str, influx: InfluxConfig) -> Promoter:
+            sender = BatchSender(writers[name], influx, on_attempt_failed=on_retry)
+            return Promoter(
+                ledger, reader, sender, DeadLetterLog(db), influx, config.staging.lanes, db.retry
+            )
+
+        promoter = _promoter(config, db, ledger, reader, targets, promoter_for)
+        gc = GarbageCollector(
+            db,
+            config.staging.retention_s,
+            config.staging.orphan_grace_s,
+            max_lag_s=influx.target_max_lag_s,
         )
-        gc = GarbageCollector(db, config.staging.retention_s, config.staging.orphan_grace_s)
-        handoff = Handoff(promoter) if config.influx.promotion == BACKGROUND else None
+        handoff = Handoff(promoter) if influx.promotion == BACKGROUND else None
         auto_gc = AutoGc(gc, config.staging.gc_interval_s)
         return cls(
             config=config,
             db=db,
-            writer=writer,
+            writer=next(iter(writers.values())),
             stager=Stager(db, config.staging),
             ledger=ledger,
             reader=reader,
@@ -96,6 +110,8 @@ class TwoPhase:
             gc=gc,
             runs=Runs(db),
             auto_gc=auto_gc,
+            targets=targets,
+            writers=writers,
         )
 
     def claim(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
@@ -109,7 +125,8 @@ class TwoPhase:
         try:
             self.committer.close()
         finally:
-            self.writer.close()
+            for writer in self.writers.values():
+                writer.close()
             self.db.close()
 
     def __enter__(self) -> TwoPhase:
@@ -117,3 +134,44 @@ class TwoPhase:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _writers(
+    config: TwoPhaseConfig, writer: InfluxWriter | None, *, metered: bool
+) -> dict[str, InfluxWriter]:
+    """A writer per target, by name; ``writer`` (given: shared pool or fault injection)
+    stands for the first."""
+    writers = {}
+    for number, target in enumerate(config.influx.named_targets()):
+        made = writer if writer is not None and number == 0 else make_writer(target.influx)
+        writers[target.name] = metering.MeteredWriter(made, target.name) if metered else made
+    return writers
+
+
+def _promoter(
+    config: TwoPhaseConfig,
+    db: Database,
+    ledger: Ledger,
+    reader: StagedReader,
+    targets: TargetLedger,
+    promoter_for: Callable[[str, InfluxConfig], Promoter],
+) -> EpochPromoter:
+    """One target: its promoter. Several: a fan-out over a commit's promoter and a
+    catch-up promoter per target (the first gives up after ``target_deadline``)."""
+    influx = config.influx
+    if not influx.targets:
+        return promoter_for(influx.named_targets()[0].name, influx)
+    per_target = []
+    for target in influx.targets:
+        quick = dataclasses.replace(target.influx, retry_deadline_s=influx.target_deadline_s)
+        per_target.append(
+            TargetPromoters(
+                target.name,
+                commit=promoter_for(target.name, quick),
+                catch_up=promoter_for(target.name, target.influx),
+            )
+        )
+    catch_up = CatchUp(db, reader, targets, per_target)
+    return FanOutPromoter(
+        ledger, targets, per_target, catch_up, influx.min_targets, influx.retry_deadline_s
+    )

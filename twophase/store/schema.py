@@ -29,6 +29,11 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
   letter a reset kept (its write's epoch is forgotten, the letter stays the sink's).
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
+* ``twophase_targets``: per sink delivering to several named targets, each target's
+  state (``TARGET_STATES``), the last epoch delivered to it in epoch order, and the first
+  epoch it is owed (a target added later starts at the next epoch). A sink with one
+  target has no rows: its COMMITTED epochs are its deliveries.
+* ``twophase_target_deliveries``: one row per target and epoch delivered to it.
 
 ``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
 equal to ``twophase/migrations/versions``' head.
@@ -66,6 +71,7 @@ TABLE_PREFIX = "twophase_"
 
 EPOCH_STATES = tuple(state.value for state in EpochState)
 PHASES = tuple(phase.value for phase in Phase)
+TARGET_STATES = ("live", "lagging", "quarantined")
 
 metadata = MetaData(
     naming_convention={
@@ -241,4 +247,39 @@ epoch_events = Table(
     Column("detail", Text, nullable=True),
     Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index(None, "sink_id", "epoch"),
+)
+
+targets = Table(
+    "twophase_targets",
+    metadata,
+    Column("sink_id", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default="live"),
+    Column(
+        "delivered_epoch",
+        BigInteger,
+        nullable=True,
+        comment="every COMMITTED epoch from from_epoch up to it is in this target",
+    ),
+    Column("from_epoch", BigInteger, nullable=False, server_default="0"),
+    Column("lagging_since", DateTime(timezone=True), nullable=True),
+    Column("quarantined_at", DateTime(timezone=True), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("added_at", DateTime(timezone=True), server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), server_default=func.now()),
+    PrimaryKeyConstraint("sink_id", "target"),
+    CheckConstraint(f"state IN {TARGET_STATES!r}", name="state"),
+)
+
+target_deliveries = Table(
+    "twophase_target_deliveries",
+    metadata,
+    Column("sink_id", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("delivered", BigInteger, nullable=False),
+    Column("rejected", BigInteger, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("at", DateTime(timezone=True), server_default=func.now()),
+    PrimaryKeyConstraint("sink_id", "target", "epoch"),
 )

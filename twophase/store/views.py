@@ -256,6 +256,32 @@ class Views:
             )
             return [EpochEvent(*row) for row in cur.fetchall()]
 
+    def last_event_id(self) -> int:
+        """The id of the newest event of any epoch (0: none): what came later is newer."""
+        with self._db.transaction() as cur:
+            cur.execute("SELECT COALESCE(max(id), 0) FROM twophase_epoch_events")
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+
+    def target_skips(self, sink_id: str, target: str, after_id: int) -> list[int]:
+        """The epochs a catch-up skipped for ``target`` because GC had purged them (its
+        ``target_skipped`` events newer than ``after_id``), in order."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT DISTINCT epoch FROM twophase_epoch_events WHERE sink_id = %(s)s"
+                " AND event = 'target_skipped' AND id > %(after)s AND epoch IS NOT NULL"
+                " AND left(detail, length(%(p)s)) = %(p)s ORDER BY epoch",
+                {"s": sink_id, "after": after_id, "p": f"{target}: "},
+            )
+            return [int(row[0]) for row in cur.fetchall()]
+
+    def has_targets(self) -> bool:
+        """Whether the store keeps per-target state (revision 0007_targets on)."""
+        with self._db.transaction() as cur:
+            cur.execute("SELECT to_regclass('twophase_targets') IS NOT NULL")
+            row = cur.fetchone()
+            return bool(row and row[0])
+
     def count_dead_letters(self, sink_id: str, epoch: int | None) -> int:
         with self._db.transaction() as cur:
             cur.execute(

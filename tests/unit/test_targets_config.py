@@ -1,0 +1,367 @@
+"""Several named InfluxDB targets per sink, configuration side: the target list, each
+target's overrides (environment and TOML file), the file's precedence, and errors that
+name the variable (or the file and key) without a secret."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from twophase.config import (
+    CLI_FLAGS,
+    DEFAULT_TARGET,
+    PER_TARGET,
+    Secret,
+    TargetConfig,
+    load_config,
+    load_influx_config,
+    load_setting,
+    target_env_name,
+)
+from twophase.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+STAGING = {"TWOPHASE_STAGING_URL": "postgresql+psycopg://tp@db.example:5432/tp"}
+SHARED = {**STAGING, "TWOPHASE_INFLUX_API": "v1", "TWOPHASE_INFLUX_DB": "metrics"}
+TWO = {**SHARED, "TWOPHASE_TARGETS": "a=http://influx-a:8086,b=https://influx-b:8086/"}
+
+
+def refused(env: dict[str, str], **explicit: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env, **explicit)
+    return info.value
+
+
+def test_targets_are_parsed_in_order_and_the_first_is_the_url() -> None:
+    influx = load_influx_config(env=TWO)
+    assert [(t.name, t.influx.url) for t in influx.targets] == [
+        ("a", "http://influx-a:8086"),
+        ("b", "https://influx-b:8086"),
+    ]
+    assert influx.url == "http://influx-a:8086"  # code that talks to one server keeps working
+    assert influx.named_targets() == influx.targets
+    for target in influx.targets:
+        assert target.influx == replace(influx, url=target.influx.url, targets=())
+        assert target.influx.targets == ()
+
+
+def test_the_new_settings_have_their_defaults_and_read_durations() -> None:
+    influx = load_influx_config(env=TWO)
+    assert (influx.min_targets, influx.target_deadline_s, influx.target_max_lag_s) == (
+        1,
+        5.0,
+        86400.0,
+    )
+    env = {**TWO, "TWOPHASE_MIN_TARGETS": "2", "TWOPHASE_TARGET_DEADLINE": "500ms"}
+    influx = load_influx_config(env={**env, "TWOPHASE_TARGET_MAX_LAG": "2h"})
+    assert (influx.min_targets, influx.target_deadline_s, influx.target_max_lag_s) == (
+        2,
+        0.5,
+        7200.0,
+    )
+
+
+def test_without_targets_named_targets_is_one_default_target_equal_to_the_config() -> None:
+    influx = load_influx_config(env={**SHARED, "TWOPHASE_INFLUX_URL": "http://one:8086"})
+    assert influx.targets == ()
+    assert influx.named_targets() == (TargetConfig(DEFAULT_TARGET, influx),)
+    assert DEFAULT_TARGET == "default"
+
+
+def test_targets_given_explicitly_as_text_or_mapping() -> None:
+    text = load_influx_config(env=SHARED, targets="x=http://h1:8086, y_2=http://h2:8086")
+    mapping = load_influx_config(env=SHARED, targets={"x": "http://h1:8086", "y_2": "http://h2"})
+    assert [t.name for t in text.targets] == [t.name for t in mapping.targets] == ["x", "y_2"]
+    assert load_setting("targets", {}, targets="a-1=http://h") == (("a-1", "http://h"),)
+
+
+@pytest.mark.parametrize(
+    ("targets", "says"),
+    [
+        ("A=http://h:8086", "entry 1 (name 'A'): a target's name must match"),
+        ("1a=http://h:8086", "entry 1 (name '1a')"),
+        ("a b=http://h:8086", "must match [a-z][a-z0-9_-]*"),
+        ("http://h:8086", "entry 1 ('http://h:8086') is not name=http(s)://host:port"),
+        ("a=http://h:8086,a=http://g:8086", "target 'a' is named twice"),
+        (
+            "eu-west=http://h,eu_west=http://g",
+            "would share the variables TWOPHASE_TARGET_EU_WEST_*",
+        ),
+        ("a=ftp://h:8086", "target 'a': 'ftp://h:8086' is not an http(s) URL"),
+        ("a=http://", "is not an http(s) URL"),
+        ("a=http://h:8086,", "entry 2 (empty) is not name="),
+        (" , ", "entry 1 (empty)"),
+    ],
+)
+def test_a_bad_target_list_names_the_variable_and_the_entry(targets: str, says: str) -> None:
+    error = refused({**SHARED, "TWOPHASE_TARGETS": targets})
+    assert error.option == "TWOPHASE_TARGETS"
+    assert says in error.problem
+
+
+def test_an_empty_explicit_target_list_is_refused() -> None:
+    error = refused(SHARED, targets="")
+    assert error.option == "targets" and "names no target" in error.problem
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        "a=http://u:hunter2@h:8086",  # a password in a target's URL
+        "http://u:hunter2@h:8086",  # no name: the entry is shown masked
+        "https://u:p=hunter2@h:8086",  # the "=" in the password is not the name's
+        "a=ftp://u:hunter2@h",
+    ],
+)
+def test_a_password_in_a_target_url_is_never_shown(targets: str) -> None:
+    error = refused({**SHARED, "TWOPHASE_TARGETS": targets})
+    assert error.option == "TWOPHASE_TARGETS"
+    assert "hunter2" not in str(error)
+
+
+def test_a_password_in_a_target_url_points_at_the_targets_password_variable() -> None:
+    error = refused({**SHARED, "TWOPHASE_TARGETS": "b=http://u:hunter2@h:8086"})
+    assert "use TWOPHASE_TARGET_B_INFLUX_PASSWORD" in error.problem
+
+
+def test_neither_url_nor_targets_is_required_naming_the_url() -> None:
+    error = refused(SHARED)
+    assert error.option == "TWOPHASE_INFLUX_URL"
+    assert str(error).startswith("TWOPHASE_INFLUX_URL: is required but not set")
+    assert "TWOPHASE_TARGETS" in error.problem
+
+
+def test_both_url_and_targets_name_both() -> None:
+    error = refused({**TWO, "TWOPHASE_INFLUX_URL": "http://one:8086"})
+    assert error.option == "TWOPHASE_TARGETS"
+    assert "TWOPHASE_INFLUX_URL" in error.problem
+    error = refused(SHARED, influx_url="http://one:8086", targets="a=http://h")
+    assert (error.option, "influx_url" in error.problem) == ("targets", True)
+
+
+def test_an_explicit_url_replaces_targets_from_the_environment() -> None:
+    """The first source that names the servers decides, as for any one setting."""
+    influx = load_influx_config(env=TWO, influx_url="http://one:8086")
+    assert (influx.url, influx.targets) == ("http://one:8086", ())
+    influx = load_influx_config(
+        env={**SHARED, "TWOPHASE_INFLUX_URL": "http://one"}, targets="c=http://c"
+    )
+    assert [t.name for t in influx.targets] == ["c"]
+
+
+@pytest.mark.parametrize(
+    ("env", "count"),
+    [
+        ({**TWO, "TWOPHASE_MIN_TARGETS": "3"}, "2 target(s)"),
+        ({**SHARED, "TWOPHASE_INFLUX_URL": "http://one", "TWOPHASE_MIN_TARGETS": "2"}, "1 target"),
+    ],
+)
+def test_min_targets_above_the_number_of_targets_is_refused(
+    env: dict[str, str], count: str
+) -> None:
+    error = refused(env)
+    assert error.option == "TWOPHASE_MIN_TARGETS"
+    assert count in error.problem
+
+
+def test_min_targets_is_at_least_one() -> None:
+    assert refused({**TWO, "TWOPHASE_MIN_TARGETS": "0"}).option == "TWOPHASE_MIN_TARGETS"
+
+
+def test_overrides_from_the_environment_apply_to_their_target_only() -> None:
+    env = {
+        **TWO,
+        "TWOPHASE_TARGET_B_INFLUX_DB": "metrics_b",
+        "TWOPHASE_TARGET_B_INFLUX_TIMEOUT": "30s",
+        "TWOPHASE_TARGET_B_INFLUX_PASSWORD": "b-s3cret",
+        "TWOPHASE_TARGET_OTHER_INFLUX_DB": "x",  # another sink's target: left alone
+    }
+    a, b = load_influx_config(env=env).targets
+    assert (a.influx.database, a.influx.timeout_s, a.influx.password) == ("metrics", 10.0, None)
+    assert (b.influx.database, b.influx.timeout_s) == ("metrics_b", 30.0)
+    assert b.influx.password == Secret("b-s3cret")
+    assert "b-s3cret" not in repr(load_config(env=env))
+
+
+def test_a_target_name_with_a_dash_is_spelt_with_an_underscore() -> None:
+    assert target_env_name("eu-west", "influx_db") == "TWOPHASE_TARGET_EU_WEST_INFLUX_DB"
+    env = {
+        **SHARED,
+        "TWOPHASE_TARGETS": "eu-west=http://h",
+        "TWOPHASE_TARGET_EU_WEST_INFLUX_DB": "e",
+    }
+    assert load_influx_config(env=env).targets[0].influx.database == "e"
+
+
+def test_a_secret_override_from_a_file(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("b-token\n")
+    env = {**TWO, "TWOPHASE_TARGET_B_INFLUX_TOKEN_FILE": str(token)}
+    assert load_influx_config(env=env).targets[1].influx.token == Secret("b-token")
+    missing = {**TWO, "TWOPHASE_TARGET_B_INFLUX_TOKEN_FILE": str(tmp_path / "missing")}
+    assert refused(missing).option == "TWOPHASE_TARGET_B_INFLUX_TOKEN_FILE"
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("TWOPHASE_TARGET_B_INFLUX_BATCH_POINTS", "0"),
+        ("TWOPHASE_TARGET_B_INFLUX_API", "v9"),
+        ("TWOPHASE_TARGET_B_INFLUX_TIMEOUT", "soon"),
+        ("TWOPHASE_TARGET_B_INFLUX_TLS_CA", "/no/such/ca.pem"),
+    ],
+)
+def test_a_bad_override_names_its_variable(var: str, value: str) -> None:
+    error = refused({**TWO, var: value})
+    assert (error.option, str(error).startswith(var)) == (var, True)
+
+
+def test_each_target_is_checked_for_its_api_naming_its_variable() -> None:
+    error = refused({**TWO, "TWOPHASE_TARGET_B_INFLUX_API": "v2"})
+    assert error.option == "TWOPHASE_TARGET_B_INFLUX_BUCKET"
+    assert "TWOPHASE_INFLUX_BUCKET" in error.problem  # the shared one would do too
+    env = {**TWO, "TWOPHASE_TARGET_B_INFLUX_API": "v2", "TWOPHASE_TARGET_B_INFLUX_ORG": "o"}
+    b = load_influx_config(env={**env, "TWOPHASE_TARGET_B_INFLUX_BUCKET": "bk"}).targets[1]
+    assert (b.influx.api, b.influx.bucket, b.influx.org) == ("v2", "bk", "o")
+
+
+@pytest.mark.parametrize(
+    "var",
+    [
+        "TWOPHASE_TARGET_B_INFLUX_DATABASE",  # misspelt
+        "TWOPHASE_TARGET_B_INFLUX_URL",  # the URL is in TWOPHASE_TARGETS
+        "TWOPHASE_TARGET_B_PROMOTION",  # the sink's, not one server's
+        "TWOPHASE_TARGET_B_MIN_TARGETS",
+        "TWOPHASE_TARGET_B_INFLUX_DB_FILE",  # _FILE is for secrets
+        "TWOPHASE_TARGET_INFLUX_DB",  # no name
+    ],
+)
+def test_a_target_variable_that_sets_nothing_is_refused(var: str) -> None:
+    error = refused({**TWO, var: "x"})
+    assert error.option == var and "is not a per-target setting" in error.problem
+
+
+def test_per_target_settings_are_the_influx_ones_but_the_sinks() -> None:
+    assert {"influx_db", "influx_password", "influx_token", "influx_api"} <= set(PER_TARGET)
+    sink_wide = {"influx_url", "targets", "min_targets", "target_deadline", "target_max_lag"}
+    assert not (sink_wide | {"promotion", "metrics_port", "staging_url"}) & set(PER_TARGET)
+
+
+def test_targets_is_a_cli_flag() -> None:
+    assert "targets" in CLI_FLAGS
+
+
+TOML = """
+staging_url = "postgresql+psycopg://tp:pg-s3cret@db.example:5432/tp"
+influx_api = "v1"
+influx_db = "metrics"
+influx_batch_points = 100
+min_targets = 2
+target_deadline = "2s"
+
+[targets.a]
+url = "http://influx-a:8086"
+
+[targets.b]
+url = "https://influx-b:8086"
+influx_db = "metrics_b"
+influx_password = "file-s3cret"
+"""
+
+
+def write(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "twophase.toml"
+    path.write_text(text)
+    return {"TWOPHASE_CONFIG": str(path)}
+
+
+def test_a_toml_file_gives_settings_targets_and_overrides(tmp_path: Path) -> None:
+    config = load_config(env=write(tmp_path, TOML))
+    assert config.staging.display_url == "postgresql+psycopg://tp:***@db.example:5432/tp"
+    influx = config.influx
+    assert (influx.batch_points, influx.min_targets, influx.target_deadline_s) == (100, 2, 2.0)
+    a, b = influx.targets
+    assert (a.name, a.influx.url, a.influx.database) == ("a", "http://influx-a:8086", "metrics")
+    assert (b.name, b.influx.url, b.influx.database) == ("b", "https://influx-b:8086", "metrics_b")
+    assert b.influx.password == Secret("file-s3cret")
+    assert "s3cret" not in repr(config)
+
+
+def test_the_environment_and_explicit_values_win_over_the_file(tmp_path: Path) -> None:
+    env = {**write(tmp_path, TOML), "TWOPHASE_INFLUX_BATCH_POINTS": "7"}
+    influx = load_config(env=env, min_targets=1).influx
+    assert (influx.batch_points, influx.min_targets) == (7, 1)
+    assert influx.targets[1].influx.database == "metrics_b"
+    env["TWOPHASE_TARGET_B_INFLUX_DB"] = "from_env"
+    assert load_influx_config(env=env).targets[1].influx.database == "from_env"
+
+
+def test_targets_from_the_environment_replace_the_files_list_not_its_overrides(
+    tmp_path: Path,
+) -> None:
+    env = {**write(tmp_path, TOML), "TWOPHASE_TARGETS": "b=http://other-b:8086,c=http://c:8086"}
+    b, c = load_influx_config(env=env).targets
+    assert (b.name, b.influx.url, b.influx.database) == ("b", "http://other-b:8086", "metrics_b")
+    assert (c.name, c.influx.database) == ("c", "metrics")
+    one = load_influx_config(env={**env, "TWOPHASE_MIN_TARGETS": "1"}, influx_url="http://one")
+    assert (one.url, one.targets) == ("http://one", ())
+
+
+def test_targets_may_be_a_string_in_the_file(tmp_path: Path) -> None:
+    env = write(tmp_path, 'influx_url = "http://one:8086"\ninflux_db = "m"\n')
+    assert load_influx_config(env=env).url == "http://one:8086"
+    env = write(tmp_path, 'targets = "a=http://h1,b=http://h2"\ninflux_db = "m"\n')
+    assert [t.name for t in load_influx_config(env=env).targets] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('influx_databse = "x"\n', "influx_databse"),
+        ('[targets.a]\nurl = "http://h"\ninflux_database = "x"\n', "targets.a.influx_database"),
+        ('[targets.a]\nurl = "http://h"\npromotion = "inline"\n', "targets.a.promotion"),
+        ("[targets.a]\ninflux_db = 'x'\n", "targets.a.url"),
+        ("influx_db = ['a', 'b']\n", "influx_db"),
+        ("influx_timeout = true\n", "influx_timeout"),
+        ("targets = 3\n", "targets"),
+    ],
+)
+def test_a_wrong_key_in_the_file_names_the_key_and_the_file(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    env = {**SHARED, **write(tmp_path, text)}
+    error = refused(env)
+    assert error.option == f"{key} in {tmp_path / 'twophase.toml'}"
+
+
+def test_a_bad_value_in_the_file_names_the_key_and_the_file(tmp_path: Path) -> None:
+    env = {**SHARED, **write(tmp_path, 'influx_url = "http://u:hunter2@h"\n')}
+    error = refused(env)
+    assert error.option.startswith("influx_url in ") and "hunter2" not in str(error)
+    env = {**STAGING, **write(tmp_path, 'influx_url = "http://h"\ninflux_api = "v1"\n')}
+    assert refused(env).option == "TWOPHASE_INFLUX_DB"  # the check of the API, as ever
+
+
+def test_url_and_targets_both_in_the_file_are_refused(tmp_path: Path) -> None:
+    env = {**SHARED, **write(tmp_path, 'influx_url = "http://h"\ntargets = "a=http://g"\n')}
+    error = refused(env)
+    assert error.option.startswith("targets in ") and "influx_url in " in error.problem
+
+
+@pytest.mark.parametrize(
+    "text",
+    [None, "staging_url = 'postgresql://u:s3cret@h/d\n", "= 'x'\n", "\x00"],
+    ids=["missing", "unterminated", "no-key", "binary"],
+)
+def test_an_unreadable_or_invalid_file_names_twophase_config(
+    tmp_path: Path, text: str | None
+) -> None:
+    path = tmp_path / "twophase.toml"
+    if text is not None:
+        path.write_text(text)
+    error = refused({**SHARED, "TWOPHASE_CONFIG": str(path)})
+    assert error.option == "TWOPHASE_CONFIG"
+    assert "s3cret" not in str(error)
