@@ -71,6 +71,7 @@ DEAD_LETTER_KEYS = {
     "payload",
     "created_at",
     "requeued_in",
+    "target",  # "": the sink's one target (or a row rejected at staging)
 }
 
 

@@ -8,14 +8,17 @@ from typing import Any
 
 import pytest
 
+from tests.integration.cli_helpers import sql
 from tests.integration.fanout_helpers import Pair, deliveries, target_rows, two_targets
 from tests.integration.faultproxy import CUT, PASS, wait_until
 from tests.integration.test_protocol import M, lines, scalar, stage
 from tests.support import influx_count, influx_query, two_phase
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
+from twophase.influx.api import make_writer
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
+from twophase.protocol.requeue import RequeueFilter, Requeuer
 
 SINK = "fan"
 N = 20  # points per epoch, besides the one point every epoch rewrites
@@ -33,6 +36,19 @@ def expect(target: InfluxConfig, epochs: list[int]) -> None:
     assert influx_count(target, M) == N * len(epochs) + 1
     series = influx_query(target, "SELECT v FROM proto WHERE host = 'last'")
     assert series[0]["values"][0][1] == max(epochs)
+
+
+def write_points(influx: InfluxConfig, lines_: list[str]) -> None:
+    writer = make_writer(influx)
+    try:
+        writer.write("\n".join(lines_).encode())
+    finally:
+        writer.close()
+
+
+def dead_letter_targets(url: str) -> dict[str, int]:
+    rows = sql(url, "SELECT target, count(*) FROM twophase_dead_letters GROUP BY target")
+    return {target: count for target, count in rows}
 
 
 def commit(tp: Any, lease: Lease, epoch: int) -> Any:
@@ -180,3 +196,27 @@ def test_after_a_reset_both_targets_start_again_at_the_new_querys_first_epoch(
     expect(pair.a, [0])
     expect(pair.b_direct, [0])
     assert target_rows(staging_url, SINK)["b"] == {"state": "live", "delivered": 0, "from": 0}
+
+
+def test_a_point_one_target_refuses_is_its_dead_letter_and_requeued_to_it_only(
+    fan: Any, pair: Pair, staging_url: str
+) -> None:
+    # b's shard holds field v of "clash" as a string: b refuses the float points, a takes them
+    write_points(pair.b_direct, ['clash,host=z v="text" 1700000000000000001'])
+    clash = [f"clash,host=h{i} v={i}.5 {1700000000000000000 + i}" for i in range(3)]
+    lease = fan.committer.claim(SINK, "r1", "q1")
+    messages = stage(fan, SINK, 0, [points(0) + clash], run=lease.run_id)
+    assert fan.committer.commit(lease, 0, messages).state == EpochState.COMMITTED
+    letters = dead_letter_targets(staging_url)
+    assert letters == {"b": 3}  # b's alone: a holds them
+    assert influx_count(pair.a, "clash") == 3
+    influx_query(pair.b_direct, "DROP MEASUREMENT clash")  # the cause fixed in b
+    requeuer = Requeuer(fan.db, fan.stager)
+    selection = requeuer.select(SINK, RequeueFilter(target="b"))
+    assert (selection.target, len(selection.ids)) == ("b", 3)
+    requeuer.decide(lease, selection)
+    fan.committer.recover(lease)
+    assert influx_count(pair.b_direct, "clash") == 3
+    assert deliveries(staging_url, SINK, "a") == [0]  # the correction went to b only
+    assert deliveries(staging_url, SINK, "b") == [0, -1]
+    assert scalar(staging_url, "SELECT target FROM twophase_epochs WHERE epoch = -1") == "b"

@@ -120,8 +120,8 @@ def cmd_dead_letters(con: Console) -> int:
     args = con.args
     if args.requeue:
         return _requeue(con)
-    if args.reason is not None or args.dry_run:
-        raise UsageError("--reason and --dry-run go with --requeue")
+    if args.reason is not None or args.dry_run or args.target is not None:
+        raise UsageError("--reason, --target and --dry-run go with --requeue")
     config = staging_config(args)
     if args.export:
         done = ops.export_dead_letters(config, args.sink, args.export, args.epoch)
@@ -137,7 +137,7 @@ def _requeue(con: Console) -> int:
     args = con.args
     if args.export or args.first is not None or args.last_epoch is not None:
         raise UsageError("--requeue takes --epoch N and --reason TEXT, not --export/--from/--to")
-    chosen = RequeueFilter(args.epoch, args.reason)
+    chosen = RequeueFilter(args.epoch, args.reason, args.target)
     with con.hooks() as hooks:
         report = ops.requeue(full_config(args), args.sink, chosen, args.dry_run, con.guard(), hooks)
     con.emit(report, render.requeue_lines(report))

@@ -266,6 +266,12 @@ def _dead_letters(commands: _Commands) -> None:
         help="deliver the points InfluxDB refused again, once, as a correction of the sink",
     )
     sub.add_argument("--reason", metavar="TEXT", help="with --requeue: only reasons holding TEXT")
+    sub.add_argument(
+        "--target",
+        metavar="NAME",
+        help="with --requeue and several targets: the letters target NAME refused (a "
+        "correction goes to that target only)",
+    )
     sub.add_argument("--dry-run", action="store_true", help="with --requeue: count, send nothing")
     _guard(sub, confirm=False)
 

@@ -217,12 +217,15 @@ def dead_letter_lines(sink_id: str, listing: DeadLetterListing) -> list[str]:
     if not listing.total:
         return [f"no dead letters for sink {sink_id!r}"]
     rows = listing.dead_letters
+    targets = any(d.target for d in rows)  # several targets: which one refused it
+    target = ("TARGET",) if targets else ()
     lines = table(
-        ("EPOCH", "PHASE", "WRITE", "SEQ", "REQUEUED", "REASON", "PAYLOAD"),
+        ("EPOCH", "PHASE", *target, "WRITE", "SEQ", "REQUEUED", "REASON", "PAYLOAD"),
         [
             (
                 epoch_label(d.epoch),
                 d.phase,
+                *((d.target,) if targets else ()),
                 d.write_id[:8],
                 d.seq,
                 _requeued(d.requeued_in),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from twophase.config import InfluxConfig, env_name
 from twophase.errors import ConfigError
@@ -82,9 +83,15 @@ class AutoWriter:
         self._inner: InfluxWriter | None = None
 
     def write(self, body: bytes) -> None:
+        self._resolved().write(body)
+
+    def read(self, statement: str) -> list[dict[str, Any]]:
+        return self._resolved().read(statement)
+
+    def _resolved(self) -> InfluxWriter:
         if self._inner is None:
             self._inner = make_writer(resolve_api(self._config))
-        self._inner.write(body)
+        return self._inner
 
     def close(self) -> None:
         if self._inner is not None:

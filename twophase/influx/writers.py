@@ -15,21 +15,51 @@ from urllib.parse import urlencode
 import urllib3
 
 from twophase.config import MAX_LANES, InfluxConfig
+from twophase.errors import PermanentError
 from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
 from twophase.influx.http import auth_headers, secrets_of, timeout_of, tls_of
+from twophase.influx.query import query_v1
 
 
 class InfluxWriter(Protocol):
-    """Sends one body of line protocol (lines joined by '\\n', ns precision) in ONE attempt.
+    """A target: the one interface twophase needs from a time-series store.
 
-    Idempotent in effect: InfluxDB overwrites a point with the same
-    measurement, tag set and timestamp, so sending the same body again
-    changes nothing. Raises a classified error; never retries itself.
+    To add a kind of target, implement these three methods and return it from
+    :func:`twophase.influx.api.make_writer` for its ``influx_api``:
+
+    * ``write`` sends one body of line protocol (lines joined by '\\n', ns
+      precision) in ONE attempt. Idempotent in effect: the store overwrites a
+      point with the same measurement, tag set and timestamp, so sending the
+      same body again changes nothing. It never retries: the sender
+      (:mod:`twophase.influx.sender`) retries, splits and bisects.
+    * every failure is raised classified (:mod:`twophase.influx.classify`):
+      ``TransientWriteError`` for what may pass (retried),
+      ``BatchTooLargeError`` (split), ``BadPointsError`` with the store's
+      reason and, when it names one, the refused line (dead letters),
+      ``InfluxAuthError``/``InfluxNotFoundError``/``InfluxRequestError`` for
+      what does not pass. Secrets never appear in a message.
+    * ``read`` runs one InfluxQL statement and returns its series (``columns``,
+      ``values``, ``tags``), times in ns: how ``twophase verify`` reads a
+      target back. A store that cannot answer InfluxQL raises PermanentError
+      saying so (verify then reports that target unsupported).
     """
 
     def write(self, body: bytes) -> None: ...
 
+    def read(self, statement: str) -> list[dict[str, Any]]: ...
+
     def close(self) -> None: ...
+
+
+def _unreadable(api: str) -> PermanentError:
+    return PermanentError(
+        f"verify reads InfluxDB back with InfluxQL through the 1.x /query API; with the "
+        f"{_API_NAMES[api]} API (TWOPHASE_INFLUX_API={api}) verification is not supported"
+    )
+
+
+_API_NAMES = {"v2": "2.x", "v3": "InfluxDB 3"}
+_READ_TIMEOUT_S = 30.0  # a verify window's query reads far more than a write sends
 
 
 class _PostWriter:
@@ -57,12 +87,16 @@ class _PostWriter:
                 response.status, response.data, response.headers, self._target, self._secrets
             )
 
+    def read(self, statement: str) -> list[dict[str, Any]]:
+        raise _unreadable(self._target.api)
+
     def close(self) -> None:
         self._pool.clear()
 
 
 class V1Writer(_PostWriter):
-    """POST {url}/write?db=&rp=&precision=ns, user/password as HTTP basic auth."""
+    """POST {url}/write?db=&rp=&precision=ns, user/password as HTTP basic auth; reads
+    back through ``/query``."""
 
     def __init__(self, config: InfluxConfig) -> None:
         params = {"db": config.database or "", "precision": "ns"}
@@ -70,6 +104,20 @@ class V1Writer(_PostWriter):
             params["rp"] = config.retention_policy
         url = f"{config.url}/write?{urlencode(params)}"
         super().__init__(config, "v1", url, auth_headers(config.username, config.password))
+        self._config = config
+
+    def read(self, statement: str) -> list[dict[str, Any]]:
+        """One InfluxQL statement through ``/query`` (its series, times in ns)."""
+        config = self._config
+        return query_v1(
+            config.url,
+            config.database,
+            statement,
+            config.username,
+            config.password,
+            max(config.timeout_s, _READ_TIMEOUT_S),
+            tls=tls_of(config),
+        )
 
 
 class V3Writer(_PostWriter):
@@ -143,6 +191,9 @@ class V2Writer:
             ) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise scrubbed(transport_error(exc, self._target), self._secrets) from None
+
+    def read(self, statement: str) -> list[dict[str, Any]]:
+        raise _unreadable("v2")
 
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]  # influxdb-client leaves it untyped

@@ -9,18 +9,15 @@ epochs it could not supply because GC had purged them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from twophase.config import DEFAULT_TARGET, InfluxConfig, TargetConfig, TwoPhaseConfig, env_name
-from twophase.errors import PermanentError, StateError, UsageError
-from twophase.influx.api import resolve_api
-from twophase.influx.http import tls_of
-from twophase.influx.query import query_v1
-from twophase.influx.sender import BatchSender
+from twophase.errors import StateError, UsageError
+from twophase.influx.api import make_writer, resolve_api
 from twophase.model import EpochState
 from twophase.operations.hooks import (
     SILENT,
@@ -33,9 +30,8 @@ from twophase.operations.hooks import (
 )
 from twophase.operations.store import stored_states
 from twophase.operations.verify import Query, Verifier, VerifyReport
-from twophase.protocol.deadletters import DeadLetterLog
 from twophase.protocol.fanout import FanOutPromoter
-from twophase.protocol.promoter import Promoter, PromoteResult
+from twophase.protocol.promoter import EpochPromoter, PromoteResult
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.requeue import EVERY_LETTER, RequeueFilter, Requeuer, RequeueSelection
 from twophase.protocol.resend import Resender, ResendPlan, ResentEpoch, plan_resend
@@ -116,7 +112,8 @@ def recover(
         for sink in sorted(set(work) | behind):
             # A claim under a run of its own promotes what is pending, read again under
             # the new lease: the fenced run may have promoted some meanwhile.
-            lease = tp.committer.claim(sink, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None, on_promoted)
+            run = f"{CLI_RUN_PREFIX}{uuid.uuid4()}"
+            lease = tp.committer.claim(sink, run, None, on_promoted, watch=False)
             if isinstance(tp.promoter, FanOutPromoter):  # then each target's backlog
                 caught_up += [CaughtUp(sink, t, e) for t, e in tp.promoter.catch_up(lease)]
     return RecoverReport(tuple(results), tuple(caught_up))
@@ -184,7 +181,8 @@ def requeue(
             return _requeue_report(selection, dry_run)
         refuse_if_live(views, [sink_id], "requeue", guard, hooks)
         earlier: list[PromoteResult] = []  # I3: the claim promotes what is pending first
-        lease = tp.committer.claim(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None, earlier.append)
+        run = f"{CLI_RUN_PREFIX}{uuid.uuid4()}"
+        lease = tp.committer.claim(sink_id, run, None, earlier.append, watch=False)
         selection = requeuer.select(sink_id, chosen)  # again, under the lease
         if not selection.ids:
             return _requeue_report(selection, False, earlier)
@@ -216,9 +214,6 @@ def _points_pending(views: Views, work: Mapping[str, Sequence[int]]) -> int:
         for e in views.epochs(sink, EpochRange(pending[0], pending[-1]))
         if e.state == EpochState.PRECOMMITTED
     )
-
-
-_API_NAMES = {"v2": "2.x", "v3": "InfluxDB 3"}
 
 
 def resend(
@@ -263,13 +258,12 @@ def resend(
     return ResendReport(sink_id, tuple(done), plan.skipped_aborted, plan.skipped_purged)
 
 
-def _target_promoter(tp: TwoPhase, target: TargetConfig) -> Promoter:
-    """A promoter over one target's writer and settings (what ``resend --target`` sends
-    through: the same batching, checks and dead letters as a promotion's)."""
-    sender = BatchSender(tp.writers[target.name], target.influx)
-    dead_letters = DeadLetterLog(tp.db)
-    lanes = tp.config.staging.lanes
-    return Promoter(tp.ledger, tp.reader, sender, dead_letters, target.influx, lanes, tp.db.retry)
+def _target_promoter(tp: TwoPhase, target: TargetConfig) -> EpochPromoter:
+    """The promoter of one target (what ``resend --target`` sends through: the same
+    batching, checks and dead letters as a promotion's)."""
+    if isinstance(tp.promoter, FanOutPromoter):
+        return tp.promoter.of(target.name)
+    return tp.promoter  # one target: the sink's own
 
 
 def _warn_about_left_out(views: Views, plan: ResendPlan, hooks: Hooks) -> None:
@@ -321,7 +315,18 @@ def verify_targets(
         chosen = list(config.influx.named_targets())
     else:
         chosen = [target_config(config.influx, name) for name in targets]
-    queries = [(t.name, *_influx_query(t.influx)) for t in chosen]
+    with contextlib.ExitStack() as opened:
+        queries = [(t.name, *_influx_query(t.influx, opened)) for t in chosen]
+        return _verify_each(config, sink_id, selection, hooks, queries)
+
+
+def _verify_each(
+    config: TwoPhaseConfig,
+    sink_id: str,
+    selection: EpochRange | None,
+    hooks: Hooks,
+    queries: Sequence[tuple[str, Query, str | None]],
+) -> tuple[TargetVerifyReport, ...]:
     with Database(config.staging) as db:
         views = Views(db)
         views.require_sink(sink_id)
@@ -335,38 +340,21 @@ def verify_targets(
             def progress(step: str, unit: str, done: int, total: int, label: str = label) -> None:
                 hooks.progress(Progress(label + step, unit, done, total))
 
-            verifier = Verifier(views, StagedReader(db), query, policy)
+            named = name if config.influx.targets else ""  # one target: letters name none
+            verifier = Verifier(views, StagedReader(db), query, policy, named)
             report = verifier.verify(sink_id, owed, progress)
             report = dataclasses.replace(report, notes=(*notes, *report.notes))
             reports.append(TargetVerifyReport(name, report))
     return tuple(reports)
 
 
-def _influx_query(influx: InfluxConfig) -> tuple[Query, str | None]:
-    """The InfluxQL query function of one InfluxDB server, and its retention policy;
-    PermanentError for a server written through another API than 1.x."""
-    influx = resolve_api(influx)
-    if influx.api != "v1":
-        raise PermanentError(
-            "verify reads InfluxDB back with InfluxQL through the 1.x /query API; with the "
-            f"{_API_NAMES.get(influx.api, influx.api)} API (TWOPHASE_INFLUX_API={influx.api})"
-            " verification is not supported"
-        )
-
-    def query(statement: str) -> list[dict[str, Any]]:
-        timeout = max(influx.timeout_s, 30.0)
-        password = influx.password
-        return query_v1(
-            influx.url,
-            influx.database,
-            statement,
-            influx.username,
-            password,
-            timeout,
-            tls=tls_of(influx),
-        )
-
-    return query, influx.retention_policy
+def _influx_query(influx: InfluxConfig, opened: contextlib.ExitStack) -> tuple[Query, str | None]:
+    """How verify reads one target back (its writer's ``read``: PermanentError at once
+    for a store that cannot answer InfluxQL), and its retention policy."""
+    writer = make_writer(resolve_api(influx))
+    opened.callback(writer.close)
+    writer.read("SHOW MEASUREMENTS LIMIT 1")  # fails fast: unsupported, or unreachable
+    return writer.read, influx.retention_policy
 
 
 def _owed(
@@ -476,9 +464,8 @@ def resync(
         refuse_if_live(views, [sink_id], "targets resync", guard, hooks)
         hooks.confirm(_question(sink_id, target, start, owed))
         promoted: list[PromoteResult] = []
-        lease = tp.committer.claim(
-            sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None, promoted.append
-        )
+        run = f"{CLI_RUN_PREFIX}{uuid.uuid4()}"
+        lease = tp.committer.claim(sink_id, run, None, promoted.append, watch=False)
         mark = views.last_event_id()
         first = tp.targets.restart(sink_id, target, from_epoch)
         if first is not None and isinstance(tp.promoter, FanOutPromoter):

@@ -294,11 +294,13 @@ class Verifier:
         reader: StagedReader,
         query: Query,
         retention_policy: str | None = None,
+        target: str = "",
     ):
         self._views = views
         self._reader = reader
         self._query = query
         self._rp = retention_policy
+        self._target = target  # several targets: the one verified ("": the sink's one)
 
     def verify(
         self, sink_id: str, selection: Sequence[EpochInfo], progress: Progress | None = None
@@ -350,7 +352,7 @@ class Verifier:
         by_epoch = {e.epoch: e for e in [*selection, *rewriting]}
         order = [(n, False) for n in chosen] + [(e.epoch, True) for e in rewriting]
         total = sum(by_epoch[n].points_staged for n, _ in order)
-        rejected = self._reader.rejected_at_promote(sink_id, list(by_epoch))
+        rejected = self._reader.rejected_at_promote(sink_id, list(by_epoch), self._target)
         expected, done = Expected(), 0
         for number, only_known in order:
             plan = self._reader.plan(sink_id, number)

@@ -67,6 +67,8 @@ class Committer:
         run_id: str,
         query_id: str | None,
         on_promoted: Callable[[PromoteResult], None] | None = None,
+        *,
+        watch: bool = True,
     ) -> Lease:
         """Begin ``run_id`` on the sink (fencing older runs, I5), then promote under the
         new lease every epoch older runs left PRECOMMITTED, in order (I3).
@@ -79,11 +81,13 @@ class Committer:
         the retry deadline, the epoch left PRECOMMITTED); the run keeps the sink,
         and its first commit, or the next claim, recovers again. This run's own
         epochs are left to its commits (one may be promoting on another thread).
+        With several targets, ``watch`` (a query's run, not an operator's command)
+        starts watching for lagging targets' backlogs in this process.
         """
         lease = self._ledger.begin_run(sink_id, run_id, query_id)
         crash_point("after_begin_run", sink_id)
         recovered = self._recover(lease, on_promoted, inherited=True)
-        self._promoter.claimed(lease)  # several targets: watch for a lagging one's backlog
+        self._promoter.claimed(lease, watch)  # several targets: lagging ones' backlogs
         if recovered:
             log.info(
                 "sink %s: run %s recovered epochs %s at its claim",

@@ -16,7 +16,9 @@ from twophase.store.database import Database
 
 class DeadLetterLog:
     """One role: record dead letters. Idempotent: a letter already recorded
-    (same write, phase and seq) is left as it is, however often promotion runs."""
+    (same write, phase, seq and target) is left as it is, however often promotion
+    runs. With several targets a line two targets refuse is two letters, each
+    requeued to its own target."""
 
     def __init__(self, db: Database):
         self._db = db
@@ -27,10 +29,19 @@ class DeadLetterLog:
         with self._db.transaction() as cur:
             cur.executemany(
                 "INSERT INTO twophase_dead_letters (sink_id, epoch, write_id, seq, phase, reason,"
-                " payload) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (write_id, phase, seq) DO NOTHING",
+                " payload, target) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (write_id, phase, seq, target) DO NOTHING",
                 [
-                    (d.sink_id, d.epoch, uuid.UUID(d.write_id), d.seq, d.phase, d.reason, d.payload)
+                    (
+                        d.sink_id,
+                        d.epoch,
+                        uuid.UUID(d.write_id),
+                        d.seq,
+                        d.phase,
+                        d.reason,
+                        d.payload,
+                        d.target,
+                    )
                     for d in letters
                 ],
             )

@@ -28,7 +28,7 @@ from twophase.logs import lease_fields
 from twophase.model import EpochPlan, Lease
 from twophase.protocol.catchup import CatchUp, TargetPromoters
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.promoter import PromoteResult
+from twophase.protocol.promoter import Promoter, PromoteResult
 from twophase.protocol.targets import Place, TargetLedger
 
 __all__ = ["FanOutPromoter"]
@@ -70,11 +70,13 @@ class FanOutPromoter:
         places = self._targets.places(lease.sink_id, epoch, self._names)
         held = {p.target: p.has for p in places if p.has is not None}
         due = [t for t in self._promoters if _due(places, t.name)]
-        race = _Race(len(held), self._min, time.monotonic() + self._deadline_s)
+        # min_targets of those owed it: a correction is owed to its one target only
+        needed = max(1, min(self._min, sum(p.owed for p in places)))
+        race = _Race(len(held), needed, time.monotonic() + self._deadline_s)
         outcomes = self._send_all(lease, plan, due, race)
         held |= {name: out for name, out in outcomes.items() if isinstance(out, tuple)}
         failed = {name: out for name, out in outcomes.items() if isinstance(out, Exception)}
-        if len(held) < self._min:
+        if len(held) < needed:
             error = next(iter(failed.values()), None) or _none_caught_up(plan, places)
             self._ledger.record_error(lease.sink_id, epoch, f"{type(error).__name__}: {error}")
             raise error
@@ -84,7 +86,7 @@ class FanOutPromoter:
         delivered, rejected = next(held[n] for n in self._names if n in held)
         self._ledger.mark_committed(lease, epoch, delivered, rejected)
         crash_point("after_mark", lease.sink_id)
-        if len(held) < len(self._names):
+        if len(held) < sum(p.owed for p in places):
             self._catch_up.poke(lease)  # a target without the epoch: its backlog grew
         log.info(
             "sink %s epoch %d committed: in %s of %d targets",
@@ -154,12 +156,18 @@ class FanOutPromoter:
         counts = [t.catch_up.send(plan, on_batch, before_request) for t in self._promoters]
         return counts[0]
 
-    def claimed(self, lease: Lease) -> None:
-        """A run claimed the sink and recovered it: record the targets, and watch for
-        a backlog to deliver for as long as the run commits here."""
+    def of(self, name: str) -> Promoter:
+        """Target ``name``'s own promoter (full retry deadline): a resend to it alone."""
+        return next(t.catch_up for t in self._promoters if t.name == name)
+
+    def claimed(self, lease: Lease, watch: bool = True) -> None:
+        """A run claimed the sink and recovered it: record the targets, and (``watch``:
+        a query's run) watch for a backlog to deliver for as long as the run commits
+        here. An operator's command delivers backlogs on its own thread instead."""
         self._registered.discard(lease.sink_id)  # a new query may follow a reset
         self._register(lease.sink_id)
-        self._catch_up.poke(lease)
+        if watch:
+            self._catch_up.poke(lease)
 
     def catch_up(self, lease: Lease, names: Sequence[str] | None = None) -> list[tuple[str, int]]:
         """Deliver the backlog of every target (of ``names``) now, on this thread, in

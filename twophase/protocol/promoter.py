@@ -62,7 +62,7 @@ class EpochPromoter(Protocol):
         before_request: Callable[[], None] | None = None,
     ) -> tuple[int, int]: ...  # no state change; safe to repeat
 
-    def claimed(self, lease: Lease) -> None: ...  # a run claimed the sink and recovered it
+    def claimed(self, lease: Lease, watch: bool = True) -> None: ...  # claimed, recovered
 
     def close(self) -> None: ...  # stop what runs in the background
 
@@ -87,7 +87,9 @@ class Promoter:
         config: InfluxConfig,
         lanes: int = 1,
         retry: StagingRetry | None = None,
+        target: str = "",
     ):
+        self._target = target  # named in its dead letters ("": the sink's one target)
         self._ledger = ledger
         self._reader = reader
         self._sender = sender
@@ -138,7 +140,7 @@ class Promoter:
             progress=progress,
         )
 
-    def claimed(self, lease: Lease) -> None:
+    def claimed(self, lease: Lease, watch: bool = True) -> None:
         """A run claimed the sink and recovered it. One target: nothing more to do."""
 
     def close(self) -> None:
@@ -203,7 +205,7 @@ class Promoter:
             )
             if rejects:  # acknowledged, and its rejections not yet recorded
                 crash_point("before_dead_letters", plan.sink_id)
-            self._dead_letters.record(_dead_letters(plan, request, rejects))
+            self._dead_letters.record(_dead_letters(plan, request, rejects, self._target))
             tally.sent(request, len(rejects), on_batch)
             crash_point("promote_batch", plan.sink_id)
 
@@ -290,7 +292,7 @@ def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iter
 
 
 def _dead_letters(
-    plan: EpochPlan, request: Sequence[_Piece], rejects: Sequence[tuple[int, str]]
+    plan: EpochPlan, request: Sequence[_Piece], rejects: Sequence[tuple[int, str]], target: str
 ) -> list[DeadLetter]:
     """Each rejected line of a request, located in its chunk (seq = first_seq + offset)."""
     starts = list(itertools.accumulate((p.points for p in request), initial=0))
@@ -308,6 +310,7 @@ def _dead_letters(
                 Phase.PROMOTE,
                 f"InfluxDB rejected the point: {reason}",
                 piece.chunk.line(offset),
+                target=target,
             )
         )
     return letters

@@ -47,12 +47,15 @@ _CHUNKS_OF_WRITES = (
 # Refused lines, less those a correction delivered: requeued, while no correction is
 # pending and no dead letter of the same line is left unrequeued (refused again, or
 # given back by an aborted correction).
+# With several targets, only the letters of the target asked about ('' for a sink's one).
 _STILL_REFUSED = (
     "SELECT d.write_id::text, d.seq FROM twophase_dead_letters d"
     " WHERE d.sink_id = %(sink)s AND d.epoch = ANY(%(epochs)s) AND d.phase = %(phase)s"
+    " AND d.target IN ('', %(target)s)"
     " AND NOT (d.requeued_in IS NOT NULL"
     " AND NOT EXISTS (SELECT 1 FROM twophase_dead_letters x WHERE x.sink_id = d.sink_id"
-    "   AND x.phase = d.phase AND x.payload = d.payload AND x.requeued_in IS NULL)"
+    "   AND x.phase = d.phase AND x.payload = d.payload AND x.requeued_in IS NULL"
+    "   AND x.target = d.target)"
     " AND NOT EXISTS (SELECT 1 FROM twophase_epochs c WHERE c.sink_id = d.sink_id"
     "   AND c.epoch < 0 AND c.state = %(pending)s))"
 )
@@ -142,9 +145,12 @@ class StagedReader:
 
         return self._db.retry("read split-off writes", read)
 
-    def rejected_at_promote(self, sink_id: str, epochs: Sequence[int]) -> set[tuple[str, int]]:
-        """(write_id, seq) of the staged lines InfluxDB refused and still does not hold:
-        a line requeued and delivered by a committed correction is not among them."""
+    def rejected_at_promote(
+        self, sink_id: str, epochs: Sequence[int], target: str = ""
+    ) -> set[tuple[str, int]]:
+        """(write_id, seq) of the staged lines InfluxDB (``target``, of several) refused
+        and still does not hold: a line requeued and delivered by a committed correction
+        is not among them."""
         with self._db.transaction() as cur:
             cur.execute(
                 _STILL_REFUSED,
@@ -153,6 +159,7 @@ class StagedReader:
                     "epochs": list(epochs),
                     "phase": Phase.PROMOTE,
                     "pending": EpochState.PRECOMMITTED,
+                    "target": target,
                 },
             )
             return {(w, s) for w, s in cur.fetchall()}

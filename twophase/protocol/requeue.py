@@ -22,6 +22,11 @@ protocol as any epoch:
    Points InfluxDB refuses again become dead letters of the correction --
    each point is an unrequeued dead letter exactly once at any time.
 
+With several targets a letter names the target that refused the point, and a
+correction carries the letters of one target and is promoted to that target
+only (``twophase_epochs.target``): a point one target refused and another
+accepted is delivered again where it is missing, and nowhere else.
+
 Stage-time dead letters are rows that never became points; there is
 nothing to send for them, so they are counted and left alone.
 """
@@ -55,15 +60,18 @@ _SELECTED = (
     " AND d.sink_id = %(sink)s AND d.phase = %(phase)s AND d.requeued_in IS NULL"
     " AND (%(epoch)s::bigint IS NULL OR d.epoch = %(epoch)s)"
     " AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)"
+    " AND (%(target)s::text IS NULL OR d.target = %(target)s)"
 )
 
 
 @dataclass(frozen=True)
 class RequeueFilter:
-    """Which dead letters: of one epoch (None: all), whose reason contains a text."""
+    """Which dead letters: of one epoch (None: all), whose reason contains a text,
+    refused by one target (several targets; None: any, if they are all one's)."""
 
     epoch: int | None = None
     reason: str | None = None
+    target: str | None = None
 
 
 EVERY_LETTER = RequeueFilter()
@@ -79,6 +87,7 @@ class RequeueSelection:
     lines: tuple[str, ...]
     epochs: tuple[int, ...]  # the epochs the letters came from
     stage_letters: int  # rows rejected at staging under the same filter: never requeued
+    target: str = ""  # the target that refused them, the only one the correction goes to
 
     @property
     def epoch(self) -> int:
@@ -101,14 +110,23 @@ class Requeuer:
         self._stager = stager
 
     def select(self, sink_id: str, chosen: RequeueFilter) -> RequeueSelection:
-        params = {"sink": sink_id, "epoch": chosen.epoch, "reason": chosen.reason}
+        """The letters the filter selects; StateError when they were refused by several
+        targets (a correction goes to one: requeue one target at a time)."""
+        params = {
+            "sink": sink_id,
+            "epoch": chosen.epoch,
+            "reason": chosen.reason,
+            "target": chosen.target,
+        }
         with self._db.transaction() as cur:
             cur.execute(
-                f"SELECT d.id, d.payload, d.epoch {_SELECTED} ORDER BY d.id",
+                f"SELECT d.id, d.payload, d.epoch, d.target {_SELECTED} ORDER BY d.id",
                 params | {"phase": Phase.PROMOTE},
             )
             rows = cur.fetchall()
-            cur.execute(f"SELECT count(*) {_SELECTED}", params | {"phase": Phase.STAGE})
+            cur.execute(
+                f"SELECT count(*) {_SELECTED}", params | {"phase": Phase.STAGE, "target": None}
+            )
             stage = cur.fetchone()
             cur.execute("SELECT corrections FROM twophase_sinks WHERE sink_id = %s", (sink_id,))
             last = cur.fetchone()
@@ -121,6 +139,7 @@ class Requeuer:
             tuple(r[1] for r in rows),
             tuple(sorted({r[2] for r in rows})),
             int(stage[0]) if stage else 0,
+            _one_target(sink_id, {r[3] for r in rows}),
         )
 
     def decide(self, lease: Lease, selection: RequeueSelection) -> Decision:
@@ -184,6 +203,11 @@ def _record_correction(
     froms = ", ".join(map(str, selection.epochs))
     write = (uuid.UUID(message.write_id), message.points, 0, message.checksum)
     decision = insert_decision(cur, lease, epoch, [write], f"; requeued from {froms}")
+    if selection.target:  # several targets: the correction is for the one that refused
+        cur.execute(
+            "UPDATE twophase_epochs SET target = %s WHERE sink_id = %s AND epoch = %s",
+            (selection.target, lease.sink_id, epoch),
+        )
     cur.execute(
         "UPDATE twophase_sinks SET corrections = %s, points_requeued = points_requeued"
         " + %s WHERE sink_id = %s",
@@ -192,6 +216,16 @@ def _record_correction(
     detail = f"{len(selection.ids)} dead letters of epochs {froms}"
     event(cur, lease.sink_id, epoch, "requeued", lease.run_id, detail)
     return decision
+
+
+def _one_target(sink_id: str, targets: set[str]) -> str:
+    if len(targets) > 1:
+        named = ", ".join(sorted(t or "(the sink's one)" for t in targets))
+        raise StateError(
+            f"sink {sink_id!r}: the dead letters selected were refused by several targets "
+            f"({named}); a correction goes to one: requeue with --target NAME for each"
+        )
+    return next(iter(targets), "")
 
 
 def _mark_requeued(cur: Cursor, sink_id: str, epoch: int, ids: tuple[int, ...]) -> None:

@@ -85,8 +85,16 @@ class TwoPhase:
 
         def promoter_for(name: str, influx: InfluxConfig) -> Promoter:
             sender = BatchSender(writers[name], influx, on_attempt_failed=on_retry)
+            named = name if config.influx.targets else ""  # one target: letters name none
             return Promoter(
-                ledger, reader, sender, DeadLetterLog(db), influx, config.staging.lanes, db.retry
+                ledger,
+                reader,
+                sender,
+                DeadLetterLog(db),
+                influx,
+                config.staging.lanes,
+                db.retry,
+                target=named,
             )
 
         promoter = _promoter(config, db, ledger, reader, targets, promoter_for)

@@ -81,13 +81,16 @@ class TargetState:
 
 # The view twophase_target_backlog (migration 0007) is each target's backlog: the
 # COMMITTED epochs it is owed past its cursor.
+# A correction (epoch < 0) is owed to the target it names (every target: none named).
 _PLACES = (
-    "SELECT t.target, (%(e)s < 0 OR %(e)s >= t.from_epoch), d.delivered, d.rejected,"
+    "SELECT t.target, CASE WHEN %(e)s < 0 THEN ep.target IS NULL OR ep.target = t.target"
+    " ELSE %(e)s >= t.from_epoch END, d.delivered, d.rejected,"
     " CASE WHEN %(e)s < 0 THEN t.state <> 'quarantined' ELSE NOT EXISTS (SELECT 1"
     " FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id AND b.target = t.target"
     " AND b.epoch < %(e)s) END"
     " FROM twophase_targets t LEFT JOIN twophase_target_deliveries d"
     " ON d.sink_id = t.sink_id AND d.target = t.target AND d.epoch = %(e)s"
+    " LEFT JOIN twophase_epochs ep ON ep.sink_id = t.sink_id AND ep.epoch = %(e)s"
     " WHERE t.sink_id = %(s)s AND t.target = ANY(%(n)s) ORDER BY t.target"
 )
 _STATES = (

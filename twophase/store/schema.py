@@ -25,7 +25,8 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   time); the write row is inserted in the same transaction as the COPY.
   ``lane`` is the promotion lane of the chunk's lines (:mod:`twophase.protocol.lanes`;
   0 with one connection).
-* ``twophase_dead_letters``: rows and points that could not be delivered, with the reason;
+* ``twophase_dead_letters``: rows and points that could not be delivered, with the reason
+  (and, with several targets, the target that refused the point);
   ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
   letter a reset kept (its write's epoch is forgotten, the letter stays the sink's).
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
@@ -172,6 +173,7 @@ epochs = Table(
     Column("aborted_at", DateTime(timezone=True), nullable=True),
     Column("purged_at", DateTime(timezone=True), nullable=True),
     Column("staged_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("target", Text, nullable=True, comment="a correction's one target"),
     PrimaryKeyConstraint("sink_id", "epoch"),
     CheckConstraint(f"state IN {EPOCH_STATES!r}", name="state"),
     Index(None, "state", "sink_id", "epoch", postgresql_where="state = 'PRECOMMITTED'"),
@@ -231,7 +233,14 @@ dead_letters = Table(
         nullable=True,
         comment="the reset that forgot the epoch of its (decided) write; kept by gc",
     ),
-    UniqueConstraint("write_id", "phase", "seq"),
+    Column(
+        "target",
+        Text,
+        nullable=False,
+        server_default="",
+        comment="the target that refused the point ('': the sink's one target, or stage)",
+    ),
+    UniqueConstraint("write_id", "phase", "seq", "target"),
     CheckConstraint(f"phase IN {PHASES!r}", name="phase"),
     Index(None, "sink_id", "epoch"),
 )

@@ -316,7 +316,8 @@ class Views:
             cur.itersize = 2000
             cur.execute(
                 "SELECT d.sink_id, d.epoch, d.write_id::text, d.seq, d.phase, d.reason,"
-                f" d.payload, d.id, d.created_at, d.requeued_in {_DECIDED_DEAD_LETTERS}"  # constant
+                " d.payload, d.id, d.created_at, d.requeued_in,"
+                f" d.target {_DECIDED_DEAD_LETTERS}"  # constant
                 " AND (%s::bigint IS NULL OR d.epoch = %s) ORDER BY d.epoch, d.id LIMIT %s",
                 (sink_id, epoch, epoch, limit),
             )
