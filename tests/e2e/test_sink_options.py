@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import URL, make_url
 
 from tests.e2e.harness import epochs, feed, query
-from tests.support import free_port, influx_count
+from tests.support import free_port, influx_count, start_own_influx
 from twophase.config import InfluxConfig
 from twophase.errors import ConfigError
 from twophase.spark import foreach_batch_writer, parse_options
@@ -242,3 +242,56 @@ def test_a_watched_query_records_the_end_of_its_run(
     ended = ops.status(staging, "watched")[0]
     assert (ended.owner_run_id, ended.owner_end_reason) == (str(query_.runId), "stopped")
     assert ops.recover(config, "watched").recovered == ()
+
+
+def test_the_data_source_delivers_each_epoch_to_two_targets(
+    spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig, event_files: list[Path]
+) -> None:
+    """The data source's commit (in a Python worker of its own) fans out: option
+    ``targets`` names the dev InfluxDB and a server of the test's own, with the same
+    database on both; each epoch lands in both, recorded per target."""
+    from pyspark.sql import functions as F
+
+    own = start_own_influx(tmp_path / "influxd", str(influx.database))
+    try:
+        feed(tmp_path / "input", event_files[:2])
+        lines = spark.readStream.format("text").option("maxFilesPerTrigger", "1")
+        events = (
+            lines.load(str(tmp_path / "input"))
+            .select(F.from_json("value", "timestamp double, stream_id string").alias("e"))
+            .select("e.*")
+            .where("timestamp IS NOT NULL AND stream_id IS NOT NULL")
+        )
+        query_ = (
+            events.selectExpr("stream_id", "CAST(timestamp * 1000 AS BIGINT) AS ms", "1 AS seen")
+            .writeStream.format("twophase-influx")
+            .options(
+                sink_id="fan",
+                measurement="fan",
+                tags="stream_id",
+                time="ms",
+                precision="ms",
+                staging_url=without_password(staging_url),
+                influx_db=str(influx.database),
+                influx_api="v1",
+                targets=f"a={influx.url},b={own.url}",
+            )
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query_.awaitTermination(180)
+        assert query_.exception() is None
+        decided = epochs(staging_url, "fan")
+        assert [e["state"] for e in decided] == ["COMMITTED", "COMMITTED"]
+        staged = sum(e["points"] for e in decided)
+        other = InfluxConfig(url=own.url, api="v1", database=influx.database)
+        assert staged > 0 and influx_count(influx, "fan") == influx_count(other, "fan") == staged
+        rows = query(
+            staging_url,
+            "SELECT target, count(*) FROM twophase_target_deliveries WHERE sink_id = 'fan'"
+            " GROUP BY target ORDER BY target",
+        )
+        assert rows == [("a", 2), ("b", 2)]
+    finally:
+        own.stop()

@@ -317,3 +317,22 @@ def test_the_exporter_shows_each_target(fan: Any, pair: Pair, staging: StagingCo
         assert value(got, "twophase_target_state", state="lagging", **b) == 0
     finally:
         exporter.close()
+
+
+def test_a_resend_never_puts_an_epoch_before_an_older_one_a_target_lacks(
+    fan: Any, pair: Pair, cli: Cli
+) -> None:
+    lease = fan.committer.claim(SINK, "r1", "q1")
+    fan.promoter.close()  # no catch-up: b stays behind
+    commit(fan, lease, 0)
+    pair.proxy.set_mode(CUT)
+    commit(fan, lease, 1)  # b is left without epoch 1
+    pair.proxy.set_mode(PASS)
+    fan.runs.end(SINK, "r1", "stopped")
+    refused = cli("resend", "--sink", SINK, "--epoch", "1", "--target", "b")
+    assert refused.code != 0 and "target 'b' still lacks epoch 1" in refused.err
+    assert "nothing was sent" in refused.err
+    every = cli("resend", "--sink", SINK, "--all")  # every target that holds each epoch
+    assert every.code == 0, every.err
+    assert influx_count(pair.b_direct, M) == N  # epoch 0 again, never epoch 1 first
+    assert influx_count(pair.a, M) == 2 * N

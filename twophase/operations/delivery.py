@@ -252,10 +252,24 @@ def resend(
         # A run of its own, fencing the sink's previous run, but no recovery: what is
         # pending stays for the query's claim or `twophase recover`, and is not sent
         # here unasked and unreported.
+        if only is not None:
+            _refuse_behind(tp, sink_id, only.name, max(plan.epochs))
         lease = tp.ledger.begin_run(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
         promoter = tp.promoter if only is None else _target_promoter(tp, only)
         Resender(tp.db, promoter).resend(lease, plan, actor(), on_epoch)
     return ResendReport(sink_id, tuple(done), plan.skipped_aborted, plan.skipped_purged)
+
+
+def _refuse_behind(tp: TwoPhase, sink_id: str, target: str, last: int) -> None:
+    """StateError when ``target`` still lacks an epoch up to ``last``: re-sent now, a
+    later epoch would land before an older one it is still owed (I9)."""
+    state = next((s for s in tp.targets.states(sink_id) if s.target == target), None)
+    if state is not None and state.first_missing is not None and state.first_missing <= last:
+        raise StateError(
+            f"sink {sink_id!r}: target {target!r} still lacks epoch {state.first_missing} "
+            f"({state.state}); deliver its backlog first (`twophase recover --sink {sink_id}`, "
+            f"or `twophase targets resync {target} --sink {sink_id}`); nothing was sent"
+        )
 
 
 def _target_promoter(tp: TwoPhase, target: TargetConfig) -> EpochPromoter:

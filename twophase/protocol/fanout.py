@@ -151,10 +151,19 @@ class FanOutPromoter:
         on_batch: Callable[[int], None] | None = None,
         before_request: Callable[[], None] | None = None,
     ) -> tuple[int, int]:
-        """Send the plan to every target in turn (an operator's resend); no state
-        change. Returns the first target's counts."""
-        counts = [t.catch_up.send(plan, on_batch, before_request) for t in self._promoters]
-        return counts[0]
+        """Send the plan again to every target that holds it and every epoch before it,
+        in turn (an operator's resend); no state change. A target still lacking it or
+        an earlier epoch is left to its catch-up: sent now, it would hold the epoch
+        before an older one (I9). Returns the first target's counts ((0, 0): none)."""
+        self._register(plan.sink_id)
+        after = self._targets.places(plan.sink_id, plan.epoch + 1, self._names)
+        ready = {p.target for p in after if p.caught_up}
+        sent = [
+            t.catch_up.send(plan, on_batch, before_request)
+            for t in self._promoters
+            if t.name in ready
+        ]
+        return sent[0] if sent else (0, 0)
 
     def of(self, name: str) -> Promoter:
         """Target ``name``'s own promoter (full retry deadline): a resend to it alone."""

@@ -73,8 +73,9 @@ class TwoPhase:
         (:mod:`twophase.influx.metering`); the CLI never does, so an operator's
         shell holding the job's environment does not take the driver's port.
         """
-        db = db or Database(config.staging)
         influx = config.influx
+        # every target promotes at once: a reader and its lanes' checks each
+        db = db or Database(config.staging, max_size=_pool_size(config))
         on_retry = None
         if serve_metrics and influx.metrics_port is not None:
             metering.serve(influx.metrics_port)
@@ -142,6 +143,14 @@ class TwoPhase:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pool_size(config: TwoPhaseConfig) -> int | None:
+    """The staging pool of a process promoting to several targets at once: a reader
+    and a connection per lane for each, beside the caller's own steps (one target:
+    the pool's default)."""
+    targets = len(config.influx.targets)
+    return None if targets < 2 else 2 + targets * (1 + config.staging.lanes)
 
 
 def _writers(
