@@ -439,6 +439,9 @@ def test_sigkill_again_while_the_restart_claims_and_recovers(
 # 9 requests of 40 points go to each target (18 promote_batch checks), and each
 # target's delivery is recorded (2 in_deliver checks).
 TARGET_CRASHES = [
+    ("stage_rows", 14),  # staging knows no targets: killed as with one
+    ("in_stage", 5),
+    ("after_stage", 5),
     ("in_decide", 2),  # epoch 1's vote, uncommitted
     ("after_decide", 2),  # epoch 1 decided, sent to neither target
     ("promote_batch", 23),  # epoch 1, 5 of its 18 requests acknowledged
@@ -449,8 +452,10 @@ TARGET_CRASHES = [
     ("in_mark", 2),  # epoch 1's mark, uncommitted
     ("after_mark", 2),  # epoch 1 COMMITTED, not in Spark's log: a replay
 ]
+# Four lanes: a write's lines staged in a chunk per lane (6 checks per write, as above).
+_TARGET_LANE_NTH = {"stage_rows": 20}
 TARGET_MATRIX = [("inline", 1, *c) for c in TARGET_CRASHES] + [
-    ("background", 4, *c) for c in TARGET_CRASHES
+    ("background", 4, p, _TARGET_LANE_NTH.get(p, n)) for p, n in [*TARGET_CRASHES, ("drain", 2)]
 ]
 
 
@@ -461,6 +466,20 @@ def influx_b(influx_url: str) -> Iterator[InfluxConfig]:
     create_influx_database(influx_url, name)
     yield InfluxConfig(url=influx_url, api="v1", database=name)
     drop_influx_database(influx_url, name)
+
+
+def target_dead_letters(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        return conn.execute(
+            "SELECT target, epoch, phase, payload FROM twophase_dead_letters"
+            " ORDER BY target, epoch, payload"
+        ).fetchall()
+
+
+def per_target(dead: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The crash-free run's dead letters, once per target: each target refuses the bad
+    point, and a letter names the target that refused it."""
+    return [(target, *letter) for target in ("a", "b") for letter in dead]
 
 
 def target_b(influx: InfluxConfig, url: str | None = None) -> tuple[str, ...]:
@@ -493,7 +512,7 @@ def test_sigkill_at_each_step_of_a_two_target_promotion(
     assert restarted.returncode == 0, restarted.stderr
     for target in (influx, influx_b):  # each target: nothing missing or doubled
         assert influx_rows(target, MEASUREMENT) == crash_free["rows"]
-    assert dead_letters(staging_url) == crash_free["dead"]
+    assert target_dead_letters(staging_url) == per_target(crash_free["dead"])
     assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
     delivered = "SELECT count(*) FROM twophase_target_deliveries GROUP BY target ORDER BY target"
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
@@ -553,4 +572,4 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
         assert done.returncode == 0, done.stderr
     assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
-    assert dead_letters(staging_url) == crash_free["dead"]
+    assert target_dead_letters(staging_url) == per_target(crash_free["dead"])

@@ -17,15 +17,17 @@ epochs, so the two never send one target different epochs at once either.
 
 In a driver the worker runs on a daemon thread per sink from the run's claim
 until the process closes it, looking for a backlog every ``poll_s`` and at
-once when a commit leaves a target behind; it checks the run's lease before
-every request, and ends for good when the run is fenced. Quarantined targets
-are left to ``twophase targets resync``.
+once when a commit leaves a target behind (a target whose delivery failed is
+tried again after a pause doubling with each failure, up to a minute); it
+checks the run's lease before every request, and ends for good when the run
+is fenced. Quarantined targets are left to ``twophase targets resync``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +44,7 @@ __all__ = ["CatchUp", "TargetPromoters"]
 log = logging.getLogger("twophase.protocol.catchup")
 _POLL_S = 2.0  # how often a driver's worker looks for a backlog when not told of one
 _CLOSE_WAIT_S = 10.0
+_MAX_PAUSE_S = 60.0  # the longest wait before trying a failing target again
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class CatchUp:
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         self._leases: dict[str, Lease] = {}
+        # by (sink, target), each touched by that sink's thread only
+        self._failures: dict[tuple[str, str], int] = {}
+        self._not_before: dict[tuple[str, str], float] = {}
         self._woken: dict[str, threading.Event] = {}
         self._stop = threading.Event()
 
@@ -144,12 +150,20 @@ class CatchUp:
 
     def _try(self, lease: Lease, target: TargetPromoters) -> None:
         """One target's backlog; a failure of its server, of the store or of the code
-        is logged and tried again at the next look."""
+        is logged and tried again later, after a pause that doubles with each failure
+        in a row (up to a minute): a target that refuses at once is not hammered."""
+        key = (lease.sink_id, target.name)
+        if time.monotonic() < self._not_before.get(key, 0.0):
+            return
         try:
             self._catch_up(lease, target, quarantined=False)
+            self._failures.pop(key, None)
         except (FencedError, _Stopped):
             raise
         except Exception as exc:  # a thread that died would leave the target behind
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            pause = min(_MAX_PAUSE_S, self._poll_s * 2**failures)
+            self._not_before[key] = time.monotonic() + pause
             if isinstance(exc, TARGET_FAILURES):
                 self._targets.lagging(lease.sink_id, target.name, f"{type(exc).__name__}: {exc}")
             log.warning(
@@ -167,9 +181,13 @@ class CatchUp:
         check = self._stoppable(target.catch_up.lease_check(lease))
         done: list[tuple[str, int]] = []
         while not self._stop.is_set():
+            # Looked at first without the lock: nothing missing, the usual answer, costs
+            # one query and no session of its own.
+            if self._targets.next_missing(lease.sink_id, target.name, quarantined) is None:
+                return done
             with self._db.session_lock(f"twophase-target:{lease.sink_id}:{target.name}"):
                 missing = self._targets.next_missing(lease.sink_id, target.name, quarantined)
-                if missing is None:
+                if missing is None:  # another process delivered it meanwhile
                     return done
                 self._deliver(lease, target, missing, check)
             done.append((target.name, missing[0]))
