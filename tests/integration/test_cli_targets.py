@@ -336,3 +336,19 @@ def test_a_resend_never_puts_an_epoch_before_an_older_one_a_target_lacks(
     assert every.code == 0, every.err
     assert influx_count(pair.b_direct, M) == N  # epoch 0 again, never epoch 1 first
     assert influx_count(pair.a, M) == 2 * N
+
+
+def test_twophase_gc_quarantines_a_target_lagging_past_target_max_lag(
+    fan: Any, pair: Pair, cli: Cli, staging_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b_behind(fan, pair, range(2))
+    kept = cli("gc", "--sink", SINK, "--retention", "0s", "--yes", "--json")  # 24 h allowed
+    assert kept.code == 0, kept.err
+    assert kept.json()["epochs_purged"] == 0  # b lacks both: held past retention
+    assert target_rows(staging_url, SINK)["b"]["state"] == "lagging"
+    monkeypatch.setenv("TWOPHASE_TARGET_MAX_LAG", "0s")
+    done = cli("gc", "--sink", SINK, "--retention", "0s", "--yes")
+    assert done.code == 0, done.err
+    assert f"target b of sink {SINK} quarantined" in done.out
+    assert "gc purged 2 epochs" in done.out
+    assert target_rows(staging_url, SINK)["b"]["state"] == "quarantined"

@@ -333,6 +333,11 @@ def gc_lines(summary: GcSummary) -> list[str]:
         f"{age(summary.retention_s)} and {summary.total('orphan_writes')} orphaned writes"
         + (" (dry run: nothing was removed)" if summary.dry_run else "")
     )
+    for sink, target in (q for s in summary.sinks for q in s.quarantined):
+        lines.append(
+            f"target {target} of sink {sink} quarantined (lagging past target_max_lag): "
+            f"`twophase targets resync {target} --sink {sink}` re-delivers what is retained"
+        )
     return lines
 
 

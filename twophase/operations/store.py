@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from twophase.config import StagingConfig
+from twophase.config import StagingConfig, load_setting
 from twophase.errors import StateError, UnknownSinkError, UsageError
 from twophase.model import DeadLetter, EpochState
 from twophase.operations.hooks import (
@@ -259,7 +259,9 @@ def gc(
                 f"(they can no longer be resent or verified) and orphaned writes older than "
                 f"{age(grace)}?"
             )
-        collector = GarbageCollector(db, retention, grace)
+        # targets lagging past target_max lag (TWOPHASE_TARGET_MAX_LAG) are quarantined first
+        max_lag = load_setting("target_max_lag")
+        collector = GarbageCollector(db, retention, grace, max_lag_s=max_lag)
         done: list[GcReport] = []
         for sink in sinks:
             done.append(collector.collect(sink_id=sink, dry_run=dry_run))
