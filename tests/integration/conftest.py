@@ -51,9 +51,13 @@ def staging_url(base_staging_url: str, template_db: str) -> Iterator[str]:
 @pytest.fixture
 def staging(staging_url: str, request: pytest.FixtureRequest) -> StagingConfig:
     """The test's staging store; ``@pytest.mark.lanes(n)`` sets promote_connections (a
-    test of the staged layout or of the global send order pins one lane)."""
-    lanes = request.node.get_closest_marker("lanes")
-    overrides = {"promote_connections": lanes.args[0]} if lanes else {}
+    test of the staged layout or of the global send order pins one lane),
+    ``@pytest.mark.compression(c)`` the compression of staged chunks."""
+    overrides: dict[str, object] = {}
+    for marker, option in (("lanes", "promote_connections"), ("compression", "compression")):
+        found = request.node.get_closest_marker(marker)
+        if found:
+            overrides[option] = found.args[0]
     return staging_config_for(staging_url, **overrides)
 
 

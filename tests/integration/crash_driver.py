@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
     ap.add_argument("--promotion", default="inline", help="inline or background")
     ap.add_argument("--lanes", type=int, default=1, help="promote_connections")
+    ap.add_argument("--compression", default="gzip", help="gzip or none")
+    ap.add_argument("--chunk-points", type=int, default=None, help="staging_chunk_points")
     ap.add_argument("--arm-last", default=None, help="crash plan (JSON) armed for the last epoch")
     ap.add_argument("--gc-interval", default="0", help="gc_interval (0: no automatic GC)")
     ap.add_argument("--retention", default="1h", help="retention of delivered points")
@@ -82,6 +84,8 @@ def main() -> None:
             promote_connections=args.lanes,
             gc_interval=args.gc_interval,
             retention=args.retention,
+            compression=args.compression,
+            **({"staging_chunk_points": args.chunk_points} if args.chunk_points else {}),
         ),
         influx_config(args),
     )

@@ -5,13 +5,17 @@ writer is tested against this one: ``POST /api/v3/write_lp`` with
 ``accept_partial=false`` takes a request whole (204) or refuses it whole (400,
 ``{"error": ..., "data": {"original_line", "line_number", "error_message"}}``,
 the line counted from 1); while it is made unavailable it answers 503 with a
-``Retry-After``; a wrong token gets 401. A line is refused when its field ``v``
+``Retry-After``; a wrong token gets 401. A body sent with
+``Content-Encoding: gzip`` is decompressed first (members end to end are one
+stream, as for the real server's reader); empty lines are skipped, as line
+protocol allows. A line is refused when its field ``v``
 is a string: the field type conflict the tests use on InfluxDB 1.x. Accepted
 points overwrite points of the same series and time, as InfluxDB's do.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from dataclasses import dataclass, field
@@ -31,11 +35,17 @@ class Influx3:
     retry_after: str = "1"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def answer(self, query: dict[str, list[str]], auth: str | None, body: bytes) -> Any:
+    def answer(
+        self, query: dict[str, list[str]], auth: str | None, body: bytes, encoding: str | None
+    ) -> Any:
         """(status, headers, JSON body or None) for one write request."""
+        if encoding == "gzip":
+            body = gzip.decompress(body)
         lines = body.decode("utf-8").split("\n")
         with self.lock:
-            self.requests.append({"query": query, "auth": auth, "lines": len(lines)})
+            self.requests.append(
+                {"query": query, "auth": auth, "lines": sum(map(bool, lines)), "encoding": encoding}
+            )
             if auth != f"Bearer {self.token}":
                 return 401, {}, {"error": "the request was not authenticated"}
             if self.unavailable > 0:
@@ -49,7 +59,7 @@ class Influx3:
                         "error_message": "invalid column type for column 'v', expected Float",
                     }
                     return 400, {}, {"error": "parsing failed for write_lp endpoint", "data": data}
-            for line in lines:
+            for line in filter(None, lines):
                 series, fields, time = line.rsplit(" ", 2)
                 self.points[(series, time)] = fields
             return 204, {}, None
@@ -67,7 +77,10 @@ def serve(state: Influx3) -> tuple[ThreadingHTTPServer, str]:
                 self._reply(404, {}, {"error": f"no route {url.path}"})
                 return
             status, headers, payload = state.answer(
-                parse_qs(url.query), self.headers.get("Authorization"), body
+                parse_qs(url.query),
+                self.headers.get("Authorization"),
+                body,
+                self.headers.get("Content-Encoding"),
             )
             self._reply(status, headers, payload)
 

@@ -17,6 +17,7 @@ from tests.integration.cli_helpers import (
     known_store,
     make_cli,
     make_idle,
+    sql,
 )
 from twophase.config import InfluxConfig
 from twophase.points.builder import Rejected
@@ -81,7 +82,7 @@ def cli(tp: Any, staging_url: str, influx: InfluxConfig) -> Cli:
     return make_cli(staging_url, influx)
 
 
-def test_status_table_and_json(cli: Cli) -> None:
+def test_status_table_and_json(cli: Cli, staging_url: str) -> None:
     text = cli("status")
     assert text.code == 0, text.err
     header, row_s, row_t = text.out.splitlines()
@@ -97,7 +98,13 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert s["sink_id"] == SINK and s["owner_run_id"] == "r1" and s["owner_live"] is True
     assert (s["last_decided_epoch"], s["last_committed_epoch"]) == (3, 2)
     assert (s["precommitted_epochs"], s["oldest_precommitted_epoch"]) == (1, 3)
-    assert s["staged_points"] == 41 and s["staged_bytes"] > 41 * 30
+    stored = sql(
+        staging_url,
+        "SELECT sum(octet_length(c.body_gz)) FROM twophase_staged_chunks c"
+        " JOIN twophase_writes w USING (write_id) WHERE w.sink_id = %s",
+        SINK,
+    )[0][0]
+    assert s["staged_points"] == 41 and s["staged_bytes"] == stored > 0  # as stored: gzip
     assert s["dead_letters"] == 2  # one row at stage, one point at promote
     assert s["updated_at"].endswith("Z")
     assert t["precommitted_epochs"] == 0 and t["oldest_precommitted_age_s"] is None

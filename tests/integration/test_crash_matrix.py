@@ -45,17 +45,19 @@ EPOCHS = 4
 SINK = "crash-sink"
 
 # (crash point, n-th time reached, points per InfluxDB request): each lands inside
-# epoch 1 or 2, mid-sequence. Each write is one staged chunk of 100 lines: 40-point
-# requests cut every chunk (9 requests per epoch); 250-point requests carry two
-# whole chunks, then one (2 per epoch).
+# epoch 1 or 2, mid-sequence. The chunks are compressed (the default) and of 20 lines
+# (CHUNK_POINTS), so that a request carries whole gzip members as stored, as promotion
+# sends them: 40-point requests two members (8 requests per epoch), 250-point
+# requests up to twelve (2 per epoch). A write's 100 lines are five chunks.
+CHUNK_POINTS = 20
 CRASHES = [
-    ("stage_rows", 14, 40),  # epoch 1, mid-COPY of its second write (3 checks per write)
+    ("stage_rows", 31, 40),  # epoch 1, mid-COPY of its second write (7 checks per write)
     ("in_stage", 5, 40),  # epoch 1, its second write recorded, not committed
     ("after_stage", 5, 40),  # epoch 1, after some writes staged, before decide
     ("in_decide", 2, 40),  # epoch 1's vote written, its transaction not committed
     ("after_decide", 2, 40),  # epoch 1 decided, not promoted
-    ("promote_batch", 11, 40),  # epoch 1, after 2 of its 9 requests
-    ("promote_batch", 3, 250),  # epoch 1, after its first request (two chunks)
+    ("promote_batch", 11, 40),  # epoch 1, after 2 of its 8 requests
+    ("promote_batch", 3, 250),  # epoch 1, after its first request (twelve members)
     ("before_dead_letters", 1, 40),  # epoch 1's rejecting request sent, its letter unrecorded
     ("after_promote", 3, 40),  # epoch 2 fully sent, not marked COMMITTED
     ("in_mark", 2, 40),  # epoch 1 marked COMMITTED, the mark not committed
@@ -65,18 +67,41 @@ CRASHES = [
 # stages the next epoch, and the caller waiting for a handed-off epoch (epoch 1's commit
 # waiting for epoch 0). after_decide is then "decided, not handed off".
 BACKGROUND_CRASHES = [*CRASHES, ("drain", 2, 40)]
-# Four lanes: each write's 100 lines are staged in a chunk per lane (its series), and
-# an epoch goes out over four connections at once, about 12 requests of up to 40
+# Four lanes: each block of 20 lines is staged in a chunk per lane (its series), and
+# an epoch goes out over four connections at once, about 10 requests of up to 40
 # points (4 of up to 250) per epoch: the kills inside promotion moved to epoch 1, and
-# the one mid-COPY too (6 checks per write, one per chunk and per 50 lines).
-_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15, ("promote_batch", 250): 6}
+# the one mid-COPY too (22 checks per write, one per chunk and per 50 lines).
+_LANE_NTH = {("stage_rows", 40): 95, ("promote_batch", 40): 15, ("promote_batch", 250): 6}
 LANE_CRASHES = [(p, _LANE_NTH.get((p, b), n), b) for p, n, b in BACKGROUND_CRASHES]
+GZIP, TEXT = ("gzip", CHUNK_POINTS), ("none", None)  # compression, staging_chunk_points
 MATRIX = (
-    [("inline", 1, *c) for c in CRASHES]
-    + [("background", 1, *c) for c in BACKGROUND_CRASHES]
-    + [("inline", 4, *c) for c in CRASHES if c[0] != "drain"]
-    + [("background", 4, *c) for c in LANE_CRASHES]
+    [(GZIP, "inline", 1, *c) for c in CRASHES]
+    + [(GZIP, "background", 1, *c) for c in BACKGROUND_CRASHES]
+    + [(GZIP, "inline", 4, *c) for c in CRASHES if c[0] != "drain"]
+    + [(GZIP, "background", 4, *c) for c in LANE_CRASHES]
 )
+# Text chunks (compression = none), one of 100 lines per write: 40-point requests cut
+# every chunk (9 requests per epoch), 250-point ones carry two whole chunks, then one.
+# Inline over one lane by default; the other modes with --full.
+_TEXT_NTH = {("stage_rows", 40): 14, ("promote_batch", 40): 11}
+_TEXT_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15}
+TEXT_CRASHES = [(p, _TEXT_NTH.get((p, b), n), b) for p, n, b in CRASHES]
+TEXT_BACKGROUND = [*TEXT_CRASHES, ("drain", 2, 40)]
+TEXT_LANES = [(p, _TEXT_LANE_NTH.get((p, b), n), b) for p, n, b in TEXT_BACKGROUND]
+MATRIX += (
+    [(TEXT, "inline", 1, *c) for c in TEXT_CRASHES]
+    + [(TEXT, "background", 1, *c) for c in TEXT_BACKGROUND]
+    + [(TEXT, "inline", 4, *c) for c in TEXT_LANES if c[0] != "drain"]
+    + [(TEXT, "background", 4, *c) for c in TEXT_LANES]
+)
+MATRIX_PARAMS = [
+    pytest.param(
+        *m,
+        id=f"{m[0][0]}-{m[1]}-{m[2]}lane-{m[3]}-{m[5]}",
+        marks=[pytest.mark.full] if m[0] == TEXT and (m[1], m[2]) != ("inline", 1) else [],
+    )
+    for m in MATRIX
+]
 
 
 def run_driver(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -98,10 +123,16 @@ def start_driver(
     lanes: int = 1,
     arm_last: tuple[Path, dict[str, Any]] | None = None,
     extra: Sequence[str] = (),
+    layout: tuple[str, int | None] = ("gzip", None),
 ) -> subprocess.Popen[str]:
     """The driver as a child process; ``arm_last``: a crash plan file and the plan the
     driver arms there once every epoch but the last is promoted; ``extra``: more
-    arguments (``--gc-interval``, ``--retention``)."""
+    arguments (``--gc-interval``, ``--retention``); ``layout``: the compression and
+    chunk size of staging (None: the default, one chunk per 100-line write)."""
+    compression, chunk_points = layout
+    extra = [*extra, "--compression", compression]
+    if chunk_points is not None:
+        extra += ["--chunk-points", str(chunk_points)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
     if crash:
         env["TWOPHASE_CRASH_AT"] = crash
@@ -192,7 +223,9 @@ def test_the_matrices_cover_every_named_crash_point() -> None:
     assert {point for point, _, _ in BACKGROUND_CRASHES} == in_steps | {"drain"}
     assert {point for point, _, _ in LANE_CRASHES} == in_steps | {"drain"}
     modes = {(promotion, lanes) for promotion in ("inline", "background") for lanes in (1, 4)}
-    assert {(m[0], m[1]) for m in MATRIX} == modes
+    for layout in (GZIP, TEXT):
+        assert {(m[1], m[2]) for m in MATRIX if m[0] == layout} == modes
+        assert {m[3] for m in MATRIX if m[0] == layout} == in_steps | {"drain"}
     at_restart = {second.split(":")[0] for _, _, second, _ in RESTART_CRASHES}
     assert {promotion for promotion, _, _, _ in RESTART_CRASHES} == {"inline", "background"}
     targets = {point for point, _ in TARGET_CRASHES} | {p for p, _ in TARGET_DOWN_CRASHES}
@@ -210,12 +243,9 @@ def test_crash_free_run_is_complete(crash_free: dict[str, Any]) -> None:
     assert len(crash_free["dead"]) == 1 and crash_free["dead"][0][:2] == (BAD_EPOCH, "promote")
 
 
-@pytest.mark.parametrize(
-    ("promotion", "lanes", "point", "nth", "batch"),
-    MATRIX,
-    ids=[f"{m[0]}-{m[1]}lane-{m[2]}-{m[4]}" for m in MATRIX],
-)
+@pytest.mark.parametrize(("layout", "promotion", "lanes", "point", "nth", "batch"), MATRIX_PARAMS)
 def test_sigkill_at_each_step_then_recover(
+    layout: tuple[str, int | None],
     promotion: str,
     lanes: int,
     point: str,
@@ -237,6 +267,7 @@ def test_sigkill_at_each_step_then_recover(
         batch_points=batch,
         promotion=promotion,
         lanes=lanes,
+        layout=layout,
     )
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
     # It really died mid-sequence: some epoch is not COMMITTED, or not in Spark's log.
@@ -256,6 +287,7 @@ def test_sigkill_at_each_step_then_recover(
         batch_points=batch,
         promotion=promotion,
         lanes=lanes,
+        layout=layout,
     )
     assert restarted.returncode == 0, restarted.stderr
 

@@ -67,7 +67,7 @@ def test_a_scrape_reports_every_sink(tp: Any, exporter: Exporter, staging_url: s
     assert value(got, "twophase_promote_attempts_total", **s) == 3
     retained = sql(
         staging_url,
-        "SELECT sum(octet_length(c.body)) FROM twophase_staged_chunks c JOIN twophase_epochs e"
+        "SELECT sum(octet_length(c.body_gz)) FROM twophase_staged_chunks c JOIN twophase_epochs e"
         " ON c.write_id = ANY(e.write_ids) WHERE e.sink_id = 's'",
     )[0][0]
     assert value(got, "twophase_staged_bytes", **s) == retained > 0
@@ -190,7 +190,7 @@ def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: Any, exporter: Exporter
 def test_automatic_gc_lowers_the_retained_bytes(
     staging_url: str, influx: InfluxConfig, exporter: Exporter
 ) -> None:
-    retained_sql = "SELECT sum(octet_length(body)) FROM twophase_staged_chunks"
+    retained_sql = "SELECT sum(octet_length(body_gz)) FROM twophase_staged_chunks"
     with two_phase(staging_config_for(staging_url, retention="0s"), influx) as tp:
         clock = Clock()
         committer, auto = committer_of(tp, clock, limit=100)

@@ -104,8 +104,8 @@ class FencesAfter:
         self.inner, self.n, self.fence = inner, n, fence
         self.sent = 0
 
-    def write(self, body: bytes) -> None:
-        self.inner.write(body)
+    def write(self, body: bytes, gzipped: bool = False) -> None:
+        self.inner.write(body, gzipped)
         self.sent += 1
         if self.sent == self.n:
             self.fence()

@@ -6,6 +6,7 @@ is promoted; dead letters per lane; a fenced background promoter stops sending."
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -44,12 +45,13 @@ def lanes_of(staging: StagingConfig, sink: str) -> dict[str, set[int]]:
     seen: dict[str, set[int]] = defaultdict(set)
     with psycopg.connect(admin_conninfo(staging.url.reveal())) as conn:
         rows = conn.execute(
-            "SELECT c.lane, c.body FROM twophase_staged_chunks c"
+            "SELECT c.lane, c.body, c.body_gz FROM twophase_staged_chunks c"
             " JOIN twophase_writes w USING (write_id) WHERE w.sink_id = %s",
             (sink,),
         )
-        for lane, body in rows:
-            for line in body.split("\n"):
+        for lane, body, gz in rows:
+            text = body if gz is None else gzip.decompress(gz).decode()[:-1]
+            for line in text.split("\n"):
                 seen[line.split(" ")[0]].add(lane)
     return seen
 

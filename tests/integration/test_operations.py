@@ -14,6 +14,7 @@ import pytest
 from tests.integration.cli_helpers import OTHER, SINK, known_store, make_idle
 from tests.integration.test_protocol import lines
 from tests.support import influx_rows
+from tests.unit.test_sender import text_of
 from twophase import operations as ops
 from twophase.config import StagingConfig
 from twophase.errors import (
@@ -29,6 +30,7 @@ from twophase.operations import Guard, Hooks, Progress
 from twophase.operations.verify import staged_lines
 from twophase.protocol.resend import Resender, plan_resend
 from twophase.protocol.runtime import TwoPhase
+from twophase.store.database import SCHEMA_REVISION
 from twophase.store.views import EpochRange, Views
 
 M = "proto"
@@ -154,9 +156,9 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> N
         def __init__(self, inner: Any) -> None:
             self.inner = inner
 
-        def write(self, body: bytes) -> None:
-            sent[-1] += body.decode().split("\n")
-            self.inner.write(body)
+        def write(self, body: bytes, gzipped: bool = False) -> None:
+            sent[-1] += text_of(body, gzipped).split("\n")
+            self.inner.write(body, gzipped)
 
         def close(self) -> None:
             self.inner.close()
@@ -219,7 +221,7 @@ def test_schema_operations_return_data_and_ask_before_a_downgrade(staging: Stagi
     declined = Recorder(answer=False)
     with pytest.raises(RefusedError):
         ops.downgrade_schema(staging, "0004_sink_counters", declined.hooks())
-    assert "from 0007_targets to 0004_sink_counters" in declined.questions[0]
+    assert f"from {SCHEMA_REVISION} to 0004_sink_counters" in declined.questions[0]
     assert ":twophase@" not in declined.questions[0]  # the URL shown has no password
     assert ops.current_schema(staging).after == head
 

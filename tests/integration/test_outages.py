@@ -36,8 +36,8 @@ class StopsInfluxAfter:
         self.sent = 0
         self.restarter: threading.Thread | None = None
 
-    def write(self, body: bytes) -> None:
-        self.inner.write(body)
+    def write(self, body: bytes, gzipped: bool = False) -> None:
+        self.inner.write(body, gzipped)
         self.sent += 1
         if self.sent == self.n:
             self.server.stop()

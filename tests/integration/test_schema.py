@@ -26,6 +26,7 @@ REVISIONS = [
     "0005_chunk_lanes",
     "0006_kept_dead_letters",
     "0007_targets",
+    "0008_compressed_chunks",
 ]
 
 
@@ -55,11 +56,15 @@ def test_upgrade_check_downgrade(empty_db: str) -> None:
         "twophase_epoch_events",
     } <= tables(empty_db)
     with psycopg.connect(admin_conninfo(empty_db)) as conn:
-        body = conn.execute(
-            "SELECT attcompression, attstorage FROM pg_attribute"
-            " WHERE attrelid = 'twophase_staged_chunks'::regclass AND attname = 'body'"
-        ).fetchone()
-    assert body == ("l", "x")  # lz4 (this PostgreSQL 15 has it), out of line
+        storage = dict(
+            conn.execute(
+                "SELECT attname, (attcompression, attstorage) FROM pg_attribute"
+                " WHERE attrelid = 'twophase_staged_chunks'::regclass"
+                " AND attname IN ('body', 'body_gz')"
+            ).fetchall()
+        )
+    assert storage["body"] == ("l", "x")  # lz4 (this PostgreSQL 15 has it), out of line
+    assert storage["body_gz"] == ("", "e")  # gzip already: out of line, not compressed again
     check = alembic("check", url=empty_db)  # metadata is the single source: no diff
     assert check.returncode == 0, check.stdout + check.stderr
     assert "No new upgrade operations detected" in check.stdout + check.stderr

@@ -21,8 +21,8 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig
-from twophase.model import EpochPlan, LineChecksum, WriteRef
+from twophase.config import GZIP, UNCOMPRESSED, InfluxConfig, StagingConfig
+from twophase.model import EpochPlan, LineChecksum, StagedChunk, WriteRef
 from twophase.points.builder import Rejected
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.stager import Stager
@@ -61,24 +61,43 @@ def test_a_large_write_is_staged_in_chunks_and_promoted_whole(tp: Any, staging_u
     assert len(influx_rows(tp.config.influx, M)) == 12_001
 
 
+def stored_digest(url: str) -> str:
+    """The checksum of the staged chunks as PostgreSQL holds them, in order."""
+    digest = LineChecksum()
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        rows = conn.execute(
+            "SELECT body, body_gz FROM twophase_staged_chunks ORDER BY write_id, chunk"
+        )
+        for body, gz in rows:
+            digest.add_joined(gz if body is None else body.encode())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("compression", [GZIP, UNCOMPRESSED])
 def test_chunks_are_cut_by_characters_and_rows_rejected_at_conversion_take_no_seq(
-    tp: Any, staging: StagingConfig, staging_url: str
+    tp: Any, staging: StagingConfig, staging_url: str, compression: str
 ) -> None:
     """Lines keep consecutive seqs around rejected rows; a line longer than the chunk
-    limit is a chunk of its own; what is read back is what was staged."""
+    limit is a chunk of its own; what is read back is what was staged; the write's
+    checksum is over the chunks as stored (text: the lines themselves)."""
     long_line = f'{M},host=big v="{"x" * 300}" 1700000000000000099'
     items: list[str | Rejected] = [*lines(0, 4), Rejected(4, "no time", "{}"), long_line]
     items += [*lines(1, 3), Rejected(9, "bad tag", "{}")]
-    stager = Stager(tp.db, replace(staging, chunk_points=3, chunk_chars=250))
-    message = stager.stage("s", 0, items)
+    config = replace(staging, chunk_points=3, chunk_chars=250, compression=compression)
+    message = Stager(tp.db, config).stage("s", 0, items)
     assert (message.points, message.rejected) == (8, 2)
     assert chunk_rows(staging_url) == [(0, 0, 3), (1, 3, 1), (2, 4, 1), (3, 5, 3)]
     staged = [line for line in items if isinstance(line, str)]
     assert write_lines(tp.reader, message.write_id) == list(enumerate(staged))
+    assert message.checksum == stored_digest(staging_url)
+    stored = scalar(
+        staging_url, "SELECT count(*) FROM twophase_staged_chunks WHERE body_gz IS NOT NULL"
+    )
+    assert stored == (4 if compression == GZIP else 0)
     digest = LineChecksum()
     for line in staged:
         digest.add(line)
-    assert message.checksum == digest.hexdigest()
+    assert (message.checksum == digest.hexdigest()) == (compression == UNCOMPRESSED)
     stage_letters = scalar(
         staging_url, "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM twophase_dead_letters"
     )
@@ -260,3 +279,90 @@ def test_migration_keeps_the_bounds_of_lines_holding_newlines(db_at_0001: str) -
         db.close()
     assert alembic("downgrade", "0001_initial", url=db_at_0001).returncode == 0
     assert _lines_at_0001(db_at_0001) == before
+
+
+# --- migration 0008 ------------------------------------------------------------------
+
+
+@pytest.fixture
+def db_at_0007(base_staging_url: str) -> Iterator[str]:
+    name = unique("twophase_mig")
+    yield create_migrated_database(base_staging_url, name, "0007_targets")
+    drop_database(base_staging_url, name)
+
+
+def _stage_text_chunks_at_0007(url: str, points: list[str]) -> None:
+    """What 0007's code staged: text chunks of 5,000 lines, the write row (its checksum
+    over the lines), the sink and run, a decided epoch 0."""
+    digest = LineChecksum()
+    for line in points:
+        digest.add(line)
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        write_id = conn.execute(
+            "INSERT INTO twophase_writes (write_id, sink_id, epoch, run_id, partition_id,"
+            " attempt, points, rejected, checksum) VALUES (gen_random_uuid(), 's', 0, 'r1',"
+            " 0, 0, %s, 0, %s) RETURNING write_id",
+            (len(points), digest.hexdigest()),
+        ).fetchone()[0]  # type: ignore[index]
+        for number, first in enumerate(range(0, len(points), 5000)):
+            chunk = StagedChunk.of_lines(str(write_id), first, points[first : first + 5000])
+            conn.execute(
+                "INSERT INTO twophase_staged_chunks (write_id, chunk, first_seq, points, ends,"
+                " body) VALUES (%s, %s, %s, %s, %s, %s)",
+                (write_id, number, first, chunk.points, chunk.ends, chunk.body),
+            )
+        conn.execute(
+            "INSERT INTO twophase_sinks (sink_id, query_id, owner_run_id, fencing_token,"
+            " last_decided_epoch) VALUES ('s', 'q1', 'r1', 1, 0)"
+        )
+        conn.execute(
+            "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
+            " VALUES ('r1', 's', 'q1', 1)"
+        )
+        conn.execute(
+            "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
+            " checksum, points_staged) VALUES ('s', 0, 'PRECOMMITTED', 'r1', 'q1', %s, 'x', %s)",
+            ([write_id], len(points)),
+        )
+
+
+def _chunk_texts(url: str) -> list[tuple[str | None, bool]]:
+    """(body, whether body_gz is set, if the column exists) of every chunk, in order."""
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        has_gz = conn.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'twophase_staged_chunks' AND column_name = 'body_gz'"
+        ).fetchone()[0]  # type: ignore[index]
+        gz = "body_gz IS NOT NULL" if has_gz else "false"
+        rows = conn.execute(
+            f"SELECT body, {gz} FROM twophase_staged_chunks c JOIN twophase_writes w"  # noqa: S608
+            " USING (write_id) ORDER BY w.epoch, c.chunk"
+        )
+        return [tuple(r) for r in rows]
+
+
+def test_migration_0008_keeps_text_chunks_and_its_downgrade_decompresses(
+    db_at_0007: str, influx: InfluxConfig
+) -> None:
+    """Chunks staged as text before the upgrade stay as they are and are promoted after
+    it (their checksums over the lines still hold); a compressed epoch staged after it
+    is promoted too, and the downgrade gives its chunks back as text."""
+    old = AWKWARD + lines(0, 5002)
+    _stage_text_chunks_at_0007(db_at_0007, old)
+    assert alembic("upgrade", "head", url=db_at_0007).returncode == 0
+    assert [gz for _, gz in _chunk_texts(db_at_0007)] == [False, False]  # nothing converted
+    new = lines(1, 7002)
+    one_lane = staging_config_for(db_at_0007, promote_connections=1)  # two chunks, in order
+    with two_phase(one_lane, influx) as tp:
+        lease = tp.ledger.begin_run("s", "r1", "q1")
+        (result,) = tp.committer.recover(lease)
+        assert (result.delivered, result.rejected) == (5005, 0)
+        outcome = tp.committer.commit(lease, 1, stage(tp, "s", 1, [new]))
+        assert outcome.promoted is not None and outcome.promoted.delivered == 7002
+    assert len(influx_rows(influx, M)) == 5005 + 7002
+    assert [gz for _, gz in _chunk_texts(db_at_0007)] == [False, False, True, True]
+
+    down = alembic("downgrade", "0007_targets", url=db_at_0007)
+    assert down.returncode == 0, down.stderr
+    texts = [body for body, _ in _chunk_texts(db_at_0007)]
+    assert texts == ["\n".join(part) for part in (old[:5000], old[5000:], new[:5000], new[5000:])]

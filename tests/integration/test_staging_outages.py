@@ -528,7 +528,8 @@ def test_a_generator_past_the_memory_bound_is_repeated_from_the_spools_file(
     rows are read once, and the file is gone when the call returns."""
     caplog.set_level(logging.WARNING, logger="twophase.retry")
     url = staging.url.reveal()
-    config = replace(staging, chunk_points=100, spool_memory=10_000)
+    # 2,000 bytes: the chunks are gzip members of about 1 KB (100 lines each)
+    config = replace(staging, chunk_points=100, spool_memory=2_000)
     items = mixed(3_000)
     expected = reference(config, influx, items)
     given: dict[str, int] = {}

@@ -71,6 +71,8 @@ def test_an_epoch_with_refused_points_is_delivered_without_bisection(
     # The whole body, refused naming line 8; the rest, refused naming line 30 of it (the
     # original line 31); the rest again, taken. Bisection would have taken 12 requests.
     assert [r["lines"] for r in state.requests] == [40, 39, 38]
+    # The epoch's chunks go out as stored, gzip; the lines taken apart go out as text.
+    assert [r["encoding"] for r in state.requests] == ["gzip", None, None]
     first = state.requests[0]["query"]
     assert first == {
         "db": ["dash"],

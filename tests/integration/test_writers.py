@@ -9,6 +9,7 @@ bounds its waits.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import shutil
@@ -106,6 +107,22 @@ def test_v1_round_trip_is_exact_and_resending_changes_nothing(influx: InfluxConf
         {"time": T0 + 1, "bytes": -3, "rate": 0.001, "ok": False, "note": None},
         1,
     )
+
+
+def gzip_members(lines: list[str], parts: int) -> bytes:
+    """``lines`` cut into ``parts`` runs, each compressed into a gzip member holding its
+    last newline, the members end to end: a body as promotion sends staged chunks."""
+    size = -(-len(lines) // parts)
+    runs = [lines[i : i + size] for i in range(0, len(lines), size)]
+    return b"".join(gzip.compress(("\n".join(run) + "\n").encode()) for run in runs)
+
+
+def test_v1_takes_gzip_members_end_to_end_as_one_body(influx: InfluxConfig) -> None:
+    lines = points(30)
+    writer = V1Writer(influx)
+    writer.write(gzip_members(lines, 3), gzipped=True)
+    writer.close()
+    assert values(influx) == [[T0 + i * 1_000_000, i] for i in range(30)]
 
 
 def test_field_type_conflict_is_isolated_and_the_rest_delivered(influx: InfluxConfig) -> None:
@@ -306,6 +323,19 @@ def test_v2_writer_against_victoria_metrics(vm_url: str) -> None:
     assert {s["metric"]["host"]: s["values"] for s in vm_export(vm_url, f"{measurement}_g")} == {
         f"h{i}": [i / 2] for i in range(5)
     }
+
+
+def test_v2_writer_sends_gzip_members_end_to_end_to_victoria_metrics(vm_url: str) -> None:
+    measurement = f"tp_{uuid.uuid4().hex[:10]}"
+    now_ms = time.time_ns() // 1_000_000
+    lines = [f"{measurement},host=h{i} f={i}i {(now_ms - i * 1000) * 1_000_000}" for i in range(9)]
+    config = InfluxConfig(url=vm_url, api="v2", bucket="b", org="o", token=Secret("unused"))
+    writer = V2Writer(config)
+    writer.write(gzip_members(lines, 3), gzipped=True)
+    writer.close()
+    assert wait_until(lambda: len(vm_export(vm_url, f"{measurement}_f")) == 9, timeout_s=20)
+    got = {s["metric"]["host"]: s["values"] for s in vm_export(vm_url, f"{measurement}_f")}
+    assert got == {f"h{i}": [i] for i in range(9)}
 
 
 def test_resolve_api_on_victoria_metrics_asks_for_an_explicit_api(vm_url: str) -> None:

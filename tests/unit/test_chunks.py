@@ -9,8 +9,9 @@ paths against PostgreSQL and InfluxDB.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -73,6 +74,67 @@ def test_chunk_whose_lines_do_not_fit_its_body_is_refused(
         StagedChunk("w", 0, points, ends, body).check()
 
 
+@pytest.mark.parametrize(
+    "lines",
+    [["a"], ["m v=1", "m v=2"], ["", "x"], ['é,t=ü v="ß"', "tab\there"], ['m s="x\ny"', "b"]],
+)
+def test_a_compressed_chunk_is_one_gzip_member_of_its_lines_and_a_last_newline(
+    lines: list[str],
+) -> None:
+    chunk = StagedChunk.of_lines("w", 7, lines, compressed=True).check()
+    assert chunk.body is None and chunk.compressed
+    text = "\n".join(lines)
+    assert gzip.decompress(chunk.stored) == (text + "\n").encode()
+    assert chunk.size == len(text.encode())  # from the member's trailer
+    assert chunk.lines() == lines and chunk.text == text
+    assert StagedChunk.of_lines("w", 7, lines, compressed=True).stored == chunk.stored  # no time
+
+
+def test_members_end_to_end_are_one_stream_of_the_chunks_lines() -> None:
+    parts = [["a v=1 1", "b v=2 2"], ["c v=3 3"]]
+    members = [StagedChunk.of_lines("w", 0, p, compressed=True).stored for p in parts]
+    assert gzip.decompress(b"".join(members)) == b"a v=1 1\nb v=2 2\nc v=3 3\n"
+
+
+@pytest.mark.parametrize(
+    ("gz", "why"),
+    [
+        (b"m v=1 1", "not one gzip member"),
+        (gzip.compress(b"a\nb\n")[:-9] + b"\x00" * 9, "does not decompress"),
+        (gzip.compress(b"a\nb\nc\n"), "do not fit"),  # three lines for a chunk of two
+    ],
+)
+def test_a_damaged_compressed_chunk_is_refused_when_read(gz: bytes, why: str) -> None:
+    chunk = StagedChunk("w", 0, 2, None, None, 0, gz)
+    with pytest.raises(PermanentError, match=f"damaged: .*{why}"):
+        chunk.check().lines()
+
+
+def test_compressed_chunks_go_out_as_stored_and_text_ones_as_text() -> None:
+    """Whole compressed chunks are sent as their members end to end, gzip; text chunks
+    and the pieces of a cut chunk as text; a request never mixes the two."""
+    writes = [[f"m,w={w} v={i}i {i}" for i in range(12)] for w in range(2)]
+    kinds = iter([True, True, False, True, True, True])
+    plan, reader = staged(writes, 4, compressed=lambda: next(kinds))
+    clock = FakeClock()
+    influx = FakeInflux(clock)
+    # 8 points a request: two chunks of 4; the text chunk stands alone between gzip ones
+    assert promoter_for(reader, influx, clock, 8, 1 << 20).send(plan) == (24, 0)
+    assert influx.gzipped == [True, False, True, True]
+    assert [len(body) for body in influx.bodies] == [8, 4, 8, 4]
+    assert list(influx.stored) == [line for lines in writes for line in lines]
+
+
+def test_a_compressed_chunk_larger_than_a_request_is_cut_into_text() -> None:
+    lines = [f"m v={i}i {i}" for i in range(10)]
+    plan, reader = staged([lines], 10, compressed=lambda: True)
+    clock = FakeClock()
+    influx = FakeInflux(clock)
+    assert promoter_for(reader, influx, clock, 4, 1 << 20).send(plan) == (10, 0)
+    assert influx.gzipped == [False, False, False]
+    assert list(influx.stored) == lines
+
+
 # --- Promoter.send over chunks ----------------------------------------------------------
 
 
@@ -96,10 +158,15 @@ class FakeReader:
 
 
 def staged(
-    writes: list[list[str]], chunk_points: int, lanes: int = 1
+    writes: list[list[str]],
+    chunk_points: int,
+    lanes: int = 1,
+    compressed: Callable[[], bool] = lambda: False,
 ) -> tuple[EpochPlan, FakeReader]:
     """A plan of ``writes`` (lists of lines) staged as the stager does: blocks of
-    ``chunk_points`` lines, each cut into a chunk per lane."""
+    ``chunk_points`` lines, each cut into a chunk per lane, compressed when
+    ``compressed()`` says so (asked per chunk: an epoch may mix both, as one staged
+    before and after an upgrade does)."""
     refs: list[WriteRef] = []
     chunks: dict[str, list[StagedChunk]] = {}
     chooser = LaneChooser(lanes)
@@ -109,11 +176,10 @@ def staged(
         for start in range(0, len(lines), chunk_points):
             for lane, part in enumerate(chooser.split(lines[start : start + chunk_points])):
                 if part:
-                    chunk = StagedChunk.of_lines(write_id, seq, part)
+                    chunk = StagedChunk.of_lines(write_id, seq, part, compressed=compressed())
                     chunks[write_id].append(dataclasses.replace(chunk, lane=lane))
                     seq += len(part)
-                    for line in part:
-                        digest.add(line)
+                    digest.add_joined(chunk.stored)
         refs.append(WriteRef(write_id, len(lines), digest.hexdigest()))
     plan = EpochPlan("s", 3, tuple(refs))
     return plan, FakeReader(chunks)
@@ -145,12 +211,12 @@ def test_send_delivers_every_good_line_in_order_and_addresses_rejects(seed: int)
             lines[i] = f"m,w={w} bad={i} {i}"
         writes.append(lines)
     chunk_points, points, size = rng.randint(1, 25), rng.randint(1, 30), rng.randint(40, 600)
-    plan, reader = staged(writes, chunk_points)
+    plan, reader = staged(writes, chunk_points, compressed=lambda: rng.random() < 0.5)
     clock = FakeClock()
     influx = FakeInflux(clock, bad=bad_if_marked)
     promoter = promoter_for(reader, influx, clock, points, size)
 
-    delivered, rejected = promoter.send(plan)
+    delivered, rejected = promoter.send(plan)  # checks the stored checksums (I1)
 
     good = [line for lines in writes for line in lines if "bad" not in line]
     bad = {

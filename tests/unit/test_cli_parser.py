@@ -12,6 +12,7 @@ import pytest
 
 from twophase.cli import build_parser, main
 from twophase.config import INFLUX, SETTINGS, STAGING
+from twophase.store.database import SCHEMA_REVISION
 
 STAGING_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section == STAGING}
 INFLUX_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section == INFLUX}
@@ -155,7 +156,7 @@ def test_db_upgrade_sql_needs_no_database(capsys: pytest.CaptureFixture[str]) ->
     code, out, _ = run(capsys, "db", "downgrade", "0004_sink_counters", "--sql", "--json")
     script = json.loads(out)
     assert code == 0 and (script["start"], script["target"]) == (
-        "0007_targets",
+        SCHEMA_REVISION,
         "0004_sink_counters",
     )
     assert "ALTER TABLE twophase_staged_chunks DROP COLUMN lane" in script["sql"]

@@ -111,7 +111,7 @@ def test_each_target_has_its_lag_and_one_state() -> None:
 
 def test_the_driver_labels_each_request_with_its_target() -> None:
     class Fine:
-        def write(self, body: bytes) -> None:
+        def write(self, body: bytes, gzipped: bool = False) -> None:
             return None
 
         def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import random
 import re
@@ -38,6 +39,14 @@ class FakeClock:
         self.now += seconds
 
 
+def text_of(body: bytes, gzipped: bool) -> str:
+    """A request body's lines joined by newlines (gzip members hold each chunk's last
+    newline: the stream's final one is dropped)."""
+    if gzipped:
+        return gzip.decompress(body).decode()[:-1]
+    return body.decode()
+
+
 class FakeInflux:
     """An InfluxDB 1.x stand-in: stores good lines, refuses bad ones like a partial write.
 
@@ -57,9 +66,11 @@ class FakeInflux:
         self.max_lines, self.request_s = max_lines, request_s
         self.stored: dict[str, int] = {}  # line -> times written
         self.bodies: list[list[str]] = []
+        self.gzipped: list[bool] = []
 
-    def write(self, body: bytes) -> None:
-        lines = body.decode().split("\n")
+    def write(self, body: bytes, gzipped: bool = False) -> None:
+        lines = text_of(body, gzipped).split("\n")
+        self.gzipped.append(gzipped)
         self.bodies.append(lines)
         self.clock.now += self.request_s
         error = self.fail(len(self.bodies), lines)
@@ -389,11 +400,11 @@ class WholeInflux(FakeInflux):
     misnamed = False
     miscopied = False
 
-    def write(self, body: bytes) -> None:
-        lines = body.decode().split("\n")
+    def write(self, body: bytes, gzipped: bool = False) -> None:
+        lines = text_of(body, gzipped).split("\n")
         first = next((i for i, line in enumerate(lines) if self.bad(line)), None)
         if first is None:
-            super().write(body)
+            super().write(body, gzipped)
             return
         self.bodies.append(lines)
         self.clock.now += self.request_s

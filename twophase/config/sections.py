@@ -36,6 +36,7 @@ class StagingConfig:
     chunk_chars: int = default("staging_chunk_chars")
     spool_memory: int = default("staging_spool_memory")
     lanes: int = default("promote_connections")
+    compression: str = default("compression")
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -14,6 +14,8 @@ ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "v3", "auto")
 INLINE, BACKGROUND = "inline", "background"
 PROMOTIONS = (INLINE, BACKGROUND)
+GZIP, UNCOMPRESSED = "gzip", "none"
+COMPRESSIONS = (GZIP, UNCOMPRESSED)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
 STAGING, INFLUX = "staging", "influx"
 # The optional TOML file of settings (read below the environment, above the defaults).
@@ -195,6 +197,19 @@ SETTINGS: tuple[Setting, ...] = (
         ),
         default=64 * 1024 * 1024,
         minimum=0,
+    ),
+    Setting(
+        name="compression",
+        section=STAGING,
+        attr="compression",
+        kind="choice",
+        help=(
+            "gzip: each staged chunk is compressed on the executor and stored and sent to "
+            "InfluxDB as it is (Content-Encoding: gzip); none: chunks are stored and sent as "
+            "text"
+        ),
+        default=GZIP,
+        choices=COMPRESSIONS,
     ),
     *_tls_settings(
         STAGING,

@@ -82,8 +82,8 @@ class AutoWriter:
         self._config = config
         self._inner: InfluxWriter | None = None
 
-    def write(self, body: bytes) -> None:
-        self._resolved().write(body)
+    def write(self, body: bytes, gzipped: bool = False) -> None:
+        self._resolved().write(body, gzipped)
 
     def read(self, statement: str) -> list[dict[str, Any]]:
         return self._resolved().read(statement)

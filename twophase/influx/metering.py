@@ -92,11 +92,11 @@ class MeteredWriter:
         self._inner = inner
         self._target = target
 
-    def write(self, body: bytes) -> None:
+    def write(self, body: bytes, gzipped: bool = False) -> None:
         started = time.perf_counter()
         error: BaseException | None = None
         try:
-            self._inner.write(body)
+            self._inner.write(body, gzipped)
         except BaseException as exc:
             error = exc
             raise

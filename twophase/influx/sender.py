@@ -68,14 +68,16 @@ class BatchSender:
         lines: Callable[[], Sequence[str]],
         *,
         before_attempt: Callable[[], None] | None = None,
+        gzipped: bool = False,
     ) -> list[tuple[int, str]]:
         """Deliver ``count`` lines joined into one request ``body``; return (index,
         reason) of the lines InfluxDB rejected.
 
         ``body`` goes out as it is, in one request (staged chunks are stored
         that way, so the common case costs no per-line work); the caller keeps
-        it within the batch limits. Every other line was acknowledged on
-        return.
+        it within the batch limits. ``gzipped``: the body is gzip (members end
+        to end), sent with ``Content-Encoding: gzip``. Every other line was
+        acknowledged on return.
 
         Transient errors (InfluxUnavailableError from the writer) are retried
         with backoff until ``policy.deadline_s`` has passed without progress --
@@ -90,7 +92,7 @@ class BatchSender:
         Only when InfluxDB refuses the body are its lines taken apart, through
         ``lines()``: 413 splits it in halves recursively (a single line that is
         too large is rejected with the reason); 400/422 bisects: the halves
-        are re-sent separately (idempotent) until each rejected line is
+        are re-sent separately, as text (idempotent), until each rejected line is
         isolated and rejected with InfluxDB's reason; good lines of the same
         body are delivered. When the refusal names its line (InfluxDB 3, which
         refuses a request whole), that line is rejected and the others are
@@ -102,7 +104,7 @@ class BatchSender:
         (a promoter's fencing check: a fenced run sends nothing more).
         """
         delivery = _Delivery(self, before_attempt)
-        delivery.deliver_body(body, count, lambda: list(_encoded(lines())))
+        delivery.deliver_body(body, count, lambda: list(_encoded(lines())), gzipped)
         return delivery.rejected
 
 
@@ -138,7 +140,11 @@ class _Delivery:
         self.deliver_body(b"\n".join(line for _, line in batch), len(batch), lambda: batch)
 
     def deliver_body(
-        self, body: bytes, count: int, batch: Callable[[], list[tuple[int, bytes]]]
+        self,
+        body: bytes,
+        count: int,
+        batch: Callable[[], list[tuple[int, bytes]]],
+        gzipped: bool = False,
     ) -> None:
         """Send ``body`` (``count`` lines); split ``batch()`` when InfluxDB refuses it.
 
@@ -151,7 +157,7 @@ class _Delivery:
         lines: list[tuple[int, bytes]] | None = None  # taken apart only when refused
         for _ in range(_NAMED_REFUSALS + 1):
             try:
-                self.write_with_retry(body, count)
+                self.write_with_retry(body, count, gzipped)
                 return
             except BatchTooLargeError as exc:
                 self.split(batch() if lines is None else lines, str(exc))
@@ -167,6 +173,7 @@ class _Delivery:
                 if not lines:
                     return
                 body, count = b"\n".join(text for _, text in lines), len(lines)
+                gzipped = False
         assert lines  # past the named refusals: each half again, on its own
         middle = len(lines) // 2
         for half in (lines[:middle], lines[middle:]):
@@ -181,7 +188,7 @@ class _Delivery:
         self.deliver(batch[:middle])
         self.deliver(batch[middle:])
 
-    def write_with_retry(self, body: bytes, lines: int) -> None:
+    def write_with_retry(self, body: bytes, lines: int, gzipped: bool = False) -> None:
         """One request, repeated while it fails transiently.
 
         InfluxDB answered the request before this one (or none was sent yet), so
@@ -195,7 +202,7 @@ class _Delivery:
                 self._before_attempt()
             sent_at = self._sender._clock()
             try:
-                self._sender._writer.write(body)
+                self._sender._writer.write(body, gzipped)
             except InfluxUnavailableError as exc:
                 began = sent_at if began is None else began
                 self.wait_or_give_up(attempt, lines, exc, began)

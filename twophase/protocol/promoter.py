@@ -160,7 +160,10 @@ class Promoter:
         """Send a plan's fixed point set once, in its fixed order; no state change.
 
         Staged chunks go out as they are stored, several to a request up to
-        the batch limits; a chunk larger than the limits is cut into lines.
+        the batch limits: compressed chunks as their gzip members end to end
+        (``Content-Encoding: gzip``, nothing decompressed), text chunks joined
+        by newlines. A chunk larger than the limits is cut into lines, sent as
+        text.
         With several lanes (``promote_connections``), an epoch larger than one
         request goes out over a connection per lane at once, each lane's
         chunks in the epoch's order (I4: a series keeps to its lane).
@@ -198,10 +201,11 @@ class Promoter:
         """Send pieces in requests over one connection, in their order."""
         for request in _requests(pieces, self._batch_points, self._batch_bytes):
             rejects = self._sender.send(
-                b"\n".join(piece.data for piece in request),
+                _body(request),
                 sum(piece.points for piece in request),
                 functools.partial(_lines_of, request),
                 before_attempt=before_request,  # the sender retries: checked before each try
+                gzipped=request[0].gzipped,
             )
             if rejects:  # acknowledged, and its rejections not yet recorded
                 crash_point("before_dead_letters", plan.sink_id)
@@ -255,27 +259,40 @@ class _Piece:
     chunk: StagedChunk
     start: int
     stop: int
-    data: bytes  # the lines joined by newlines, UTF-8
+    data: bytes  # the chunk as stored (whole), or the lines joined by newlines, UTF-8
+    size: int  # bytes of the lines joined by newlines, uncompressed
 
     @property
     def points(self) -> int:
         return self.stop - self.start
+
+    @property
+    def gzipped(self) -> bool:
+        """The piece is the chunk's gzip member, sent as it is."""
+        return self.chunk.compressed and self.whole
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.stop == self.chunk.points
 
     def lines(self) -> list[str]:
         return self.chunk.lines(self.start, self.stop)
 
 
 def _pieces_of(index: int, chunk: StagedChunk, max_points: int, max_bytes: int) -> Iterator[_Piece]:
-    """The chunk whole (the usual case), or cut into pieces within the batch limits."""
-    data = chunk.body.encode("utf-8")
-    if chunk.points <= max_points and len(data) <= max_bytes:
-        yield _Piece(index, chunk, 0, chunk.points, data)
+    """The chunk whole, as stored (the usual case), or cut into pieces of text within
+    the batch limits (a compressed chunk is decompressed for it)."""
+    data = chunk.stored
+    size = chunk.size if chunk.compressed else len(data)  # a text body encoded once
+    if chunk.points <= max_points and size <= max_bytes:
+        yield _Piece(index, chunk, 0, chunk.points, data, size)
         return
     start = 0
     encoded = [line.encode("utf-8") for line in chunk.lines()]
     for group in batches(encoded, max_points, max_bytes, lambda line: len(line) + 1):
         stop = start + len(group)
-        yield _Piece(index, chunk, start, stop, b"\n".join(group))
+        data = b"\n".join(group)
+        yield _Piece(index, chunk, start, stop, data, len(data))
         start = stop
 
 
@@ -283,12 +300,21 @@ def _lines_of(request: Sequence[_Piece]) -> list[str]:
     return [line for piece in request for line in piece.lines()]
 
 
+def _body(request: Sequence[_Piece]) -> bytes:
+    """A request's body: gzip members end to end (each holds its lines' last newline:
+    together, one gzip stream of the lines), or text pieces joined by newlines."""
+    if request[0].gzipped:
+        return b"".join(piece.data for piece in request)
+    return b"\n".join(piece.data for piece in request)
+
+
 def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iterator[list[_Piece]]:
     """Consecutive pieces grouped into requests of at most ``max_points`` points and
-    a body of at most ``max_bytes``."""
+    ``max_bytes`` of lines (uncompressed), each all gzip members or all text."""
     # Each piece is sized with the newline joining it to the next; the body has
     # one newline fewer than pieces, hence the limit one byte over.
-    return batches(pieces, max_points, max_bytes + 1, lambda p: len(p.data) + 1, lambda p: p.points)
+    for _, run in itertools.groupby(pieces, key=lambda p: p.gzipped):
+        yield from batches(run, max_points, max_bytes + 1, lambda p: p.size + 1, lambda p: p.points)
 
 
 def _dead_letters(
@@ -329,9 +355,12 @@ class _Tally:
         self.delivered = self.rejected = 0
 
     def reading(self, pieces: Iterable[_Piece]) -> Iterator[_Piece]:
-        """``pieces``, each counted as it is read."""
+        """``pieces``, each counted as it is read; each chunk hashed as stored (I1)."""
         for piece in pieces:
-            self._sums[piece.index].add_joined(piece.data)
+            if piece.whole:  # the usual case: the piece is the chunk as stored
+                self._sums[piece.index].add_joined(piece.data)
+            elif piece.start == 0:  # a cut chunk's first piece: the chunk as stored
+                self._sums[piece.index].add_joined(piece.chunk.stored)
             self._counts[piece.index] += piece.points
             yield piece
 

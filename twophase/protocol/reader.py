@@ -37,7 +37,7 @@ _PARTITION_WRITES = (
 
 # Ordered by the writes' positions in the plan, then by chunk: an index scan per write.
 _CHUNKS_OF_WRITES = (
-    "SELECT w.position, c.first_seq, c.points, c.ends, c.body, c.lane"
+    "SELECT w.position, c.first_seq, c.points, c.ends, c.body, c.lane, c.body_gz"
     " FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(write_id, position)"
     " JOIN twophase_staged_chunks c ON c.write_id = w.write_id"
     " ORDER BY w.position, c.chunk"
@@ -93,7 +93,8 @@ class StagedReader:
         or closed. ``small`` (the caller knows the chunks fit in memory: an
         epoch within one request) reads them at once, saving the cursor's
         round trips. A chunk whose lines do not fit its body raises
-        PermanentError.
+        PermanentError. A compressed chunk comes as stored (its gzip member),
+        decompressed only if its lines are asked for.
         """
         ids = [uuid.UUID(w) for w in write_ids]
         rows: Iterable[tuple[Any, ...]]
@@ -103,8 +104,8 @@ class StagedReader:
                 rows = cur.fetchall()
         else:
             rows = self._cursor(ids)
-        for position, first_seq, points, ends, body, lane in rows:
-            chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body, lane)
+        for position, first_seq, points, ends, body, lane, gz in rows:
+            chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body, lane, gz)
             yield position - 1, chunk.check()
 
     def _cursor(self, ids: list[uuid.UUID]) -> Iterator[tuple[Any, ...]]:

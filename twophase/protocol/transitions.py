@@ -99,10 +99,12 @@ def count_pending(cur: Cursor, sink_id: str) -> int:
 _INSERT_DECISION = (
     "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
     " checksum, points_staged, points_rejected_stage, staged_bytes) VALUES (%s, %s, %s, %s,"
-    " %s, %s, %s, %s, %s, (SELECT COALESCE(sum(octet_length(body)), 0)"
+    " %s, %s, %s, %s, %s, (SELECT COALESCE(sum(COALESCE(octet_length(body_gz),"
+    " octet_length(body))), 0)"
     " FROM twophase_staged_chunks WHERE write_id = ANY(%s))) RETURNING staged_bytes"
 )
-# octet_length of a compressed text value is read from its header: no decompression.
+# Bytes as stored and sent: a gzip member's, or a text body's (octet_length of text
+# TOASTed with lz4 is read from its header: no decompression).
 
 # A correction (negative epoch) leaves the sink's last decided epoch and query alone.
 _COUNT_DECISION = (

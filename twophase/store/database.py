@@ -30,7 +30,7 @@ log = logging.getLogger("twophase.store.database")
 # The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.store.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0007_targets"
+SCHEMA_REVISION = "0008_compressed_chunks"
 VERSION_TABLE = "twophase_alembic_version"
 # The first key of twophase's advisory locks ("tp"), so that they keep out of the way
 # of other applications' locks in a shared database.

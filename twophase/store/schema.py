@@ -25,6 +25,10 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   time); the write row is inserted in the same transaction as the COPY.
   ``lane`` is the promotion lane of the chunk's lines (:mod:`twophase.protocol.lanes`;
   0 with one connection).
+  With ``compression`` gzip (the default), ``body`` is NULL and ``body_gz``
+  holds the same text and one newline more as one gzip member, compressed on
+  the executor and sent to InfluxDB as it is (stored uncompressed by
+  PostgreSQL: ``STORAGE EXTERNAL``); exactly one of the two is set.
 * ``twophase_dead_letters``: rows and points that could not be delivered, with the reason
   (and, with several targets, the target that refused the point);
   ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
@@ -61,7 +65,7 @@ from sqlalchemy import (
     Uuid,
     func,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA
 
 from twophase.model import EpochState, Phase
 from twophase.store.database import SCHEMA_REVISION, VERSION_TABLE
@@ -203,9 +207,11 @@ staged_chunks = Table(
     Column("first_seq", Integer, nullable=False),
     Column("points", Integer, nullable=False),
     Column("ends", ARRAY(Integer), nullable=True),
-    Column("body", Text, nullable=False),
+    Column("body", Text, nullable=True),
     Column("lane", SmallInteger, nullable=False, server_default="0"),
+    Column("body_gz", BYTEA, nullable=True, comment="the lines as one gzip member"),
     PrimaryKeyConstraint("write_id", "chunk"),
+    CheckConstraint("(body IS NULL) <> (body_gz IS NULL)", name="one_body"),
 )
 
 dead_letters = Table(

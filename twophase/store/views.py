@@ -128,7 +128,8 @@ FROM twophase_sinks s {OWNER_RUN_SQL}
 CROSS JOIN LATERAL (SELECT count(*) AS n, min(epoch) AS first, min(decided_at) AS since
     FROM twophase_epochs e WHERE e.sink_id = s.sink_id AND e.state = %(pre)s) p
 CROSS JOIN LATERAL (SELECT COALESCE(sum(c.points), 0) AS n,
-    COALESCE(sum(octet_length(c.body) - c.points + 1), 0) AS bytes
+    COALESCE(sum(COALESCE(octet_length(c.body_gz), octet_length(c.body) - c.points + 1)), 0)
+        AS bytes
     FROM twophase_writes w JOIN twophase_staged_chunks c ON c.write_id = w.write_id
     WHERE w.sink_id = s.sink_id) st
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM twophase_dead_letters d
