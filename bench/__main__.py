@@ -20,12 +20,15 @@ from typing import Any
 from bench import (
     background,
     children,
+    freshness,
     history,
+    relay,
     report,
     roundtrip,
     scrape,
     spark_e2e,
     spark_raw,
+    staging_scale,
     throughput,
 )
 from bench.context import Context
@@ -46,8 +49,11 @@ METRICS: dict[str, Metric] = {
     "spark_raw": spark_raw.measure_spark_raw,
     "roundtrip": roundtrip.measure_roundtrip,
     "stage_memory": children.measure_stage_memory,
+    "relay": relay.measure_relay,
+    "staging_scale": staging_scale.measure_staging_scale,
+    "freshness": freshness.measure_freshness,
 }
-SPARK_METRICS = ("spark_e2e", "spark_raw")  # run in full mode, or with --spark
+SPARK_METRICS = ("spark_e2e", "spark_raw", "freshness")  # run in full mode, or with --spark
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:

@@ -1,11 +1,13 @@
 """The test kit's fault proxy (``tests/integration/faultproxy.py``) in a process of its own.
 
-Metric 10 runs its proxy on threads of the bench process. With several
-targets, each behind a proxy, their relaying would share the bench's
+On threads of the bench process, a proxy's relaying would share the bench's
 interpreter lock with the promotion threads it measures; a remote server's
 network path shares nothing with the client's Python. A child process per
 proxy keeps the relaying off the bench's lock (it still shares the machine's
-cores). Its mode (``pass``, or ``cut``: a server that is down) is fixed.
+cores). Its mode (``pass``, or ``cut``: a server that is down), its delay and
+its bandwidth are fixed. It counts no lines: nobody reads a child's counts,
+and parsing (and decompressing) every body would take CPU from the sides
+being measured.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from tests.integration.faultproxy import FaultProxy
 _START_TIMEOUT_S = 30.0
 
 
-def _serve(upstream: str, delay_s: float, mode: str, pipe: Connection) -> None:
+def _serve(
+    upstream: str, delay_s: float, mode: str, bandwidth_bps: float | None, pipe: Connection
+) -> None:
     """The child: a proxy to ``upstream``; sends its port, serves until told to stop."""
     proxy = FaultProxy.for_url(upstream)
     proxy.delay_s = delay_s
+    proxy.bandwidth_bps = bandwidth_bps
+    proxy.count_writes = False
     proxy.set_mode(mode)
     proxy.start()
     pipe.send(proxy.port)
@@ -36,14 +42,22 @@ def _serve(upstream: str, delay_s: float, mode: str, pipe: Connection) -> None:
 
 
 class ProxyProcess:
-    """A fault proxy to ``upstream`` holding each answer ``delay_s``, in a child process."""
+    """A fault proxy to ``upstream`` holding each answer ``delay_s``, in a child process;
+    with ``bandwidth_bps``, a link of that many bits per second each way, shared by all
+    its connections (None: unlimited)."""
 
-    def __init__(self, upstream: str, delay_s: float, mode: str = "pass") -> None:
+    def __init__(
+        self,
+        upstream: str,
+        delay_s: float,
+        mode: str = "pass",
+        bandwidth_bps: float | None = None,
+    ) -> None:
         # spawn, not fork: the parent may already run threads (pools, other proxies)
         context = multiprocessing.get_context("spawn")
         self._pipe, child = context.Pipe()
         self._process = context.Process(
-            target=_serve, args=(upstream, delay_s, mode, child), daemon=True
+            target=_serve, args=(upstream, delay_s, mode, bandwidth_bps, child), daemon=True
         )
         self._process.start()
         child.close()

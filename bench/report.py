@@ -21,8 +21,11 @@ TITLES = {
     "scrape": "7 exporter scrape",
     "background": "8 background promotion, epochs in a row",
     "spark_raw": "9 Spark, many points per batch",
-    "roundtrip": "10 promotion 20 ms away, lanes",
+    "roundtrip": "10 promotion 20 ms away, lanes and compression",
     "stage_memory": "11 memory of a staging task",
+    "freshness": "12 freshness, event to dashboard",
+    "relay": "13 the driver as a relay",
+    "staging_scale": "14 the staging store's scale",
 }
 
 

@@ -6,7 +6,8 @@
 * :class:`DirectSide`: what a user writes instead: the same lines POSTed
   straight to InfluxDB by :class:`bench.direct.DirectWriter` (none of
   twophase's code), no staging; over several connections at once, as
-  partitions write, by :class:`bench.direct.PartitionedWriter`.
+  partitions write, by :class:`bench.direct.PartitionedWriter`; with
+  ``gzip_level``, each request gzip-compressed as a user does it.
 """
 
 from __future__ import annotations
@@ -83,11 +84,14 @@ class DirectSide:
 
     name = "direct"
 
-    def __init__(self, config: InfluxConfig, connections: int = 1) -> None:
+    def __init__(
+        self, config: InfluxConfig, connections: int = 1, gzip_level: int | None = None
+    ) -> None:
+        database = config.database or ""
         self.writer: DirectWriter | PartitionedWriter = (
-            DirectWriter(config.url, config.database or "")
+            DirectWriter(config.url, database, gzip_level=gzip_level)
             if connections == 1
-            else PartitionedWriter(config.url, config.database or "", connections)
+            else PartitionedWriter(config.url, database, connections, gzip_level)
         )
 
     def run(self, lines: Sequence[str]) -> float:

@@ -3,7 +3,7 @@
 ::
 
     python -m bench.spark_plain --input DIR --checkpoint DIR [--max-files-per-trigger N]
-        [--available-now] [--master local[2,4]] [--sink twophase]
+        [--available-now | --trigger-interval "1 second"] [--master local[2,4]] [--sink twophase]
 
 Written on purpose without any of twophase's or the job's code, the way the
 Spark and InfluxDB documentation suggest: Spark's JSON source with a schema,
@@ -46,6 +46,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--max-files-per-trigger", type=int, default=None)
     ap.add_argument("--available-now", action="store_true")
+    ap.add_argument(
+        "--trigger-interval", default=None, help="a processing-time trigger, e.g. '1 second'"
+    )
     ap.add_argument("--master", default="local[2,4]")
     ap.add_argument("--shuffle-partitions", type=int, default=4)
     ap.add_argument("--sink-id", default="plain", help="the sink id with --sink twophase")
@@ -110,14 +113,18 @@ def read_events(spark: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def windows(spark: Any, args: argparse.Namespace) -> Any:
+def windows(
+    spark: Any, args: argparse.Namespace, width: str = "5 minutes", watermark: str = "10 minutes"
+) -> Any:
+    """Per window of ``width``, stream and ISP: events, approximate users, byte sums;
+    time = the window's end in seconds."""
     from pyspark.sql import functions as F
 
     events = read_events(spark, args)
     timed = events.withColumn("event_time", F.timestamp_seconds("timestamp"))
     stats = (
-        timed.withWatermark("event_time", "10 minutes")
-        .groupBy(F.window("event_time", "5 minutes"), "stream_id", "isp")
+        timed.withWatermark("event_time", watermark)
+        .groupBy(F.window("event_time", width), "stream_id", "isp")
         .agg(
             F.count(F.lit(1)).alias("events"),
             F.approx_count_distinct("user_id").alias("users"),
@@ -147,6 +154,11 @@ def sink(args: argparse.Namespace) -> Callable[[Any, int], None]:
             time="window_end",
             precision="s",
         )
+    return plain_batch()
+
+
+def plain_batch() -> Callable[[Any, int], None]:
+    """The plain ``foreachBatch`` function: every partition POSTs its windows itself."""
     write = write_partition(os.environ["TWOPHASE_INFLUX_URL"], os.environ["TWOPHASE_INFLUX_DB"])
 
     def each_batch(df: Any, batch_id: int) -> None:
@@ -227,6 +239,8 @@ def start(writer: Any, name: str, args: argparse.Namespace) -> Any:
     writer = writer.option("checkpointLocation", args.checkpoint).queryName(name)
     if args.available_now:
         writer = writer.trigger(availableNow=True)
+    elif args.trigger_interval:
+        writer = writer.trigger(processingTime=args.trigger_interval)
     query = writer.start()
     emit("STARTED", query=name, id=str(query.id))
     return query

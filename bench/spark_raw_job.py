@@ -4,7 +4,8 @@
 
     python -m bench.spark_raw_job --input DIR --checkpoint DIR [--max-files-per-trigger N]
         [--available-now] [--master local[2,4]] [--sink plain|twophase]
-        [--promotion inline|background] [--promote-connections N] [--sink-id ID]
+        [--promotion inline|background] [--promote-connections N] [--compression gzip|none]
+        [--sink-id ID]
 
 Reads the generated session events (``jobs/generate_events.py``) with Spark's
 JSON source and a schema, keeps the valid ones (``bench.spark_plain``'s
@@ -20,9 +21,10 @@ Two sinks over the same points:
   f-strings and POSTs it to InfluxDB's 1.x ``/write`` in requests of 5,000
   lines (urllib3), every partition in parallel.
 * ``--sink twophase``: ``twophase.spark.foreach_batch_writer`` with
-  ``promotion`` from ``--promotion`` (and ``promote_connections`` only when
-  ``--promote-connections`` is given); ``end_query`` after the query, as
-  users do, which waits for a last background promotion.
+  ``promotion`` from ``--promotion`` (and ``promote_connections`` or
+  ``compression`` only when ``--promote-connections`` or ``--compression``
+  is given); ``end_query`` after the query, as users do, which waits for a
+  last background promotion.
 
 InfluxDB and staging settings come from ``TWOPHASE_*`` variables, so both
 sinks point at the same servers. Prints ``STARTED``, one ``PROGRESS`` line
@@ -71,6 +73,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="N",
         help="twophase's promote_connections setting (passed only when given)",
     )
+    ap.add_argument(
+        "--compression",
+        default=None,
+        help="twophase's compression setting (passed only when given)",
+    )
     return ap.parse_args(argv)
 
 
@@ -113,6 +120,8 @@ def twophase_sink(args: argparse.Namespace) -> ForeachBatchWriter:
     settings: dict[str, Any] = {"promotion": args.promotion}
     if args.promote_connections is not None:
         settings["promote_connections"] = args.promote_connections
+    if args.compression is not None:
+        settings["compression"] = args.compression
     return foreach_batch_writer(
         args.sink_id,
         measurement=MEASUREMENT,

@@ -7,6 +7,11 @@ and gives the wall time (start to exit), the time to the first batch (start
 to the first ``PROGRESS`` line), and the steady state: the median
 ``triggerExecution`` of the batches that read input after the warm-up ones,
 and their input rows per second.
+
+A :class:`Link` says how the jobs reach InfluxDB: over loopback, or through
+the test kit's fault proxy in a process of its own, adding a round trip and
+a bandwidth limit (:func:`reached`). PostgreSQL stays local on every link,
+as a staging store beside the Spark driver would be.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.proxies import ProxyProcess
 from bench.servers import REPO
 from bench.sides import BenchError
 from bench.stats import rotated
@@ -37,6 +44,46 @@ Progress = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class Link:
+    """How a job reaches InfluxDB: ``key`` names it in results; a round trip added to
+    every answer and a bandwidth each way (bits per second; None: loopback's)."""
+
+    key: str
+    round_trip_s: float = 0.0
+    bandwidth_bps: float | None = None
+
+    @property
+    def proxied(self) -> bool:
+        return self.round_trip_s > 0 or self.bandwidth_bps is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "link": self.key,
+            "round_trip_ms": round(self.round_trip_s * 1000, 3),
+            "bandwidth_mbit_s": None if self.bandwidth_bps is None else self.bandwidth_bps / 1e6,
+        }
+
+
+LOOPBACK = Link("loopback")
+# InfluxDB in another region: a 20 ms round trip over a 100 Mbit/s link shared by
+# every connection of the job, as a real link is
+SLOW_LINK = Link("slow", 0.020, 100e6)
+LINKS = {link.key: link for link in (LOOPBACK, SLOW_LINK)}
+
+
+@contextmanager
+def reached(link: Link, url: str) -> Iterator[str]:
+    """The InfluxDB URL a job writes to over ``link``: ``url`` itself on loopback, else
+    a proxy's, in a child process so that its relaying takes no interpreter lock
+    from the bench (it still shares the machine's cores)."""
+    if not link.proxied:
+        yield url
+        return
+    with ProxyProcess(url, link.round_trip_s, bandwidth_bps=link.bandwidth_bps) as proxy:
+        yield proxy.url
+
+
+@dataclass(frozen=True)
 class Run:
     """One job process: seconds to exit and to the first batch; steady batch time and rate."""
 
@@ -44,6 +91,14 @@ class Run:
     first_batch_s: float
     steady_ms: float
     steady_rows_per_s: float  # input rows of the steady batches over their summed time
+
+
+def compression() -> str:
+    """The compression twophase's sides stage with: the environment's setting (the jobs
+    inherit it), else the default."""
+    from twophase.config import default, env_name
+
+    return os.environ.get(env_name("compression")) or str(default("compression"))
 
 
 def missing(job: Path | None = None) -> str | None:

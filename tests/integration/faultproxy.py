@@ -14,9 +14,20 @@ connections and to the next bytes a client sends on an open one:
 a request then takes a round trip of at least ``delay_s``, as to a server
 far away (the benchmark's 20 ms round trip).
 
+``bandwidth_bps`` (bits per second, default None: unlimited) makes the proxy
+a link of that capacity: a :class:`TokenBucket` per direction, shared by all
+the proxy's connections as a real link is, paces every byte relayed (headers
+included). It adds to ``delay_s``: a request of ``n`` bytes then takes at
+least ``delay_s + 8 n / bandwidth_bps``. It models a link's capacity only,
+not TCP's window or slow start.
+
 Whatever the mode, the proxy counts the line-protocol lines in the bodies of
 ``POST /write`` and ``POST /api/v2/write`` requests it forwards upstream
 (``lines``, ``write_requests``), which shows how often points were re-sent.
+A body sent with ``Content-Encoding: gzip`` is counted decompressed (one or
+several gzip members, as InfluxDB reads it). ``count_writes = False`` turns
+the counting off, for a proxy whose counts nobody reads (the benchmark's):
+it spends no CPU parsing.
 
 Only loopback upstreams are allowed. Every loop polls with a short timeout
 and checks the stop flag, so ``stop()`` ends everything within a second.
@@ -31,6 +42,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -39,6 +51,47 @@ MODES = (PASS, CUT, STALL, DROP_REPLY)
 WRITE_PATHS = ("/write", "/api/v2/write")
 _POLL_S = 0.1
 _LOOPBACK = ("127.0.0.1", "localhost")
+# What a link passes at once after being idle: small, so that a request pays
+# nearly all of its transmission time, as on a real link.
+BURST_BYTES = 16 * 1024
+
+
+class TokenBucket:
+    """The pacing of a link of ``rate_bps`` bits per second, shared by its users.
+
+    ``reserve(n)`` takes ``n`` bytes' worth of tokens at once, going into
+    debt when there are too few, and returns how long the caller must wait
+    before sending: callers queue in the order they reserve, as bytes do on
+    a link. Tokens accrue at ``rate_bps`` up to ``burst_bits``. Thread-safe;
+    ``clock`` is injectable so that tests can run it on a fake clock.
+    """
+
+    def __init__(
+        self,
+        rate_bps: float,
+        burst_bits: float = 8 * BURST_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate_bps <= 0 or burst_bits < 0:
+            raise ValueError(
+                f"a rate above 0 and a burst of 0 or more, not {rate_bps}, {burst_bits}"
+            )
+        self.rate_bps = rate_bps
+        self.burst_bits = burst_bits
+        self._clock = clock
+        self._tokens = burst_bits  # may go negative: bytes reserved but not yet paid for
+        self._stamp = clock()
+        self._lock = threading.Lock()
+
+    def reserve(self, size_bytes: int) -> float:
+        """Take ``size_bytes`` now; the seconds to wait before sending them (0: at once)."""
+        with self._lock:
+            now = self._clock()
+            earned = (now - self._stamp) * self.rate_bps
+            self._tokens = min(self.burst_bits, self._tokens + earned)
+            self._stamp = now
+            self._tokens -= 8 * size_bytes
+            return max(0.0, -self._tokens / self.rate_bps)
 
 
 class FaultProxy:
@@ -64,6 +117,8 @@ class FaultProxy:
         self.open_connections = 0
         self.peak_connections = 0  # the most connections open at once
         self.delay_s = 0.0
+        self.count_writes = True
+        self._links: tuple[TokenBucket, TokenBucket] | None = None  # (upstream, downstream)
 
     @classmethod
     def for_url(cls, url: str) -> FaultProxy:
@@ -82,6 +137,16 @@ class FaultProxy:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
         self._mode = mode
+
+    @property
+    def bandwidth_bps(self) -> float | None:
+        """The link's capacity each way, bits per second (None: unlimited)."""
+        return self._links[0].rate_bps if self._links else None
+
+    @bandwidth_bps.setter
+    def bandwidth_bps(self, rate_bps: float | None) -> None:
+        # fresh buckets: a new rate starts from an idle link
+        self._links = None if rate_bps is None else (TokenBucket(rate_bps), TokenBucket(rate_bps))
 
     def set_mode_later(self, mode: str, after_s: float) -> threading.Timer:
         """Switch to ``mode`` after ``after_s`` seconds (from a timer thread)."""
@@ -160,6 +225,12 @@ class FaultProxy:
         except OSError:
             _reset(client)
             return
+        # Relay each piece at once, as the endpoints (which both disable Nagle) send
+        # it: with Nagle, a request's head and body, relayed as two writes, wait for
+        # the server's delayed ACK (40 ms on Linux) before the body leaves.
+        for sock in (client, upstream):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._opened(1)
         try:
             self._pump_pair(client, upstream)
@@ -172,7 +243,7 @@ class FaultProxy:
             self.peak_connections = max(self.peak_connections, self.open_connections)
 
     def _pump_pair(self, client: socket.socket, upstream: socket.socket) -> None:
-        counter = _WriteCounter(self._count)
+        counter = WriteCounter(self._count) if self.count_writes else None
         with selectors.DefaultSelector() as selector:
             selector.register(client, selectors.EVENT_READ, upstream)
             selector.register(upstream, selectors.EVENT_READ, client)
@@ -185,7 +256,11 @@ class FaultProxy:
         _close(client, upstream)
 
     def _relay(
-        self, source: socket.socket, sink: socket.socket, from_client: bool, counter: _WriteCounter
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        from_client: bool,
+        counter: WriteCounter | None,
     ) -> bool:
         """Move one chunk; False when the connection pair is finished (and closed)."""
         client, upstream = (source, sink) if from_client else (sink, source)
@@ -208,10 +283,11 @@ class FaultProxy:
             _reset(client)
             upstream.close()
             return False
-        if from_client:
+        if from_client and counter is not None:
             counter.feed(data)
-        elif self.delay_s:
+        elif not from_client and self.delay_s:
             time.sleep(self.delay_s)
+        self._pace(data, from_client)
         try:
             sink.sendall(data)
         except OSError:
@@ -219,14 +295,27 @@ class FaultProxy:
             return False
         return True
 
+    def _pace(self, data: bytes, from_client: bool) -> None:
+        """Hold ``data`` for its time on the link (nothing when the bandwidth is unlimited)."""
+        links = self._links
+        wait_s = links[0 if from_client else 1].reserve(len(data)) if links else 0.0
+        if wait_s:
+            self._stop.wait(wait_s)  # not a sleep: stop() ends a long wait at once
+
     def _count(self, lines: int) -> None:
         with self._lock:
             self.lines += lines
             self.write_requests += 1
 
 
-class _WriteCounter:
-    """Incremental HTTP/1.1 request parser: reports the line count of each write body."""
+class WriteCounter:
+    """Incremental HTTP/1.1 request parser: reports the line count of each write body.
+
+    A gzip body (``Content-Encoding: gzip``) is counted decompressed; several
+    gzip members in one body are read one after the other, as InfluxDB reads
+    them. A body that does not decompress counts as a write of 0 lines (the
+    server refuses it).
+    """
 
     def __init__(self, on_write: Callable[[int], None]) -> None:
         self._on_write = on_write
@@ -257,7 +346,7 @@ class _WriteCounter:
         method, path, gzipped = self._head
         self._head = None
         if method == "POST" and path in WRITE_PATHS:
-            self._on_write(count_lines(gzip.decompress(body) if gzipped else body))
+            self._on_write(count_lines(_decoded(body) if gzipped else body))
         return True
 
     def _parse_head(self, head: str) -> bool:
@@ -273,6 +362,14 @@ class _WriteCounter:
         self._head = (parts[0], urlsplit(parts[1]).path, headers.get("content-encoding") == "gzip")
         self._need = int(headers.get("content-length", "0") or 0)
         return True
+
+
+def _decoded(body: bytes) -> bytes:
+    """A gzip body decompressed (every member, in order); empty when it is not gzip."""
+    try:
+        return gzip.decompress(body)
+    except (OSError, EOFError, zlib.error):
+        return b""
 
 
 def count_lines(body: bytes) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from bench import roundtrip
 from tests.support import REPO, admin_conninfo
 
 METRICS = (
@@ -32,8 +33,11 @@ METRICS = (
     "spark_raw",
     "roundtrip",
     "stage_memory",
+    "relay",
+    "staging_scale",
+    "freshness",
 )
-SPARK_METRICS = ("spark_e2e", "spark_raw")  # run in full mode (or with --spark)
+SPARK_METRICS = ("spark_e2e", "spark_raw", "freshness")  # run in full mode (or with --spark)
 
 
 def bench_databases(url: str) -> list[str]:
@@ -120,10 +124,9 @@ def test_quick_mode_writes_every_metric_with_its_target(
         f"{size} {mode}" for size in ("100k", "1M") for mode in ("background", "inline")
     }
     assert set(metrics["roundtrip"]["parts"]) == {
-        "1M 4 lanes / direct x4",
-        "1M 4 lanes / 1 lane",
-        "1M 1 lane / direct x1",
-        "1M 4 lanes background / direct x4",
+        f"500k, {link.name}: {side} / {other}" for link, side, other, _ in roundtrip.ROWS
     }
+    assert len(roundtrip.ROWS) == 8
+    assert {link.name for link, *_ in roundtrip.ROWS} == {"20 ms", "20 ms, 100 Mbit/s"}
     assert found.stem in done.stdout and "| 5 recovery |" in done.stdout  # the table
     assert bench_databases(base_staging_url) == []  # scratch databases dropped
