@@ -1,10 +1,14 @@
 """Turn the reST roles of docstrings and comments into the cross-references the
 documentation site's renderer (mkdocstrings, through mkdocs-autorefs) reads.
 
-    :class:`~twophase.config.sections.StagingConfig`  ->  [`StagingConfig`][twophase.config.sections.StagingConfig]
-    :func:`load_config`                                ->  [`load_config`][twophase.config.loading.load_config]
-    :mod:`.parser` (in twophase/cli/__init__.py)       ->  [`twophase.cli.parser`][twophase.cli.parser]
-    :data:`__all__`, a private name, an unknown one   ->  `__all__` (code, no link)
+    :class:`~twophase.config.sections.StagingConfig`
+        -> [`StagingConfig`][twophase.config.sections.StagingConfig]
+    :func:`load_config` (in twophase/config/__init__.py)
+        -> [`load_config`][twophase.config.loading.load_config]
+    :mod:`.parser` (in twophase/cli/__init__.py)
+        -> [`twophase.cli.parser`][twophase.cli.parser]
+    :data:`__all__`, a private name, an unknown one
+        -> `__all__` (code, no link)
 
 Each target is resolved as Python would from the module the role is written in (its
 imports and definitions), then named by where the object is defined, so that the link
@@ -58,7 +62,9 @@ def _defined_in(module: ModuleType, name: str) -> str:
     if found:
         origin = found.group(1)
         if origin.startswith("."):
-            base = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
+            base = module.__name__
+            if not hasattr(module, "__path__"):
+                base = base.rpartition(".")[0]
             origin = base + origin[1:] if origin != "." else base
         inner = _import(origin)
         if inner is not None and inner is not module:
@@ -96,9 +102,8 @@ def _resolve(path: str) -> str | None:
         rest = parts[cut:]
         if not rest:
             return module.__name__
-        if not hasattr(module, rest[0]):
-            if rest[0] not in getattr(module, "__annotations__", {}):
-                return None
+        if not hasattr(module, rest[0]) and rest[0] not in getattr(module, "__annotations__", {}):
+            return None
         obj: Any = getattr(module, rest[0], None)
         home = _home(module, rest[0], obj)
         for attr in rest[1:]:

@@ -212,7 +212,9 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
     if rows:
         out.append(_table(("argument", "meaning"), rows))
     if talks_to:
-        servers = "the staging store and InfluxDB" if "InfluxDB" in talks_to else "the staging store"
+        servers = "the staging store"
+        if "InfluxDB" in talks_to:
+            servers += " and InfluxDB"
         out.append(f"Talks to {servers}: takes their [connection flags](#connection-flags).\n")
     if parser.epilog:
         out.append(parser.epilog.strip() + "\n")
@@ -231,12 +233,16 @@ def cli() -> str:
         "## Flags of every command\n",
         "Given before the command, or after it for the servers the command talks to.\n",
         "### Connection flags\n",
-        _table(("flag", "meaning"), [r for r in rows if r[0].split()[0].strip("`") in _cli_flags()]),
+        _table(("flag", "meaning"), [r for r in rows if _flag_of(r) in _cli_flags()]),
         "### Output flags\n",
-        _table(("flag", "meaning"), [r for r in rows if r[0].split()[0].strip("`") not in _cli_flags()]),
+        _table(("flag", "meaning"), [r for r in rows if _flag_of(r) not in _cli_flags()]),
     ]
     out += [_command_section(path, parser) for path, parser in commands()]
     return "\n".join(out)
+
+
+def _flag_of(row: tuple[str, ...]) -> str:
+    return row[0].split()[0].strip("`,")
 
 
 def _cli_flags() -> set[str]:
