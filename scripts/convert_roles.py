@@ -129,7 +129,50 @@ def _home(module: ModuleType, name: str, obj: Any) -> str:
     return _defined_in(module, name)
 
 
+LINE_LENGTH = 100  # ruff's line-length (pyproject.toml)
+
+
+def _wrap(line: str) -> list[str]:
+    """A docstring or comment line that a link made too long, cut at spaces outside code
+    spans and links, each part with the line's indentation (and ``# `` for a comment)."""
+    indent = line[: len(line) - len(line.lstrip())]
+    prefix = indent + ("# " if line.lstrip().startswith("# ") else "")
+    parts: list[str] = []
+    while len(line) > LINE_LENGTH:
+        cut = _cut(line)
+        if cut is None:
+            break
+        parts.append(line[:cut].rstrip())
+        line = prefix + line[cut:].lstrip()
+    return [*parts, line]
+
+
+def _cut(line: str) -> int | None:
+    """The last space before the limit that is outside backticks and brackets."""
+    best = None
+    ticks = depth = 0
+    for index, char in enumerate(line[:LINE_LENGTH + 1]):
+        if char == "`":
+            ticks ^= 1
+        elif char == "[" and not ticks:
+            depth += 1
+        elif char == "]" and not ticks:
+            depth = max(depth - 1, 0)
+        elif char == " " and not ticks and not depth and line[:index].strip():
+            best = index
+    indent = len(line) - len(line.lstrip())
+    return best if best is not None and best > indent + 2 else None
+
+
 def convert(text: str, here: str) -> str:
+    lines = []
+    for line in text.split("\n"):
+        new = _convert_line(line, here)
+        lines += _wrap(new) if new != line and len(new) > LINE_LENGTH else [new]
+    return ALONE.sub("", LITERAL.sub(r"\1:", "\n".join(lines)))
+
+
+def _convert_line(text: str, here: str) -> str:
     def role(match: re.Match[str]) -> str:
         kind, short, target = match.groups()
         target = target.strip()
@@ -141,9 +184,7 @@ def convert(text: str, here: str) -> str:
             return f"`{shown}`"
         return f"[`{shown}`][{path}]"
 
-    text = ROLE.sub(role, text)
-    text = LITERAL.sub(r"\1:", text)
-    return ALONE.sub("", text)
+    return ROLE.sub(role, text)
 
 
 def files() -> list[Path]:
