@@ -182,6 +182,8 @@ def _convert_line(text: str, here: str) -> str:
         path = canonical(target, here)
         if path is None:
             return f"`{shown}`"
+        if len(shown) + len(path) > LINE_LENGTH - 30:  # a link that would fill a line alone
+            shown = ".".join(shown.split(".")[-2:])
         return f"[`{shown}`][{path}]"
 
     return ROLE.sub(role, text)
