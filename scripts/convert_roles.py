@@ -136,7 +136,10 @@ def _wrap(line: str) -> list[str]:
     """A docstring or comment line that a link made too long, cut at spaces outside code
     spans and links, each part with the line's indentation (and ``# `` for a comment)."""
     indent = line[: len(line) - len(line.lstrip())]
-    prefix = indent + ("# " if line.lstrip().startswith("# ") else "")
+    text = line.lstrip()
+    prefix = indent + ("# " if text.startswith("# ") else "")
+    if text.removeprefix("# ")[:2] in ("- ", "* "):  # a list item's hanging indent
+        prefix += "  "
     parts: list[str] = []
     while len(line) > LINE_LENGTH:
         cut = _cut(line)
