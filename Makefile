@@ -3,7 +3,7 @@
 DEV := scripts/dev.sh
 ARGS ?=
 
-.PHONY: setup test test-full unit stop lint bench-quick bench
+.PHONY: setup test test-full unit stop lint docs bench-quick bench
 
 setup:
 	$(DEV) setup
@@ -22,6 +22,9 @@ stop:
 
 lint:
 	$(DEV) lint
+
+docs:
+	$(DEV) docs
 
 bench-quick:
 	.venv/bin/python -m bench --quick

@@ -7,6 +7,7 @@
 #   scripts/dev.sh demo [args...]   setup + the exactly-once demo (jobs/demo.py)
 #   scripts/dev.sh unit [args...]   pytest -m unit, venv only, no servers
 #   scripts/dev.sh lint             ruff + mypy, venv only
+#   scripts/dev.sh docs [args...]   serve the documentation site (mkdocs serve), venv only
 #   scripts/dev.sh start|stop|status
 #   scripts/dev.sh env              export lines: eval "$(scripts/dev.sh env)"
 set -euo pipefail
@@ -161,6 +162,13 @@ lint_steps() {
     run_step "mypy" "$VENV/bin/mypy"
 }
 
+docs_build() {
+    # The documentation site with --strict: a broken link, a page missing from the navigation
+    # or a reference to an unknown object fails the test command.
+    run_step "mkdocs build --strict" env NO_MKDOCS_2_WARNING=1 \
+        "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$REPO/.local/site"
+}
+
 finish() {
     if [ "${#FAILED[@]}" -gt 0 ]; then
         say "failed: ${FAILED[*]}"
@@ -177,6 +185,7 @@ cmd_test() {
     FAILED=()
     FIRST_RC=0
     lint_steps
+    docs_build
     run_step "pytest" "$VENV/bin/pytest" "$@"
     finish
 }
@@ -198,13 +207,19 @@ cmd_lint() {
     finish
 }
 
+cmd_docs() {
+    ensure_venv
+    export NO_MKDOCS_2_WARNING=1
+    exec "$VENV/bin/mkdocs" serve --dev-addr 127.0.0.1:8000 "$@"
+}
+
 cmd_unit() {
     ensure_venv
     exec "$VENV/bin/pytest" -m unit "$@"
 }
 
 usage() {
-    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -218,6 +233,7 @@ main() {
         demo) cmd_demo "$@" ;;
         unit) cmd_unit "$@" ;;
         lint) cmd_lint ;;
+        docs) cmd_docs "$@" ;;
         start) services start ;;
         stop) services stop ;;
         status) services status ;;

@@ -2,7 +2,7 @@
 
 A micro-batch (an *epoch*) is staged into PostgreSQL, decided (PRECOMMITTED),
 promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
-commit sink. ``docs/design.md`` in the repository holds the protocol, its
+commit sink. ``docs/concepts/design.md`` in the repository holds the protocol, its
 invariants I1-I8, the contracts and the module map.
 
 The names in :data:`__all__` are the Python API::

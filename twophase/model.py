@@ -4,7 +4,7 @@ Everything here is a frozen, picklable value (Spark ships commit messages
 from executors to the driver) or a pure helper both sides must agree on
 (:class:`LineChecksum`). No I/O; no other twophase module is imported.
 
-Words (``docs/design.md``): a *sink* is one output; an *epoch* one
+Words (``docs/concepts/design.md``): a *sink* is one output; an *epoch* one
 micro-batch of it (Spark's ``batchId``); a *write* one task attempt's staged
 output for an epoch; a *run* one start of a query. A Spark *replay* is an
 epoch Spark runs again after a crash; an operator's *resend* sends

@@ -78,6 +78,7 @@ def test_prometheus_builds_the_runbook_url_from_its_external_label(tmp_path: Pat
             alerts = server.alerts()
             down = [a for a in alerts if a["labels"]["alertname"] == "TwophaseExporterDown"]
         assert down, "TwophaseExporterDown never became pending"
-        assert down[0]["annotations"]["runbook_url"] == f"{base}/runbooks.md#twophaseexporterdown"
+        page = f"{base}/operations/runbooks/twophaseexporterdown/"
+        assert down[0]["annotations"]["runbook_url"] == page
     finally:
         server.stop()

@@ -1,5 +1,6 @@
 """The alert rules and the Grafana dashboard query only what the exporter exposes, and
-every alert's runbook_url leads to its section of docs/runbooks.md. (promtool runs the
+every alert's runbook_url leads to its page of the documentation site
+(docs/operations/runbooks/<alert>.md). (promtool runs the
 rules in tests/integration/test_alert_rules.py.)"""
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ DEPLOY = REPO / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "twophase.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 ALERT_TESTS = DEPLOY / "prometheus" / "alerts_test.yml"
-RUNBOOKS = REPO / "docs" / "runbooks.md"
-# Every runbook_url: the base (external label `twophase_docs`, else `docs`), the page, a section.
+RUNBOOKS = REPO / "docs" / "operations" / "runbooks"
+MKDOCS = REPO / "mkdocs.yml"
+# Every runbook_url: the base (external label `twophase_docs`, else `docs`), then the page's
+# address on the site: operations/runbooks/<alert>/ (docs/operations/runbooks/<alert>.md).
 RUNBOOK_URL = re.compile(
-    r'^\{\{ or \$externalLabels\.twophase_docs "docs" \}\}/runbooks\.md#(?P<anchor>[-\w]+)$'
+    r'^\{\{ or \$externalLabels\.twophase_docs "docs" \}\}'
+    r"/operations/runbooks/(?P<page>[a-z]+)/$"
 )
 # Prometheus's own series an alert may use besides the exporter's.
 PROMETHEUS_SERIES = {"up"}
@@ -87,70 +91,38 @@ def test_every_alert_queries_exported_metrics() -> None:
         assert found and found <= known, (rule["alert"], sorted(found - known))
 
 
-def github_anchor(heading: str) -> str:
-    """The anchor GitHub gives a Markdown heading: its text as shown, in lower case, without
-    punctuation, spaces as hyphens."""
-    text = re.sub(r"`([^`]*)`", r"\1", heading)  # inline code shows its text
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link shows its text
-    text = text.replace("*", "").strip().lower()  # emphasis markers are not shown
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+def runbook_title(page: str) -> str | None:
+    """The H1 of a runbook page, or None when there is no such page."""
+    path = RUNBOOKS / f"{page}.md"
+    if not path.is_file():
+        return None
+    first = path.read_text().splitlines()[0]
+    return first.removeprefix("# ").strip() if first.startswith("# ") else None
 
 
-def anchors(markdown: str) -> dict[str, str]:
-    """Anchor -> heading text of every ATX heading outside code fences; a repeated anchor
-    gets -1, -2... as on GitHub."""
-    found: dict[str, str] = {}
-    fence = None
-    for line in markdown.splitlines():
-        opening = re.match(r"^\s{0,3}(`{3,}|~{3,})", line)
-        if opening and (fence is None or opening.group(1).startswith(fence)):
-            fence = None if fence else opening.group(1)
-            continue
-        heading = re.match(r"^ {0,3}#{1,6}\s+(.*?)(?:\s+#+)?\s*$", line)
-        if fence is None and heading:
-            base = anchor = github_anchor(heading.group(1))
-            for n in range(1, 100):
-                if anchor not in found:
-                    break
-                anchor = f"{base}-{n}"
-            found[anchor] = heading.group(1)
-    return found
-
-
-def test_github_anchor_follows_githubs_rules() -> None:
-    assert github_anchor("TwophaseStoreUnreachable") == "twophasestoreunreachable"
-    assert github_anchor("Lanes: several connections at once") == (
-        "lanes-several-connections-at-once"
-    )
-    assert github_anchor("The job: `jobs/session_metrics.py`") == "the-job-jobssession_metricspy"
-    assert github_anchor("Operations: metrics, alerts, a dashboard") == (
-        "operations-metrics-alerts-a-dashboard"
-    )
-    text = "# A\n```\n# not a heading\n```\n## A\n### B ##\n"
-    assert anchors(text) == {"a": "A", "a-1": "A", "b": "B"}
-
-
-def test_every_alert_links_to_its_runbook_section() -> None:
-    sections = anchors(RUNBOOKS.read_text())
+def test_every_alert_links_to_its_runbook_page() -> None:
     for rule in alert_rules():
         name = rule["alert"]
         url = RUNBOOK_URL.match(rule["annotations"]["runbook_url"])
         assert url, (name, rule["annotations"]["runbook_url"])
-        assert url["anchor"] == name.lower(), name  # stable: the alert's own name
-        assert sections.get(url["anchor"]) == name, (name, sorted(sections))
+        assert url["page"] == name.lower(), name  # stable: the alert's own name
+        assert runbook_title(url["page"]) == name, (name, "no page of that name")
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert {"summary", "description"} <= set(rule["annotations"]), name
 
 
-def test_every_runbook_section_is_an_alert() -> None:
+def test_every_runbook_page_is_an_alert_in_the_sites_navigation() -> None:
     alerts = {rule["alert"] for rule in alert_rules()}
-    runbooks = {h for h in anchors(RUNBOOKS.read_text()).values() if h.startswith("Twophase")}
-    assert runbooks == alerts
+    pages = {runbook_title(p.stem) for p in RUNBOOKS.glob("*.md")}
+    assert pages == alerts
+    nav = MKDOCS.read_text()
+    for name in alerts:
+        assert f"{name}: operations/runbooks/{name.lower()}.md" in nav, name
 
 
 def test_the_runbook_urls_promtool_expects_resolve_in_the_repository() -> None:
     """alerts_test.yml pins each rendered runbook_url without external labels (promtool
-    checks it): the base is then `docs`, and the path and anchor exist in a checkout."""
+    checks it): the base is then `docs`, and the page is a file of a checkout."""
     tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
     expected = [
         (case["alertname"], alert["exp_annotations"]["runbook_url"])
@@ -160,24 +132,24 @@ def test_the_runbook_urls_promtool_expects_resolve_in_the_repository() -> None:
     ]
     assert {name for name, _ in expected} == {rule["alert"] for rule in alert_rules()}
     for name, url in expected:
-        path, _, anchor = url.partition("#")
-        assert (REPO / path).is_file(), url
-        assert anchors((REPO / path).read_text()).get(anchor) == name, url
+        assert url == f"docs/operations/runbooks/{name.lower()}/", url
+        assert (REPO / (url.rstrip("/") + ".md")).is_file(), url
 
 
-def test_the_readme_links_each_runbook() -> None:
-    readme = (REPO / "README.md").read_text()
-    sections = anchors(RUNBOOKS.read_text())
-    linked = set(re.findall(r"\]\(docs/runbooks\.md#([-\w]+)\)", readme))
-    assert linked <= set(sections), sorted(linked - set(sections))
+def test_the_alerts_page_links_each_runbook() -> None:
+    from scripts import docs_reference
+
+    page = docs_reference.expand((REPO / "docs" / "operations" / "alerts.md").read_text())
+    linked = set(re.findall(r"\]\(runbooks/(\w+)\.md\)", page))
     assert {rule["alert"].lower() for rule in alert_rules()} <= linked
+    assert all((RUNBOOKS / f"{name}.md").is_file() for name in linked)
 
 
 def test_compose_prometheus_sets_the_runbook_base() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     base = config["global"]["external_labels"]["twophase_docs"]
     assert base and not base.endswith("/")
-    assert (REPO / base / "runbooks.md").is_file() or "://" in base
+    assert (REPO / base / "operations" / "runbooks").is_dir() or "://" in base
 
 
 def test_names_in_skips_functions_and_label_values() -> None:
