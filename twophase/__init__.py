@@ -5,12 +5,12 @@ promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
 commit sink. ``docs/concepts/design.md`` in the repository holds the protocol, its
 invariants I1-I8, the contracts and the module map.
 
-The names in :data:`__all__` are the Python API::
+The names in `__all__` are the Python API:
 
     from twophase import PointBuilder, PointSpec, TwoPhase, load_config
 
-The Spark sink is :mod:`twophase.spark` (``twophase.spark.register(spark)``) and the
-operator's commands are the functions of :mod:`twophase.operations`.
+The Spark sink is [`twophase.spark`][twophase.spark] (``twophase.spark.register(spark)``) and the
+operator's commands are the functions of [`twophase.operations`][twophase.operations].
 
 Each name is imported on first use (PEP 562): ``import twophase`` itself imports
 nothing, so a Spark executor that unpickles a staging task pays only for what

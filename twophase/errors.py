@@ -25,7 +25,8 @@ class TwoPhaseError(Exception):
     """Base of every error twophase raises on purpose.
 
     ``http_status`` is the status of the InfluxDB answer it stands for, when
-    there was one (for the driver's metrics, :mod:`twophase.influx.metering`).
+    there was one (for the driver's metrics,
+    [`twophase.influx.metering`][twophase.influx.metering]).
     """
 
     http_status: int | None = None

@@ -2,7 +2,7 @@
 
 The library configures nothing: ``import twophase`` gives the ``twophase``
 logger a ``NullHandler`` and leaves the rest to the application. An entry
-point calls :func:`configure` once; it attaches one handler to the
+point calls [`configure`][twophase.logs.configure] once; it attaches one handler to the
 ``twophase`` logger only, so Spark's, py4j's and the application's own
 logging stay as they are.
 
@@ -14,7 +14,7 @@ Two forms (``--log-format``):
   the extra ``twophase[json-logs]``).
 
 A protocol log line names the sink, epoch and run it is about when they are
-known: the call passes ``extra=fields(...)`` (or :func:`lease_fields`), and
+known: the call passes ``extra=fields(...)`` (or [`lease_fields`][twophase.logs.lease_fields]), and
 both forms show ``sink_id``, ``epoch`` and ``run_id``. Messages never hold
 secrets: URLs are masked before they reach a message.
 """
@@ -50,7 +50,7 @@ def fields(
 
 
 def lease_fields(lease: Lease, epoch: int | None = None) -> dict[str, Any]:
-    """:func:`fields` of a run's lease on a sink, and of one of its epochs."""
+    """[`fields`][twophase.logs.fields] of a run's lease on a sink, and of one of its epochs."""
     return fields(lease.sink_id, epoch, lease.run_id)
 
 

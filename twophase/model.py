@@ -2,7 +2,7 @@
 
 Everything here is a frozen, picklable value (Spark ships commit messages
 from executors to the driver) or a pure helper both sides must agree on
-(:class:`LineChecksum`). No I/O; no other twophase module is imported.
+([`LineChecksum`][twophase.model.LineChecksum]). No I/O; no other twophase module is imported.
 
 Words (``docs/concepts/design.md``): a *sink* is one output; an *epoch* one
 micro-batch of it (Spark's ``batchId``); a *write* one task attempt's staged
@@ -88,8 +88,9 @@ UNVERSIONED = 0  # a message pickled by a twophase from before the format field
 class CommitMessage:
     """What a task tells the driver about its write (picklable; Spark ships it).
 
-    ``format`` is :data:`COMMIT_MESSAGE_FORMAT` of the twophase that made it;
-    the driver checks it (:meth:`check_format`).
+    ``format`` is [`COMMIT_MESSAGE_FORMAT`][twophase.model.COMMIT_MESSAGE_FORMAT] of the twophase
+    that made it;
+    the driver checks it (`check_format`).
     """
 
     sink_id: str
@@ -106,7 +107,8 @@ class CommitMessage:
     format: int = COMMIT_MESSAGE_FORMAT
 
     def __setstate__(self, state: Any) -> None:
-        """Unpickling: a message pickled without ``format`` is :data:`UNVERSIONED` (the
+        """Unpickling: a message pickled without ``format`` is
+        [`UNVERSIONED`][twophase.model.UNVERSIONED] (the
         class's default would pass it off as this version)."""
         values: dict[str, Any] = {"format": UNVERSIONED}
         for part in state if isinstance(state, tuple) else (state,):  # (dict, slots) too

@@ -1,12 +1,12 @@
 """Retrying: backoff with jitter under a deadline, for InfluxDB and for the staging store.
 
-:class:`RetryPolicy` is the schedule (the sender uses it for InfluxDB).
-:class:`StagingRetry` repeats one step of the protocol while PostgreSQL is
+[`RetryPolicy`][twophase.retry.RetryPolicy] is the schedule (the sender uses it for InfluxDB).
+[`StagingRetry`][twophase.retry.StagingRetry] repeats one step of the protocol while PostgreSQL is
 unreachable (a restart, a failover, a dropped connection): every step it
 wraps is safe to repeat -- a transaction that failed left nothing, and one
 whose commit may have landed before the connection dropped is read back by
 the step's ``again`` call rather than done twice (a decide). Past the
-deadline the step raises :class:`~twophase.errors.StagingDeadlineError`
+deadline the step raises [`StagingDeadlineError`][twophase.errors.StagingDeadlineError]
 (retryable: a restart recovers), which an enclosing step does not retry again.
 
 Both deadlines count from the last progress, not from the start of the work: a
@@ -148,7 +148,8 @@ class StagingRetry:
 
 
 class Progress:
-    """What a long step wrapped by :class:`StagingRetry` calls each time it gets on
+    """What a long step wrapped by [`StagingRetry`][twophase.retry.StagingRetry] calls each time it
+    gets on
     (a promotion: each request delivered), so that a failure after it begins a new
     outage with the whole deadline ahead. Lanes call it from their threads."""
 

@@ -4,7 +4,7 @@ Commands: status, epochs, verify, dead-letters, recover, resend, targets (and
 targets resync), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
 current, history) for the staging schema (``twophase COMMAND --help`` for
 each). Settings come from the ``TWOPHASE_*`` variables (see
-:mod:`twophase.config`); the connection flags override them: every one before
+[`twophase.config`][twophase.config]); the connection flags override them: every one before
 the command, and after it those of the servers the command talks to. Secrets
 (InfluxDB password or token, a database password) come only from the
 environment or ``*_FILE`` files, never from a flag.
@@ -21,9 +21,10 @@ with --debug.
 
 ``--json`` prints one JSON object on stdout (sorted keys, indented; times as
 ISO-8601 UTC ``...Z`` strings, durations in seconds). Top-level keys:
-status ``sinks`` (objects with the fields of :class:`twophase.store.views.SinkStatus`,
+status ``sinks`` (objects with the fields of
+[`twophase.store.views.SinkStatus`][twophase.store.views.SinkStatus],
 and ``targets`` for a sink with several InfluxDB targets: objects with the keys of
-:meth:`twophase.protocol.targets.TargetState.as_dict`); targets ``targets`` (the
+[`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict]); targets ``targets`` (the
 same objects with ``sink_id``); targets resync ``sink_id``, ``target``,
 ``from_epoch``, ``delivered``, ``skipped_purged`` (epochs GC purged: not
 supplied), ``state``, ``promoted``;
@@ -33,15 +34,17 @@ epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one
 ``points_sent``, ``points_rejected``), ``skipped_aborted``, ``skipped_purged`` (and
 ``target`` with ``--target``); verify ``sink_id``,
 ``epochs``, ``points``, ``series``, ``unparseable``, ``ok``, ``differences``
-(fields of :class:`twophase.operations.verify.SeriesDiff`), ``notes`` (and
+(fields of [`verify.SeriesDiff`][twophase.operations.verify.SeriesDiff]), ``notes`` (and
 ``target`` with ``--target``; with several targets and no ``--target``:
 ``sink_id``, ``ok`` and ``targets``, one such object per target); abort and reset
 ``sink_id`` and what was done; dead-letters ``total`` and ``dead_letters``
-(fields of :class:`twophase.model.DeadLetter`) or ``exported`` and ``file``; gc ``dry_run``,
+(fields of [`twophase.model.DeadLetter`][twophase.model.DeadLetter]) or ``exported`` and ``file``;
+gc ``dry_run``,
 ``retention_s``, ``orphan_grace_s``, ``sinks`` and the totals; db upgrade, downgrade
 and current ``url``, ``before``, ``after``, ``head``, ``at_head``; db history ``url``,
 ``current``, ``head``, ``revisions`` (oldest first, fields of
-:class:`twophase.operations.migrate.SchemaRevision`); db upgrade and downgrade with
+[`migrate.SchemaRevision`][twophase.operations.migrate.SchemaRevision]); db upgrade and downgrade
+with
 ``--sql`` ``action``, ``start``, ``target`` (null: no schema) and ``sql``.
 
 With ``--json`` an error is JSON too: one line on stderr (after any warning or
@@ -50,9 +53,10 @@ code}``, where ``setting`` is the option a configuration error names
 (``staging_url``, whether the message says ``--staging-url``,
 ``TWOPHASE_STAGING_URL`` or ``TWOPHASE_STAGING_URL_FILE``) and null for other errors.
 
-Layout: every command is an operation of :mod:`twophase.operations`, which
-returns data; this package only parses (:mod:`.parser`), calls
-(:mod:`.commands`) and renders (:mod:`.render`, :mod:`.console`). This
+Layout: every command is an operation of [`twophase.operations`][twophase.operations], which
+returns data; this package only parses ([`twophase.cli.parser`][twophase.cli.parser]), calls
+([`twophase.cli.commands`][twophase.cli.commands]) and renders
+([`twophase.cli.render`][twophase.cli.render], [`twophase.cli.console`][twophase.cli.console]). This
 module maps errors to exit codes.
 """
 
@@ -95,7 +99,7 @@ def _logging(debug: bool, stream: TextIO, fmt: str = logs.TEXT) -> Iterator[None
 
     Without --debug the connection pool's own reconnect warnings are dropped: the
     error line says what failed, once. With ``--log-format json`` each line is a JSON
-    object (:mod:`twophase.logs`).
+    object ([`twophase.logs`][twophase.logs]).
     """
     logger = logging.getLogger() if debug else logging.getLogger("twophase")
     handler = logging.StreamHandler(stream)

@@ -1,6 +1,6 @@
 """One function per command: read the arguments, call the operation, render its result.
 
-No SQL and no protocol logic here: that is :mod:`twophase.operations`. Each
+No SQL and no protocol logic here: that is [`twophase.operations`][twophase.operations]. Each
 function returns the exit code.
 """
 
@@ -75,7 +75,8 @@ def _targets_of(sink_id: str, targets: list[TargetState]) -> dict[str, Any]:
 
 
 def _target_json(state: TargetState) -> dict[str, Any]:
-    """:meth:`TargetState.as_dict`, its times as the CLI writes every time (``...Z``)."""
+    """[`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict], its times as the CLI
+    writes every time (``...Z``)."""
     times = {"lagging_since": state.lagging_since, "quarantined_at": state.quarantined_at}
     return state.as_dict() | times
 

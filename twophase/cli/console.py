@@ -1,5 +1,5 @@
 """Where a command writes: data on stdout (a table or JSON), progress, warnings and
-questions on stderr. The operations' :class:`~twophase.operations.Hooks` end here."""
+questions on stderr. The operations' [`Hooks`][twophase.operations.hooks.Hooks] end here."""
 
 from __future__ import annotations
 

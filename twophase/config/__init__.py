@@ -2,19 +2,29 @@
 
 The package is read in this order:
 
-- :mod:`.settings`: :data:`SETTINGS`, the single source of every setting (option
+- [`twophase.config.settings`][twophase.config.settings]:
+  [`SETTINGS`][twophase.config.settings.SETTINGS], the single source of every setting (option
   name, environment variable, kind, default, secret, help), and what is derived
-  from it (:data:`BY_NAME`, :data:`OPTIONS`, :data:`CLI_FLAGS`, :func:`env_name`);
-- :mod:`.values`: reading one value of each kind (:func:`parse_duration`,
-  :class:`Secret`, URLs, paths);
-- :mod:`.sections`: the frozen :class:`StagingConfig`, :class:`InfluxConfig` (with
-  its named :class:`TargetConfig` servers) and :class:`TwoPhaseConfig`;
-- :mod:`.files`: the optional TOML file ``TWOPHASE_CONFIG`` names;
-- :mod:`.loading`: :func:`load_config` and its parts, explicit values first, then
+  from it ([`BY_NAME`][twophase.config.settings.BY_NAME],
+  [`OPTIONS`][twophase.config.settings.OPTIONS], [`CLI_FLAGS`][twophase.config.settings.CLI_FLAGS],
+  [`env_name`][twophase.config.settings.env_name]);
+- [`twophase.config.values`][twophase.config.values]: reading one value of each kind
+  ([`parse_duration`][twophase.config.values.parse_duration],
+  [`Secret`][twophase.config.values.Secret], URLs, paths);
+- [`twophase.config.sections`][twophase.config.sections]: the frozen
+  [`StagingConfig`][twophase.config.sections.StagingConfig],
+  [`InfluxConfig`][twophase.config.sections.InfluxConfig] (with
+  its named [`TargetConfig`][twophase.config.sections.TargetConfig] servers) and
+  [`TwoPhaseConfig`][twophase.config.sections.TwoPhaseConfig];
+- [`twophase.config.files`][twophase.config.files]: the optional TOML file ``TWOPHASE_CONFIG``
+  names;
+- [`twophase.config.loading`][twophase.config.loading]:
+  [`load_config`][twophase.config.loading.load_config] and its parts, explicit values first, then
   ``TWOPHASE_*`` environment variables (or ``<VAR>_FILE`` for a secret), then the
   file; one target's overrides are ``TWOPHASE_TARGET_<NAME>_<OPTION>``;
-- :mod:`.urls`: PostgreSQL URLs checked and masked without SQLAlchemy (executors read them);
-- :mod:`.tls`: TLS failures as errors naming the setting to fix.
+- [`twophase.config.urls`][twophase.config.urls]: PostgreSQL URLs checked and masked without
+  SQLAlchemy (executors read them);
+- [`twophase.config.tls`][twophase.config.tls]: TLS failures as errors naming the setting to fix.
 
 Every error names the option (the environment variable when the value came from
 there). Secrets never show their value in ``repr``/``str``; URLs are shown with the

@@ -2,7 +2,7 @@
 
 Top-level keys are option names (``staging_url = "..."``, ``min_targets = 2``);
 ``[targets.NAME]`` tables give a target's ``url`` and its own settings by option
-name (``influx_db = "metrics"``)::
+name (``influx_db = "metrics"``):
 
     influx_api = "v1"
     influx_db = "metrics"
@@ -18,7 +18,8 @@ name (``influx_db = "metrics"``)::
 The file is checked for its shape when read (unknown keys, values that are not
 strings or numbers); its values are parsed like any other, when used. Values
 from the environment and explicit values win over it
-(:mod:`twophase.config.loading`). Errors name the key and the file, never a value.
+([`twophase.config.loading`][twophase.config.loading]). Errors name the key and the file, never a
+value.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ NO_FILE = ConfigFile()
 
 
 def read_config_file(env: Mapping[str, str]) -> ConfigFile:
-    """The file ``TWOPHASE_CONFIG`` names in ``env``; :data:`NO_FILE` when it is unset."""
+    """The file ``TWOPHASE_CONFIG`` names in ``env``; [`NO_FILE`][twophase.config.files.NO_FILE]
+    when it is unset."""
     path = env.get(CONFIG_FILE_ENV)
     if not path:
         return NO_FILE

@@ -75,7 +75,8 @@ class _Source:
         return _FILE if self._values.get(option)[0] is not None else _UNSET
 
     def lookup(self, setting: Setting) -> tuple[Any, str]:
-        """The raw value (None when unset; a secret as :class:`Secret`) and the name it
+        """The raw value (None when unset; a secret as [`Secret`][twophase.config.values.Secret])
+        and the name it
         was given under (the variable's when unset)."""
         option = setting.name
         if option in self._explicit:
@@ -144,7 +145,7 @@ def _influx(src: _Source) -> InfluxConfig:
 
 
 def _shared_fields(src: _Source) -> dict[str, Any]:
-    """The InfluxDB settings but the servers (read by :func:`_servers`), by field name."""
+    """The InfluxDB settings but the servers (read by `_servers`), by field name."""
     influx = (s for s in SETTINGS if s.section == INFLUX and s.name not in _SERVERS)
     return {s.attr: src.value(s) for s in influx}
 

@@ -3,7 +3,8 @@
 Their fields are the table's settings of their section (``Setting.attr``), with
 the table's defaults. A client certificate without its key, or a key without its
 certificate, is refused when the object is made. A sink delivers to one or more
-named InfluxDB targets (:class:`TargetConfig`), each with an :class:`InfluxConfig`
+named InfluxDB targets ([`TargetConfig`][twophase.config.sections.TargetConfig]), each with an
+[`InfluxConfig`][twophase.config.sections.InfluxConfig]
 of its own.
 """
 
@@ -22,7 +23,7 @@ class StagingConfig:
     """Where the PostgreSQL staging store is, and how staged data is kept.
 
     ``url`` is a SQLAlchemy URL (``postgresql+psycopg://user:pw@host:5432/db``);
-    it may hold a password, so it is a :class:`~twophase.config.values.Secret`.
+    it may hold a password, so it is a [`Secret`][twophase.config.values.Secret].
     ``display_url`` is safe to print.
     """
 
@@ -73,14 +74,15 @@ class InfluxConfig:
     ``v2`` (``/api/v2/write`` via influxdb-client: org, bucket, token), ``v3``
     (InfluxDB 3's ``/api/v3/write_lp``: database, token) or ``auto`` (resolved
     once through ``/ping``, never to ``v3``; see
-    :func:`twophase.influx.api.resolve_api`).
+    [`twophase.influx.api.resolve_api`][twophase.influx.api.resolve_api]).
 
     ``targets`` are the named servers of a sink with several (the ``targets``
     setting); empty when ``influx_url`` names the one server. With targets,
     ``url`` is the first target's, so code that talks to one server keeps
     working, and the other fields are the settings the targets share; each
-    target's own (overrides applied) is in its :class:`TargetConfig`.
-    :meth:`named_targets` gives the targets either way.
+    target's own (overrides applied) is in its
+    [`TargetConfig`][twophase.config.sections.TargetConfig].
+    `named_targets` gives the targets either way.
     """
 
     url: str
@@ -112,7 +114,8 @@ class InfluxConfig:
         _check_pair("influx_tls", self.tls_cert, self.tls_key)
 
     def named_targets(self) -> tuple[TargetConfig, ...]:
-        """The targets, or the one (named :data:`DEFAULT_TARGET`) that ``influx_url`` makes."""
+        """The targets, or the one (named
+        [`DEFAULT_TARGET`][twophase.config.sections.DEFAULT_TARGET]) that ``influx_url`` makes."""
         return self.targets or (TargetConfig(DEFAULT_TARGET, self),)
 
     def validate_for_api(self) -> None:

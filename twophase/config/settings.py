@@ -1,7 +1,8 @@
 """The table of settings: every setting's option name, environment variable, kind, default and help.
 
-:data:`SETTINGS` is the single source of every setting. Parsing
-(:mod:`twophase.config.loading`), the CLI's connection flags and the Spark sink's
+[`SETTINGS`][twophase.config.settings.SETTINGS] is the single source of every setting. Parsing
+([`twophase.config.loading`][twophase.config.loading]), the CLI's connection flags and the Spark
+sink's
 options are all derived from it, so a setting is defined in one place.
 """
 
@@ -50,8 +51,8 @@ class Setting:
     ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
     ``int``, ``choice``, ``staging_url``, ``http_url``, ``targets`` (named http
     URLs: ``a=http://h1:8086,b=https://h2:8086``) or ``path`` (a readable file).
-    ``attr`` is its field in :class:`~twophase.config.sections.StagingConfig`
-    or :class:`~twophase.config.sections.InfluxConfig` (``section``). ``flag``
+    ``attr`` is its field in [`StagingConfig`][twophase.config.sections.StagingConfig]
+    or [`InfluxConfig`][twophase.config.sections.InfluxConfig] (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
     """
 

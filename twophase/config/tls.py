@@ -2,9 +2,9 @@
 
 A certificate that is not trusted, a host name it does not cover, a client
 certificate a server wants or refuses: retrying cannot help, so each becomes a
-:class:`~twophase.errors.ConfigError` (permanent: raised at once, not after a
+[`ConfigError`][twophase.errors.ConfigError] (permanent: raised at once, not after a
 retry deadline) whose option is the setting to look at. The TLS files
-themselves are settings (``staging_tls_*``, ``influx_tls_*``, :mod:`twophase.config`).
+themselves are settings (``staging_tls_*``, ``influx_tls_*``, [`twophase.config`][twophase.config]).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """InfluxDB: the writers (one attempt per call), error classification, API detection
 and reading back.
 
-* :mod:`twophase.influx.writers`: ``InfluxWriter`` and the 1.x / 2.x writers;
-* :mod:`twophase.influx.api`: ``make_writer`` and ``auto`` API detection;
-* :mod:`twophase.influx.classify`: answers and transport failures as errors;
-* :mod:`twophase.influx.http`: one request, credentials in headers only;
-* :mod:`twophase.influx.query`: InfluxQL through ``/query``.
+* [`twophase.influx.writers`][twophase.influx.writers]: ``InfluxWriter`` and the 1.x / 2.x writers;
+* [`twophase.influx.api`][twophase.influx.api]: ``make_writer`` and ``auto`` API detection;
+* [`twophase.influx.classify`][twophase.influx.classify]: answers and transport failures as errors;
+* [`twophase.influx.http`][twophase.influx.http]: one request, credentials in headers only;
+* [`twophase.influx.query`][twophase.influx.query]: InfluxQL through ``/query``.
 """
 
 from __future__ import annotations

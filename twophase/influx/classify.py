@@ -10,9 +10,9 @@ connection refused/reset, timeouts, 429, 500, 502-504  ``TransientWriteError``
 anything else                                          ``InfluxRequestError``
 =====================================================  =========================
 
-The classes are in :mod:`twophase.errors`. Callers branch on the class, never
+The classes are in [`twophase.errors`][twophase.errors]. Callers branch on the class, never
 on a message. Every message is scrubbed of the secrets the caller knows
-(:func:`scrubbed`) before it is raised.
+([`scrubbed`][twophase.influx.classify.scrubbed]) before it is raised.
 """
 
 from __future__ import annotations

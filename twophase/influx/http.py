@@ -1,7 +1,8 @@
 """One HTTP request to InfluxDB, with credentials only in headers.
 
 Credentials never go into a URL, so they cannot reach logs or error messages
-through it; :func:`credential_forms` lists every form a credential takes on
+through it; [`credential_forms`][twophase.influx.http.credential_forms] lists every form a
+credential takes on
 the wire, for scrubbing messages.
 """
 
@@ -66,7 +67,7 @@ def request_once(
     tls: Mapping[str, Any] | None = None,
 ) -> urllib3.BaseHTTPResponse:
     """One request on a throwaway pool (rare calls); a failed transport raises classified.
-    ``tls``: urllib3's TLS arguments (:func:`tls_of`)."""
+    ``tls``: urllib3's TLS arguments ([`tls_of`][twophase.influx.http.tls_of])."""
     pool = urllib3.PoolManager(timeout=timeout, retries=False, **(tls or {}))
     try:
         return pool.request(method, url, body=body, headers=headers)

@@ -1,19 +1,22 @@
 """In-process metrics of the process that promotes (the Spark driver): its InfluxDB requests.
 
 Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink
-option): then :func:`serve` starts one Prometheus endpoint per process, and
-:class:`MeteredWriter` wraps each target's writer so that every request is
+option): then [`serve`][twophase.influx.metering.serve] starts one Prometheus endpoint per process,
+and
+[`MeteredWriter`][twophase.influx.metering.MeteredWriter] wraps each target's writer so that every
+request is
 measured, labelled with the target (``target``: its name in ``targets``, or
 ``default`` for the one ``influx_url`` names): its latency, its answer by
 status class (``2xx``, ``4xx``, ``5xx``, or ``transport`` when none came), the
 bytes sent; and the retries the sender makes by reason (``throttled``: 429;
 ``unavailable``: 5xx; ``transport``), over all targets.
 
-The metrics live in :data:`REGISTRY`, not in prometheus-client's global
+The metrics live in [`REGISTRY`][twophase.influx.metering.REGISTRY], not in prometheus-client's
+global
 one, so that importing twophase adds nothing to an application's own
 ``/metrics``; embed them with ``REGISTRY`` where wanted. What the store
 knows (epochs, points, dead letters) comes from the exporter
-(:mod:`twophase.operations.exporter`), which any process can run.
+([`twophase.operations.exporter`][twophase.operations.exporter]), which any process can run.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def retry_reason(error: BaseException) -> str:
 
 
 class MeteredWriter:
-    """An :class:`InfluxWriter` that measures each request of the one it wraps, the
+    """An [`InfluxWriter`][twophase.influx.writers.InfluxWriter] that measures each request of the
+    one it wraps, the
     writer of ``target``.
 
     Same contract as the wrapped writer (one attempt, idempotent in effect,

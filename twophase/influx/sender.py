@@ -1,4 +1,4 @@
-"""Delivering line protocol through an :class:`~twophase.influx.InfluxWriter`.
+"""Delivering line protocol through an [`InfluxWriter`][twophase.influx.writers.InfluxWriter].
 
 Retry with backoff, splitting on 413 and bisection on 400 -- all
 independent of HTTP, so pure logic a fake writer can

@@ -1,9 +1,11 @@
 """Writers for the InfluxDB 1.x, 2.x and 3 write APIs.
 
 A writer sends one body of line protocol in one attempt and never retries:
-retrying, batching and bisection live in :mod:`twophase.influx.sender`, which only
-needs the small :class:`InfluxWriter` interface. Every failure is raised
-classified (:mod:`twophase.influx.classify`).
+retrying, batching and bisection live in [`twophase.influx.sender`][twophase.influx.sender], which
+only
+needs the small [`InfluxWriter`][twophase.influx.writers.InfluxWriter] interface. Every failure is
+raised
+classified ([`twophase.influx.classify`][twophase.influx.classify]).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class InfluxWriter(Protocol):
     """A target: the one interface twophase needs from a time-series store.
 
     To add a kind of target, implement these three methods and return it from
-    :func:`twophase.influx.api.make_writer` for its ``influx_api``:
+    [`twophase.influx.api.make_writer`][twophase.influx.api.make_writer] for its ``influx_api``:
 
     * ``write`` sends one body of line protocol (lines joined by '\\n', ns
       precision) in ONE attempt; ``gzipped``: the body is gzip (members end to
@@ -33,8 +35,8 @@ class InfluxWriter(Protocol):
       1.x, 2.x and 3 and VictoriaMetrics all read. Idempotent in effect: the store overwrites a
       point with the same measurement, tag set and timestamp, so sending the
       same body again changes nothing. It never retries: the sender
-      (:mod:`twophase.influx.sender`) retries, splits and bisects.
-    * every failure is raised classified (:mod:`twophase.influx.classify`):
+      ([`twophase.influx.sender`][twophase.influx.sender]) retries, splits and bisects.
+    * every failure is raised classified ([`twophase.influx.classify`][twophase.influx.classify]):
       ``TransientWriteError`` for what may pass (retried),
       ``BatchTooLargeError`` (split), ``BadPointsError`` with the store's
       reason and, when it names one, the refused line (dead letters),
@@ -128,7 +130,7 @@ class V3Writer(_PostWriter):
     """POST {url}/api/v3/write_lp, InfluxDB 3's own write API, token as a bearer.
 
     ``accept_partial=false``: a request is all or nothing, and a refusal names
-    the line that caused it (:func:`twophase.influx.classify.refused_line`), so
+    the line that caused it ([`classify.refused_line`][twophase.influx.classify.refused_line]), so
     the sender re-sends the others at once instead of bisecting. ``no_sync=false``:
     acknowledged once the write-ahead log holds it, so an acknowledged epoch
     survives the server's crash. Written from InfluxDB 3's documentation and

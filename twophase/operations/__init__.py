@@ -2,25 +2,41 @@
 
 Like alembic's ``command`` module under its CLI: every ``twophase`` command
 is one function here, usable from Python (a notebook, a scheduler, a
-metrics exporter), and the CLI (:mod:`twophase.cli`) only parses arguments,
+metrics exporter), and the CLI ([`twophase.cli`][twophase.cli]) only parses arguments,
 calls one of them and renders what it returns. Nothing here prints, reads a
-terminal or exits; an operation talks to its caller through :class:`Hooks`
+terminal or exits; an operation talks to its caller through
+[`Hooks`][twophase.operations.hooks.Hooks]
 (progress, warnings, confirmation of destructive steps).
 
-Store operations need only the staging settings (:mod:`.store`):
-:func:`status`, :func:`epochs`, :func:`dead_letters`,
-:func:`export_dead_letters`, :func:`abort`, :func:`gc`, :func:`reset`, and
-:func:`target_states` (the targets of sinks that deliver to several InfluxDB
-servers). Delivery operations also talk to InfluxDB (:mod:`.delivery`):
-:func:`recover`, :func:`resend`, :func:`verify`, :func:`verify_targets`,
-:func:`requeue`, and :func:`resync` of one target (:func:`target_config`
+Store operations need only the staging settings
+([`twophase.operations.store`][twophase.operations.store]):
+[`status`][twophase.operations.store.status], [`epochs`][twophase.operations.store.epochs],
+[`dead_letters`][twophase.operations.store.dead_letters],
+[`export_dead_letters`][twophase.operations.store.export_dead_letters],
+[`abort`][twophase.operations.store.abort], [`gc`][twophase.operations.store.gc],
+[`reset`][twophase.operations.store.reset], and
+[`target_states`][twophase.operations.store.target_states] (the targets of sinks that deliver to
+several InfluxDB
+servers). Delivery operations also talk to InfluxDB
+([`twophase.operations.delivery`][twophase.operations.delivery]):
+[`recover`][twophase.operations.delivery.recover], [`resend`][twophase.operations.delivery.resend],
+[`verify`][twophase.operations.verify],
+[`verify_targets`][twophase.operations.delivery.verify_targets],
+[`requeue`][twophase.operations.delivery.requeue], and
+[`resync`][twophase.operations.delivery.resync] of one target
+([`target_config`][twophase.operations.delivery.target_config]
 picks a configured target by name).
-The exporter (:mod:`.metrics`): :func:`start_exporter`. The schema from the
-installed package (:mod:`.migrate`): :func:`current_schema`, :func:`upgrade_schema`,
-:func:`downgrade_schema`, :func:`schema_history`, and the SQL of a migration
-without running it: :func:`upgrade_sql`, :func:`downgrade_sql`.
+The exporter ([`twophase.operations.metrics`][twophase.operations.metrics]):
+[`start_exporter`][twophase.operations.metrics.start_exporter]. The schema from the
+installed package ([`twophase.operations.migrate`][twophase.operations.migrate]):
+[`current_schema`][twophase.operations.migrate.current_schema],
+[`upgrade_schema`][twophase.operations.migrate.upgrade_schema],
+[`downgrade_schema`][twophase.operations.migrate.downgrade_schema],
+[`schema_history`][twophase.operations.migrate.schema_history], and the SQL of a migration
+without running it: [`upgrade_sql`][twophase.operations.migrate.upgrade_sql],
+[`downgrade_sql`][twophase.operations.migrate.downgrade_sql].
 
-Errors are twophase's own (:mod:`twophase.errors`): ``UnknownSinkError`` and
+Errors are twophase's own ([`twophase.errors`][twophase.errors]): ``UnknownSinkError`` and
 ``EpochRangeError`` for what is not recorded, ``UsageError`` for arguments that
 cannot work together, ``RefusedError`` when a live run owns the sink (and
 ``Guard.force`` is off) or the caller declined a confirmation.

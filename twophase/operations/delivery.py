@@ -1,8 +1,10 @@
 """Operations that send to or read from InfluxDB: recover, resend, requeue, verify, and
 targets resync.
 
-With several InfluxDB targets (``TWOPHASE_TARGETS``), :func:`target_config` picks one
-by name (``verify --target``, ``resend --target``), and :func:`resync` re-delivers to one
+With several InfluxDB targets (``TWOPHASE_TARGETS``),
+[`target_config`][twophase.operations.delivery.target_config] picks one
+by name (``verify --target``, ``resend --target``), and
+[`resync`][twophase.operations.delivery.resync] re-delivers to one
 target what staging still retains of the epochs it lacks, in epoch order, naming the
 epochs it could not supply because GC had purged them.
 """
@@ -165,7 +167,8 @@ def requeue(
     hooks: Hooks = SILENT,
 ) -> RequeueReport:
     """Deliver the sink's promote-time dead letters again, once, as a correction
-    (:mod:`twophase.protocol.requeue`). Claims the sink like ``recover`` (refused while a
+    ([`twophase.protocol.requeue`][twophase.protocol.requeue]). Claims the sink like ``recover``
+    (refused while a
     live run owns it, unless forced); a crash at any step is finished by ``recover``."""
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)
@@ -303,7 +306,7 @@ def verify(
 ) -> VerifyReport:
     """Compare what the store says was delivered with what InfluxDB holds (1.x API):
     the one InfluxDB server's, or the named ``target``'s (required with several
-    targets; :func:`verify_targets` verifies them all)."""
+    targets; [`verify_targets`][twophase.operations.delivery.verify_targets] verifies them all)."""
     if target is None and config.influx.targets:
         names = ", ".join(t.name for t in config.influx.targets)
         raise UsageError(
@@ -321,7 +324,8 @@ def verify_targets(
     hooks: Hooks = SILENT,
     targets: Sequence[str] | None = None,
 ) -> tuple[TargetVerifyReport, ...]:
-    """:func:`verify` for each of ``targets`` (default: every configured target) in turn,
+    """[`verify`][twophase.operations.delivery.verify] for each of ``targets`` (default: every
+    configured target) in turn,
     against its own InfluxDB. A target of a sink with several is verified on the
     epochs it is owed (from the one it was added at); those it still lacks
     (lagging, quarantined) are verified too, reported missing, with a note."""

@@ -2,9 +2,13 @@
 package, run without the source tree.
 
 Like alembic's ``command`` module, one plain function per command:
-:func:`current_schema`, :func:`upgrade_schema`, :func:`downgrade_schema`,
-:func:`schema_history`, and, for a DBA who runs the SQL by hand, :func:`upgrade_sql`
-and :func:`downgrade_sql` (offline: the database is not touched, and not even needed).
+[`current_schema`][twophase.operations.migrate.current_schema],
+[`upgrade_schema`][twophase.operations.migrate.upgrade_schema],
+[`downgrade_schema`][twophase.operations.migrate.downgrade_schema],
+[`schema_history`][twophase.operations.migrate.schema_history], and, for a DBA who runs the SQL by
+hand, [`upgrade_sql`][twophase.operations.migrate.upgrade_sql]
+and [`downgrade_sql`][twophase.operations.migrate.downgrade_sql] (offline: the database is not
+touched, and not even needed).
 A revision is named by its id (``0004_sink_counters``), a unique prefix of it
 (``0004``), ``head`` or ``base`` (no schema). Alembic's refusals of a revision are
 ``UsageError``.

@@ -118,7 +118,8 @@ def target_states(config: StagingConfig, sink_id: str | None = None) -> list[Tar
 
 
 def stored_states(db: Database, sink_id: str | None = None) -> list[TargetState]:
-    """:meth:`TargetLedger.states`, or none when the store predates targets (0007)."""
+    """[`TargetLedger.states`][twophase.protocol.targets.TargetLedger.states], or none when the
+    store predates targets (0007)."""
     return TargetLedger(db).states(sink_id) if Views(db).has_targets() else []
 
 

@@ -1,8 +1,10 @@
 """Rows to InfluxDB line protocol, validated at stage time.
 
-A :class:`PointBuilder` turns one row (a mapping of column name to value) into
+A [`PointBuilder`][twophase.points.builder.PointBuilder] turns one row (a mapping of column name to
+value) into
 one line-protocol line with a nanosecond timestamp, or explains in a
-:class:`Rejected` why the row cannot become a point. Nothing is ever dropped
+[`Rejected`][twophase.points.builder.Rejected] why the row cannot become a point. Nothing is ever
+dropped
 silently: every input row yields exactly one line or one rejection, so staged
 points plus dead letters always add up to the input.
 
@@ -16,8 +18,9 @@ compare the two on randomised rows). It is done here rather than by building a
 ``Point`` per row because escaping keys once per builder instead of once per
 row is several times faster, and ``Point`` silently drops what we must reject
 (None/NaN/inf fields, empty tags), so every value is validated first anyway.
-The escaping and the key and value checks are in :mod:`twophase.points.lineproto`,
-time parsing in :mod:`twophase.points.timestamps`.
+The escaping and the key and value checks are in
+[`twophase.points.lineproto`][twophase.points.lineproto],
+time parsing in [`twophase.points.timestamps`][twophase.points.timestamps].
 
 What InfluxDB 1.6.7 does with awkward text (measured against a real server;
 ``tests/integration/test_points_roundtrip.py`` keeps checking it):
@@ -134,7 +137,8 @@ class PointSpec:
                 object.__setattr__(self, name, tuple(value))
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the option when the spec cannot work.
+        """Raise [`ConfigError`][twophase.errors.ConfigError] naming the option when the spec cannot
+        work.
 
         Column names that could never be written (empty, ``time``, characters
         line protocol cannot carry) are refused here rather than dead-lettering
@@ -193,7 +197,7 @@ class Rejected:
 
 
 class PointBuilder:
-    """Converts rows of one :class:`PointSpec` to line-protocol lines.
+    """Converts rows of one [`PointSpec`][twophase.points.builder.PointSpec] to line-protocol lines.
 
     Not thread-safe (it keeps the last clock stamp and small caches); use one
     builder per task. Rows must be mappings (``dict``; a PySpark ``Row`` via
@@ -242,7 +246,8 @@ class PointBuilder:
             yield item
 
     def line(self, row: Mapping[str, Any]) -> str:
-        """The row's line-protocol line; raises :class:`PointError` with the reason."""
+        """The row's line-protocol line; raises [`PointError`][twophase.errors.PointError] with the
+        reason."""
         series = self._measurement + self._tags(row)
         plan = self._fixed_fields
         if plan is None:

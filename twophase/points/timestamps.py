@@ -1,9 +1,10 @@
-"""Time column values to nanoseconds since the epoch, for :mod:`twophase.points.builder`.
+"""Time column values to nanoseconds since the epoch, for
+[`twophase.points.builder`][twophase.points.builder].
 
 Accepts ints, floats and Decimals in the spec's precision, ``datetime`` (naive
 means UTC) and ``date``, pandas ``Timestamp``, numpy ``datetime64`` and
 ISO-8601 / RFC 3339 text. The result is exact and may be outside InfluxDB's
-time range; :class:`~twophase.points.builder.PointBuilder` checks that.
+time range; [`PointBuilder`][twophase.points.builder.PointBuilder] checks that.
 """
 
 from __future__ import annotations

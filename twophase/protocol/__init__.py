@@ -1,14 +1,27 @@
 """The two-phase commit, one module per role.
 
-Phase 1 on executors: :mod:`.stager` (rows staged as one write, lanes from :mod:`.lanes`,
-repeated through an outage from :mod:`.spool`).
-Phase 2 on the driver: :mod:`.committer` (a run's claim, which recovers what older runs left;
+Phase 1 on executors: [`twophase.protocol.stager`][twophase.protocol.stager] (rows staged as one
+write, lanes from [`twophase.protocol.lanes`][twophase.protocol.lanes],
+repeated through an outage from [`twophase.protocol.spool`][twophase.protocol.spool]).
+Phase 2 on the driver: [`twophase.protocol.committer`][twophase.protocol.committer] (a run's claim,
+which recovers what older runs left;
 per epoch: recover, decide, promote), the vote and
-the sink's runs in :mod:`.ledger` and :mod:`.transitions`, reading decided epochs back in
-:mod:`.reader` and :mod:`.readahead`, :mod:`.promoter` (send, mark COMMITTED) with
-:mod:`.deadletters`, background promotion in :mod:`.handoff`; for several InfluxDB targets,
-:mod:`.fanout` (each epoch to every caught-up target at once), :mod:`.catchup` (a lagging
-target's backlog, oldest first) and their state in :mod:`.targets`. Around them: :mod:`.gc`
-(retention, orphans; after commits, when due, :mod:`.autogc`), :mod:`.runs` (a run's end),
-and the operator's :mod:`.requeue` and :mod:`.resend`. :mod:`.runtime` wires the parts from
+the sink's runs in [`twophase.protocol.ledger`][twophase.protocol.ledger] and
+[`twophase.protocol.transitions`][twophase.protocol.transitions], reading decided epochs back in
+[`twophase.protocol.reader`][twophase.protocol.reader] and
+[`twophase.protocol.readahead`][twophase.protocol.readahead],
+[`twophase.protocol.promoter`][twophase.protocol.promoter] (send, mark COMMITTED) with
+[`twophase.protocol.deadletters`][twophase.protocol.deadletters], background promotion in
+[`twophase.protocol.handoff`][twophase.protocol.handoff]; for several InfluxDB targets,
+[`twophase.protocol.fanout`][twophase.protocol.fanout] (each epoch to every caught-up target at
+once), [`twophase.protocol.catchup`][twophase.protocol.catchup] (a lagging
+target's backlog, oldest first) and their state in
+[`twophase.protocol.targets`][twophase.protocol.targets]. Around them:
+[`twophase.protocol.gc`][twophase.protocol.gc]
+(retention, orphans; after commits, when due,
+[`twophase.protocol.autogc`][twophase.protocol.autogc]),
+[`twophase.protocol.runs`][twophase.protocol.runs] (a run's end),
+and the operator's [`twophase.protocol.requeue`][twophase.protocol.requeue] and
+[`twophase.protocol.resend`][twophase.protocol.resend].
+[`twophase.protocol.runtime`][twophase.protocol.runtime] wires the parts from
 one configuration."""

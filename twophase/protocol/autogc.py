@@ -3,7 +3,8 @@
 Without it nothing purges staged points past retention or orphaned writes
 unless an operator runs ``twophase gc``, and the staging store grows until
 PostgreSQL's disk is full and every step stalls. The committer calls
-:meth:`AutoGc.poke` as each commit returns; a collection of that sink starts
+[`AutoGc.poke`][twophase.protocol.autogc.AutoGc.poke] as each commit returns; a collection of that
+sink starts
 when one is due.
 
 Contracts:

@@ -1,6 +1,6 @@
 """The catch-up worker: delivers a lagging target's backlog from staging, oldest first.
 
-A target a commit left without its epoch (:mod:`twophase.protocol.fanout`) is
+A target a commit left without its epoch ([`twophase.protocol.fanout`][twophase.protocol.fanout]) is
 owed every COMMITTED epoch past its cursor. The worker delivers them to it one
 at a time, in epoch order, each with the whole ``influx_retry_deadline``, and
 records each (``TargetLedger.delivered``) before it takes the next, so the

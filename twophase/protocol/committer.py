@@ -133,7 +133,7 @@ class Committer:
 
         With background promotion the epoch is handed off once decided, and
         the outcome is PRECOMMITTED: the next commit of the sink (or
-        :meth:`drain`) waits for it first, and raises its failure.
+        `drain`) waits for it first, and raises its failure.
 
         A replayed epoch (already decided by an earlier attempt or run) is
         detected: the new attempt's writes are discarded; a PRECOMMITTED epoch

@@ -1,7 +1,7 @@
 """Driver side: recording the points InfluxDB refused during promotion, once each.
 
 Stage-time dead letters (rows that never became points) are written by the
-:class:`~twophase.protocol.stager.Stager` in the staging transaction itself; this
+[`Stager`][twophase.protocol.stager.Stager] in the staging transaction itself; this
 module records the promote-time ones, which a re-promotion meets again.
 """
 

@@ -2,11 +2,11 @@
 once, and mark it COMMITTED once ``min_targets`` of them hold it.
 
 ``FanOutPromoter.promote`` sends the epoch's fixed point set (I1) to each
-target that is caught up (:class:`~twophase.protocol.targets.Place`), each
+target that is caught up ([`Place`][twophase.protocol.targets.Place]), each
 over its own lanes, on a thread per target. A target that fails keeps being
 retried by the commit only while fewer than ``min_targets`` targets have the
 epoch, and for at most ``target_deadline`` per round after that: then it is
-left *lagging* and the catch-up worker (:mod:`twophase.protocol.catchup`)
+left *lagging* and the catch-up worker ([`twophase.protocol.catchup`][twophase.protocol.catchup])
 delivers its backlog, oldest first. If fewer than ``min_targets`` take the
 epoch before ``influx_retry_deadline``, the commit fails as with one target
 and the epoch stays PRECOMMITTED. Each target's delivery is recorded
@@ -40,7 +40,8 @@ _REFUSED_WAIT_S = 1.0  # a target that refuses at once waits this long between r
 
 class FanOutPromoter:
     """Promotes each decided epoch to every caught-up target of the sink; marks it
-    COMMITTED once ``min_targets`` hold it. Idempotent like :class:`Promoter`."""
+    COMMITTED once ``min_targets`` hold it. Idempotent like
+    [`Promoter`][twophase.protocol.promoter.Promoter]."""
 
     def __init__(
         self,

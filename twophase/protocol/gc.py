@@ -5,7 +5,8 @@
   then deleted; the epoch keeps its row and is marked ``purged_at``.
 * With several targets, a COMMITTED epoch's points are kept, past retention too,
   until every target that is not quarantined holds it (each target's backlog,
-  :mod:`.targets`); a collection first quarantines the targets behind by more than
+  [`twophase.protocol.targets`][twophase.protocol.targets]); a collection first quarantines the
+  targets behind by more than
   ``target_max_lag``, logging each, so that a dead target holds staging only so
   long.
 * A write no decision names is an orphan (a failed, speculative or replayed
@@ -18,7 +19,8 @@
 Every age is measured by the database's clock (the cut-offs are read from its
 ``now()``, the clock that stamped the epochs and writes), never by the
 calling host's. A ``limit`` bounds one collection's work (the committer's
-automatic collections, :mod:`.autogc`); what is left waits for the next.
+automatic collections, [`twophase.protocol.autogc`][twophase.protocol.autogc]); what is left waits
+for the next.
 
 Idempotent and safe to run at any time, also while a query runs: it locks
 the sink rows before deleting writes, as decide does, so it never removes a

@@ -6,21 +6,22 @@ still pending are committed again on restart. twophase has the durable half
 already: a decided epoch is PRECOMMITTED in PostgreSQL, and every commit and
 ``twophase recover`` promotes PRECOMMITTED epochs first (I3). With
 ``promotion = background`` the committer hands a decided epoch to a
-:class:`Handoff` and returns, so Spark computes the next micro-batch while
+[`Handoff`][twophase.protocol.handoff.Handoff] and returns, so Spark computes the next micro-batch
+while
 this one travels to InfluxDB.
 
 Contracts:
 
-* At most one epoch per sink is in flight: the committer calls :meth:`wait`
+* At most one epoch per sink is in flight: the committer calls `wait`
   before it recovers or decides anything for the sink, so epoch N+1 is never
   decided, let alone promoted, while N is still promoting (I3).
-* :meth:`wait` returns the promotion's result or raises its error: the query
+* `wait` returns the promotion's result or raises its error: the query
   fails one micro-batch later than with inline promotion, with the epoch
   still PRECOMMITTED, which the next start or ``twophase recover`` promotes.
-* :meth:`drain` waits for every sink; :meth:`TwoPhase.close` calls it, and so
+* `drain` waits for every sink; `TwoPhase.close` calls it, and so
   does interpreter exit (``concurrent.futures`` joins its threads).
 * A crash anywhere leaves the epoch PRECOMMITTED (or COMMITTED): nothing is
-  lost, since the promotion is the idempotent :meth:`Promoter.promote` (I4).
+  lost, since the promotion is the idempotent `Promoter.promote` (I4).
 * A fenced run's promoter starts no request more: as inline, it checks its
   lease before every request and every retry of one (FencedError).
 """
@@ -54,7 +55,7 @@ class Handoff:
     def hand_off(self, lease: Lease, epoch: int, plan: EpochPlan | None) -> None:
         """Start promoting ``epoch`` (decided, PRECOMMITTED) and return at once.
 
-        The sink must have nothing in flight (:meth:`wait` first): a second
+        The sink must have nothing in flight (`wait` first): a second
         hand-off would let two epochs of one sink race (I3)."""
         with self._lock:
             if lease.sink_id in self._in_flight:

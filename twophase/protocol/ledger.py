@@ -1,7 +1,5 @@
 """The epoch ledger: runs, fencing, and the epoch state machine in PostgreSQL.
 
-::
-
     (none) --decide--> PRECOMMITTED --mark--> COMMITTED
                            +--abort (operator)--> ABORTED
 
@@ -142,7 +140,7 @@ class Ledger:
         PRECOMMITTED one from its original writes and skips a COMMITTED one.
         With ``start_promotion`` (a caller that promotes next), a PRECOMMITTED
         outcome also counts a promotion attempt and carries the plan, as
-        :meth:`plan_promotion` would in a transaction of its own.
+        `plan_promotion` would in a transaction of its own.
         Raises FencedError for a stale lease, CheckpointResetError (I6),
         StateError for an unknown epoch below the sink's last one, and
         PermanentError if a message names a write that is not staged.
@@ -187,7 +185,7 @@ class Ledger:
 
     def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
         """Count a promotion attempt and return the epoch's fixed writes, in promotion
-        order (:func:`twophase.protocol.reader.decided_writes`).
+        order ([`reader.decided_writes`][twophase.protocol.reader.decided_writes]).
 
         Raises FencedError for a stale lease and StateError unless the epoch
         is PRECOMMITTED. (Repeated after an outage, it may count one attempt more.)

@@ -46,8 +46,9 @@ class PromoteResult:
 
 
 class EpochPromoter(Protocol):
-    """The promotion role a committer drives: :class:`Promoter` for one InfluxDB
-    target, :class:`twophase.protocol.fanout.FanOutPromoter` for several."""
+    """The promotion role a committer drives: [`Promoter`][twophase.protocol.promoter.Promoter] for
+    one InfluxDB
+    target, [`fanout.FanOutPromoter`][twophase.protocol.fanout.FanOutPromoter] for several."""
 
     def promote(
         self, lease: Lease, epoch: int, plan: EpochPlan | None = None
@@ -102,11 +103,12 @@ class Promoter:
 
     def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
         """Send the epoch and mark it COMMITTED. ``plan`` is the attempt the decision
-        already started (:meth:`Ledger.decide` with ``start_promotion``); without it
+        already started ([`Ledger.decide`][twophase.protocol.ledger.Ledger.decide] with
+        ``start_promotion``); without it
         an attempt is started here.
 
         The lease is checked before every request and every retry of one, in
-        every lane (:class:`_LeaseWatch`), so a run fenced meanwhile starts no
+        every lane (`_LeaseWatch`), so a run fenced meanwhile starts no
         request more: FencedError, the epoch left PRECOMMITTED for the new run."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
         try:
@@ -128,7 +130,7 @@ class Promoter:
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
     def deliver(self, plan: EpochPlan, check: Callable[[], None]) -> tuple[int, int]:
-        """Send the plan (:meth:`send`), the whole send repeated through a staging
+        """Send the plan (`send`), the whole send repeated through a staging
         outage; ``check`` runs before every request and retry. No state change.
         Returns (delivered, rejected)."""
         # Each request delivered is progress: a connection dropped after minutes of
@@ -172,7 +174,7 @@ class Promoter:
         progress; ``before_request`` runs before each request and each retry
         of one, in every lane, and stops the send by raising. Raises
         PermanentError if the lines read back are not the decided ones (I1).
-        Used by :meth:`promote` and by the resend of COMMITTED epochs.
+        Used by `promote` and by the resend of COMMITTED epochs.
         """
         tally = _Tally(plan)
         small = tally.points <= self._batch_points
@@ -230,7 +232,8 @@ class Promoter:
 
 class _LeaseWatch:
     """A promotion's fencing check, shared by its lanes: one read of the sink's token
-    per request or retry (:meth:`Ledger.check_lease`), never cached while the lease
+    per request or retry ([`Ledger.check_lease`][twophase.protocol.ledger.Ledger.check_lease]),
+    never cached while the lease
     holds -- a cached answer would let a request start after the new run's claim.
 
     Fencing is for good (a token only grows, a fenced run never claims again), so

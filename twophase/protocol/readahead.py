@@ -2,7 +2,8 @@
 
 Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB;
 done in turn, the read (0.33 s per million points here) adds to the send.
-:func:`read_ahead` overlaps them: both mostly wait on sockets, where Python
+[`read_ahead`][twophase.protocol.readahead.read_ahead] overlaps them: both mostly wait on sockets,
+where Python
 releases the GIL.
 """
 

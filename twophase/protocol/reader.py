@@ -1,6 +1,7 @@
 """Driver side: reading decided epochs back from the staging store, in promotion order.
 
-:func:`decided_writes` is the one place where the order of an epoch's writes
+[`decided_writes`][twophase.protocol.reader.decided_writes] is the one place where the order of an
+epoch's writes
 is written down. Promotion, resend and verify all read an epoch through it,
 so they send (or rebuild) its points in the same order every time (I4: two
 writes of the same point within an epoch always land in the same order).
@@ -127,7 +128,7 @@ class StagedReader:
     ) -> list[CommitMessage]:
         """The commit messages of the writes ``run_id`` staged for an epoch, one per
         partition, for a decision when no task result carries them (dead letters
-        split off upstream of a sink: see :mod:`twophase.spark.split`).
+        split off upstream of a sink: see [`twophase.spark.split`][twophase.spark.split]).
 
         Every attempt of a partition's task stages the same rows (Spark re-reads
         the same input split), and staging is all or nothing, so any complete

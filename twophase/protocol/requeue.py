@@ -7,10 +7,12 @@ the sink numbered ``-n`` for its n-th correction, so it can never collide
 with Spark's batch ids (0, 1, 2...), decided and promoted by the same
 protocol as any epoch:
 
-1. :meth:`Requeuer.select` reads the letters (not requeued yet, of decided
+1. [`Requeuer.select`][twophase.protocol.requeue.Requeuer.select] reads the letters (not requeued
+yet, of decided
    writes, filtered by epoch and reason) and the correction's number.
-2. :meth:`Requeuer.decide` stages their lines as one write of epoch ``-n``
-   (:class:`~twophase.protocol.stager.Stager`), then, in one transaction under the
+2. [`Requeuer.decide`][twophase.protocol.requeue.Requeuer.decide] stages their lines as one write of
+epoch ``-n``
+   ([`Stager`][twophase.protocol.stager.Stager]), then, in one transaction under the
    sink's lock and the caller's fencing token, records the correction
    PRECOMMITTED and marks exactly those letters ``requeued_in = -n``. That
    transaction is repeated through an outage; a repeat first reads back a
@@ -18,7 +20,7 @@ protocol as any epoch:
    that transaction leaves an orphan write (GC removes it) and the letters
    as they were; after it, the correction is an ordinary
    PRECOMMITTED epoch that ``twophase recover`` promotes (I3).
-3. The caller promotes it (:meth:`~twophase.protocol.committer.Committer.recover`).
+3. The caller promotes it ([`recover`][twophase.protocol.committer.Committer.recover]).
    Points InfluxDB refuses again become dead letters of the correction --
    each point is an unrequeued dead letter exactly once at any time.
 

@@ -1,6 +1,6 @@
 """The end of a run: a query that stops records when, and whether it failed.
 
-A run begins with :meth:`twophase.protocol.ledger.Ledger.begin_run`, which fences
+A run begins with [`Ledger.begin_run`][twophase.protocol.ledger.Ledger.begin_run], which fences
 every older run of the sink (I5). Ending it changes no epoch and fences
 nothing; it tells the operator's commands that the owner is gone, so that
 ``recover`` and ``resend`` need no ``--force`` after a clean stop. A driver

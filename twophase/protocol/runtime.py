@@ -70,7 +70,8 @@ class TwoPhase:
         shares a pool, or wraps the writer (fault injection in tests). With
         ``serve_metrics`` (the Spark driver) and ``metrics_port`` set, the
         writer is metered and this process serves its metrics there
-        (:mod:`twophase.influx.metering`); the CLI never does, so an operator's
+        ([`twophase.influx.metering`][twophase.influx.metering]); the CLI never does, so an
+        operator's
         shell holding the job's environment does not take the driver's port.
         """
         influx = config.influx
@@ -125,8 +126,9 @@ class TwoPhase:
 
     def claim(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
         """Claim the sink for a run that starts (fencing older runs, I5) and promote what
-        older runs left PRECOMMITTED (:meth:`Committer.claim`). A driver of its own
-        starts here; :meth:`Ledger.begin_run` only claims."""
+        older runs left PRECOMMITTED
+        ([`Committer.claim`][twophase.protocol.committer.Committer.claim]). A driver of its own
+        starts here; [`Ledger.begin_run`][twophase.protocol.ledger.Ledger.begin_run] only claims."""
         return self.committer.claim(sink_id, run_id, query_id)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ the caller sizes them) stay in memory; past them a part's records go,
 pickled, to a temporary file of its own, created in ``directory`` (the
 system's temporary directory when None). The files have no name from the
 moment they are made, so nothing is left behind even when the process is
-killed; :meth:`Spool.close` frees them.
+killed; [`Spool.close`][twophase.protocol.spool.Spool.close] frees them.
 """
 
 from __future__ import annotations

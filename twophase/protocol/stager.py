@@ -1,9 +1,10 @@
 """Phase 1, executor side: stage one task's points into PostgreSQL as one write.
 
-A *write* is one staging call's output for one epoch. :meth:`Stager.stage`
-COPYs its lines (in chunks: see :class:`~twophase.model.StagedChunk`) and its
+A *write* is one staging call's output for one epoch.
+[`Stager.stage`][twophase.protocol.stager.Stager.stage]
+COPYs its lines (in chunks: see [`StagedChunk`][twophase.model.StagedChunk]) and its
 stage-time dead letters and records the write, all in one transaction, and
-returns a :class:`~twophase.model.CommitMessage` for the driver's vote.
+returns a [`CommitMessage`][twophase.model.CommitMessage] for the driver's vote.
 Nothing reaches InfluxDB here.
 
 Idempotency: every call makes a new write (fresh ``write_id``); a retried task
@@ -14,7 +15,7 @@ Repeats: a transaction that the staging store's outage cuts (mid-COPY, or at
 COMMIT) is repeated by the same call under the same write id, until
 ``staging_retry_deadline``. The call's input is read once: what it encodes --
 the chunks, whose timestamps are then fixed (I8), and the rejected rows -- is
-kept as it goes in a spool (:mod:`twophase.protocol.spool`: memory up to
+kept as it goes in a spool ([`twophase.protocol.spool`][twophase.protocol.spool]: memory up to
 ``staging_spool_memory``, then a temporary file), and a repeat COPYs the spool
 before it reads on. An input already in memory (a list or tuple) is encoded
 again instead. A repeat first reads back whether the cut attempt committed:
@@ -59,7 +60,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class _Shape:
-    """How lines are cut into chunks: see :class:`Stager`."""
+    """How lines are cut into chunks: see [`Stager`][twophase.protocol.stager.Stager]."""
 
     chunk_points: int
     chunk_chars: int
@@ -101,9 +102,10 @@ class Stager:
     Lines are staged in chunks of at most ``config.chunk_points`` lines and
     about ``config.chunk_chars`` characters (a single longer line is a chunk
     of its own). With ``config.lanes`` > 1 (``promote_connections``) each chunk holds
-    the lines of one lane only (:mod:`twophase.protocol.lanes`), in their given order.
+    the lines of one lane only ([`twophase.protocol.lanes`][twophase.protocol.lanes]), in their
+    given order.
     With ``config.compression`` gzip each chunk is compressed here, on the executor,
-    into the gzip member promotion sends as it is (:class:`~twophase.model.StagedChunk`).
+    into the gzip member promotion sends as it is ([`StagedChunk`][twophase.model.StagedChunk]).
     A call's spool keeps ``config.spool_memory`` bytes in memory, then spills to a
     temporary file in ``spool_dir`` (the system's temporary directory when None).
     """

@@ -7,10 +7,8 @@ the target's ``from_epoch`` up to the cursor is in the target (I9: per
 target, the delivered epochs are a prefix of the COMMITTED ones). A
 promotion delivers epoch N only to a target that is *caught up* (the cursor
 holds every COMMITTED epoch below N), so a lagging target never receives
-N+1 before N; the catch-up worker (:mod:`twophase.protocol.catchup`) moves
+N+1 before N; the catch-up worker ([`twophase.protocol.catchup`][twophase.protocol.catchup]) moves
 a lagging cursor on, one COMMITTED epoch at a time.
-
-::
 
     live --a commit gave up on it--> lagging --caught up--> live
       lagging --behind longer than target_max_lag--> quarantined --resync--> live

@@ -1,7 +1,7 @@
 """Steps of the epoch state machine, each inside the caller's transaction.
 
-The :class:`~twophase.protocol.ledger.Ledger` (Spark's epochs) and the
-:class:`~twophase.protocol.requeue.Requeuer` (an operator's corrections) compose
+The [`Ledger`][twophase.protocol.ledger.Ledger] (Spark's epochs) and the
+[`Requeuer`][twophase.protocol.requeue.Requeuer] (an operator's corrections) compose
 these: lock the sink row and check the caller's fencing token (I5), insert
 a decision (I1), count a promotion attempt, record an event. Every step
 that changes an epoch also keeps the sink's running totals

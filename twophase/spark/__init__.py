@@ -1,23 +1,29 @@
 """Spark Structured Streaming integration: a streaming sink and a foreachBatch adapter.
 
-* :func:`register` makes ``df.writeStream.format("twophase-influx")`` available
+* [`register`][twophase.spark.source.register] makes ``df.writeStream.format("twophase-influx")``
+  available
   (a PySpark 4 Python data source: stage in ``write``, decide and promote in
   ``commit``, discard in ``abort``).
-* :func:`foreach_batch_writer` gives the same protocol to ``foreachBatch``
+* [`foreach_batch_writer`][twophase.spark.foreach.foreach_batch_writer] gives the same protocol to
+  ``foreachBatch``
   pipelines.
-* :func:`split_dead_letters` sends the rows a job classified as bad to the
+* [`split_dead_letters`][twophase.spark.split.split_dead_letters] sends the rows a job classified as
+  bad to the
   dead-letter table from the tasks that read them, decided with the sink's
   epochs (no second query over the input).
-* :func:`claim_query` lets a driver claim the sink right after ``start()``,
+* [`claim_query`][twophase.spark.claim_query] lets a driver claim the sink right after ``start()``,
   so a second query or a reset checkpoint is refused before it computes and
   what a crashed run left PRECOMMITTED is delivered even if no batch comes
   (under Spark Connect, a foreachBatch writer needs it: see
-  :mod:`twophase.spark.foreach`).
-* :func:`end_query` (after the query stopped) or :func:`watch_query` (a
+  [`twophase.spark.foreach`][twophase.spark.foreach]).
+* [`end_query`][twophase.spark.ends.end_query] (after the query stopped) or
+  [`watch_query`][twophase.spark.ends.watch_query] (a
   listener) records that the query's run ended, so operators' commands tell
-  a stopped query from a live one; :func:`drain_query` waits for the last
+  a stopped query from a live one; [`drain_query`][twophase.spark.ends.drain_query] waits for the
+  last
   background promotion (``promotion = background``).
-* :func:`ship_package` adds a zip of ``twophase`` to the executors' path.
+* [`ship_package`][twophase.spark.ship.ship_package] adds a zip of ``twophase`` to the executors'
+  path.
 
 Importing this package needs PySpark; the core (``twophase``) does not.
 """
@@ -85,7 +91,8 @@ def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lea
     left: the epochs older runs left PRECOMMITTED are promoted before it returns.
 
     ``sink`` is the sink's options as given to ``.option(...)`` (the data
-    source), or the :class:`ForeachBatchWriter` given to ``foreachBatch``.
+    source), or the [`ForeachBatchWriter`][twophase.spark.foreach.ForeachBatchWriter] given to
+    ``foreachBatch``.
     Fences older runs of the same query (I5) and raises CheckpointResetError
     when the sink belongs to another query (I6). With classic Spark the
     first commit claims and recovers anyway; calling this right after
@@ -94,7 +101,7 @@ def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lea
     fails raises as a commit's does (InfluxUnavailableError past the retry
     deadline). Under Spark Connect a foreachBatch writer's batches wait for
     it: only the client knows the query's id there
-    (:mod:`twophase.spark.foreach`); the client claims without recovering (it
+    ([`twophase.spark.foreach`][twophase.spark.foreach]); the client claims without recovering (it
     need not reach InfluxDB), and the server's first batch recovers.
     Idempotent.
     """

@@ -4,21 +4,23 @@ Spark calls a streaming sink's ``commit(messages, batchId)`` in a Python
 process of the driver that has no task context, so the run and query ids
 come from the commit messages the tasks sent. Per process, the protocol's
 parts are opened once per configuration and a run claims its sink once
-(:func:`claim`), so a long-lived commit process pays for neither per epoch.
+([`claim`][twophase.spark.commit.claim]), so a long-lived commit process pays for neither per epoch.
 
 Contracts:
 
-* :func:`commit_epoch` is idempotent per epoch: a replayed epoch is detected
+* [`commit_epoch`][twophase.spark.commit.commit_epoch] is idempotent per epoch: a replayed epoch is
+  detected
   by the core and skipped (COMMITTED) or completed from its original writes
   (PRECOMMITTED); older PRECOMMITTED epochs are promoted first (I3).
-* :func:`claim` recovers: a run's first claim in a process promotes the
+* [`claim`][twophase.spark.commit.claim] recovers: a run's first claim in a process promotes the
   epochs older runs left PRECOMMITTED, whether it comes from
-  :func:`twophase.spark.claim_query` at the query's start or from a commit.
+  [`twophase.spark.claim_query`][twophase.spark.claim_query] at the query's start or from a commit.
 * Errors propagate unchanged (the query fails with the twophase message):
   FencedError for a zombie run, CheckpointResetError for a reset checkpoint
   or a second query on the sink, InfluxUnavailableError past the retry
   deadline (the epoch stays PRECOMMITTED; a restart recovers it).
-* :func:`abort_epoch` never raises for a staging problem: what it cannot
+* [`abort_epoch`][twophase.spark.commit.abort_epoch] never raises for a staging problem: what it
+  cannot
   delete now, GC removes later.
 """
 
@@ -68,7 +70,8 @@ def open_in_background(sink: SinkOptions) -> None:
     """Start opening the sink's parts (connection pool, schema check, InfluxDB writer)
     in a thread, so that the first micro-batch finds them ready.
 
-    Idempotent: :func:`two_phase` opens them once per process, and a caller that
+    Idempotent: [`two_phase`][twophase.spark.commit.two_phase] opens them once per process, and a
+    caller that
     needs them first waits for the opening. A failure is left to that caller,
     which meets it again with its message.
     """
@@ -89,7 +92,7 @@ def open_in_background(sink: SinkOptions) -> None:
 
 def claim(sink: SinkOptions, run_id: str, query_id: str | None, *, recover: bool = True) -> Lease:
     """Begin ``run_id`` on the sink once per process (fences older runs, I5), and
-    promote what older runs left PRECOMMITTED (:meth:`Committer.claim`; ``recover``
+    promote what older runs left PRECOMMITTED (`Committer.claim`; ``recover``
     False: claim only, for a process that does not promote).
 
     Raises CheckpointResetError when the sink belongs to another query that
@@ -128,7 +131,7 @@ def await_claim(sink: SinkOptions, run_id: str, timeout: float = CLAIM_WAIT_S) -
     For a driver that cannot read its query's id (a foreachBatch function
     under Spark Connect runs in the server's Python, without the streaming
     thread's properties): the client claims the run with the query's id
-    (:func:`twophase.spark.claim_query`), and nothing is decided before, so
+    ([`twophase.spark.claim_query`][twophase.spark.claim_query]), and nothing is decided before, so
     that I6 holds. Read-only; raises ConfigError after ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
@@ -156,7 +159,7 @@ def commit_epoch(
     """Decide and promote ``epoch`` from its tasks' messages; None if it had no task.
 
     With a ``dead_letter_sink``, the rows split off upstream
-    (:mod:`twophase.spark.split`) are decided next, as that sink's epoch.
+    ([`twophase.spark.split`][twophase.spark.split]) are decided next, as that sink's epoch.
     ``identity`` is the run and query when the caller knows them (foreachBatch);
     otherwise the messages carry them. A message of a format this twophase does
     not read (an executor running another version) is a PermanentError.

@@ -3,10 +3,12 @@
 Two ways, for the ``twophase-influx`` data source and the foreachBatch adapter
 alike (both run on the driver, where the query object is):
 
-* :func:`end_query` after the query stopped (``awaitTermination`` returned
+* [`end_query`][twophase.spark.ends.end_query] after the query stopped (``awaitTermination``
+  returned
   or raised): synchronous, so a script that exits right after it has
   recorded the end. ``jobs/session_metrics.py`` does this.
-* :func:`watch_query` right after ``start()``: a ``StreamingQueryListener``
+* [`watch_query`][twophase.spark.ends.watch_query] right after ``start()``: a
+  ``StreamingQueryListener``
   records the end when Spark reports the query terminated (clean stop,
   failure, or the end of an ``availableNow`` run). Listener events are
   delivered asynchronously: a process that exits at once may not see it.
@@ -39,7 +41,8 @@ Sink = SinkOptions | Mapping[str, str] | ForeachBatchWriter
 def end_query(query: Any, sink: Sink) -> None:
     """Record that ``query``'s run ended for the sink (and its ``dead_letter_sink``):
     ``failed`` when the query has an exception or its last background promotion
-    failed (:func:`drain_query`, logged), else ``stopped``. Idempotent."""
+    failed ([`drain_query`][twophase.spark.ends.drain_query], logged), else ``stopped``.
+    Idempotent."""
     try:
         reason = FAILED if query.exception() is not None else STOPPED
     except Exception as exc:  # Spark gone: the query stopped, how is unknown

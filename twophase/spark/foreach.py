@@ -1,7 +1,5 @@
 """The same two-phase commit for pipelines built on ``foreachBatch``.
 
-::
-
     write = twophase.spark.foreach_batch_writer(
         "dashboard", measurement="stream_stats", tags=["stream_id", "isp"],
         time="window_end", precision="s")
@@ -24,7 +22,7 @@ with a Connect session and neither a SparkContext nor those properties
 ``streams`` empty, no streaming property in the tasks it starts). The run
 id is then the writer's own (one fresh id per writer, made on the client),
 and the query id comes from the client, which knows it once ``start()``
-returns::
+returns:
 
     query = df.writeStream.foreachBatch(write).start()
     twophase.spark.claim_query(query, write)
@@ -83,7 +81,8 @@ def foreach_batch_writer(
     Arguments mean what the data source's options mean; ``settings`` are the
     ``TWOPHASE_*`` settings by lower-case name (secrets refused). With
     ``dead_letter_sink``, rows split off upstream through the writer's
-    :meth:`~ForeachBatchWriter.split_dead_letters` are decided under that sink
+    [`split_dead_letters`][twophase.spark.foreach.ForeachBatchWriter.split_dead_letters] are decided
+    under that sink
     in the same micro-batch. Validates everything now, on the driver: raises
     ConfigError naming the argument.
     """
@@ -126,7 +125,8 @@ class ForeachBatchWriter:
         return self._fallback[0] if is_connect(query) else str(query.runId)
 
     def split_dead_letters(self, df: Any) -> Any:
-        """``df`` without its rows that have a ``reason`` (see :mod:`twophase.spark.split`);
+        """``df`` without its rows that have a ``reason`` (see
+        [`twophase.spark.split`][twophase.spark.split]);
         those are recorded under this writer's ``dead_letter_sink``."""
         return split_dead_letters(df, self.sink)
 
@@ -200,7 +200,8 @@ class _Driver:
     @contextlib.contextmanager
     def tagged(self, df: Any, batch_id: int) -> Iterator[None]:
         """Under Spark Connect, tag the batch's jobs with its identity: the tasks upstream
-        that split dead letters off read it there (:func:`~twophase.spark.stage.current_task`)."""
+        that split dead letters off read it there
+        ([`current_task`][twophase.spark.stage.current_task])."""
         if not self.remote:  # classic Spark: the streaming properties carry it
             yield
             return

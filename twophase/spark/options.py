@@ -1,6 +1,7 @@
 """The sink's options: parsed and validated once on the driver, shipped as plain data.
 
-A :class:`SinkOptions` is what every side of the Spark sink works from: the
+A [`SinkOptions`][twophase.spark.options.SinkOptions] is what every side of the Spark sink works
+from: the
 driver builds it from ``.option(...)`` values (or the ``foreachBatch``
 adapter's keyword arguments) and checks everything it can before a single
 row is computed; executors receive it pickled inside the writer. It never
@@ -97,7 +98,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """Build and validate a sink from ``.option(...)`` strings (keys in any case).
 
     ``tags`` and ``fields`` are comma-separated column names. Raises
-    :class:`ConfigError` naming the offending option: unknown option, secret
+    [`ConfigError`][twophase.errors.ConfigError] naming the offending option: unknown option, secret
     given as an option, missing ``sink_id``/``measurement``, bad spec, or a
     setting (from options or the environment) that does not validate.
     """
@@ -131,7 +132,8 @@ def build_sink(
     given_point_options: Iterable[str] = (),
     dead_letter_sink: str | None = None,
 ) -> SinkOptions:
-    """Validate the parts of a sink and assemble it; see :func:`parse_options`.
+    """Validate the parts of a sink and assemble it; see
+    [`parse_options`][twophase.spark.options.parse_options].
 
     Loads the full configuration once (environment included), so a missing
     ``TWOPHASE_STAGING_URL`` or a bad duration fails here, on the driver,
@@ -164,7 +166,7 @@ def build_sink(
 def check_schema(sink: SinkOptions, columns: Iterable[str]) -> None:
     """Refuse a query whose output lacks a column the sink was told to read.
 
-    Raises :class:`ConfigError` naming the option that names the column.
+    Raises [`ConfigError`][twophase.errors.ConfigError] naming the option that names the column.
     """
     present = set(columns)
     for option, column in _needed_columns(sink):

@@ -2,7 +2,8 @@
 
 Executors import ``twophase`` to stage rows. On a cluster whose Python has
 it installed (the same virtualenv everywhere, or ``--archives`` of a packed
-one) nothing is needed. Otherwise :func:`ship_package` zips the package the
+one) nothing is needed. Otherwise [`ship_package`][twophase.spark.ship.ship_package] zips the
+package the
 driver runs from and adds it with ``SparkContext.addPyFile``, which is what
 ``spark-submit --py-files twophase.zip`` does. Its dependencies (psycopg,
 SQLAlchemy, influxdb-client, pyarrow) must be installed on the executors:

@@ -1,7 +1,5 @@
 """The ``twophase-influx`` Python data source: a streaming sink with a two-phase commit.
 
-::
-
     twophase.spark.register(spark)
     (df.writeStream.format("twophase-influx")
        .option("sink_id", "dashboard")
@@ -17,7 +15,8 @@ Where each method runs and what it does:
   in the commit process): parses and validates the options and the output
   schema; a mistake fails ``start()`` with a ConfigError naming the option.
 * ``write`` (executors, one call per task): phase 1, stages the task's rows
-  in PostgreSQL and returns a :class:`TwoPhaseCommitMessage`.
+  in PostgreSQL and returns a
+  [`TwoPhaseCommitMessage`][twophase.spark.source.TwoPhaseCommitMessage].
 * ``commit`` (driver, after every task of the micro-batch succeeded):
   recovers older PRECOMMITTED epochs, decides this one, promotes it to
   InfluxDB and marks it COMMITTED. Only after it returns does Spark write its

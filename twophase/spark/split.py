@@ -2,14 +2,15 @@
 
 A job that classifies its input -- a ``reason`` column, null for a good row,
 and a ``payload`` -- sends its bad rows to the dead-letter table exactly once
-without a second query reading and parsing the input again::
+without a second query reading and parsing the input again:
 
     write = foreach_batch_writer("dash", ..., dead_letter_sink="dash.malformed")
     events = write.split_dead_letters(classified)       # good rows, without reason/payload
     stats = aggregate(events)
     stats.writeStream.foreachBatch(write)...
 
-:func:`split_dead_letters` is one filter by a (non-deterministic) Arrow UDF
+[`split_dead_letters`][twophase.spark.split.split_dead_letters] is one filter by a
+(non-deterministic) Arrow UDF
 that sees only the ``reason`` and ``payload`` columns: the good rows never
 leave the JVM (passing every column through a ``mapInArrow`` step instead
 cost 5% of the job's batch time at 50,000 lines per batch). Per task the
@@ -18,7 +19,8 @@ as one write of the dead-letter sink, tagged with the micro-batch (epoch),
 the run and the task's partition. No task result carries that write to the
 driver, so the sink's commit decides the epoch of the dead-letter sink
 first, from the writes its run staged, one per partition
-(:meth:`twophase.protocol.reader.StagedReader.partition_writes`): every attempt of a
+([`StagedReader.partition_writes`][twophase.protocol.reader.StagedReader.partition_writes]): every
+attempt of a
 partition's task reads the same input split and stages the same rows, all
 or nothing, so any complete write stands for the partition. Writes of a
 crashed run or a duplicate attempt are orphans that GC removes; a Spark

@@ -4,7 +4,8 @@ Runs on executors. Reads the epoch, run id and query id from the task's
 context (the local properties Spark sets for a streaming micro-batch, or
 under Spark Connect the foreachBatch writer's job tag), turns
 the rows into line-protocol lines or dead letters, and stages them through
-:class:`twophase.protocol.stager.Stager` over the process's shared connection pool.
+[`twophase.protocol.stager.Stager`][twophase.protocol.stager.Stager] over the process's shared
+connection pool.
 Nothing reaches InfluxDB here. Every call makes a new write: a retried task
 stages again, and only the write whose message reaches the driver's vote
 counts; the others are orphans that abort or GC removes.
@@ -58,7 +59,8 @@ def current_task(
 ) -> TaskIdentity:
     """The identity of the running task; explicit values win over local properties.
 
-    Raises :class:`PermanentError` outside a Spark task, or when no epoch is
+    Raises [`PermanentError`][twophase.errors.PermanentError] outside a Spark task, or when no epoch
+    is
     given and the task is not part of a streaming micro-batch.
     """
     ctx = TaskContext.get()
@@ -93,7 +95,8 @@ def batch_tag(epoch: int, run_id: str, query_id: str) -> str:
 def stage_task(
     sink: SinkOptions, rows: Iterable[Mapping[str, Any]], task: TaskIdentity
 ) -> CommitMessage:
-    """Stage one partition's rows (mappings: see :func:`rows_of`) as one write.
+    """Stage one partition's rows (mappings: see [`rows_of`][twophase.spark.stage.rows_of]) as one
+    write.
 
     All or nothing (one PostgreSQL transaction); returns the message the
     driver's vote needs. A staging store that is down or lost mid-way is
@@ -169,7 +172,7 @@ def stage_arrow_partition(
     batches: Iterable[Any],
 ) -> Iterator[Any]:
     """``mapInArrow`` body of the foreachBatch adapter: stage this partition, yield its
-    pickled CommitMessage (one row of :data:`MESSAGE_SCHEMA`)."""
+    pickled CommitMessage (one row of [`MESSAGE_SCHEMA`][twophase.spark.stage.MESSAGE_SCHEMA])."""
     import pyarrow as pa
 
     task = current_task(epoch=epoch, run_id=run_id, query_id=query_id)

@@ -1,8 +1,8 @@
 """Connections to the PostgreSQL staging store: a small pool, transactions, error mapping.
 
 Every protocol step is one PostgreSQL transaction taken from here. Connection
-failures become :class:`~twophase.errors.StagingUnavailableError` (retryable;
-``Database.retry`` repeats a step through an outage, :mod:`twophase.retry`);
+failures become [`StagingUnavailableError`][twophase.errors.StagingUnavailableError] (retryable;
+``Database.retry`` repeats a step through an outage, [`twophase.retry`][twophase.retry]);
 the pool checks a connection before lending it, so a PostgreSQL restart
 between epochs costs one reconnect, not an error. Opening a pool first makes
 one connection, so that a login or TLS problem is reported at once with

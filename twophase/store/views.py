@@ -3,7 +3,7 @@ dead letters.
 
 Nothing here changes the store. Every query is parameterised; sink ids are data.
 The dataclasses' field names are the keys of ``twophase ... --json`` (see
-:mod:`twophase.cli`), so renaming one is a breaking change of the CLI's output.
+[`twophase.cli`][twophase.cli]), so renaming one is a breaking change of the CLI's output.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SinkStatus:
 class EpochInfo:
     """One epoch's row (``twophase epochs``); ``points_delivered`` is None until COMMITTED.
 
-    A negative ``epoch`` is a correction (:mod:`twophase.protocol.requeue`).
+    A negative ``epoch`` is a correction ([`twophase.protocol.requeue`][twophase.protocol.requeue]).
     """
 
     sink_id: str
@@ -221,7 +221,7 @@ class Views:
         return sorted(rows, key=lambda e: (e.epoch < 0, abs(e.epoch)))
 
     def select_epochs(self, sink_id: str, selection: EpochRange) -> list[EpochInfo]:
-        """Like :meth:`epochs`, but an empty result is an EpochRangeError saying what exists."""
+        """Like `epochs`, but an empty result is an EpochRangeError saying what exists."""
         found = self.epochs(sink_id, selection)
         if found:
             return found
