@@ -1,7 +1,9 @@
 """The Prometheus exporter of the staging store: every sink's state, read on each scrape.
 
-``twophase metrics serve --port 9464`` runs it; :class:`StoreCollector` embeds
-it in any ``prometheus_client`` registry, and :func:`start` serves it from a
+``twophase metrics serve --port 9464`` runs it;
+[`StoreCollector`][twophase.operations.exporter.StoreCollector] embeds
+it in any ``prometheus_client`` registry, and [`start`][twophase.operations.exporter.start] serves
+it from a
 thread of the calling process.
 
 A scrape costs two indexed queries, whatever the history's length: one row
@@ -244,8 +246,9 @@ def _state_families(rows: list[SinkRow]) -> Iterator[Metric]:
     )
     staged = _gauge(
         "twophase_staged_bytes",
-        "Bytes of staged line protocol the sink retains now: its decided epochs' that GC"
-        " has not purged yet (nor an abort removed).",
+        "Bytes of staged line protocol the sink retains now, as stored (gzip members with"
+        " compression = gzip): its decided epochs' that GC has not purged yet (nor an"
+        " abort removed).",
     )
     for r in rows:
         s = r.sink_id
