@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.lines import Seeds
 from bench.plan import Plan
-from bench.servers import Scratch
+from bench.servers import BenchSetupError, Scratch, Servers, scratch
 from bench.sides import DirectSide
 from twophase.protocol.runtime import TwoPhase
 
@@ -46,3 +49,21 @@ class Context:
         if self._direct is not None:
             self._direct.close()
             self._direct = None
+
+
+def run_alone(prog: str, plan: Plan, measure: Callable[[Context], dict[str, Any]]) -> int:
+    """One metric run by itself (``python -m bench.<metric>``), against scratch databases
+    of its own: its results printed as JSON; exit status 2 when the servers or the
+    schema are not there."""
+    try:
+        with scratch(Servers.from_env()) as made:
+            ctx = Context(plan, made)
+            try:
+                result = measure(ctx)
+            finally:
+                ctx.close()
+    except BenchSetupError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0

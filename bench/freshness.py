@@ -59,10 +59,10 @@ from typing import Any
 
 import urllib3
 
-from bench.context import Context
+from bench.context import Context, run_alone
 from bench.freshness_job import MEASUREMENT
 from bench.plan import FULL, QUICK
-from bench.servers import REPO, BenchSetupError, Servers, scratch
+from bench.servers import REPO
 from bench.sides import BenchError
 from bench.spark_runs import (
     LINKS,
@@ -526,18 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     links = [LINKS[key] for key in args.link] if args.link else list(DEFAULT_LINKS)
     size = None if args.size is None else Size(*args.size)
-    try:
-        with scratch(Servers.from_env()) as made:
-            ctx = Context(QUICK if args.quick else FULL, made)
-            try:
-                result = measure_freshness(ctx, links, size)
-            finally:
-                ctx.close()
-    except BenchSetupError as exc:
-        print(f"bench.freshness: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2))
-    return 0
+    plan = QUICK if args.quick else FULL
+    return run_alone("bench.freshness", plan, lambda ctx: measure_freshness(ctx, links, size))
 
 
 if __name__ == "__main__":

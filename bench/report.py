@@ -123,15 +123,23 @@ def markdown(results: dict[str, Any]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def chart(results: dict[str, Any], path: Path) -> bool:
-    """Throughput against epoch size for both sides (medians, min-max bars); False if no
-    matplotlib."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on a backend without a display, or None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def chart(results: dict[str, Any], path: Path) -> bool:
+    """Throughput against epoch size for both sides (medians, min-max bars); False if no
+    matplotlib."""
+    plt = _pyplot()
+    if plt is None:
         return False
     by_size = results["metrics"].get("throughput", {}).get("by_size")
     if not by_size:
@@ -158,12 +166,8 @@ def spark_chart(results: dict[str, Any], path: Path) -> bool:
     parts = results["metrics"].get("spark_e2e", {}).get("parts")
     if not parts:
         return False
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), dpi=110)
     for ax, (what, unit) in zip(axes, (("wall", "s"), ("steady batch", "ms")), strict=True):
@@ -176,6 +180,44 @@ def spark_chart(results: dict[str, Any], path: Path) -> bool:
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def link_chart(results: dict[str, Any], path: Path) -> bool:
+    """Metric 10: points/s of every side on each link (medians, min-max bars); False
+    without matplotlib or metric 10's figures."""
+    parts = results["metrics"].get("roundtrip", {}).get("parts")
+    if not parts:
+        return False
+    plt = _pyplot()
+    if plt is None:
+        return False
+    links = _sides_by_link(parts)
+    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 4.4), dpi=110)
+    for ax, (link, sides) in zip(axes, links.items(), strict=True):
+        names = sorted(sides, key=lambda n: -sides[n]["median"])
+        medians = [sides[n]["median"] / 1000 for n in names]
+        low = [(sides[n]["median"] - sides[n]["min"]) / 1000 for n in names]
+        high = [(sides[n]["max"] - sides[n]["median"]) / 1000 for n in names]
+        colors = ["tab:blue" if n.startswith("twophase") else "tab:gray" for n in names]
+        ax.barh(names, medians, xerr=[low, high], capsize=3, color=colors)
+        ax.invert_yaxis()
+        ax.set_title(link)
+        ax.set_xlabel("thousand points/s (median, min-max)")
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(f"Promotion to an InfluxDB 20 ms away, {results['started']}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _sides_by_link(parts: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{link: {side: its summary}}`` from metric 10's parts ("1M, <link>: a / b")."""
+    links: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, part in parts.items():
+        link = name.split(": ")[0].split(", ", 1)[1]
+        links.setdefault(link, {}).update(part["sides"])
+    return links
 
 
 def _spark_bars(ax: Any, parts: dict[str, Any], what: str) -> None:
@@ -217,4 +259,7 @@ def write(results: dict[str, Any], folder: Path = RESULTS) -> dict[str, Path]:
     spark = base.with_name(f"{base.name}-spark.png")
     if spark_chart(results, spark):
         paths["spark_png"] = spark
+    links = base.with_name(f"{base.name}-links.png")
+    if link_chart(results, links):
+        paths["links_png"] = links
     return paths

@@ -48,9 +48,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.context import Context
+from bench.context import Context, run_alone
 from bench.plan import FULL, QUICK
-from bench.servers import BenchSetupError, Servers, scratch
 from bench.sides import BenchError
 from bench.spark_raw_job import FIELDS, MEASUREMENT, QUERY, TAGS
 from bench.spark_runs import (
@@ -255,18 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     plan = FULL if args.size is None else dataclasses.replace(QUICK, spark_raw=tuple(args.size))
     links = [LINKS[key] for key in args.link or [SLOW_LINK.key]]
-    try:
-        with scratch(Servers.from_env()) as made:
-            ctx = Context(plan, made)
-            try:
-                result = measure_spark_raw(ctx, links, args.repeats)
-            finally:
-                ctx.close()
-    except BenchSetupError as exc:
-        print(f"bench.spark_raw: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2))
-    return 0
+    return run_alone(
+        "bench.spark_raw", plan, lambda ctx: measure_spark_raw(ctx, links, args.repeats)
+    )
 
 
 if __name__ == "__main__":

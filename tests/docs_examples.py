@@ -24,7 +24,7 @@ _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", flags=re.M | re.S)
 # The names the Spark examples use: `spark`; `events`, a streaming file source over JSON
 # lines the prelude writes; `aggregate(frame)`, 5-minute windows per stream and ISP; and
 # `stats`, the aggregated events.
-SPARK_PRELUDE = '''
+SPARK_PRELUDE = """
 import json, os, pathlib
 from pyspark.sql import SparkSession, functions as F
 
@@ -57,14 +57,14 @@ def aggregate(frame):
 
 
 stats = aggregate(events)
-'''
+"""
 
-SPARK_EPILOGUE = '''
+SPARK_EPILOGUE = """
 for _query in spark.streams.active:
     _query.processAllAvailable()
     _query.stop()
 spark.stop()
-'''
+"""
 
 
 def blocks(page: Path, language: str) -> list[str]:

@@ -82,7 +82,7 @@ MATRIX = (
 )
 # Text chunks (compression = none), one of 100 lines per write: 40-point requests cut
 # every chunk (9 requests per epoch), 250-point ones carry two whole chunks, then one.
-# Inline over one lane by default; the other modes with --full.
+# The path staged before compression, and with compression = none: with --full.
 _TEXT_NTH = {("stage_rows", 40): 14, ("promote_batch", 40): 11}
 _TEXT_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15}
 TEXT_CRASHES = [(p, _TEXT_NTH.get((p, b), n), b) for p, n, b in CRASHES]
@@ -98,7 +98,7 @@ MATRIX_PARAMS = [
     pytest.param(
         *m,
         id=f"{m[0][0]}-{m[1]}-{m[2]}lane-{m[3]}-{m[5]}",
-        marks=[pytest.mark.full] if m[0] == TEXT and (m[1], m[2]) != ("inline", 1) else [],
+        marks=[pytest.mark.full] if m[0] == TEXT else [],
     )
     for m in MATRIX
 ]

@@ -143,6 +143,23 @@ def db_at_0001(base_staging_url: str) -> Iterator[str]:
     drop_database(base_staging_url, name)
 
 
+def _decide_epoch_0(conn: psycopg.Connection[Any], write_ids: list[Any], points: int) -> None:
+    """Sink s, run r1 and epoch 0 PRECOMMITTED with ``write_ids``, as older code left them."""
+    conn.execute(
+        "INSERT INTO twophase_sinks (sink_id, query_id, owner_run_id, fencing_token,"
+        " last_decided_epoch) VALUES ('s', 'q1', 'r1', 1, 0)"
+    )
+    conn.execute(
+        "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
+        " VALUES ('r1', 's', 'q1', 1)"
+    )
+    conn.execute(
+        "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
+        " checksum, points_staged) VALUES ('s', 0, 'PRECOMMITTED', 'r1', 'q1', %s, 'x', %s)",
+        (write_ids, points),
+    )
+
+
 def _stage_at_0001(url: str, writes: list[list[str]]) -> None:
     """What 0001's code staged: one row per line, the write row, a decided epoch."""
     ids = []
@@ -163,19 +180,7 @@ def _stage_at_0001(url: str, writes: list[list[str]]) -> None:
             ) as copy:
                 for seq, line in enumerate(points):
                     copy.write_row((write_id, seq, line))
-        conn.execute(
-            "INSERT INTO twophase_sinks (sink_id, query_id, owner_run_id, fencing_token,"
-            " last_decided_epoch) VALUES ('s', 'q1', 'r1', 1, 0)"
-        )
-        conn.execute(
-            "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
-            " VALUES ('r1', 's', 'q1', 1)"
-        )
-        conn.execute(
-            "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
-            " checksum, points_staged) VALUES ('s', 0, 'PRECOMMITTED', 'r1', 'q1', %s, 'x', %s)",
-            (ids, sum(len(w) for w in writes)),
-        )
+        _decide_epoch_0(conn, ids, sum(len(w) for w in writes))
 
 
 def _lines_at_0001(url: str) -> list[tuple[int, str]]:
@@ -311,19 +316,7 @@ def _stage_text_chunks_at_0007(url: str, points: list[str]) -> None:
                 " body) VALUES (%s, %s, %s, %s, %s, %s)",
                 (write_id, number, first, chunk.points, chunk.ends, chunk.body),
             )
-        conn.execute(
-            "INSERT INTO twophase_sinks (sink_id, query_id, owner_run_id, fencing_token,"
-            " last_decided_epoch) VALUES ('s', 'q1', 'r1', 1, 0)"
-        )
-        conn.execute(
-            "INSERT INTO twophase_runs (run_id, sink_id, query_id, fencing_token)"
-            " VALUES ('r1', 's', 'q1', 1)"
-        )
-        conn.execute(
-            "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
-            " checksum, points_staged) VALUES ('s', 0, 'PRECOMMITTED', 'r1', 'q1', %s, 'x', %s)",
-            ([write_id], len(points)),
-        )
+        _decide_epoch_0(conn, [write_id], len(points))
 
 
 def _chunk_texts(url: str) -> list[tuple[str | None, bool]]:
