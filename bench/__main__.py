@@ -72,7 +72,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--spark",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run metrics 6 and 9 (default: in full mode only)",
+        help="run metrics 6, 9 and 12 (default: in full mode only)",
     )
     ap.add_argument(
         "--spark-repeats",

@@ -154,7 +154,7 @@ def _cut(line: str) -> int | None:
     """The last space before the limit that is outside backticks and brackets."""
     best = None
     ticks = depth = 0
-    for index, char in enumerate(line[:LINE_LENGTH + 1]):
+    for index, char in enumerate(line[: LINE_LENGTH + 1]):
         if char == "`":
             ticks ^= 1
         elif char == "[" and not ticks:

@@ -33,9 +33,7 @@ def _api_page(module: str) -> str:
 
 def on_files(files: Files, config: Any) -> Files:
     for module in docs_reference.api_modules():
-        files.append(
-            File.generated(config, f"{API_PREFIX}{module}.md", content=_api_page(module))
-        )
+        files.append(File.generated(config, f"{API_PREFIX}{module}.md", content=_api_page(module)))
     files.append(
         File.generated(config, "bench/index.md", content=(REPO / "bench" / "README.md").read_text())
     )
