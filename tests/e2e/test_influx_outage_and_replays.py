@@ -160,6 +160,7 @@ def runs(url: str, sink: str = SINK) -> int:
 # --- replays cost InfluxDB nothing ---------------------------------------------------------
 
 
+@pytest.mark.full  # replays are detected and skipped in the default run's kill tests too
 def test_replays_cost_influxdb_nothing(
     staging_url: str, own_influx: InfluxServer, work: Path, event_files: list[Path]
 ) -> None:

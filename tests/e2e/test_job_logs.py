@@ -33,7 +33,9 @@ def twophase_lines(output: str) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.mark.parametrize("writer", ["foreach-batch", "data-source"])
+@pytest.mark.parametrize(
+    "writer", [pytest.param("foreach-batch", marks=pytest.mark.full), "data-source"]
+)
 def test_spark_submit_job_logs_its_commits_as_json(
     target: Target, work: Path, event_files: list[Path], writer: str
 ) -> None:

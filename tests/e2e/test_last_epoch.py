@@ -46,8 +46,8 @@ NO_WATERMARK_BATCH = ["--conf", "spark.sql.streaming.noDataMicroBatches.enabled=
 HELD_S = 600.0  # the promoter sleeps at the crash point until the test kills the driver
 LAST_EPOCH_CRASHES = [
     pytest.param("inline", "after_decide", marks=pytest.mark.full),
-    ("inline", "after_mark"),
-    ("background", "promote_batch"),
+    pytest.param("inline", "after_mark", marks=pytest.mark.full),
+    ("background", "promote_batch"),  # the case only the restart's claim can deliver
     pytest.param("background", "after_promote", marks=pytest.mark.full),
 ]
 

@@ -11,6 +11,7 @@ from tests.soak.schedule import KINDS
 from tests.soak.soak import Plan, Soak, write_report
 
 
+@pytest.mark.full  # each kind of fault alone is in the default run's e2e tests
 @pytest.mark.timeout(900)
 def test_four_sinks_stay_exact_under_every_kind_of_fault(tmp_path: Path) -> None:
     plan = Plan(
