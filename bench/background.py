@@ -38,7 +38,7 @@ class Consecutive:
         self.tp, self.sink_id, self.epoch = tp, sink_id, 0
 
     def run(self, epochs: Sequence[Sequence[str]]) -> float:
-        lease = self.tp.ledger.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
+        lease = self.tp.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
         first, started = self.epoch, time.perf_counter()
         for lines in epochs:
             message = self.tp.stager.stage(self.sink_id, self.epoch, lines)

@@ -60,7 +60,7 @@ def promote(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
     staging = load_staging_config(env={}, staging_url=args.staging_url)
     with TwoPhase.open(TwoPhaseConfig(staging, influx)) as tp:
         committer = tp.committer
-        lease = tp.ledger.begin_run(args.sink, uuid.uuid4().hex, QUERY_ID)
+        lease = tp.begin_run(args.sink, uuid.uuid4().hex, QUERY_ID)
         opened = time.perf_counter()
         before, reset = rss.current_kb(), rss.reset_peak()
         promoted = committer.recover(lease)

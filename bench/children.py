@@ -54,7 +54,7 @@ def decide_epochs(
 ) -> None:
     """Stage and decide one epoch per seed on ``sink``, leaving them PRECOMMITTED."""
     stager = stager or tp.stager
-    lease = tp.ledger.begin_run(sink, uuid.uuid4().hex, QUERY_ID)
+    lease = tp.begin_run(sink, uuid.uuid4().hex, QUERY_ID)
     first = _next_epoch(tp, sink)
     for offset, seed in enumerate(seeds):
         message = stager.stage(sink, first + offset, iter_lines(points, seed))

@@ -8,7 +8,7 @@ and timed through ``Committer.commit`` (decide, promote, mark), in one run:
 2. b down (its address a proxy in ``cut`` mode): the first epoch leaves b
    lagging after ``target_deadline`` (that one-time cost is reported apart);
    then the epochs that go to a alone, against one target;
-3. b back: ``FanOutPromoter.catch_up`` delivers b's backlog (the epochs of
+3. b back: ``CatchUp.run`` delivers b's backlog (the epochs of
    2) on the calling thread, points/s against one target's live commits.
 
 Each repeat commits one epoch per sink (one target, two targets, b down), the
@@ -57,7 +57,6 @@ from bench.servers import BenchSetupError, Scratch, Servers, admin_conninfo, scr
 from bench.sides import BenchError
 from bench.stats import compared
 from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig
-from twophase.protocol.fanout import FanOutPromoter
 from twophase.protocol.runtime import TwoPhase
 
 POINTS = 100_000
@@ -194,13 +193,11 @@ def _rotation(names: list[str], turn: int) -> list[str]:
 
 
 def _catch_up(bench: Bench, first: int) -> float:
-    """b's backlog (epochs ``first`` on) delivered by ``FanOutPromoter.catch_up`` on this
-    thread; its points/s."""
-    promoter = bench.back.promoter
-    assert isinstance(promoter, FanOutPromoter)
+    """b's backlog (epochs ``first`` on) delivered by ``CatchUp.run`` on this thread;
+    its points/s."""
     with bench.meter.measure("catch-up", per=bench.down.epoch - first):
         start = time.perf_counter()
-        done = promoter.catch_up(bench.down.lease)
+        done = list(bench.back.catch_up.run(bench.down.lease).delivered)
         elapsed = time.perf_counter() - start
     expected = [("b", epoch) for epoch in range(first, bench.down.epoch)]
     if done != expected:

@@ -33,7 +33,7 @@ SINK = "bench-fencing"
 
 def staged(tp: TwoPhase, points: int) -> tuple[Lease, EpochPlan]:
     """One decided epoch of ``points`` points, staged as 4 writes, and its plan."""
-    lease = tp.ledger.begin_run(SINK, "run", "fencing")
+    lease = tp.begin_run(SINK, "run", "fencing")
     lines = epoch_lines(points, 0)
     messages = [tp.stager.stage(SINK, 0, lines[part::4], partition_id=part) for part in range(4)]
     tp.ledger.decide(lease, 0, messages)
@@ -66,7 +66,7 @@ def compare(made: Scratch, lanes: int, points: int, repeats: int) -> str:
         def rate(before: Callable[[], None] | None) -> Callable[[int], float]:
             def one(_: int) -> float:
                 start = time.perf_counter()
-                tp.promoter.send(plan, before_request=before)
+                next(iter(tp.deliveries.values())).send(plan, before_request=before)
                 return points / (time.perf_counter() - start)
 
             return one

@@ -97,7 +97,7 @@ def wal_since(conn: psycopg.Connection[Any], lsn: str) -> int:
 def fill(tp: TwoPhase, plan: GcPlan, log: Callable[[str], None]) -> dict[str, float]:
     """Stage and commit ``plan.epochs`` epochs of ``plan.points`` points: the fill's time."""
     seeds = Seeds(first=1_000)
-    lease = tp.ledger.begin_run(SINK, uuid.uuid4().hex, "bench-scale")
+    lease = tp.begin_run(SINK, uuid.uuid4().hex, "bench-scale")
     started = time.perf_counter()
     for epoch in range(plan.epochs):
         message = tp.stager.stage(SINK, epoch, iter_lines(plan.points, seeds.take()))

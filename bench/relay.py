@@ -106,7 +106,7 @@ class Route:
     @classmethod
     def open(cls, staging: StagingConfig, influx: InfluxConfig, sink_id: str) -> Route:
         tp = TwoPhase.open(TwoPhaseConfig(staging, influx))
-        return cls(tp, sink_id, tp.ledger.begin_run(sink_id, uuid.uuid4().hex, "bench-relay"))
+        return cls(tp, sink_id, tp.begin_run(sink_id, uuid.uuid4().hex, "bench-relay"))
 
     def stage(self, lines: Sequence[str]) -> tuple[int, CommitMessage, dict[str, float]]:
         """Stage the next epoch (the executors' work): its number, message and cost."""

@@ -56,14 +56,15 @@ def _url_for(url: str, database: str) -> str:
     return make_url(url).set(database=database).render_as_string(hide_password=False)
 
 
-def create_staging(servers: Servers, name: str) -> str:
-    """CREATE DATABASE ``name`` and run ``alembic upgrade head`` on it, as users do; its URL."""
+def create_staging(servers: Servers, name: str, repo: Path = REPO) -> str:
+    """CREATE DATABASE ``name`` and run ``alembic upgrade head`` on it, as users do, with
+    the migrations of the checkout ``repo``; its URL."""
     with psycopg.connect(admin_conninfo(servers.staging_url), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = _url_for(servers.staging_url, name)
     done = subprocess.run(
         [sys.executable, "-m", "alembic", "upgrade", "head"],
-        cwd=REPO,
+        cwd=repo,
         env={**os.environ, "TWOPHASE_STAGING_URL": url},
         capture_output=True,
         text=True,
@@ -104,9 +105,10 @@ class Scratch:
     _staging: dict[str, str] = field(default_factory=dict)
     _influx: dict[str, str] = field(default_factory=dict)
 
-    def staging_url(self, role: str) -> str:
+    def staging_url(self, role: str, repo: Path = REPO) -> str:
+        """The staging database of ``role``, migrated by ``repo``'s migrations when made."""
         if role not in self._staging:
-            self._staging[role] = create_staging(self.servers, f"{self.prefix}_{role}")
+            self._staging[role] = create_staging(self.servers, f"{self.prefix}_{role}", repo)
         return self._staging[role]
 
     def staging(self, role: str) -> StagingConfig:

@@ -55,7 +55,7 @@ class TwoPhaseSide:
         self.tp = tp
         self.sink_id = sink_id
         self.epoch = first_epoch
-        self.lease = tp.ledger.begin_run(sink_id, uuid.uuid4().hex, QUERY_ID)
+        self.lease = tp.begin_run(sink_id, uuid.uuid4().hex, QUERY_ID)
         self.committer = committer or tp.committer
         self.stager = stager or tp.stager
         self.phases = Phases()
@@ -76,7 +76,7 @@ class TwoPhaseSide:
 
     def rebegin(self) -> None:
         """Claim the sink again (after another process fenced this run, e.g. a recovery child)."""
-        self.lease = self.tp.ledger.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
+        self.lease = self.tp.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
 
 
 class DirectSide:

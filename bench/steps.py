@@ -24,7 +24,7 @@ from bench.servers import Servers, scratch
 def one_epoch(ctx: Context, points: int, writes: int, epoch: int) -> dict[str, float]:
     tp, direct = ctx.tp(), ctx.direct()
     lines = epoch_lines(points, ctx.seeds.take())
-    lease = tp.ledger.begin_run("bench-steps", f"run-{epoch}", "steps")
+    lease = tp.begin_run("bench-steps", f"run-{epoch}", "steps")
     times = {"stage": time.perf_counter()}
     messages = [
         tp.stager.stage("bench-steps", epoch, lines[part::writes], partition_id=part)

@@ -333,22 +333,34 @@ bind-address = "127.0.0.1:{self.port + 2}"
 
 
 class VictoriaMetricsServer(_HttpDaemon):
-    """VictoriaMetrics single node; accepts InfluxDB line protocol on /write and /api/v2/write."""
+    """VictoriaMetrics single node; accepts InfluxDB line protocol on /write and /api/v2/write.
+
+    ``dedup_interval`` is its ``-dedup.minScrapeInterval``: with the default ``1ms`` (its
+    timestamps are milliseconds) a sample sent again for the same series and millisecond
+    counts once, as twophase's exactly-once needs; ``None`` leaves deduplication off, and
+    then it keeps every sample it is sent, duplicates too.
+    """
 
     name = "victoria-metrics"
     health_path = "/health"
     healthy_status = 200
 
-    def __init__(self, root: Path, port: int = 18428) -> None:
+    def __init__(self, root: Path, port: int = 18428, dedup_interval: str | None = "1ms") -> None:
         super().__init__(root, port)
         self.data_dir = self.root / "data"
+        self.dedup_interval = dedup_interval
 
     def _prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
     def _command(self) -> list[str]:
+        # Without -dedup.minScrapeInterval a re-sent point is stored (and counted by every
+        # query) twice; 1ms, its timestamps' precision, keeps one sample per series and
+        # timestamp and never merges two timestamps.
+        dedup = [f"-dedup.minScrapeInterval={self.dedup_interval}"] if self.dedup_interval else []
         return [
             _find_binary("victoria-metrics", "TWOPHASE_VICTORIA_METRICS"),
+            *dedup,
             f"-storageDataPath={self.data_dir}",
             f"-httpListenAddr=127.0.0.1:{self.port}",
             # Tests write points with old timestamps; the default retention (1 month) would

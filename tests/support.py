@@ -199,3 +199,26 @@ def start_own_influx(root: Path, database: str) -> Any:
         server.create_database(database)
         return server
     raise RuntimeError("influxd did not start on three pairs of free ports")
+
+
+def start_own_victoria_metrics(root: Path, dedup_interval: str | None) -> Any:
+    """A dedicated VictoriaMetrics on a free port, ``-dedup.minScrapeInterval`` set to
+    ``dedup_interval`` (None: deduplication off, every sample kept); retried on a new port
+    like ``start_own_influx``."""
+    from scripts.services import ServiceError, VictoriaMetricsServer
+
+    for attempt in range(3):
+        server = VictoriaMetricsServer(root / f"vm-{attempt}", free_port(), dedup_interval)
+        try:
+            server.start()
+        except ServiceError:
+            server.kill()
+            continue
+        return server
+    raise RuntimeError("victoria-metrics did not start on three free ports")
+
+
+def begin_run(tp: Any, sink_id: str, run_id: str, query_id: str | None) -> Any:
+    """A run's claim of the sink without its recovery (``Ledger.begin_run``), with the
+    configured targets registered as a query's claim registers them."""
+    return tp.begin_run(sink_id, run_id, query_id)

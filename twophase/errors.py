@@ -57,6 +57,18 @@ class StagingUnavailableError(RetryableError):
     """The PostgreSQL staging store could not be reached."""
 
 
+class LockLostError(RetryableError):
+    """A session-level lock that orders a target's deliveries was lost with its session
+    (a PostgreSQL restart, a cut connection) while its holder was delivering: the
+    delivery stops before its next request, and starts again under the lock."""
+
+
+class TargetOrderError(RetryableError):
+    """A target's delivery could not be recorded in epoch order: its cursor is no longer
+    just below the epoch (a resync moved it, or another delivery recorded it first).
+    Nothing is recorded; the target is owed the epoch still."""
+
+
 class StagingDeadlineError(StagingUnavailableError):
     """The staging store stayed unreachable past ``staging_retry_deadline``.
 
@@ -163,12 +175,15 @@ class BadPointsError(InfluxRequestError):
         self.original = original
 
 
-# What one InfluxDB target of several may answer that leaves it lagging rather than
-# failing the commit (twophase.protocol.fanout): that server is down, refuses the
-# credentials, lacks the database or refuses the request. Anything else (fencing, a
-# damaged epoch, the staging store) fails the commit.
+# What one target of a sink may answer that leaves it lagging rather than failing the
+# commit (twophase.protocol.promoter), once min_targets targets hold the epoch: that
+# server is down, refuses the credentials, lacks the database or refuses the request;
+# or the lock ordering its deliveries was lost, or its cursor moved meanwhile. Anything
+# else (fencing, a damaged epoch, the staging store) fails the commit.
 TARGET_FAILURES: tuple[type[TwoPhaseError], ...] = (
     InfluxUnavailableError,
+    LockLostError,
+    TargetOrderError,
     InfluxAuthError,
     InfluxNotFoundError,
     InfluxRequestError,

@@ -144,7 +144,7 @@ class DeadLetter:
     id: int | None = None
     created_at: datetime | None = None
     requeued_in: int | None = None  # the correction (epoch -n) that carried it again
-    target: str = ""  # the target that refused the point ("": the sink's one target)
+    target: str = ""  # the target that refused the point ("": none, a stage-time letter)
 
 
 @dataclass(frozen=True)

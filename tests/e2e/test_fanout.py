@@ -9,10 +9,11 @@ job's catch-up worker starts on its backlog, the job is stopped part-way, and
 the aggregates computed without Spark, every target's cursor is on the last epoch, and
 ``b`` was sent each epoch it missed once (but the one the stop cut).
 
-VictoriaMetrics is written through its InfluxDB v1 ``/write``: it labels each point
-with the ``db`` it names, so this test reads back only its own points from the shared
-server (``/api/v2/write`` labels nothing by bucket). It keeps every sample it is sent
-rather than overwriting a point, so re-sent epochs show up there.
+VictoriaMetrics is a server of the test's own, started without
+``-dedup.minScrapeInterval``: it keeps every sample it is sent rather than overwriting a
+point, so its samples count what it was sent, re-sent epochs too (the dev server runs
+with deduplication, which would count them once). It is written through its InfluxDB v1
+``/write``, which labels each point with the ``db`` it names.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from tests.e2e.harness import (
 from tests.e2e.harness import feed as copy_files
 from tests.integration.cli_helpers import make_cli
 from tests.integration.faultproxy import CUT, PASS, FaultProxy
-from tests.support import start_own_influx, unique
+from tests.support import start_own_influx, start_own_victoria_metrics, unique
 from twophase.config import InfluxConfig
 
 NAMES = ("a", "b", "vm")
@@ -88,8 +89,10 @@ class Fan:
 
 
 @pytest.fixture
-def fan(staging_url: str, influx: InfluxConfig, vm_url: str, tmp_path: Path) -> Iterator[Fan]:
+def fan(staging_url: str, influx: InfluxConfig, tmp_path: Path) -> Iterator[Fan]:
     server = start_own_influx(tmp_path, B_DATABASE)
+    vm = start_own_victoria_metrics(tmp_path, dedup_interval=None)  # keeps every sample
+    vm_url = vm.url
     proxy = FaultProxy.for_url(server.url).start()
     vm_db = unique("tpvm")
     settings = {
@@ -106,7 +109,7 @@ def fan(staging_url: str, influx: InfluxConfig, vm_url: str, tmp_path: Path) -> 
     finally:
         proxy.stop()
         server.stop()
-        vm_delete(vm_url, vm_db)
+        vm.stop()
 
 
 class Run:
@@ -405,12 +408,6 @@ def vm_mismatches(fan: Fan, files: Sequence[Path]) -> list[str]:
         for key in sorted(set(want) | set(got))
         if got.get(key) != want.get(key)
     ]
-
-
-def vm_delete(vm_url: str, vm_db: str) -> None:
-    """Drop this test's series: the dev server keeps them for good otherwise."""
-    match = urlencode({"match[]": f'{{db="{vm_db}"}}'})
-    urllib3.request("POST", f"{vm_url}/api/v1/admin/tsdb/delete_series?{match}", timeout=10)
 
 
 def vm_samples(fan: Fan) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_protocol import lines, stage
-from tests.support import REPO, admin_conninfo
+from tests.support import REPO, admin_conninfo, begin_run
 from twophase.cli import main
 from twophase.config import InfluxConfig
 from twophase.points.builder import Rejected
@@ -115,7 +115,7 @@ def known_store(tp: Any) -> None:
     """Sink ``s``: epochs 0-2 COMMITTED (10 points each; epoch 1 has a row rejected at
     stage, epoch 2 a point InfluxDB rejects), epoch 3 PRECOMMITTED (a driver that died
     after the vote). Sink ``t``: epoch 0 COMMITTED (5 points)."""
-    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    lease = begin_run(tp, SINK, "r1", "q1")
     for epoch in (0, 1, 2):
         first: list[Any] = list(lines(epoch, 10)[:4])
         if epoch == 1:
@@ -123,7 +123,7 @@ def known_store(tp: Any) -> None:
         rest = lines(epoch, 10)[4:] + ([BAD_POINT] if epoch == 2 else [])
         tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [first, rest]))
     tp.ledger.decide(lease, 3, stage(tp, SINK, 3, [lines(3, 10)]))
-    other = tp.ledger.begin_run(OTHER, "r9", "q9")
+    other = begin_run(tp, OTHER, "r9", "q9")
     tp.committer.commit(other, 0, stage(tp, OTHER, 0, [lines(0, 5, host="t")], run="r9"))
 
 

@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--retention", default="1h", help="retention of delivered points")
     ap.add_argument("--influx-url-b", default=None, help="a second target, b (a: --influx-url)")
     ap.add_argument("--influx-db-b", default=None, help="target b's database")
+    ap.add_argument("--retry-deadline", type=float, default=30, help="influx_retry_deadline (s)")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
@@ -122,7 +123,7 @@ def influx_config(args: argparse.Namespace) -> InfluxConfig:
         api="v1",
         database=args.influx_db,
         batch_points=args.batch_points,
-        retry_deadline_s=30,
+        retry_deadline_s=args.retry_deadline,
         retry_initial_s=0.05,
         retry_max_s=1,
         promotion=args.promotion,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.cli_helpers import sql
 from tests.integration.test_protocol import STAGED_POINTS, lines, scalar, stage
-from tests.support import admin_conninfo, staging_config_for, two_phase
+from tests.support import admin_conninfo, begin_run, staging_config_for, two_phase
 from twophase.config import InfluxConfig
 from twophase.model import EpochState
 from twophase.protocol.autogc import AutoGc
@@ -57,7 +57,9 @@ def expiring(staging_url: str, influx: InfluxConfig) -> Iterator[Any]:
 def committer_of(tp: Any, clock: Clock, limit: int) -> tuple[Committer, AutoGc]:
     """The parts' committer, with an automatic collector on the test's clock."""
     auto = AutoGc(tp.gc, INTERVAL_S, limit=limit, clock=clock)
-    return Committer(tp.ledger, tp.promoter, tp.gc, auto_gc=auto), auto
+    return Committer(
+        tp.ledger, tp.promoter, tp.gc, auto_gc=auto, roster=tp.roster, catch_up=tp.catch_up
+    ), auto
 
 
 def wait_until(what: str, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -72,7 +74,7 @@ def test_expired_epochs_and_orphans_go_without_an_operator(
 ) -> None:
     staging = staging_config_for(staging_url, retention="0s", gc_interval="200ms")
     with two_phase(staging, influx) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         loser = stage(tp, "s", 0, [lines(0, 3)], attempt=1)  # a speculative attempt
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
         assert not tp.auto_gc.running  # the first commit only starts the interval
@@ -90,7 +92,7 @@ def test_one_collection_is_bounded_and_the_next_goes_on(expiring: Any, staging_u
     clock = Clock()
     committer, auto = committer_of(expiring, clock, limit=2)
     try:
-        lease = expiring.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(expiring, "s", "r1", "q1")
         for epoch in range(5):
             stage(expiring, "s", epoch, [lines(epoch, 2)], attempt=1)  # orphans once decided
             committer.commit(lease, epoch, stage(expiring, "s", epoch, [lines(epoch, 2)]))
@@ -112,7 +114,7 @@ def test_one_collection_is_bounded_and_the_next_goes_on(expiring: Any, staging_u
 def test_a_commit_does_not_wait_for_a_collection(expiring: Any, staging_url: str) -> None:
     clock = Clock()
     committer, auto = committer_of(expiring, clock, limit=100)
-    lease = expiring.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(expiring, "s", "r1", "q1")
     committer.commit(lease, 0, stage(expiring, "s", 0, [lines(0, 5)]))
     pool = ThreadPoolExecutor(1)
     try:
@@ -142,7 +144,7 @@ def test_a_commit_does_not_wait_for_a_collection(expiring: Any, staging_url: str
 def test_gc_interval_0_never_collects(staging_url: str, influx: InfluxConfig) -> None:
     staging = staging_config_for(staging_url, retention="0s", gc_interval="0s")
     with two_phase(staging, influx) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         for epoch in range(3):
             tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 3)]))
             time.sleep(0.05)
@@ -155,7 +157,7 @@ def test_gc_interval_0_never_collects(staging_url: str, influx: InfluxConfig) ->
 def test_a_failing_discard_leaves_the_replay_to_gc(
     tp: Any, staging_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
     sql(
         staging_url,

@@ -10,7 +10,7 @@ import pytest
 
 from scripts.services import InfluxServer
 from tests.integration.test_protocol import M, epoch_row, lines, stage
-from tests.support import OWN_INFLUX_DB, influx_count, influx_rows, two_phase
+from tests.support import OWN_INFLUX_DB, begin_run, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.model import EpochState
@@ -24,7 +24,7 @@ def test_commit_returns_once_decided_and_the_next_commit_waits(
     staging: StagingConfig, influx: InfluxConfig
 ) -> None:
     with two_phase(staging, background(influx, batch_points=50)) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         first = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 500)]))
         assert (first.state, first.promoted) == (EpochState.PRECOMMITTED, None)
         second = tp.committer.commit(lease, 1, stage(tp, "s", 1, [lines(1, 500)]))
@@ -48,7 +48,7 @@ def test_a_failed_background_promotion_is_raised_by_the_next_commit(
         retry_deadline_s=2,
     )
     with two_phase(staging, background(influx)) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         own_influx.stop()  # InfluxDB fails while epoch 0 promotes in the background
         assert tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 50)])).state == (
             EpochState.PRECOMMITTED
@@ -60,7 +60,7 @@ def test_a_failed_background_promotion_is_raised_by_the_next_commit(
     own_influx.start()
     # The restart (a new process: new parts, a new run) delivers 0, then 1.
     with two_phase(staging, background(influx)) as tp:
-        lease = tp.ledger.begin_run("s", "r2", "q1")
+        lease = begin_run(tp, "s", "r2", "q1")
         outcome = tp.committer.commit(lease, 1, stage(tp, "s", 1, [lines(1, 50)]))
         assert outcome.recovered == (0,)
         tp.committer.drain()
@@ -76,12 +76,12 @@ def test_the_same_point_key_twice_in_an_epoch_keeps_its_winner(
     decides the winner, whichever thread promotes and however often it is sent (I4)."""
     key = f"{M},host=a v=%s 1600000000000000000"
     with two_phase(staging, background(influx)) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [[key % "1.5"], [key % "2.5"]]))
         tp.committer.drain()
         winner = influx_rows(influx, M)
         for _ in range(resends):  # an operator's resend: the fixed set, in its fixed order
-            tp.promoter.send(tp.reader.plan("s", 0))
+            next(iter(tp.deliveries.values())).send(tp.reader.plan("s", 0))
             assert influx_rows(influx, M) == winner
     assert [row[2] for row in winner] == [(("v", 2.5),)]  # the later write in the order
 
@@ -90,7 +90,7 @@ def test_drain_waits_for_a_promotion_in_flight(
     staging: StagingConfig, influx: InfluxConfig
 ) -> None:
     with two_phase(staging, background(influx, batch_points=10)) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 2000)]))
         (result,) = tp.committer.drain()  # 200 requests of 10 points: still in flight
         assert (result.epoch, result.delivered) == (0, 2000)

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import admin_conninfo, influx_query, influx_rows
+from tests.support import admin_conninfo, begin_run, influx_query, influx_rows
 from twophase.points.builder import PointBuilder, PointSpec
 
 T = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -73,7 +73,7 @@ def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
 ) -> None:
     good = [row(i) for i in range(30, 40)]
     rows = good[:5] + [r for r, _ in BAD_ROWS] + ODD_ROWS + good[5:]
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     commit_rows(tp, lease, 0, rows)
 
     letters = dead_letters(staging_url)
@@ -104,7 +104,7 @@ def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
 def test_field_type_change_between_epochs_is_a_promote_dead_letter(
     tp: Any, staging_url: str
 ) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     commit_rows(tp, lease, 0, [row(i) for i in range(5)])  # v is a float
     second = [row(i + 5) for i in range(5)]
     second[2]["v"] = "now a string"  # InfluxDB refuses a new type for the field

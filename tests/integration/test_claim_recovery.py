@@ -15,7 +15,7 @@ import pytest
 
 from scripts.services import InfluxServer
 from tests.integration.test_protocol import M, epoch_row, lines, stage
-from tests.support import OWN_INFLUX_DB, admin_conninfo, influx_count, two_phase
+from tests.support import OWN_INFLUX_DB, admin_conninfo, begin_run, influx_count, two_phase
 from twophase.config import BACKGROUND, INLINE, InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.points.builder import Rejected
@@ -41,7 +41,7 @@ def crashed_run(
 ) -> None:
     """A run that decided ``epochs`` (30 points each, or ``rows``) and died before
     promoting them."""
-    lease = tp.ledger.begin_run(sink, run, "q1")
+    lease = begin_run(tp, sink, run, "q1")
     for epoch in epochs:
         part = lines(epoch, 30) if rows is None else rows
         tp.ledger.decide(lease, epoch, stage(tp, sink, epoch, [part], run=run))
@@ -94,7 +94,7 @@ def test_a_recovery_waits_for_the_one_under_way_and_sends_nothing_twice(
             claim = threading.Thread(target=lambda: claimed.append(driver.claim("s", "r2", "q1")))
             claim.start()
             wait_until(lambda: advisory_waiters(staging_url) == 1)
-            lease = tp.ledger.begin_run("s", "r2", "q1")  # the worker's own claim: the same run
+            lease = begin_run(tp, "s", "r2", "q1")  # the worker's own claim: the same run
             tp.promoter.promote(lease, 0)
         claim.join(60)
     assert claimed == [lease]
@@ -195,7 +195,7 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
         with pytest.raises(InfluxUnavailableError, match="still unavailable"):
             commit.claim(sink, "run-2", "q1")
         assert parts.ledger.pending("dash") == [0]
-        parts.ledger.check_lease(parts.ledger.begin_run("dash", "run-2", "q1"))  # its own
+        parts.ledger.check_lease(begin_run(parts, "dash", "run-2", "q1"))  # its own
         own_influx.start()
         commit.claim(sink, "run-2", "q1")
         assert parts.ledger.pending("dash") == []

@@ -25,7 +25,7 @@ from tests.integration.cli_helpers import (
 )
 from tests.integration.crash_driver import MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
 from tests.integration.test_protocol import lines, stage
-from tests.support import REPO, free_port, influx_count, influx_rows
+from tests.support import REPO, begin_run, free_port, influx_count, influx_rows
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError
 from twophase.influx.query import query_v1
@@ -62,7 +62,8 @@ def test_recover_promotes_in_order_and_reports(tp: Any, cli: Cli, staging_url: s
     assert result.code == 0, result.err
     assert result.json() == {
         "recovered": [{"sink_id": SINK, "epoch": 3, "delivered": 10, "rejected": 0}],
-        "caught_up": [],  # one target: no lagging target to catch up
+        "caught_up": [],  # its one target is live: no backlog to catch up
+        "still_behind": [],
     }
     assert "recover: 10/10 points s#3 (100%)" in result.err  # plain progress lines off a terminal
     assert "PRECOMMITTED" not in states(staging_url).values()
@@ -76,7 +77,7 @@ def test_recover_promotes_in_order_and_reports(tp: Any, cli: Cli, staging_url: s
 
 def test_recover_force_fences_the_live_run(tp: Any, cli: Cli, staging_url: str) -> None:
     known_store(tp)
-    lease = tp.ledger.begin_run(SINK, "r1", "q1")  # the same live run's lease
+    lease = begin_run(tp, SINK, "r1", "q1")  # the same live run's lease
     forced = cli("recover", "--sink", SINK, "--force")
     assert forced.code == 0, forced.err
     assert "going ahead because of --force" in forced.err
@@ -126,7 +127,7 @@ def test_recover_after_a_driver_crash_end_to_end(
 
 def test_resend_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> None:
     known_store(tp)
-    tp.committer.recover(tp.ledger.begin_run(SINK, "r2", "q1"))
+    tp.committer.recover(begin_run(tp, SINK, "r2", "q1"))
     committed = influx_rows(tp.config.influx, M)
     assert len(committed) == 45  # 4 epochs x 10 of s (one rejected), 5 of t
 
@@ -188,7 +189,7 @@ def test_a_query_that_claims_the_sink_stops_a_resend(tp: Any, cli: Cli, tmp_path
     sink, and the resend sends no request more, so an old value it would re-send can
     never land after the query's newer one."""
     known_store(tp)
-    tp.committer.recover(tp.ledger.begin_run(SINK, "r2", "q1"))
+    tp.committer.recover(begin_run(tp, SINK, "r2", "q1"))
     config = tp.config.influx
     query_v1(config.url, config.database, f'DROP MEASUREMENT "{M}"', method="POST")
     make_idle(cli.staging_url)
@@ -209,7 +210,7 @@ def test_a_query_that_claims_the_sink_stops_a_resend(tp: Any, cli: Cli, tmp_path
         assert resend.poll() is None and time.monotonic() < deadline, resend.communicate()
         time.sleep(0.05)
     sent = len(influx_rows(config, M))  # its first request's points
-    tp.ledger.begin_run(SINK, "r3", "q1")  # the query, restarted, claims the sink
+    begin_run(tp, SINK, "r3", "q1")  # the query, restarted, claims the sink
     _, err = resend.communicate(timeout=60)
     assert resend.returncode == 1, err
     assert "was fenced by a newer run (r3)" in err, err
@@ -243,7 +244,7 @@ def test_verify_reports_changed_and_extra_points(tp: Any, cli: Cli) -> None:
     config = tp.config.influx
     base = 1_700_000_000_000_000_000
     body = f"{M},host=a,n=1 v=99 {base + 1}\n{M},host=a,n=1 v=5 {base + 2 * 10**12 + 2}"
-    tp.promoter._sender.send(body.encode(), 2, body.splitlines)
+    next(iter(tp.deliveries.values()))._sender.send(body.encode(), 2, body.splitlines)
     result = cli("verify", "--sink", SINK, "--json")
     assert result.code == 1
     (diff,) = result.json()["differences"]
@@ -266,7 +267,7 @@ def test_verify_reports_changed_and_extra_points(tp: Any, cli: Cli) -> None:
 def test_verify_of_an_old_epoch_accounts_for_later_rewrites(tp: Any, cli: Cli) -> None:
     """Update output mode: epoch 1 rewrites epoch 0's points; verifying epoch 0 alone
     expects the newer values InfluxDB rightly holds."""
-    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    lease = begin_run(tp, SINK, "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 6)]))
     tp.committer.commit(lease, 1, stage(tp, SINK, 1, [lines(0, 3, value_offset=0.5)]))
     assert cli("verify", "--sink", SINK, "--epoch", "0").code == 0

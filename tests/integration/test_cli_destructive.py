@@ -19,7 +19,7 @@ from tests.integration.cli_helpers import (
     sql,
 )
 from tests.integration.test_protocol import M, lines, stage
-from tests.support import REPO, influx_rows
+from tests.support import REPO, begin_run, influx_rows
 from twophase.config import InfluxConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
@@ -146,7 +146,7 @@ def test_reset_is_the_way_out_of_a_checkpoint_reset(tp: Any, cli: Cli, staging_u
         "dead_letters_kept": 2,  # epoch 1's row rejected at staging, epoch 2's refused point
     }
     # the reset checkpoint's new query starts again at epoch 0
-    lease = tp.ledger.begin_run(SINK, "r5", "q-new")
+    lease = begin_run(tp, SINK, "r5", "q-new")
     outcome = tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 2, host="z")]))
     assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
     assert cli("reset", "--sink", "nope", "--yes").code == 2
@@ -190,7 +190,7 @@ def test_a_reset_and_the_gc_after_it_keep_the_dead_letters_of_decided_writes(
 
     # The reset checkpoint's new query decides epochs 0-2 again: the old writes of those
     # epochs are orphans at once, the others past the grace.
-    lease = tp.ledger.begin_run(SINK, "r5", "q-new")
+    lease = begin_run(tp, SINK, "r5", "q-new")
     for epoch in range(3):
         tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [lines(epoch, 2, host="n")]))
     tp.runs.end(SINK, "r5", "stopped")

@@ -24,6 +24,7 @@ from twophase.points.builder import Rejected
 
 STATUS_KEYS = {
     "sink_id",
+    "targets",
     "query_id",
     "owner_run_id",
     "owner_live",

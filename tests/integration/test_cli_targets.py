@@ -41,6 +41,8 @@ TARGET_KEYS = {
     "lagging_since",
     "quarantined_at",
     "last_error",
+    "url",
+    "url_changed_at",
 }
 
 
@@ -78,7 +80,7 @@ def commit(tp: Any, lease: Lease, epoch: int) -> None:
 def b_behind(fan: Any, pair: Pair, epochs: range) -> Lease:
     """Commit ``epochs`` while b is down, with no catch-up: b lacks them (lagging)."""
     lease = fan.committer.claim(SINK, "r1", "q1")
-    fan.promoter.close()  # no catch-up worker: b stays behind
+    fan.catch_up.close()  # no catch-up worker: b stays behind
     pair.proxy.set_mode(CUT)
     for epoch in epochs:
         commit(fan, lease, epoch)
@@ -119,7 +121,8 @@ def test_status_and_targets_show_a_lagging_target(
 
     listed = cli("targets", "--json")
     assert listed.code == 0, listed.err
-    a, b = listed.json()["targets"]
+    a, b, one = listed.json()["targets"]  # by sink: "fan", then "one" (its one server)
+    assert (one["sink_id"], one["target"], one["state"]) == ("one", "default", "live")
     assert set(a) == set(b) == TARGET_KEYS | {"sink_id"}
     assert (a["sink_id"], a["target"], a["state"], a["delivered_epoch"]) == (SINK, "a", "live", 1)
     assert (a["lag_epochs"], a["lag_seconds"], a["lag_bytes"]) == (0, None, 0)
@@ -138,7 +141,7 @@ def test_status_and_targets_show_a_lagging_target(
     shown = sinks[SINK]["targets"]
     assert [set(t) for t in shown] == [TARGET_KEYS, TARGET_KEYS]
     assert [ageless(t) for t in shown] == [ageless(t) for t in (a, b)]  # the lag grows
-    assert "targets" not in sinks["one"]  # its one target is its COMMITTED epochs
+    assert [t["target"] for t in sinks["one"]["targets"]] == ["default"]  # the one server
 
     text = cli("status").out.splitlines()
     at = text.index(f"targets of sink {SINK!r}:")
@@ -151,15 +154,16 @@ def test_status_and_targets_show_a_lagging_target(
         "LAG",
         "LAG",
         "BYTES",
+        "URL",
     ]
     assert text[at + 2].split()[:4] == ["a", "live", "1", "0"]
     assert text[at + 3].split()[:4] == ["b", "lagging", "-", "2"]
-    assert "targets of sink 'one':" not in text
+    assert "targets of sink 'one':" not in text  # its one target, live: not shown
     rows = cli("targets", "--sink", SINK).out.splitlines()
     assert rows[0].split()[:3] == ["SINK", "TARGET", "STATE"] and "LAST ERROR" in rows[0]
     assert rows[2].split()[:5] == [SINK, "b", "lagging", "-", "2"]
-    none = cli("targets", "--sink", "one")
-    assert none.code == 0 and none.out.startswith("no targets in sink 'one'")
+    one = cli("targets", "--sink", "one")
+    assert one.code == 0 and one.out.splitlines()[1].split()[:3] == ["one", "default", "live"]
 
     lagging = cli("verify", "--sink", SINK, "--target", "b", "--json")
     assert lagging.code == 1  # b lacks the epochs: it differs, and says why
@@ -235,7 +239,7 @@ def test_resync_from_an_epoch_re_delivers_what_a_target_lost(
     assert cli("verify", "--sink", SINK).code == 0
     unknown = cli("targets", "resync", "c", "--sink", SINK, "--yes")
     assert unknown.code == 2 and "unknown target 'c'" in unknown.one_line_error()
-    cli.flags[cli.flags.index("--targets") + 1] += f",c={pair.a.url}"
+    cli.flags[cli.flags.index("--targets") + 1] += f",c={pair.a.url}/c"  # another server
     stranger = cli("targets", "resync", "c", "--sink", SINK, "--yes")
     assert stranger.code == 2
     assert f"sink {SINK!r} has no target 'c' (its targets: a, b)" in stranger.one_line_error()
@@ -323,7 +327,7 @@ def test_a_resend_never_puts_an_epoch_before_an_older_one_a_target_lacks(
     fan: Any, pair: Pair, cli: Cli
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
-    fan.promoter.close()  # no catch-up: b stays behind
+    fan.catch_up.close()  # no catch-up: b stays behind
     commit(fan, lease, 0)
     pair.proxy.set_mode(CUT)
     commit(fan, lease, 1)  # b is left without epoch 1

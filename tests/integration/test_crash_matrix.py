@@ -124,6 +124,7 @@ def start_driver(
     arm_last: tuple[Path, dict[str, Any]] | None = None,
     extra: Sequence[str] = (),
     layout: tuple[str, int | None] = ("gzip", None),
+    epochs: int = EPOCHS,
 ) -> subprocess.Popen[str]:
     """The driver as a child process; ``arm_last``: a crash plan file and the plan the
     driver arms there once every epoch but the last is promoted; ``extra``: more
@@ -149,7 +150,7 @@ def start_driver(
         "--sink",
         SINK,
         "--epochs",
-        str(EPOCHS),
+        str(epochs),
         "--spark-log",
         str(log),
         "--run-id",
@@ -229,6 +230,7 @@ def test_the_matrices_cover_every_named_crash_point() -> None:
     at_restart = {second.split(":")[0] for _, _, second, _ in RESTART_CRASHES}
     assert {promotion for promotion, _, _, _ in RESTART_CRASHES} == {"inline", "background"}
     targets = {point for point, _ in TARGET_CRASHES} | {p for p, _ in TARGET_DOWN_CRASHES}
+    targets |= {param.values[0] for param in AVAILABILITY_CRASHES}
     covered = in_steps | {"drain"} | at_restart | targets | set(ELSEWHERE)
     assert covered == set(CRASH_POINTS), set(CRASH_POINTS) ^ covered
     for point, test in ELSEWHERE.items():
@@ -469,7 +471,7 @@ def test_sigkill_again_while_the_restart_claims_and_recovers(
 # Two targets, a and b (each its own InfluxDB database): every step of a fan-out
 # promotion killed, inline over one lane and in the background over four. Per epoch,
 # 9 requests of 40 points go to each target (18 promote_batch checks), and each
-# target's delivery is recorded (2 in_deliver checks).
+# target's delivery is recorded in the mark's transaction (2 in_deliver checks).
 TARGET_CRASHES = [
     ("stage_rows", 14),  # staging knows no targets: killed as with one
     ("in_stage", 5),
@@ -478,8 +480,8 @@ TARGET_CRASHES = [
     ("after_decide", 2),  # epoch 1 decided, sent to neither target
     ("promote_batch", 23),  # epoch 1, 5 of its 18 requests acknowledged
     ("before_dead_letters", 1),  # epoch 1's rejecting request, in one target
-    ("in_deliver", 3),  # epoch 1 in one target, the record uncommitted
-    ("in_deliver", 4),  # epoch 1 in both, the second record uncommitted
+    ("in_deliver", 3),  # epoch 1 in both, the mark recording the first, uncommitted
+    ("in_deliver", 4),  # epoch 1 in both, the mark recording the second, uncommitted
     ("after_promote", 2),  # epoch 1 in both targets, not marked
     ("in_mark", 2),  # epoch 1's mark, uncommitted
     ("after_mark", 2),  # epoch 1 COMMITTED, not in Spark's log: a replay
@@ -604,4 +606,78 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
         assert done.returncode == 0, done.stderr
     assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
+    assert target_dead_letters(staging_url) == per_target(crash_free["dead"])
+
+
+# The availability rule (I10) in the two-target matrix: epochs 0 and 1 go to a alone
+# (b down: lagging); then a goes down too, and epoch 2's commit fails (it stays
+# PRECOMMITTED). b comes back, a stays down: the restart's claim catches b up (epochs
+# 0 and 1) and delivers 2 to it, killed at each step of that; the next restart
+# finishes on b alone; a comes back and `twophase recover` catches it up. Both targets
+# then hold exactly what a crash-free run writes.
+AVAILABILITY_CRASHES = [
+    pytest.param("in_deliver", 1, id="in_deliver-1"),  # b's catch-up: epoch 0's record
+    pytest.param("promote_batch", 12, id="promote_batch-12"),  # b's catch-up, in epoch 1
+    pytest.param("in_deliver", 3, id="in_deliver-3"),  # epoch 2 in b, its record
+    pytest.param("in_mark", 1, id="in_mark-1"),  # epoch 2's mark, uncommitted
+    pytest.param("in_plan", 1, id="in_plan-1", marks=pytest.mark.full),  # the recovery's plan
+    pytest.param("promote_batch", 1, id="promote_batch-1", marks=pytest.mark.full),
+    pytest.param("after_promote", 1, id="after_promote-1", marks=pytest.mark.full),
+    pytest.param("after_mark", 1, id="after_mark-1", marks=pytest.mark.full),
+]
+
+
+@pytest.mark.parametrize(("point", "nth"), AVAILABILITY_CRASHES)
+def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
+    point: str,
+    nth: int,
+    crash_free: dict[str, Any],
+    staging_url: str,
+    influx: InfluxConfig,
+    influx_b: InfluxConfig,
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "spark-commit-log"
+    with (
+        FaultProxy.for_url(influx.url).start() as pa,
+        FaultProxy.for_url(influx_b.url).start() as pb,
+    ):
+        a = InfluxConfig(url=pa.url, api="v1", database=influx.database)
+        b = (*target_b(influx_b, pb.url), "--retry-deadline", "3")
+
+        def decided() -> list[int]:
+            return [row[0] for row in staging_summary(staging_url)["epochs"]]
+
+        pb.set_mode(CUT)
+        first = run_driver(staging_url, a, log, "run-1", extra=b, epochs=2)
+        assert first.returncode == 0, first.stderr  # epochs 0 and 1 in a alone
+        pa.set_mode(CUT)
+        stopped = run_driver(staging_url, a, log, "run-2", perturb=decided(), extra=b, epochs=3)
+        assert stopped.returncode != 0  # epoch 2: no target took it
+        assert staging_summary(staging_url)["epochs"][2][1] == "PRECOMMITTED"
+        pb.set_mode(PASS)  # b back, a still down
+        crashed = run_driver(
+            staging_url, a, log, "run-3", f"{point}:{nth}", perturb=decided(), extra=b
+        )
+        assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+        restarted = run_driver(staging_url, a, log, "run-4", perturb=decided(), extra=b)
+        assert restarted.returncode == 0, restarted.stderr  # on b alone
+        assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
+        assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
+        pa.set_mode(PASS)
+        recover = [str(SCRIPT), "recover", "--sink", SINK, "--force"]
+        env = {
+            **os.environ,
+            "TWOPHASE_STAGING_URL": staging_url,
+            "TWOPHASE_TARGETS": f"a={pa.url},b={pb.url}",
+            "TWOPHASE_TARGET_A_INFLUX_DB": str(influx.database),
+            "TWOPHASE_TARGET_B_INFLUX_DB": str(influx_b.database),
+            "TWOPHASE_INFLUX_API": "v1",
+            "TWOPHASE_INFLUX_BATCH_POINTS": "40",
+        }
+        env.pop("TWOPHASE_INFLUX_URL", None)
+        done = subprocess.run(recover, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    for target in (influx, influx_b):  # each target: nothing missing or doubled
+        assert influx_rows(target, MEASUREMENT) == crash_free["rows"]
     assert target_dead_letters(staging_url) == per_target(crash_free["dead"])

@@ -16,7 +16,14 @@ from tests.integration.fanout_helpers import two_targets
 from tests.integration.faultproxy import CUT
 from tests.integration.test_auto_gc import Clock, committer_of
 from tests.integration.test_protocol import lines, stage
-from tests.support import admin_conninfo, free_port, port_is_free, staging_config_for, two_phase
+from tests.support import (
+    admin_conninfo,
+    begin_run,
+    free_port,
+    port_is_free,
+    staging_config_for,
+    two_phase,
+)
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.model import Lease
@@ -75,7 +82,7 @@ def test_a_scrape_reports_every_sink(tp: Any, exporter: Exporter, staging_url: s
 
     tp.ledger.abort("s", 3, "test")
     tp.runs.end("s", "r1", "stopped")
-    tp.ledger.begin_run("t", "r10", "q9")  # fences r9 of sink t
+    begin_run(tp, "t", "r10", "q9")  # fences r9 of sink t
     with pytest.raises(FencedError):
         tp.ledger.decide(Lease("t", "r9", "q9", 1), 1, [])
     got = scrape(exporter.port)
@@ -88,7 +95,7 @@ def test_a_scrape_reports_every_sink(tp: Any, exporter: Exporter, staging_url: s
 
 
 def test_the_histogram_counts_each_new_commit_once(tp: Any, exporter: Exporter) -> None:
-    lease = tp.ledger.begin_run("h", "r1", "q1")
+    lease = begin_run(tp, "h", "r1", "q1")
     for epoch in range(3):
         tp.committer.commit(lease, epoch, stage(tp, "h", epoch, [lines(epoch, 5)]))
     assert value(scrape(exporter.port), "twophase_commit_duration_seconds_count", sink="h") == 3
@@ -132,7 +139,7 @@ def test_the_driver_serves_its_influx_request_metrics(
     port = free_port()
     metered = dataclasses.replace(influx, metrics_port=port)
     with two_phase(staging, metered, serve_metrics=True) as tp:
-        lease = tp.ledger.begin_run("d", "r1", "q1")
+        lease = begin_run(tp, "d", "r1", "q1")
         bad = 'proto,host=a v="text" 1700000000000000001'
         tp.committer.commit(lease, 0, stage(tp, "d", 0, [lines(0, 5)]))
         tp.committer.commit(lease, 1, stage(tp, "d", 1, [[*lines(1, 4), bad]]))
@@ -147,7 +154,7 @@ def test_the_driver_serves_its_influx_request_metrics(
         influx, url=f"http://127.0.0.1:{free_port()}", metrics_port=port, retry_deadline_s=0.3
     )
     with two_phase(staging, closed, serve_metrics=True) as tp:
-        lease = tp.ledger.begin_run("d2", "r1", "q1")
+        lease = begin_run(tp, "d2", "r1", "q1")
         with pytest.raises(InfluxUnavailableError):
             tp.committer.commit(lease, 0, stage(tp, "d2", 0, [lines(0, 5)]))
     after = scrape(port)
@@ -166,7 +173,7 @@ def test_the_driver_labels_its_requests_with_their_target(
         pair.proxy.set_mode(CUT)  # b refuses every connection: a takes the epochs
         config = dataclasses.replace(pair.config, metrics_port=port)
         with two_phase(staging, config, serve_metrics=True) as tp:
-            tp.promoter.close()  # no catch-up: b's requests are the commit's only
+            tp.catch_up.close()  # no catch-up: b's requests are the commit's only
             lease = tp.committer.claim("m", "r1", "q1")
             tp.committer.commit(lease, 0, stage(tp, "m", 0, [lines(0, 5)]))
             got = scrape(port)
@@ -195,7 +202,7 @@ def test_automatic_gc_lowers_the_retained_bytes(
         clock = Clock()
         committer, auto = committer_of(tp, clock, limit=100)
         try:
-            lease = tp.ledger.begin_run("a", "r1", "q1")
+            lease = begin_run(tp, "a", "r1", "q1")
             for epoch in range(3):
                 committer.commit(lease, epoch, stage(tp, "a", epoch, [lines(epoch, 10)]))
             retained = value(scrape(exporter.port), "twophase_staged_bytes", sink="a")

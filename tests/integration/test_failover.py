@@ -15,7 +15,15 @@ import pytest
 from tests.integration.replication import Primary, Standby, failover_url, make_pair
 from tests.integration.test_protocol import M, lines, stage
 from tests.integration.test_staging_outages import in_thread, wait_for
-from tests.support import admin_conninfo, alembic, influx_count, influx_rows, two_phase, unique
+from tests.support import (
+    admin_conninfo,
+    alembic,
+    begin_run,
+    influx_count,
+    influx_rows,
+    two_phase,
+    unique,
+)
 from twophase.config import InfluxConfig, StagingConfig, load_staging_config
 from twophase.model import EpochState
 
@@ -69,7 +77,7 @@ def test_failover_with_synchronous_replication_is_exact(
     config, promoted_url = staging_on(pair)
     done: list[int] = []
     with two_phase(config, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
 
         def run() -> None:
             for epoch in range(EPOCHS):
@@ -117,7 +125,7 @@ def test_asynchronous_replication_can_forget_a_decided_epoch(
     primary, standby = pair
     config, promoted_url = staging_on(pair)
     with two_phase(config, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, SINK, 0, epoch_lines(0)))
         wait_for(lambda: caught_up(primary, standby))
         standby.stop()  # falls behind: what the primary acknowledges now is on it alone

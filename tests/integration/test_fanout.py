@@ -13,7 +13,7 @@ from tests.integration.fanout_helpers import Pair, deliveries, target_rows, two_
 from tests.integration.faultproxy import CUT, PASS, wait_until
 from tests.integration.test_protocol import M, lines, scalar, stage
 from tests.support import influx_count, influx_query, two_phase
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import InfluxConfig, StagingConfig, TargetConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.influx.api import make_writer
 from twophase.model import EpochState, Lease
@@ -144,17 +144,24 @@ def test_no_target_up_fails_the_commit(fan: Any, pair: Pair, staging_url: str) -
 def test_a_target_added_to_a_sink_starts_at_the_next_epoch(
     staging: StagingConfig, pair: Pair, staging_url: str
 ) -> None:
-    with two_phase(staging, pair.a) as one:  # influx_url: one target, no rows
+    """One server (``influx_url``: target ``default``), then targets ``default`` (the same
+    server, carried over) and b: default goes on, b starts at the next epoch."""
+    with two_phase(staging, pair.a) as one:
         lease = one.committer.claim(SINK, "r1", "q1")
         for epoch in range(2):
             commit(one, lease, epoch)
-    assert target_rows(staging_url, SINK) == {}
-    with two_phase(staging, pair.config) as fan:
+    assert target_rows(staging_url, SINK) == {
+        "default": {"state": "live", "delivered": 1, "from": 0}
+    }
+    carried = (TargetConfig("default", pair.a), pair.config.targets[1])
+    with two_phase(staging, dataclasses.replace(pair.config, targets=carried)) as fan:
         lease = fan.committer.claim(SINK, "r2", "q1")
         commit(fan, lease, 2)
     expect(pair.a, [0, 1, 2])
     assert influx_count(pair.b_direct, M) == N + 1  # epoch 2 only
-    assert target_rows(staging_url, SINK)["b"] == {"state": "live", "delivered": 2, "from": 2}
+    rows = target_rows(staging_url, SINK)
+    assert rows["default"] == {"state": "live", "delivered": 2, "from": 0}
+    assert rows["b"] == {"state": "live", "delivered": 2, "from": 2}
 
 
 @pytest.mark.targets(target_max_lag_s=3600)
@@ -162,7 +169,7 @@ def test_a_lagging_target_holds_retention_until_quarantined(
     fan: Any, pair: Pair, staging_url: str
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
-    fan.promoter.close()  # no catch-up: b stays behind
+    fan.catch_up.close()  # no catch-up: b stays behind
     pair.proxy.set_mode(CUT)
     for epoch in range(2):
         commit(fan, lease, epoch)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.faultproxy import CUT, PASS, FaultProxy, wait_until
 from tests.integration.test_protocol import M, epoch_row, lines, stage
-from tests.support import influx_count, influx_query, two_phase
+from tests.support import begin_run, influx_count, influx_query, two_phase
 from twophase.config import BACKGROUND, INLINE, InfluxConfig, StagingConfig
 from twophase.errors import FencedError
 from twophase.influx.api import make_writer
@@ -69,7 +69,7 @@ def test_a_zombie_retries_nothing_once_a_newer_run_committed_a_newer_value(
         ThreadPoolExecutor(1) as pool,
     ):
         proxy.set_mode(CUT)  # the zombie's requests never reach InfluxDB: it must retry
-        lease = zombie.ledger.begin_run("s", "rA", "q1")
+        lease = begin_run(zombie, "s", "rA", "q1")
         messages = stage(zombie, "s", 0, [epoch0], run="rA")
 
         def promote_zombie() -> None:  # inline: in commit; background: on its thread
@@ -81,7 +81,7 @@ def test_a_zombie_retries_nothing_once_a_newer_run_committed_a_newer_value(
 
         # The new run takes the sink over: it finds epoch 0 PRECOMMITTED, promotes it,
         # then commits epoch 1 with the newer value of the same point key.
-        taken = newer.ledger.begin_run("s", "rB", "q1")
+        taken = begin_run(newer, "s", "rB", "q1")
         outcome = newer.committer.commit(taken, 1, stage(newer, "s", 1, [[KEY % NEW]], run="rB"))
         assert (outcome.recovered, outcome.state) == ((0,), EpochState.COMMITTED)
         assert key_value(influx) == NEW
@@ -120,14 +120,14 @@ def test_a_fenced_inline_promotion_stops_before_its_next_request(
 ) -> None:
     small = dataclasses.replace(influx, batch_points=10)
     with two_phase(staging, small) as newer:
-        writer = FencesAfter(make_writer(small), 3, lambda: newer.ledger.begin_run("s", "r2", "q1"))
+        writer = FencesAfter(make_writer(small), 3, lambda: begin_run(newer, "s", "r2", "q1"))
         with two_phase(staging, small, writer=writer) as zombie:
-            lease = zombie.ledger.begin_run("s", "r1", "q1")
+            lease = begin_run(zombie, "s", "r1", "q1")
             with pytest.raises(FencedError, match="fenced by a newer run"):
                 zombie.committer.commit(lease, 0, stage(zombie, "s", 0, [lines(0, 100)]))
         assert writer.sent == 3  # the fourth request was never started
         assert influx_count(influx, M) == 30
         assert epoch_row(staging.url.reveal(), "s", 0)["state"] == EpochState.PRECOMMITTED
-        taken = newer.ledger.begin_run("s", "r2", "q1")  # the new run's own claim: a no-op
+        taken = begin_run(newer, "s", "r2", "q1")  # the new run's own claim: a no-op
         assert [r.epoch for r in newer.committer.recover(taken)] == [0]
     assert influx_count(influx, M) == 100

@@ -16,7 +16,7 @@ import pytest
 import twophase.protocol.gc as gc_module
 from tests.integration.cli_helpers import sql
 from tests.integration.test_protocol import STAGED_POINTS, M, lines, scalar, stage
-from tests.support import REPO, influx_count
+from tests.support import REPO, begin_run, influx_count
 from twophase.model import EpochState
 
 LATER = 30 * 86400  # seconds ahead of the database's clock: every retention has passed
@@ -28,7 +28,7 @@ WRITES = "SELECT count(*) FROM twophase_writes"
 
 
 def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
     tp.ledger.decide(lease, 1, stage(tp, "s", 1, [lines(1, 5)]))  # PRECOMMITTED: kept
 
@@ -47,7 +47,7 @@ def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> No
 
 
 def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     chosen = stage(tp, "s", 0, [lines(0, 3)])
     loser = stage(tp, "s", 0, [lines(0, 3)], attempt=1)  # speculative duplicate attempt
     undecided = stage(tp, "s", 1, [lines(1, 4)])  # a run that died before voting
@@ -79,7 +79,7 @@ def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> N
 
 
 def test_a_limit_bounds_one_collection(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     for epoch in range(5):
         stage(tp, "s", epoch, [lines(epoch, 2)], attempt=1)  # an orphan once epoch is decided
         tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 2)]))
@@ -112,7 +112,7 @@ def _host_clock(offset: timedelta) -> type[datetime]:
 def test_ages_are_measured_by_the_database_clock(
     tp: Any, staging_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     for epoch in (0, 1):
         tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 5)]))
     undecided = stage(tp, "s", 2, [lines(2, 4)])  # a run that died before voting
@@ -163,7 +163,7 @@ def test_sigkill_in_sparks_abort_then_gc(
     """A failed micro-batch's abort is killed while it deletes the finished tasks' writes:
     nothing of it is committed, the re-run of the batch is delivered once, and GC removes
     the aborted attempt's writes, never the re-run's."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     aborted = stage(tp, "s", 0, [lines(0, 5), lines(0, 5, host="b")])
     options = {"sink_id": "s", "measurement": M}
     arguments = tmp_path / "abort.pickle"

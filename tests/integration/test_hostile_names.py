@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.fuzz import HOSTILE, any_text, examples
 from tests.integration.cli_helpers import make_cli
 from tests.integration.test_points_roundtrip import Influx
-from tests.support import admin_conninfo
+from tests.support import admin_conninfo, begin_run
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import ConfigError
 from twophase.model import EpochState
@@ -37,7 +37,7 @@ def deliver(tp: Any, sink_id: str, measurement: str, column: str, epoch: int = 0
     spec = PointSpec(measurement, (column,), (column + "_f",), "t")
     builder = PointBuilder(spec)
     lines = [builder.line({column: f"v{i}'--", column + "_f": i, "t": i}) for i in range(3)]
-    lease = tp.ledger.begin_run(sink_id, "r1", "q1")
+    lease = begin_run(tp, sink_id, "r1", "q1")
     message = tp.stager.stage(sink_id, epoch, lines, run_id="r1", query_id="q1")
     assert tp.committer.commit(lease, epoch, [message]).state == EpochState.COMMITTED
     return lines
@@ -76,7 +76,7 @@ def test_sink_ids_postgresql_cannot_hold_are_refused_clearly(
     sink_id: str, words: str, tp: Any
 ) -> None:
     with pytest.raises(ConfigError, match=words) as claim:
-        tp.ledger.begin_run(sink_id, "r1", "q1")
+        begin_run(tp, sink_id, "r1", "q1")
     assert claim.value.option == "sink_id"
     with pytest.raises(ConfigError, match=words):
         tp.stager.stage(sink_id, 0, ["m f=1i 1"], run_id="r1", query_id="q1")
@@ -91,7 +91,7 @@ def test_any_sink_id_is_data_or_refused(tp: Any, staging: StagingConfig, sink_id
     before = table_counts(staging.url.reveal())
     unstorable = not sink_id or "\x00" in sink_id or any(0xD800 <= ord(c) < 0xE000 for c in sink_id)
     try:
-        lease = tp.ledger.begin_run(sink_id, "r1", "q1")
+        lease = begin_run(tp, sink_id, "r1", "q1")
     except ConfigError as exc:  # NUL, a lone surrogate, empty: nothing else
         assert unstorable and exc.option == "sink_id", exc
         assert table_counts(staging.url.reveal()) == before

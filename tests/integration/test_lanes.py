@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.faultproxy import FaultProxy, wait_until
 from tests.integration.test_protocol import epoch_row, stage
-from tests.support import admin_conninfo, influx_count, influx_rows, two_phase
+from tests.support import admin_conninfo, begin_run, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
 from twophase.errors import FencedError
 from twophase.protocol.lanes import LaneChooser
@@ -63,7 +63,7 @@ def test_each_series_keeps_to_one_lane_and_the_lanes_send_at_once(
     slow = dataclasses.replace(influx, url=proxy.url, batch_points=25)
     proxy.delay_s = 0.02  # every request a 20 ms round trip: the lanes overlap
     with two_phase(four, slow) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         parts = [series_lines(0, task, 40, 5, task + 0.5) for task in range(3)]
         outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, parts))
         assert outcome.promoted is not None and outcome.promoted.delivered == 600
@@ -86,16 +86,16 @@ def test_the_same_point_key_from_two_tasks_keeps_its_winner(
     staged_with = dataclasses.replace(staging, lanes=lanes)
     small = dataclasses.replace(influx, batch_points=10)  # many requests per lane
     with two_phase(staged_with, small) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         parts = [series_lines(0, 0, 30, 4, 1.5), series_lines(0, 1, 30, 4, 2.5)]
         tp.committer.commit(lease, 0, stage(tp, "s", 0, parts))
         winner = influx_rows(influx, M)
         for _ in range(3):  # re-promotions: the fixed set, in its fixed order
-            tp.promoter.send(tp.reader.plan("s", 0))
+            next(iter(tp.deliveries.values())).send(tp.reader.plan("s", 0))
             assert influx_rows(influx, M) == winner
     other = dataclasses.replace(staging, lanes=5 - lanes)
     with two_phase(other, small) as tp:
-        tp.promoter.send(tp.reader.plan("s", 0))
+        next(iter(tp.deliveries.values())).send(tp.reader.plan("s", 0))
     assert influx_rows(influx, M) == winner
     assert len(winner) == 120
     assert {dict(row[2])["v"] for row in winner} == {2.5}  # task 1, later in the order
@@ -110,12 +110,12 @@ def test_dead_letters_and_bisection_per_lane(staging: StagingConfig, influx: Inf
     # several series, so in several lanes, each inside a request of good points
     bad = [f'{M},host=h{s},zone=z{s % 3} v="text" {BASE + 99_000 + s}' for s in range(0, 20, 3)]
     with two_phase(four, small) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [series_lines(0, 0, 20, 1, 0.5)]))
         outcome = tp.committer.commit(lease, 1, stage(tp, "s", 1, [good + bad]))
         assert outcome.promoted is not None
         assert (outcome.promoted.delivered, outcome.promoted.rejected) == (60, len(bad))
-        tp.promoter.send(tp.reader.plan("s", 1))  # again: no letter twice
+        next(iter(tp.deliveries.values())).send(tp.reader.plan("s", 1))  # again: no letter twice
     with psycopg.connect(admin_conninfo(staging.url.reveal())) as conn:
         letters = conn.execute(
             "SELECT payload, reason FROM twophase_dead_letters WHERE epoch = 1 ORDER BY seq"
@@ -138,11 +138,11 @@ def test_a_fenced_background_promoter_sends_nothing_more(
     slow = dataclasses.replace(influx, url=proxy.url, batch_points=10, promotion=BACKGROUND)
     proxy.delay_s = 0.02
     with two_phase(staged_with, slow) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [series_lines(0, 0, 50, 20, 1.5)]))
         assert wait_until(lambda: proxy.write_requests >= 3, 10)
         with two_phase(staged_with, influx) as other:
-            other.ledger.begin_run("s", "r2", "q1")  # fences r1
+            begin_run(other, "s", "r2", "q1")  # fences r1
         at_fence = proxy.write_requests
         with pytest.raises(FencedError, match="fenced by a newer run"):
             tp.committer.drain()
@@ -151,5 +151,5 @@ def test_a_fenced_background_promoter_sends_nothing_more(
         assert proxy.write_requests < 100  # 1,000 points in requests of 10: stopped early
     assert epoch_row(staging.url.reveal(), "s", 0)["state"] == "PRECOMMITTED"
     with two_phase(staged_with, influx) as tp:
-        assert [r.epoch for r in tp.committer.recover(tp.ledger.begin_run("s", "r3", "q1"))] == [0]
+        assert [r.epoch for r in tp.committer.recover(begin_run(tp, "s", "r3", "q1"))] == [0]
     assert influx_count(influx, M) == 1000

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.cli_helpers import OTHER, SINK, known_store, make_idle
 from tests.integration.test_protocol import lines
-from tests.support import influx_rows
+from tests.support import begin_run, influx_rows
 from tests.unit.test_sender import text_of
 from twophase import operations as ops
 from twophase.config import StagingConfig
@@ -92,10 +92,11 @@ def test_recover_refuses_a_live_owner_then_reports_progress_when_forced(tp: Any)
 def test_verify_and_resend_after_a_loss(tp: Any, staging_url: str) -> None:
     known_store(tp)
     ops.recover(tp.config, SINK, Guard(force=True))
-    assert ops.verify(tp.config, SINK).ok
+    ((default, checked),) = [(r.target, r.report) for r in ops.verify(tp.config, SINK)]
+    assert default == "default" and checked.ok
     influx = tp.config.influx
     query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{M}"', method="POST")
-    lost = ops.verify(tp.config, SINK)
+    (lost,) = [r.report for r in ops.verify(tp.config, SINK)]
     assert not lost.ok and sum(d.missing for d in lost.differences) == 40
     make_idle(staging_url)
     seen = Recorder()
@@ -107,7 +108,7 @@ def test_verify_and_resend_after_a_loss(tp: Any, staging_url: str) -> None:
         (3, 10, 0),
     ]
     assert seen.progress[-1].done == seen.progress[-1].total == 41
-    assert ops.verify(tp.config, SINK, EpochRange(0, 3)).ok
+    assert all(r.report.ok for r in ops.verify(tp.config, SINK, EpochRange(0, 3)))
 
 
 def test_abort_asks_and_a_declined_question_changes_nothing(tp: Any, staging_url: str) -> None:
@@ -165,7 +166,7 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> N
 
     config = replace(tp.config, influx=replace(tp.config.influx, batch_points=7))
     with TwoPhase.open(config, writer=Recording(tp.writer)) as parts:
-        lease = parts.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(parts, SINK, "r1", "q1")
         # staged in the order 2, 0, 1; partitions 0 and 2 write the same keys
         for_part = {0: lines(0, 12), 1: lines(1, 5), 2: lines(0, 12, value_offset=0.5)}
         messages = [
@@ -177,7 +178,9 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> N
         sent.append([])
         epochs = Views(parts.db).epochs(SINK)
         plan = plan_resend(SINK, epochs, True)
-        Resender(parts.db, parts.promoter).resend(lease, plan, "test")
+        Resender(parts.db, parts.ledger, parts.targets, list(parts.deliveries.values())).resend(
+            lease, plan, "test"
+        )
         verified = list(staged_lines(parts.reader, parts.reader.plan(SINK, 0), set()))
     assert sent[0] == sent[1] == verified == for_part[0] + for_part[1] + for_part[2]
     values = {row[0]: dict(row[2])["v"] for row in influx_rows(tp.config.influx, M)}

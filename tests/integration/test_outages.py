@@ -15,6 +15,7 @@ from tests.integration.test_protocol import M, lines, stage
 from tests.support import (
     OWN_INFLUX_DB,
     alembic,
+    begin_run,
     free_port,
     influx_count,
     staging_config_for,
@@ -64,7 +65,7 @@ def test_influx_down_during_promote_then_back(
     influx = outage_config(own_influx, batch_points=100, retry_deadline_s=60, retry_max_s=2)
     flaky = StopsInfluxAfter(make_writer(influx), own_influx, n=3, down_s=4)
     with two_phase(staging, influx, writer=flaky) as tp:  # the real writer, real outage
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 1000)]))
         assert flaky.restarter is not None
         flaky.restarter.join()
@@ -77,7 +78,7 @@ def test_influx_down_past_deadline_leaves_epoch_precommitted(
 ) -> None:
     influx = outage_config(own_influx, retry_deadline_s=2, retry_max_s=0.5)
     with two_phase(staging, influx) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         messages = stage(tp, "s", 0, [lines(0, 50)])
         own_influx.stop()
         with pytest.raises(InfluxUnavailableError, match="still unavailable"):
@@ -104,7 +105,7 @@ def test_postgres_restarted_between_epochs(
     url = own_postgres.url_for(name)
     assert alembic("upgrade", "head", url=url).returncode == 0
     with two_phase(staging_config_for(url), influx) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         assert (
             tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)])).state
             == EpochState.COMMITTED

@@ -26,7 +26,7 @@ import pytest
 
 from scripts.services import InfluxServer, PrometheusServer, ServiceError
 from tests.integration.test_protocol import lines, stage
-from tests.support import OWN_INFLUX_DB, free_port, two_phase
+from tests.support import OWN_INFLUX_DB, begin_run, free_port, two_phase
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.operations import exporter
@@ -62,7 +62,7 @@ class Workload:
 
     def run(self) -> None:
         try:
-            lease = self.tp.ledger.begin_run(SINK, "r1", "q1")
+            lease = begin_run(self.tp, SINK, "r1", "q1")
             epoch = 0
             while not self.stop.is_set():
                 messages = stage(self.tp, SINK, epoch, [lines(epoch, POINTS_PER_EPOCH)])

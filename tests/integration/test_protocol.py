@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import admin_conninfo, influx_count, influx_rows
+from tests.support import admin_conninfo, begin_run, influx_count, influx_rows
 from twophase.config import UNCOMPRESSED
 from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
 from twophase.model import CommitMessage, EpochState, StagedChunk
@@ -72,7 +72,7 @@ def scalar(url: str, sql: str, *params: Any) -> Any:
 
 
 def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     messages = stage(tp, "s", 0, [lines(0, 30)[:10], lines(0, 30)[10:]])
     assert [m.points for m in messages] == [10, 20]
     assert influx_count(tp.config.influx, M) == 0  # phase 1 sends nothing
@@ -103,7 +103,7 @@ def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
 
 
 def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
     assert (outcome.state, outcome.replay, outcome.promoted.delivered) == (
         EpochState.COMMITTED,
@@ -113,7 +113,7 @@ def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url
     events = scalar(
         staging_url, "SELECT string_agg(event, ',' ORDER BY id) FROM twophase_epoch_events"
     )
-    assert events == "run_started,decided,committed"
+    assert events == "run_started,target_added,decided,committed"
 
 
 def test_failed_stage_leaves_nothing(tp: Any, staging_url: str) -> None:
@@ -128,7 +128,7 @@ def test_failed_stage_leaves_nothing(tp: Any, staging_url: str) -> None:
 
 
 def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     chosen = stage(tp, "s", 0, [lines(0, 4)])
     failed_attempt = stage(tp, "s", 0, [lines(0, 4)], attempt=1)
     tp.ledger.decide(lease, 0, chosen)
@@ -142,11 +142,11 @@ def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None
 
 def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: str) -> None:
     """I4: a re-run with different content changes nothing in InfluxDB."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)]))
     before = influx_rows(tp.config.influx, M)
 
-    lease2 = tp.ledger.begin_run("s", "r2", "q1")  # restart from the same checkpoint
+    lease2 = begin_run(tp, "s", "r2", "q1")  # restart from the same checkpoint
     replay = stage(tp, "s", 0, [lines(0, 12, value_offset=100)], run="r2")
     outcome = tp.committer.commit(lease2, 0, replay)
     assert (outcome.state, outcome.replay, outcome.promoted) == (EpochState.COMMITTED, True, None)
@@ -164,11 +164,11 @@ def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: 
 
 def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) -> None:
     """I1: once PRECOMMITTED, the point set is the original one, whatever a replay stages."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     original = lines(0, 10)
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [original]))  # driver dies before promote
 
-    lease2 = tp.ledger.begin_run("s", "r2", "q1")
+    lease2 = begin_run(tp, "s", "r2", "q1")
     outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 3, 7.5)], run="r2"))
     assert outcome.recovered == (0,)
     assert outcome.replay and outcome.state == EpochState.COMMITTED
@@ -179,7 +179,7 @@ def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) ->
 
 def test_epochs_are_promoted_in_order(tp: Any, staging_url: str) -> None:
     """I3: pending epochs are promoted oldest first, before a new epoch."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     for epoch in (0, 1):
         tp.ledger.decide(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 3)]))
     assert tp.ledger.pending("s") == [0, 1]
@@ -196,9 +196,9 @@ def test_epochs_are_promoted_in_order(tp: Any, staging_url: str) -> None:
 
 def test_newer_run_fences_older_run(tp: Any, staging_url: str) -> None:
     """I5: a zombie driver can neither decide nor mark, and writes nothing."""
-    zombie = tp.ledger.begin_run("s", "r1", "q1")
+    zombie = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(zombie, 0, stage(tp, "s", 0, [lines(0, 3)]))
-    fresh = tp.ledger.begin_run("s", "r2", "q1")
+    fresh = begin_run(tp, "s", "r2", "q1")
     assert fresh.token > zombie.token
 
     messages = stage(tp, "s", 1, [lines(1, 3)])
@@ -217,36 +217,36 @@ def test_newer_run_fences_older_run(tp: Any, staging_url: str) -> None:
 
 def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: Any) -> None:
     """I6: a new query id restarting at epoch 0 is refused, never taken for replays."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     for epoch in (0, 1):
         tp.committer.commit(lease, epoch, stage(tp, "s", epoch, [lines(epoch, 2)]))
     with pytest.raises(CheckpointResetError, match=r"twophase reset --sink s"):
-        tp.ledger.begin_run("s", "r2", "q2")
+        begin_run(tp, "s", "r2", "q2")
     # The refused query did not fence the owner: it keeps working.
     tp.committer.commit(lease, 2, stage(tp, "s", 2, [lines(2, 2)]))
 
     tp.ledger.reset("s")
-    lease2 = tp.ledger.begin_run("s", "r2", "q2")
+    lease2 = begin_run(tp, "s", "r2", "q2")
     outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 2, 50, host="b")]))
     assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
 
 
 def test_unknown_epoch_below_last_is_refused(tp: Any) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 5, stage(tp, "s", 5, [lines(5, 2)]))
     with pytest.raises(StateError, match="does not match"):
         tp.ledger.decide(lease, 3, stage(tp, "s", 3, [lines(3, 2)]))
 
 
 def test_decide_refuses_writes_that_are_not_staged(tp: Any) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     other_epoch = stage(tp, "s", 1, [lines(1, 2)])
     with pytest.raises(PermanentError, match="not staged"):
         tp.ledger.decide(lease, 0, other_epoch)
 
 
 def test_operator_abort(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     tp.ledger.abort("s", 0, "bad data upstream")
     assert epoch_row(staging_url, "s", 0)["state"] == EpochState.ABORTED
@@ -262,7 +262,7 @@ def test_operator_abort(tp: Any, staging_url: str) -> None:
 
 
 def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     tp.ledger.mark_committed(lease, 0, 3, 0)  # again: no error
     with pytest.raises(StateError, match="COMMITTED"):
@@ -293,7 +293,7 @@ def test_changed_staged_points_are_detected_before_commit(
     tp: Any, staging_url: str, tamper: str, error: str
 ) -> None:
     """I1 is also checked: a tampered point set is refused, the epoch stays PRECOMMITTED."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
         conn.execute(tamper)
@@ -327,7 +327,7 @@ def test_changed_compressed_chunks_are_detected_before_commit(
 ) -> None:
     """I1 over the stored bytes: a tampered gzip member is refused, the epoch stays
     PRECOMMITTED (what is no gzip member at all, as it is read)."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     other = StagedChunk.of_lines("w", 0, lines(1, 3), compressed=True).stored
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
@@ -339,7 +339,7 @@ def test_changed_compressed_chunks_are_detected_before_commit(
 
 def test_promotion_is_repeatable(tp: Any) -> None:
     """Promoting the same fixed point set twice leaves InfluxDB as once (I4, I8)."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 20)]))
     plan = tp.ledger.plan_promotion(lease, 0)  # a promotion that "crashed" after planning
     assert len(plan.writes) == 1
@@ -354,11 +354,11 @@ def test_promotion_is_repeatable(tp: Any) -> None:
 
 def test_fenced_run_cannot_claim_the_sink_back(tp: Any) -> None:
     """I5 across processes: a zombie driver's fresh process may not re-fence the newer run."""
-    tp.ledger.begin_run("s", "r1", "q1")
-    newer = tp.ledger.begin_run("s", "r2", "q1")
+    begin_run(tp, "s", "r1", "q1")
+    newer = begin_run(tp, "s", "r2", "q1")
     with pytest.raises(FencedError, match="cannot claim the sink again"):
-        tp.ledger.begin_run("s", "r1", "q1")
-    assert tp.ledger.begin_run("s", "r2", "q1") == newer  # the owner's own re-claim is a no-op
+        begin_run(tp, "s", "r1", "q1")
+    assert begin_run(tp, "s", "r2", "q1") == newer  # the owner's own re-claim is a no-op
     tp.committer.commit(newer, 0, stage(tp, "s", 0, [lines(0, 2)], run="r2"))
 
 
@@ -376,7 +376,7 @@ def test_partition_writes_take_one_write_per_partition_of_the_run(tp: Any) -> No
     assert chosen == first  # points, checksums, run and query as staged
     assert retried[0] not in chosen and crashed_run[2] not in chosen
     assert tp.reader.partition_writes("s", 4, "r2", "q1") == []
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     assert tp.committer.commit(lease, 4, chosen).promoted.delivered == 5
     assert influx_count(tp.config.influx, M) == 5
 
@@ -386,7 +386,7 @@ def test_writes_staged_into_another_store_are_named_as_such(tp: Any) -> None:
     workers carry their own environment): the vote says so, not just "not staged"."""
     import dataclasses
 
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     (message,) = stage(tp, "s", 0, [lines(0, 3)])
     assert message.store == tp.db.config.display_url
     elsewhere = dataclasses.replace(

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.cli_helpers import Cli, make_cli, sql
 from tests.integration.test_protocol import stage
-from tests.support import influx_rows
+from tests.support import begin_run, influx_rows
 from twophase.config import InfluxConfig
 from twophase.influx.query import query_v1
 
@@ -67,7 +67,7 @@ def cli(staging_url: str, influx: InfluxConfig) -> Cli:
 def rejected_store(tp: Any, influx: InfluxConfig) -> int:
     """Commit the epochs after the conflicting write: their ``rq`` points are dead letters."""
     influx_write(influx, LEGACY)
-    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    lease = begin_run(tp, SINK, "r1", "q1")
     for epoch in range(EPOCHS):
         lines = epoch_lines(epoch)
         tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [lines[:4], lines[4:]]))
@@ -161,7 +161,7 @@ def test_stage_time_dead_letters_are_not_requeued(
 ) -> None:
     from twophase.points.builder import Rejected
 
-    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    lease = begin_run(tp, SINK, "r1", "q1")
     rows: list[Any] = [*epoch_lines(0)[:2], Rejected(2, "field 'v' is null", '{"v": null}')]
     tp.committer.commit(lease, 0, stage(tp, SINK, 0, [rows]))
     tp.runs.end(SINK, "r1", "stopped")
@@ -173,7 +173,7 @@ def test_stage_time_dead_letters_are_not_requeued(
 
 def test_requeue_refuses_a_live_run_and_bad_flags(tp: Any, cli: Cli, influx: InfluxConfig) -> None:
     rejected_store(tp, influx)
-    tp.ledger.begin_run(SINK, "r2", "q1")  # a new run of the query, live
+    begin_run(tp, SINK, "r2", "q1")  # a new run of the query, live
     refused = cli("dead-letters", "--sink", SINK, "--requeue")
     assert refused.code == 1 and "owned by run r2" in refused.one_line_error()
     usage = cli("dead-letters", "--sink", SINK, "--reason", "x")

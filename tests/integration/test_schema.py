@@ -27,6 +27,7 @@ REVISIONS = [
     "0006_kept_dead_letters",
     "0007_targets",
     "0008_compressed_chunks",
+    "0009_every_sink_has_targets",
 ]
 
 

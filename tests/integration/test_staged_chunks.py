@@ -14,6 +14,7 @@ from tests.integration.test_protocol import STAGED_POINTS, epoch_row, lines, sca
 from tests.support import (
     admin_conninfo,
     alembic,
+    begin_run,
     create_migrated_database,
     drop_database,
     influx_rows,
@@ -51,7 +52,7 @@ def chunk_rows(url: str) -> list[tuple[int, int, int]]:
 
 
 def test_a_large_write_is_staged_in_chunks_and_promoted_whole(tp: Any, staging_url: str) -> None:
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     points = lines(0, 12_001)
     (message,) = stage(tp, "s", 0, [points])
     assert chunk_rows(staging_url) == [(0, 0, 5000), (1, 5000, 5000), (2, 10000, 2001)]
@@ -110,7 +111,7 @@ def test_point_rejected_inside_a_coalesced_request_is_addressed_by_seq(
     """Three writes' chunks go out as one request; InfluxDB refuses one point of the
     second write (a field type conflict): exactly that point is dead-lettered, with
     its write, seq and text, and every other point is delivered."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))  # v is a float
     conflicting = lines(1, 6)
     conflicting[3] = f'{M},host=a,n=0 v="text",e=1i 1700001000000000003'
@@ -208,7 +209,7 @@ def test_migration_moves_staged_lines_into_chunks_and_back(
     )  # two writes, in write-id order
     with two_phase(staging_config_for(db_at_0001), influx) as tp:
         assert scalar(db_at_0001, STAGED_POINTS) == 5007
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         (result,) = tp.committer.recover(lease)
         assert (result.delivered, result.rejected) == (5007, 0)
     rows = influx_rows(influx, M)
@@ -235,7 +236,7 @@ def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
 ) -> None:
     """30 writes (empty ones, multi-chunk ones): chunks come back write by write in the
     plan's order and seq by seq, so promotion sends the same sequence every time."""
-    lease = tp.ledger.begin_run("s", "r1", "q1")
+    lease = begin_run(tp, "s", "r1", "q1")
     stager = Stager(tp.db, replace(tp.config.staging, chunk_points=4))
     parts = [lines(0, 60)[i::30][: i % 7] for i in range(30)]
     messages = [stager.stage("s", 0, part, partition_id=i) for i, part in enumerate(parts)]
@@ -347,7 +348,7 @@ def test_migration_0008_keeps_text_chunks_and_its_downgrade_decompresses(
     new = lines(1, 7002)
     one_lane = staging_config_for(db_at_0007, promote_connections=1)  # two chunks, in order
     with two_phase(one_lane, influx) as tp:
-        lease = tp.ledger.begin_run("s", "r1", "q1")
+        lease = begin_run(tp, "s", "r1", "q1")
         (result,) = tp.committer.recover(lease)
         assert (result.delivered, result.rejected) == (5005, 0)
         outcome = tp.committer.commit(lease, 1, stage(tp, "s", 1, [new]))

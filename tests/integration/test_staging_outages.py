@@ -29,7 +29,15 @@ from tests.integration.test_requeue import (
     rejected_store,
 )
 from tests.integration.test_requeue import SINK as RQ_SINK
-from tests.support import admin_conninfo, alembic, free_port, influx_count, two_phase, unique
+from tests.support import (
+    admin_conninfo,
+    alembic,
+    begin_run,
+    free_port,
+    influx_count,
+    two_phase,
+    unique,
+)
 from twophase import faults
 from twophase.config import InfluxConfig, StagingConfig, load_staging_config
 from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
@@ -125,7 +133,7 @@ def test_a_restart_while_the_driver_decides_is_ridden_out(
     caplog.set_level(logging.WARNING, logger="twophase.retry")
     url = staging.url.reveal()
     with two_phase(staging, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 10)]))
         messages = stage(tp, SINK, 1, [lines(1, 30), lines(1, 20, host="b")])
         with sink_locked(url, SINK):
@@ -147,7 +155,7 @@ def test_a_terminated_connection_while_deciding_is_ridden_out(
 ) -> None:
     url = staging.url.reveal()
     with two_phase(staging, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         messages = stage(tp, SINK, 0, [lines(0, 25)])
         with sink_locked(url, SINK) as locker:
             thread, box = in_thread(lambda: tp.committer.commit(lease, 0, messages))
@@ -186,7 +194,7 @@ def test_a_decide_whose_commit_landed_is_read_back_not_counted_as_a_replay(
     url = staging.url.reveal()
     db = AckLost(staging)
     with two_phase(staging, influx, db=db) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         messages = stage(tp, SINK, 0, [lines(0, 40)])
         db.lose_next = True
         decision = tp.ledger.decide(lease, 0, messages, start_promotion=True)
@@ -232,11 +240,11 @@ def test_a_mark_whose_commit_landed_is_repeated_not_counted_twice(
     url = staging.url.reveal()
     db = AckLost(staging)
     with two_phase(staging, influx, db=db) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         messages = stage(tp, SINK, 0, [lines(0, 30)])
         decision = tp.ledger.decide(lease, 0, messages, start_promotion=True)
         assert decision.plan is not None
-        delivered, rejected = tp.promoter.send(decision.plan)
+        delivered, rejected = next(iter(tp.deliveries.values())).send(decision.plan)
         db.lose_next = True
         tp.ledger.mark_committed(lease, 0, delivered, rejected)
         assert not db.lose_next  # the first attempt committed, and its answer was lost
@@ -266,9 +274,9 @@ def test_a_claim_whose_commit_landed_returns_the_lease_it_committed(
     url = staging.url.reveal()
     db = AckLost(staging)
     with two_phase(staging, influx, db=db) as tp:
-        older = tp.ledger.begin_run(SINK, "r0", "q1")
+        older = begin_run(tp, SINK, "r0", "q1")
         db.lose_next = True
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         assert not db.lose_next  # the first attempt committed, and its answer was lost
         assert lease == Lease(SINK, "r1", "q1", older.token + 1)
         tokens = (
@@ -351,7 +359,7 @@ def test_staging_waits_for_a_store_that_is_down_before_it_reads_its_input(
     server: PostgresServer, staging: StagingConfig, influx: InfluxConfig
 ) -> None:
     with two_phase(staging, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         server.stop(mode="immediate")
         restarter = threading.Timer(3.0, server.start)
         restarter.start()
@@ -504,7 +512,7 @@ def test_a_copy_cut_mid_way_is_repeated_under_the_same_write_id(
     marker = pause_at(monkeypatch, tmp_path, "stage_rows:9")  # mid-COPY: 300 of 2,000 lines sent
     cutting = (lambda: terminate_others(url)) if cut == "terminate" else (lambda: restart(server))
     with two_phase(config, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         with cut_when_paused(marker, tmp_path, cutting):
             message = Stager(tp.db, config, spool_dir=str(tmp_path)).stage(
                 SINK, 0, source, run_id="r1", query_id="q1"
@@ -603,7 +611,7 @@ def test_a_staging_whose_commit_landed_is_read_back_not_staged_twice(
         assert recorded == [message]  # one attempt staged; the repeat read it back
         check_staged_once(url, message, message)
         assert (message.points, message.rejected, message.partition_id) == (1_000, 11, 2)
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         assert tp.committer.commit(lease, 0, [message]).state == EpochState.COMMITTED
     assert influx_count(influx, M) == 1_000
 
@@ -632,7 +640,7 @@ def test_past_the_deadline_a_step_fails_retryable_and_a_restart_recovers(
         env={}, staging_url=staging.url.reveal(), **{**SETTINGS, "staging_retry_deadline": "3s"}
     )
     with two_phase(short, influx) as tp:
-        lease = tp.ledger.begin_run(SINK, "r1", "q1")
+        lease = begin_run(tp, SINK, "r1", "q1")
         messages = stage(tp, SINK, 0, [lines(0, 12)])
         server.stop(mode="immediate")
         started = time.monotonic()
@@ -641,7 +649,7 @@ def test_past_the_deadline_a_step_fails_retryable_and_a_restart_recovers(
         assert time.monotonic() - started < 20
         server.start()
     with two_phase(short, influx) as tp:  # a restart: a new run recovers and decides
-        lease = tp.ledger.begin_run(SINK, "r2", "q1")
+        lease = begin_run(tp, SINK, "r2", "q1")
         tp.committer.recover(lease)
         assert tp.committer.commit(lease, 0, messages).state == EpochState.COMMITTED
     assert influx_count(influx, M) == 12

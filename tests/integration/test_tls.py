@@ -17,7 +17,7 @@ import pytest
 
 from scripts.tlskit import HttpsInflux, Kit, TlsPostgres, make_kit
 from tests.integration.test_protocol import lines
-from tests.support import REPO, free_port, two_phase
+from tests.support import REPO, begin_run, free_port, two_phase
 from twophase.config import (
     InfluxConfig,
     StagingConfig,
@@ -122,7 +122,7 @@ def no_secret(*texts: str) -> bool:
 
 
 def epoch(tp: Any, number: int) -> Any:
-    lease = tp.ledger.begin_run(SINK, "r1", "q1")
+    lease = begin_run(tp, SINK, "r1", "q1")
     message = tp.stager.stage(SINK, number, lines(number, 25), run_id="r1", query_id="q1")
     return lease, message
 

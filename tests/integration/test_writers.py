@@ -26,9 +26,15 @@ import pytest
 import urllib3
 
 from tests.integration.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_until
-from tests.support import create_influx_database, drop_influx_database
+from tests.support import (
+    begin_run,
+    create_influx_database,
+    drop_influx_database,
+    start_own_victoria_metrics,
+    two_phase,
+)
 from tests.unit.test_sender import LineSender
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxConfig, Secret, StagingConfig
 from twophase.errors import (
     ConfigError,
     InfluxAuthError,
@@ -40,6 +46,7 @@ from twophase.influx.api import AutoWriter, make_writer, resolve_api
 from twophase.influx.query import query_v1
 from twophase.influx.sender import BatchSender, RetryEvent
 from twophase.influx.writers import V1Writer, V2Writer
+from twophase.model import EpochState
 
 T0 = 1_700_000_000_000_000_000
 
@@ -345,6 +352,144 @@ def test_resolve_api_on_victoria_metrics_asks_for_an_explicit_api(vm_url: str) -
         resolve_api(InfluxConfig(url=vm_url, bucket="b", org="o"))
     assert caught.value.option == "TWOPHASE_INFLUX_API"
     assert resolve_api(InfluxConfig(url=vm_url, api="v2", bucket="b", org="o")).api == "v2"
+
+
+# --- a re-sent body on VictoriaMetrics -------------------------------------------------
+# A point re-sent to InfluxDB overwrites itself; VictoriaMetrics stores every sample it
+# is sent unless started with -dedup.minScrapeInterval, then keeps one per series and
+# interval. The dev server runs with 1ms (scripts/services.py), its timestamps' precision.
+
+
+def vm_flags(vm_url: str) -> dict[str, str]:
+    """The flags VictoriaMetrics was started with (its /flags lists only those set)."""
+    body = urllib3.request("GET", f"{vm_url}/flags", retries=False, timeout=5).data.decode()
+    pairs = (line.lstrip("-").split("=", 1) for line in body.splitlines() if "=" in line)
+    return {name: value.strip('"') for name, value in pairs}
+
+
+def require_dedup(vm_url: str) -> None:
+    if vm_flags(vm_url).get("dedup.minScrapeInterval", "0s") in ("0s", "0"):
+        pytest.fail(
+            f"VictoriaMetrics at {vm_url} runs without -dedup.minScrapeInterval (started "
+            "before scripts/services.py set it?): restart it, `scripts/dev.sh stop` then "
+            "`scripts/dev.sh start`",
+            pytrace=False,
+        )
+
+
+def vm_counted(vm_url: str, metric: str) -> int:
+    """The samples of ``metric`` in the last hour as a query counts them: what a
+    dashboard reads (deduplicated at query time when the server dedups)."""
+    urllib3.request("GET", f"{vm_url}/internal/force_flush", retries=False, timeout=5)
+    expr = f'sum(count_over_time({{__name__="{metric}"}}[1h]))'
+    reply = urllib3.request(
+        "GET", f"{vm_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=5
+    )
+    result = json.loads(reply.data)["data"]["result"]
+    return int(result[0]["value"][1]) if result else 0
+
+
+def vm_exported(vm_url: str, metric: str) -> int:
+    """The samples of ``metric`` /api/v1/export returns (deduplicated when the server dedups)."""
+    return sum(len(series["values"]) for series in vm_export(vm_url, metric))
+
+
+def recent_lines(measurement: str, n: int) -> list[str]:
+    """n points of distinct series and milliseconds (VictoriaMetrics keeps ms), recent
+    enough for any retention."""
+    now_ms = time.time_ns() // 1_000_000
+    return [
+        f"{measurement},host=h{i % 4} f={i}i {(now_ms - 60_000 + i) * 1_000_000}" for i in range(n)
+    ]
+
+
+def v2_config(vm_url: str) -> InfluxConfig:
+    return InfluxConfig(url=vm_url, api="v2", bucket="b", org="o", token=Secret("unused"))
+
+
+def write_twice(vm_url: str, body: bytes) -> None:
+    """The same body through twophase's v2 writer twice: a promotion re-sent whole."""
+    writer = make_writer(v2_config(vm_url))
+    try:
+        writer.write(body)
+        writer.write(gzip.compress(body), gzipped=True)  # a re-send as staged: gzip
+    finally:
+        writer.close()
+
+
+@pytest.fixture(scope="module")
+def vm_without_dedup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A VictoriaMetrics of this module's own, without -dedup.minScrapeInterval."""
+    server = start_own_victoria_metrics(tmp_path_factory.mktemp("vm"), dedup_interval=None)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_a_resent_body_counts_once_on_victoria_metrics_with_dedup(vm_url: str) -> None:
+    require_dedup(vm_url)
+    measurement = f"tp_{uuid.uuid4().hex[:10]}"
+    write_twice(vm_url, "\n".join(recent_lines(measurement, 20)).encode())
+    metric = f"{measurement}_f"
+    assert wait_until(lambda: vm_counted(vm_url, metric) >= 20, timeout_s=20)
+    assert (vm_counted(vm_url, metric), vm_exported(vm_url, metric)) == (20, 20)
+
+
+def test_victoria_metrics_without_dedup_keeps_a_resent_body_twice(vm_without_dedup: str) -> None:
+    measurement = f"tp_{uuid.uuid4().hex[:10]}"
+    write_twice(vm_without_dedup, "\n".join(recent_lines(measurement, 20)).encode())
+    metric = f"{measurement}_f"
+    assert wait_until(lambda: vm_counted(vm_without_dedup, metric) >= 40, timeout_s=20)
+    assert (vm_counted(vm_without_dedup, metric), vm_exported(vm_without_dedup, metric)) == (
+        40,
+        40,
+    )
+
+
+def test_two_values_at_one_timestamp_keep_one_on_victoria_metrics_with_dedup(
+    vm_url: str,
+) -> None:
+    """Not a later write's overwrite as in InfluxDB: one of the two is kept, which one
+    is the server's choice (the biggest in current releases; either, tested with 1.79)."""
+    require_dedup(vm_url)
+    measurement = f"tp_{uuid.uuid4().hex[:10]}"
+    (line,) = recent_lines(measurement, 1)
+    writer = make_writer(v2_config(vm_url))
+    writer.write(line.replace("f=0i", "f=1i").encode())
+    writer.write(line.replace("f=0i", "f=2i").encode())
+    writer.close()
+    metric = f"{measurement}_f"
+    assert wait_until(lambda: vm_counted(vm_url, metric) >= 1, timeout_s=20)
+    assert vm_counted(vm_url, metric) == 1
+    (series,) = vm_export(vm_url, metric)
+    assert len(series["values"]) == 1 and series["values"][0] in (1, 2)
+
+
+@pytest.mark.parametrize(("dedup", "copies"), [(True, 1), (False, 3)], ids=["dedup", "no-dedup"])
+def test_an_epoch_sent_three_times_to_victoria_metrics(
+    staging: StagingConfig, request: pytest.FixtureRequest, dedup: bool, copies: int
+) -> None:
+    """A committed epoch re-sent twice through the promoter (as an operator's resend, or
+    a promotion a crash cut and repeated): counted once with dedup, thrice without."""
+    vm = request.getfixturevalue("vm_url" if dedup else "vm_without_dedup")
+    if dedup:
+        require_dedup(vm)
+    measurement = f"tp_{uuid.uuid4().hex[:10]}"
+    lines = recent_lines(measurement, 50)
+    influx = dataclasses.replace(v2_config(vm), retry_deadline_s=10, retry_initial_s=0.05)
+    with two_phase(staging, influx) as tp:
+        lease = begin_run(tp, "s", "r1", "q1")
+        staged = [
+            tp.stager.stage("s", 0, part, partition_id=i, run_id="r1", query_id="q1")
+            for i, part in enumerate((lines[:25], lines[25:]))
+        ]
+        assert tp.committer.commit(lease, 0, staged).state == EpochState.COMMITTED
+        for _ in range(2):
+            assert next(iter(tp.deliveries.values())).send(tp.reader.plan("s", 0)) == (50, 0)
+    metric = f"{measurement}_f"
+    assert wait_until(lambda: vm_counted(vm, metric) >= 50 * copies, timeout_s=20)
+    assert (vm_counted(vm, metric), vm_exported(vm, metric)) == (50 * copies, 50 * copies)
 
 
 def test_v2_writer_transport_faults_are_transient(vm_url: str) -> None:

@@ -19,8 +19,8 @@ from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
 from twophase.config import InfluxConfig
 from twophase.errors import PermanentError
 from twophase.model import DeadLetter, EpochPlan, LineChecksum, StagedChunk, WriteRef
+from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.lanes import LaneChooser
-from twophase.protocol.promoter import Promoter
 
 # --- StagedChunk ----------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ def test_a_compressed_chunk_larger_than_a_request_is_cut_into_text() -> None:
     assert list(influx.stored) == lines
 
 
-# --- Promoter.send over chunks ----------------------------------------------------------
+# --- TargetDelivery.send over chunks ----------------------------------------------------------
 
 
 class FakeReader:
@@ -191,10 +191,10 @@ def bad_if_marked(line: str) -> str | None:
 
 def promoter_for(
     reader: FakeReader, influx: FakeInflux, clock: FakeClock, points: int, size: int, lanes: int = 1
-) -> Promoter:
+) -> TargetDelivery:
     sender = make_sender(influx, clock).sender
     config = InfluxConfig(url="http://fake", batch_points=points, batch_bytes=size)
-    return Promoter(None, reader, sender, reader, config, lanes)  # type: ignore[arg-type]
+    return TargetDelivery("t", reader, (sender, sender), reader, config, lanes)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("seed", range(40))

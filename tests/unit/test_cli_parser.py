@@ -220,7 +220,7 @@ TWO = ["--targets", "a=http://127.0.0.1:1,b=http://127.0.0.1:2"]
     [
         (
             ["targets", "resync", "b", "--sink", "s", "--influx-url", "http://127.0.0.1:1"],
-            "needs the sink's targets in the configuration: set TWOPHASE_TARGETS",
+            "unknown target 'b': this configuration names one InfluxDB server",
         ),
         (
             [*TWO, "targets", "resync", "c", "--sink", "s"],

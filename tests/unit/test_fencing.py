@@ -13,7 +13,8 @@ from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.model import EpochPlan, Lease
-from twophase.protocol.promoter import Promoter
+from twophase.protocol.delivery import TargetDelivery
+from twophase.protocol.ledger import Ledger
 
 LEASE = Lease("s", "r1", "q1", 1)
 
@@ -45,13 +46,15 @@ class FakeLedger:
         self.errors.append(message)
 
 
-def promoter(
+def deliver(
     reader: FakeReader, ledger: FakeLedger, influx: FakeInflux, clock: FakeClock, lanes: int = 1
-) -> Promoter:
-    """Requests of at most 10 points."""
+) -> tuple[int, int]:
+    """The ledger's plan delivered under the lease's watch (as a promotion does), in
+    requests of at most 10 points."""
     sender = make_sender(influx, clock).sender
     config = InfluxConfig(url="http://fake", batch_points=10, batch_bytes=1 << 20)
-    return Promoter(ledger, reader, sender, reader, config, lanes)  # type: ignore[arg-type]
+    delivery = TargetDelivery("t", reader, (sender, sender), reader, config, lanes)  # type: ignore[arg-type]
+    return delivery.deliver(ledger.plan, Ledger.watch(ledger, LEASE))  # type: ignore[arg-type]
 
 
 def test_the_sender_runs_the_check_before_every_attempt_and_retry() -> None:
@@ -96,10 +99,9 @@ def test_inline_promotion_stops_before_its_next_request_once_fenced(holds: int) 
     influx = FakeInflux(clock)
     ledger = FakeLedger(plan, holds)
     with pytest.raises(FencedError):
-        promoter(reader, ledger, influx, clock).promote(LEASE, 3)
+        deliver(reader, ledger, influx, clock)
     assert len(influx.bodies) == holds  # one check per request; none sent after the fencing
-    assert ledger.checks == holds + 1 and ledger.marked == []
-    assert ledger.errors and "FencedError" in ledger.errors[0]
+    assert ledger.checks == holds + 1
 
 
 def test_a_retry_after_the_fencing_is_not_sent() -> None:
@@ -108,8 +110,8 @@ def test_a_retry_after_the_fencing_is_not_sent() -> None:
     influx = FakeInflux(clock, fail=lambda _n, _l: InfluxUnavailableError("connection reset"))
     ledger = FakeLedger(plan, holds=1)  # fenced while the first attempt failed
     with pytest.raises(FencedError):
-        promoter(reader, ledger, influx, clock).promote(LEASE, 3)
-    assert len(influx.bodies) == 1 and ledger.marked == []
+        deliver(reader, ledger, influx, clock)
+    assert len(influx.bodies) == 1
 
 
 @pytest.mark.parametrize("holds", [0, 2, 7])
@@ -121,7 +123,7 @@ def test_every_lane_checks_before_each_request_and_stops_once_fenced(holds: int)
     influx = FakeInflux(clock)
     ledger = FakeLedger(plan, holds)
     with pytest.raises(FencedError):
-        promoter(reader, ledger, influx, clock, lanes=4).promote(LEASE, 3)
+        deliver(reader, ledger, influx, clock, lanes=4)
     assert len(influx.bodies) == ledger.passed == holds
     assert ledger.checks <= holds + 4  # at most one fenced read per lane, racing the first
     assert ledger.marked == []
@@ -132,6 +134,5 @@ def test_a_promotion_that_is_not_fenced_reads_the_lease_once_per_request() -> No
     clock = FakeClock()
     influx = FakeInflux(clock)
     ledger = FakeLedger(plan, holds=1000)
-    result = promoter(reader, ledger, influx, clock).promote(LEASE, 3)
-    assert result.delivered == 60 and ledger.marked == [3]
+    assert deliver(reader, ledger, influx, clock) == (60, 0)
     assert ledger.checks == len(influx.bodies) == 6

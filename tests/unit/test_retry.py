@@ -15,8 +15,8 @@ from twophase.errors import (
     StagingDeadlineError,
     StagingUnavailableError,
 )
-from twophase.model import DeadLetter, Lease, StagedChunk
-from twophase.protocol.promoter import Promoter
+from twophase.model import DeadLetter, StagedChunk
+from twophase.protocol.delivery import TargetDelivery
 from twophase.retry import Progress, RetryPolicy, StagingRetry
 
 
@@ -188,37 +188,21 @@ class DroppingReader:
         self.reader.record(letters)
 
 
-class FakeLedger:
-    def __init__(self) -> None:
-        self.marked: tuple[int, int] | None = None
-
-    def check_lease(self, lease: Lease) -> None:
-        pass
-
-    def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
-        self.marked = (delivered, rejected)
-
-    def record_error(self, sink_id: str, epoch: int, error: str) -> None:
-        pass
-
-
 def test_a_promotion_that_delivered_since_the_last_failure_gets_the_whole_deadline() -> None:
     """A blip at the start, then 2 minutes of requests (InfluxDB takes 2 s each), then
     a dropped read: the requests were progress, so the promotion starts over."""
     clock = Clock()
     plan, staged_reader = staged([lines_of(100)], chunk_points=1)
     reader = DroppingReader(staged_reader, after=60)
-    ledger = FakeLedger()
     sender = make_sender(FakeInflux(clock, request_s=2.0), clock).sender
     config = InfluxConfig(url="http://fake", batch_points=1, batch_bytes=1 << 20)
-    promoter = Promoter(
-        ledger,  # type: ignore[arg-type]
+    delivery = TargetDelivery(
+        "t",
         reader,  # type: ignore[arg-type]
-        sender,
+        (sender, sender),
         reader,  # type: ignore[arg-type]
         config,
         retry=retry(clock, deadline_s=10),
     )
-    result = promoter.promote(Lease("s", "r", "q", 1), plan.epoch, plan)
-    assert (result.delivered, ledger.marked) == (100, (100, 0))
+    assert delivery.deliver(plan, lambda: None) == (100, 0)
     assert reader.reads == 3 and clock.sleeps == [0.5, 0.5]

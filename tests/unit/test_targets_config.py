@@ -171,6 +171,135 @@ def test_min_targets_is_at_least_one() -> None:
     assert refused({**TWO, "TWOPHASE_MIN_TARGETS": "0"}).option == "TWOPHASE_MIN_TARGETS"
 
 
+def test_two_targets_on_one_server_and_database_are_refused_naming_both() -> None:
+    env = {**SHARED, "TWOPHASE_TARGETS": "a=http://h:8086,b=http://g:8086,c=http://h:8086"}
+    error = refused(env)
+    assert error.option == "TWOPHASE_TARGETS"
+    assert "targets 'a' and 'c' write to the same server and database" in error.problem
+    assert "(http://h:8086, db 'metrics')" in error.problem
+    assert "catch-up would write old values over" in error.problem
+    assert refused(SHARED, targets="a=http://h,b=http://h").option == "targets"
+
+
+@pytest.mark.parametrize(
+    ("targets", "overrides"),
+    [
+        ("a=http://h:8086,b=http://h:8086", {"TWOPHASE_TARGET_B_INFLUX_DB": "other"}),
+        ("a=http://h:8086,b=http://h:8087", {}),  # another port
+        ("a=http://h:8086,b=https://h:8086", {}),  # another scheme
+        ("a=http://h:8086,b=http://g:8086", {}),  # another host
+        ("a=http://p/one,b=http://p/two", {}),  # two servers behind one proxy
+        # Another retention policy is other storage; none (the default) and a named one
+        # may be too: which one is the default is the server's to say.
+        ("a=http://h:8086,b=http://h:8086", {"TWOPHASE_TARGET_B_INFLUX_RP": "long"}),
+        ("a=http://localhost:8086,b=http://127.0.0.1:8086", {}),  # names are not resolved
+    ],
+)
+def test_targets_on_another_server_or_database_are_accepted(
+    targets: str, overrides: dict[str, str]
+) -> None:
+    influx = load_influx_config(env={**SHARED, "TWOPHASE_TARGETS": targets, **overrides})
+    assert [t.name for t in influx.targets] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        "a=http://h:8086,b=http://h:8086/",  # a trailing slash
+        "a=http://Influx.Example:8086,b=HTTP://influx.example:8086",  # case of scheme, host
+        "a=http://h,b=http://h:80",  # the default port
+        "a=https://h/,b=https://h:443",
+        "a=http://h:8086/db-proxy,b=http://h:8086/db-proxy/",
+        "a=http://[::1]:8086,b=http://[::1]:8086/",
+        "a=http://reader@h:8086,b=http://h:8086",  # whoever writes, the data is the server's
+    ],
+)
+def test_spellings_of_one_url_are_one_server(targets: str) -> None:
+    error = refused({**SHARED, "TWOPHASE_TARGETS": targets})
+    assert "targets 'a' and 'b' write to the same server" in error.problem
+    assert "reader" not in error.problem
+
+
+def test_the_same_retention_policy_of_one_database_is_refused() -> None:
+    env = {**SHARED, "TWOPHASE_TARGETS": "a=http://h,b=http://h", "TWOPHASE_INFLUX_RP": "long"}
+    error = refused(env)
+    assert "(http://h:80, db 'metrics', retention policy 'long')" in error.problem
+
+
+V2 = {
+    **STAGING,
+    "TWOPHASE_INFLUX_API": "v2",
+    "TWOPHASE_INFLUX_ORG": "o",
+    "TWOPHASE_INFLUX_BUCKET": "bk",
+    "TWOPHASE_TARGETS": "a=http://h:8086,b=http://h:8086",
+}
+
+
+def test_v2_targets_with_one_bucket_of_one_org_are_refused() -> None:
+    error = refused(V2)
+    assert "targets 'a' and 'b' write to the same server and bucket" in error.problem
+    assert "(http://h:8086, bucket 'bk' of org 'o')" in error.problem
+    assert "give each its own bucket or server" in error.problem
+    for var in ("TWOPHASE_TARGET_B_INFLUX_BUCKET", "TWOPHASE_TARGET_B_INFLUX_ORG"):
+        assert len(load_influx_config(env={**V2, var: "other"}).targets) == 2
+    # The 2.x API writes to no database: one influx_db for both is no clash.
+    other_org = {"TWOPHASE_INFLUX_DB": "x", "TWOPHASE_TARGET_B_INFLUX_ORG": "o2"}
+    assert len(load_influx_config(env={**V2, **other_org}).targets) == 2
+
+
+def test_v3_targets_with_one_database_are_refused() -> None:
+    env = {**STAGING, "TWOPHASE_INFLUX_API": "v3", "TWOPHASE_INFLUX_DB": "m"}
+    error = refused({**env, "TWOPHASE_TARGETS": "a=http://h:8181,b=http://h:8181"})
+    assert "same server and database (http://h:8181, db 'm')" in error.problem
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"TWOPHASE_INFLUX_DB": "m"}, "db 'm'"),  # a 1.x server
+        ({"TWOPHASE_INFLUX_ORG": "o", "TWOPHASE_INFLUX_BUCKET": "bk"}, "bucket 'bk' of org 'o'"),
+        # Each its own database, but one bucket: a 2.x server would get both in it.
+        (
+            {
+                "TWOPHASE_INFLUX_DB": "m",
+                "TWOPHASE_TARGET_B_INFLUX_DB": "m2",
+                "TWOPHASE_INFLUX_ORG": "o",
+                "TWOPHASE_INFLUX_BUCKET": "bk",
+            },
+            "bucket 'bk' of org 'o'",
+        ),
+    ],
+)
+def test_with_api_auto_both_the_database_and_the_bucket_are_compared(
+    overrides: dict[str, str], says: str
+) -> None:
+    env = {**STAGING, "TWOPHASE_INFLUX_API": "auto", "TWOPHASE_TARGETS": "a=http://h,b=http://h"}
+    error = refused({**env, **overrides})
+    assert says in error.problem and "influx_api auto" in error.problem
+
+
+def test_the_same_server_and_database_in_the_file_names_the_files_key(tmp_path: Path) -> None:
+    env = write(tmp_path, TOML.replace("https://influx-b:8086", "http://INFLUX-A:8086/"))
+    env["TWOPHASE_TARGET_B_INFLUX_DB"] = "metrics"  # over b's own database in the file
+    error = refused(env)
+    assert error.option == f"targets in {tmp_path / 'twophase.toml'}"
+    assert "targets 'a' and 'b'" in error.problem
+
+
+def test_the_same_server_message_holds_no_credentials() -> None:
+    env = {
+        **SHARED,
+        "TWOPHASE_TARGETS": "a=http://alice@h:8086,b=http://h:8086",
+        "TWOPHASE_INFLUX_USER": "bob",
+        "TWOPHASE_INFLUX_PASSWORD": "hunter2",
+        "TWOPHASE_INFLUX_TOKEN": "tok-s3cret",
+    }
+    error = refused(env)
+    assert "targets 'a' and 'b'" in error.problem
+    for secret in ("alice", "bob", "hunter2", "tok-s3cret", "@"):
+        assert secret not in str(error)
+
+
 def test_overrides_from_the_environment_apply_to_their_target_only() -> None:
     env = {
         **TWO,

@@ -19,9 +19,7 @@ from twophase.cli.console import Console
 from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config, load_setting
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
-from twophase.protocol.requeue import RequeueFilter
-from twophase.protocol.targets import TargetState
-from twophase.store.views import EpochRange
+from twophase.operations import EpochRange, RequeueFilter, TargetState
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # verify answers a question, as diff does: 1 is the answer "InfluxDB differs", so no
@@ -69,7 +67,7 @@ def cmd_status(con: Console) -> int:
 
 
 def _targets_of(sink_id: str, targets: list[TargetState]) -> dict[str, Any]:
-    """``targets`` of a sink with target rows; nothing for a sink with one target."""
+    """``targets`` of the sink: every sink has at least one (``default``: the one server)."""
     mine = [_target_json(t) for t in targets if t.sink_id == sink_id]
     return {"targets": mine} if mine else {}
 
@@ -77,7 +75,11 @@ def _targets_of(sink_id: str, targets: list[TargetState]) -> dict[str, Any]:
 def _target_json(state: TargetState) -> dict[str, Any]:
     """[`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict], its times as the CLI
     writes every time (``...Z``)."""
-    times = {"lagging_since": state.lagging_since, "quarantined_at": state.quarantined_at}
+    times = {
+        "lagging_since": state.lagging_since,
+        "quarantined_at": state.quarantined_at,
+        "url_changed_at": state.url_changed_at,
+    }
     return state.as_dict() | times
 
 
@@ -201,9 +203,9 @@ def cmd_verify(con: Console) -> int:
     with con.hooks() as hooks:
         config = full_config(args)
         names = None if args.target is None else [args.target]
-        reports = ops.verify_targets(config, args.sink, selection_of(args), hooks, names)
+        reports = ops.verify(config, args.sink, selection_of(args), hooks, names)
     ok = all(r.report.ok for r in reports)
-    if args.target is not None or not config.influx.targets:
+    if args.target is not None or len(reports) == 1:
         (one,) = reports
         named = {"target": one.target} if args.target else {}
         data = asdict(one.report) | {"ok": one.report.ok} | named

@@ -6,18 +6,25 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from twophase.operations import GcSummary, ResendReport
-from twophase.operations.delivery import (
+from twophase.operations import (
+    AbortReport,
+    DeadLetterListing,
+    EpochInfo,
+    EpochListing,
+    GcSummary,
     RecoverReport,
     RequeueReport,
+    ResendReport,
+    ResetReport,
     ResyncReport,
+    SchemaHistory,
+    SchemaReport,
+    SeriesDiff,
+    SinkStatus,
+    TargetState,
     TargetVerifyReport,
+    VerifyReport,
 )
-from twophase.operations.migrate import SchemaHistory, SchemaReport
-from twophase.operations.store import AbortReport, DeadLetterListing, EpochListing, ResetReport
-from twophase.operations.verify import SeriesDiff, VerifyReport
-from twophase.protocol.targets import TargetState
-from twophase.store.views import EpochInfo, SinkStatus
 from twophase.wording import (
     age,
     compact_ranges,
@@ -77,13 +84,14 @@ _STATUS_HEADERS = (
 
 
 def status_lines(rows: Sequence[SinkStatus], targets: Sequence[TargetState] = ()) -> list[str]:
-    """The sinks' table, then a table of targets per sink that has target rows."""
+    """The sinks' table, then a table of targets per sink with several, or with one that
+    is not live or whose URL changed (``twophase targets`` lists them all)."""
     if not rows:
         return ["no sinks in this staging store"]
     lines = table(_STATUS_HEADERS, [_status_row(s) for s in rows])
     for s in rows:
         mine = [t for t in targets if t.sink_id == s.sink_id]
-        if mine:
+        if len(mine) > 1 or any(t.state != "live" or t.url_changed_at for t in mine):
             lines += ["", f"targets of sink {s.sink_id!r}:"]
             lines += table(_TARGET_HEADERS, [_target_row(t) for t in mine])
     return lines
@@ -111,12 +119,15 @@ def _status_row(s: SinkStatus) -> tuple[Any, ...]:
     )
 
 
-_TARGET_HEADERS = ("TARGET", "STATE", "DELIVERED", "LAG EPOCHS", "LAG", "LAG BYTES")
+_TARGET_HEADERS = ("TARGET", "STATE", "DELIVERED", "LAG EPOCHS", "LAG", "LAG BYTES", "URL")
 
 
 def _target_row(t: TargetState) -> tuple[Any, ...]:
     lag = None if t.lag_seconds is None else age(t.lag_seconds)
-    return (t.target, t.state, t.delivered_epoch, t.lag_epochs, lag, size(t.lag_bytes))
+    url = t.url
+    if url is not None and t.url_changed_at is not None:
+        url = f"{url} (changed {iso(t.url_changed_at)})"
+    return (t.target, t.state, t.delivered_epoch, t.lag_epochs, lag, size(t.lag_bytes), url)
 
 
 def targets_lines(targets: Sequence[TargetState], sink_id: str | None) -> list[str]:
@@ -124,10 +135,7 @@ def targets_lines(targets: Sequence[TargetState], sink_id: str | None) -> list[s
     the last error its server gave."""
     if not targets:
         where = "this staging store" if sink_id is None else f"sink {sink_id!r}"
-        return [
-            f"no targets in {where}: a sink with one InfluxDB server has none "
-            "(its COMMITTED epochs are its deliveries)"
-        ]
+        return [f"no targets in {where}: a sink's query registers them when it starts"]
     headers = ("SINK", *_TARGET_HEADERS, "SINCE", "LAST ERROR")
     rows = [(t.sink_id, *_target_row(t), _since(t), t.last_error) for t in targets]
     return table(headers, rows)

@@ -6,7 +6,8 @@ there, ``option in /path/file.toml`` when from the file). A secret may also be
 given as ``<VAR>_FILE`` naming a file that holds it. A sink's InfluxDB servers
 are ``influx_url`` (one) or ``targets`` (several, each of which may override
 the shared settings: ``TWOPHASE_TARGET_<NAME>_<OPTION>`` or the file's
-``[targets.NAME]``). Everything is parsed and validated once, when loaded.
+``[targets.NAME]``). Everything is parsed and validated once, when loaded. Two
+targets may not write to the same database (or bucket) of the same server.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from twophase.config.files import NO_FILE, ConfigFile, read_config_file
 from twophase.config.sections import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
@@ -32,13 +34,17 @@ from twophase.config.settings import (
     env_name,
     target_env_name,
 )
-from twophase.config.values import Secret, parse
+from twophase.config.values import Secret, mask_url, parse
 from twophase.errors import ConfigError
 
 # Where a value was found; the first of them wins.
 _EXPLICIT, _ENVIRONMENT, _FILE, _UNSET = range(4)
 _SERVERS = ("influx_url", "targets")  # one server or several: exactly one of them is set
 Targets = tuple[tuple[str, str], ...]  # (name, URL) pairs, as the targets setting parses
+# Where a target's points land on its server: ("database", name, retention policy) or
+# ("bucket", org, bucket). See `_destinations`.
+Destination = tuple[str, str, str | None]
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 # TWOPHASE_TARGET_<NAME>_<OPTION>[_FILE]: the shape of every per-target variable.
 _TARGET_VAR = re.compile(
     rf"{TARGET_ENV_PREFIX}[A-Z0-9_]+?_({'|'.join(o.upper() for o in PER_TARGET)})(_FILE)?"
@@ -136,6 +142,7 @@ def _influx(src: _Source) -> InfluxConfig:
         _check_target_variables(src.env)
     targets = tuple(_target(src.for_target(name), shared, name, at) for name, at in pairs)
     config = replace(shared, targets=targets)
+    _check_distinct_destinations(src, targets)
     _check_min_targets(src, config)
     # With targets, each target is checked (its own API may differ); the shared
     # settings alone need not make a whole server's.
@@ -220,6 +227,73 @@ def _check_target_variables(env: Mapping[str, str]) -> None:
                 f"case, - as _; <OPTION>_FILE for a secret) sets one of {', '.join(PER_TARGET)} "
                 f"for one target; its URL is in {env_name('targets')}",
             )
+
+
+def _check_distinct_destinations(src: _Source, targets: tuple[TargetConfig, ...]) -> None:
+    """Refuse two targets that write to the same database (or bucket) of the same server.
+    Both would hold the same series, and a lagging one's catch-up, delivering old epochs
+    in order, would write old values over the newer ones the other already wrote."""
+    seen: dict[tuple[str, Destination], TargetConfig] = {}
+    for target in targets:
+        server = server_of(target.influx.url)
+        for destination in _destinations(target.influx):
+            other = seen.setdefault((server, destination), target)
+            if other is not target:
+                raise _same_destination(src, other, target, server, destination)
+
+
+def _same_destination(
+    src: _Source, first: TargetConfig, second: TargetConfig, server: str, where: Destination
+) -> ConfigError:
+    kind, name, detail = where
+    if kind == "database":
+        shown = f"db {name!r}" + (f", retention policy {detail!r}" if detail else "")
+    else:
+        shown = f"bucket {detail!r} of org {name!r}"
+    auto = " (with influx_api auto the server's version decides which is written to)"
+    either_auto = "auto" in (first.influx.api, second.influx.api)
+    return ConfigError(
+        src.lookup(BY_NAME["targets"])[1],
+        f"targets {first.name!r} and {second.name!r} write to the same server and {kind} "
+        f"({mask_url(server)}, {shown}){auto if either_auto else ''}: a lagging one's catch-up "
+        f"would write old values over the other's newer ones; give each its own {kind} or "
+        "server",
+    )
+
+
+def server_of(url: str) -> str:
+    """The URL as compared: scheme and host in lower case, the port filled in, the path
+    without a trailing slash; no user (a server's data is the same whoever writes it),
+    query or fragment. Host names are compared as written, not resolved: resolving at
+    load time would be slow, could fail or change, and would still miss a server known
+    by two names (a proxy, a CNAME); so ``localhost`` and ``127.0.0.1`` differ here."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
+    try:
+        port = str(parts.port or _DEFAULT_PORTS.get(parts.scheme.lower()))
+    except ValueError:  # not a number: compared as written
+        port = parts.netloc.rpartition(":")[2]
+    return f"{parts.scheme.lower()}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+def _destinations(influx: InfluxConfig) -> set[Destination]:
+    """Where the target's points may land, by its API: the database and retention
+    policy (1.x; 3 has no retention policy and takes 1.x writes into the same
+    database), the org and bucket (2.x), either for ``auto`` (the server's version
+    picks). A different retention policy is different storage; none (the database's
+    default) is taken as different from a named one, as which is the default is the
+    server's to say. A field the API needs but lacks gives nothing: the check of the
+    API refuses it. How a 2.x or 3 server maps a database to a bucket is not known
+    here either."""
+    found: set[Destination] = set()
+    if influx.api in ("v1", "v3", "auto") and influx.database:
+        policy = influx.retention_policy if influx.api != "v3" else None
+        found.add(("database", influx.database, policy or None))
+    if influx.api in ("v2", "auto") and influx.bucket and influx.org:
+        found.add(("bucket", influx.org, influx.bucket))
+    return found
 
 
 def _check_min_targets(src: _Source, config: InfluxConfig) -> None:

@@ -88,8 +88,8 @@ class MeteredWriter:
     one it wraps, the
     writer of ``target``.
 
-    Same contract as the wrapped writer (one attempt, idempotent in effect,
-    classified errors): it only observes.
+    Same contract as the wrapped writer (one attempt, classified errors, a
+    re-sent body as the server keeps it): it only observes.
     """
 
     def __init__(self, inner: InfluxWriter, target: str = DEFAULT_TARGET) -> None:

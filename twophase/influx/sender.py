@@ -5,6 +5,9 @@ independent of HTTP, so pure logic a fake writer can
 test. Correctness rests on one property of InfluxDB: re-sending a point
 (same measurement, tag set and timestamp) overwrites it with itself, so any
 body may be sent again, whole or in parts, without changing the result.
+VictoriaMetrics has that property only when it runs with
+``-dedup.minScrapeInterval``; without it, it keeps every copy it is sent
+([`InfluxWriter`][twophase.influx.writers.InfluxWriter]).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class RetryEvent:
 class BatchSender:
     """Sends request bodies of line protocol with retries, 413 splitting and 400 bisection.
 
-    Idempotent in effect (re-sending a body changes nothing in InfluxDB). A
+    Idempotent in effect (re-sending a body changes nothing in InfluxDB, nor in a
+    VictoriaMetrics with ``-dedup.minScrapeInterval``). A
     refused body is split left half before right half, so the same input
     always produces the same sequence of requests. The retry policy comes
     from the config. A sender keeps no state between calls; concurrent
@@ -53,9 +57,11 @@ class BatchSender:
         clock: Callable[[], float] = time.monotonic,
         on_attempt_failed: Callable[[RetryEvent], None] | None = None,
         rand: Callable[[], float] = random.random,
+        deadline: str = "influx_retry_deadline",
     ) -> None:
         self._writer = writer
         self._policy = RetryPolicy.from_config(config)
+        self._deadline = deadline  # the setting ``config.retry_deadline_s`` came from
         self._sleep = sleep
         self._clock = clock
         self._on_attempt_failed = on_attempt_failed
@@ -220,7 +226,7 @@ class _Delivery:
         if remaining <= 0 or (retry_after or 0.0) > remaining:
             raise InfluxUnavailableError(
                 f"InfluxDB still unavailable after {attempt} attempt(s) over {lasted:.0f}s "
-                f"(influx_retry_deadline {self.policy.deadline_s:g}s without progress): {exc}"
+                f"({self._sender._deadline} {self.policy.deadline_s:g}s without progress): {exc}"
             ) from exc
         delay = min(self.policy.delay(attempt, retry_after, self._sender._rand), remaining)
         log.warning(

@@ -32,10 +32,20 @@ class InfluxWriter(Protocol):
     * ``write`` sends one body of line protocol (lines joined by '\\n', ns
       precision) in ONE attempt; ``gzipped``: the body is gzip (members end to
       end, one stream), sent with ``Content-Encoding: gzip``, which InfluxDB
-      1.x, 2.x and 3 and VictoriaMetrics all read. Idempotent in effect: the store overwrites a
-      point with the same measurement, tag set and timestamp, so sending the
-      same body again changes nothing. It never retries: the sender
+      1.x, 2.x and 3 and VictoriaMetrics all read. It never retries: the sender
       ([`twophase.influx.sender`][twophase.influx.sender]) retries, splits and bisects.
+    * the same body may be written again (a retry, a promotion repeated after a
+      crash, an operator's resend), and must then change nothing. What a re-sent
+      body does is the server's: InfluxDB 1.x, 2.x and 3 overwrite a point with
+      the same measurement, tag set and timestamp (the same values again: no
+      change), so it changes nothing. VictoriaMetrics keeps every sample it is
+      sent, a re-sent body twice (counted twice by queries), unless it runs with
+      ``-dedup.minScrapeInterval`` (``1ms`` is enough: it keeps timestamps in
+      milliseconds); then it keeps one sample per series and millisecond, and a
+      re-sent body changes nothing. Two *different* values of one series in one
+      millisecond then keep one of them, not the later write as InfluxDB does
+      (current releases keep the biggest). A new kind of target must make a
+      re-sent body change nothing, or document what it needs for that.
     * every failure is raised classified ([`twophase.influx.classify`][twophase.influx.classify]):
       ``TransientWriteError`` for what may pass (retried),
       ``BatchTooLargeError`` (split), ``BadPointsError`` with the store's
@@ -102,7 +112,14 @@ class _PostWriter:
 
 class V1Writer(_PostWriter):
     """POST {url}/write?db=&rp=&precision=ns, user/password as HTTP basic auth; reads
-    back through ``/query``."""
+    back through ``/query``.
+
+    A re-sent body: InfluxDB 1.x overwrites each point with the same measurement,
+    tag set and timestamp, so the same body again changes nothing. VictoriaMetrics
+    takes this API too, and keeps a re-sent body twice unless it runs with
+    ``-dedup.minScrapeInterval`` (then one sample per series and timestamp; see
+    [`InfluxWriter`][twophase.influx.writers.InfluxWriter]).
+    """
 
     def __init__(self, config: InfluxConfig) -> None:
         params = {"db": config.database or "", "precision": "ns"}
@@ -135,6 +152,9 @@ class V3Writer(_PostWriter):
     acknowledged once the write-ahead log holds it, so an acknowledged epoch
     survives the server's crash. Written from InfluxDB 3's documentation and
     tested against a server that answers as it says; no 3.x server was at hand.
+
+    A re-sent body: InfluxDB 3 overwrites a point with the same table (measurement),
+    tag set and timestamp, so the same body again changes nothing.
     """
 
     def __init__(self, config: InfluxConfig) -> None:
@@ -156,6 +176,12 @@ class V2Writer:
 
     Without a token but with user and password, the 1.8 compatibility token
     ``user:password`` is used.
+
+    A re-sent body: InfluxDB 2.x (and 1.8 and 3 through this API) overwrites a
+    point with the same measurement, tag set and timestamp, so the same body again
+    changes nothing. VictoriaMetrics, which takes this API too, keeps a re-sent body
+    twice unless it runs with ``-dedup.minScrapeInterval`` (then one sample per
+    series and timestamp; see [`InfluxWriter`][twophase.influx.writers.InfluxWriter]).
     """
 
     def __init__(self, config: InfluxConfig) -> None:

@@ -15,17 +15,21 @@ Store operations need only the staging settings
 [`export_dead_letters`][twophase.operations.store.export_dead_letters],
 [`abort`][twophase.operations.store.abort], [`gc`][twophase.operations.store.gc],
 [`reset`][twophase.operations.store.reset], and
-[`target_states`][twophase.operations.store.target_states] (the targets of sinks that deliver to
-several InfluxDB
-servers). Delivery operations also talk to InfluxDB
-([`twophase.operations.delivery`][twophase.operations.delivery]):
-[`recover`][twophase.operations.delivery.recover], [`resend`][twophase.operations.delivery.resend],
-[`verify`][twophase.operations.verify],
-[`verify_targets`][twophase.operations.delivery.verify_targets],
-[`requeue`][twophase.operations.delivery.requeue], and
-[`resync`][twophase.operations.delivery.resync] of one target
-([`target_config`][twophase.operations.delivery.target_config]
-picks a configured target by name).
+[`target_states`][twophase.operations.store.target_states] (each sink's targets).
+Delivery operations also talk to the targets, one module each:
+[`recover`][twophase.operations.recover.recover]
+([`twophase.operations.recover`][twophase.operations.recover]),
+[`resend`][twophase.operations.resend.resend]
+([`twophase.operations.resend`][twophase.operations.resend]),
+[`verify`][twophase.operations.verify.verify]
+([`twophase.operations.verify`][twophase.operations.verify], with the comparison they run),
+[`requeue`][twophase.operations.requeue.requeue]
+([`twophase.operations.requeue`][twophase.operations.requeue]), and
+[`resync`][twophase.operations.resync.resync] of one target
+([`twophase.operations.resync`][twophase.operations.resync]);
+[`target_config`][twophase.operations.targets.target_config]
+([`twophase.operations.targets`][twophase.operations.targets])
+picks a configured target by name.
 The exporter ([`twophase.operations.metrics`][twophase.operations.metrics]):
 [`start_exporter`][twophase.operations.metrics.start_exporter]. The schema from the
 installed package ([`twophase.operations.migrate`][twophase.operations.migrate]):
@@ -36,6 +40,14 @@ installed package ([`twophase.operations.migrate`][twophase.operations.migrate])
 without running it: [`upgrade_sql`][twophase.operations.migrate.upgrade_sql],
 [`downgrade_sql`][twophase.operations.migrate.downgrade_sql].
 
+The types these functions take and return are exported here too, those defined
+elsewhere included: [`EpochRange`][twophase.store.views.EpochRange] (the epochs to act on),
+[`RequeueFilter`][twophase.protocol.requeue.RequeueFilter] (the dead letters to requeue),
+[`SinkStatus`][twophase.store.views.SinkStatus], [`EpochInfo`][twophase.store.views.EpochInfo],
+[`TargetState`][twophase.protocol.targets.TargetState],
+[`VerifyReport`][twophase.operations.verify.VerifyReport] and
+[`SeriesDiff`][twophase.operations.verify.SeriesDiff]; a caller (the CLI) needs no other module.
+
 Errors are twophase's own ([`twophase.errors`][twophase.errors]): ``UnknownSinkError`` and
 ``EpochRangeError`` for what is not recorded, ``UsageError`` for arguments that
 cannot work together, ``RefusedError`` when a live run owns the sink (and
@@ -44,19 +56,6 @@ cannot work together, ``RefusedError`` when a live run owns the sink (and
 
 from __future__ import annotations
 
-from twophase.operations.delivery import (
-    RequeueReport,
-    ResendReport,
-    ResyncReport,
-    TargetVerifyReport,
-    recover,
-    requeue,
-    resend,
-    resync,
-    target_config,
-    verify,
-    verify_targets,
-)
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
 from twophase.operations.migrate import (
@@ -71,6 +70,10 @@ from twophase.operations.migrate import (
     upgrade_schema,
     upgrade_sql,
 )
+from twophase.operations.recover import CaughtUp, RecoverReport, StillBehind, recover
+from twophase.operations.requeue import RequeueReport, requeue
+from twophase.operations.resend import ResendReport, resend
+from twophase.operations.resync import ResyncReport, resync
 from twophase.operations.store import (
     AbortReport,
     DeadLetterListing,
@@ -87,17 +90,32 @@ from twophase.operations.store import (
     status,
     target_states,
 )
+from twophase.operations.targets import target_config
+from twophase.operations.verify import (
+    SeriesDiff,
+    TargetVerifyReport,
+    VerifyReport,
+    verify,
+)
+from twophase.protocol.requeue import RequeueFilter
+from twophase.protocol.targets import TargetState
+from twophase.store.views import EpochInfo, EpochRange, SinkStatus
 
 __all__ = [
     "LIVE_WINDOW_S",
     "AbortReport",
+    "CaughtUp",
     "DeadLetterListing",
+    "EpochInfo",
     "EpochListing",
+    "EpochRange",
     "ExportReport",
     "GcSummary",
     "Guard",
     "Hooks",
     "Progress",
+    "RecoverReport",
+    "RequeueFilter",
     "RequeueReport",
     "ResendReport",
     "ResetReport",
@@ -106,7 +124,12 @@ __all__ = [
     "SchemaReport",
     "SchemaRevision",
     "SchemaSql",
+    "SeriesDiff",
+    "SinkStatus",
+    "StillBehind",
+    "TargetState",
     "TargetVerifyReport",
+    "VerifyReport",
     "abort",
     "current_schema",
     "dead_letters",
@@ -128,5 +151,4 @@ __all__ = [
     "upgrade_schema",
     "upgrade_sql",
     "verify",
-    "verify_targets",
 ]

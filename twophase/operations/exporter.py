@@ -10,8 +10,9 @@ A scrape costs two indexed queries, whatever the history's length: one row
 per sink (the running totals the ledger keeps in ``twophase_sinks``, the
 owning run through its primary key, the PRECOMMITTED epochs through their
 partial index) and the epochs committed since the previous scrape (primary
-key range); and a third, the targets of sinks that deliver to several
-InfluxDB servers, each with its backlog (the COMMITTED epochs it lacks).
+key range); and a third, every sink's targets (the one server of a sink with
+one is its target ``default``), each with its backlog (the COMMITTED epochs it
+lacks).
 Counters are the store's own totals, so they survive exporter restarts; the
 commit-duration histogram is the exporter's (Prometheus treats its restart
 as a counter reset, as for any process). When the store
@@ -19,7 +20,7 @@ cannot be read, the scrape still answers, with ``twophase_store_up 0`` and
 no per-sink series.
 
 Labels: ``sink`` (bounded by the sinks one deploys), ``target`` (the named
-InfluxDB servers of a sink with several), ``state``, ``phase``. Never an
+servers of a sink: ``default`` for its one), ``state``, ``phase``. Never an
 epoch number or a run id: those are unbounded.
 """
 
@@ -304,7 +305,7 @@ def _total_families(rows: list[SinkRow]) -> Iterator[Metric]:
 
 
 def target_families(states: Iterable[TargetState]) -> Iterator[Metric]:
-    """The per-target metric families of one scrape (sinks with several targets)."""
+    """The per-target metric families of one scrape (every sink's targets)."""
     labels = ("sink", "target")
     lag_epochs = _gauge(
         "twophase_target_lag_epochs",

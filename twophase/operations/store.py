@@ -109,8 +109,8 @@ def status(
 
 
 def target_states(config: StagingConfig, sink_id: str | None = None) -> list[TargetState]:
-    """Every target of every sink with several (of one sink: UnknownSinkError when it
-    does not exist); none for a sink with one target, or a store from before targets."""
+    """Every target of every sink (of one sink: UnknownSinkError when it does not
+    exist); none from a store from before targets."""
     with Database(config) as db:
         if sink_id is not None:
             Views(db).require_sink(sink_id)

@@ -16,19 +16,32 @@ holds in the series' verified time span at a timestamp no verified epoch
 staged (a duplicate from an at-least-once writer, or a point written by an
 epoch outside the verified range). Fields InfluxDB holds beyond the expected
 ones are not differences (earlier epochs or other writers may add fields).
+
+The command: [`verify`][twophase.operations.verify.verify] checks each target
+of the configuration (or the ones named), on the epochs it is owed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from twophase.config import InfluxConfig, TwoPhaseConfig
 from twophase.errors import LineProtocolError, StateError
+from twophase.influx.api import make_writer, resolve_api
 from twophase.model import EpochPlan, EpochState
+from twophase.operations.hooks import SILENT, Hooks
+from twophase.operations.hooks import Progress as OperationProgress
+from twophase.operations.store import stored_states
+from twophase.operations.targets import target_config
 from twophase.points.lineproto import FieldValue, Tags, parse_line
 from twophase.protocol.reader import StagedReader
+from twophase.protocol.targets import TargetState
+from twophase.store.database import Database
 from twophase.store.views import EpochInfo, EpochRange, Views
 from twophase.wording import epochs_are
 
@@ -300,7 +313,7 @@ class Verifier:
         self._reader = reader
         self._query = query
         self._rp = retention_policy
-        self._target = target  # several targets: the one verified ("": the sink's one)
+        self._target = target  # the target verified: its letters, and those naming none
 
     def verify(
         self, sink_id: str, selection: Sequence[EpochInfo], progress: Progress | None = None
@@ -359,3 +372,107 @@ class Verifier:
             done += expected.add(staged_lines(self._reader, plan, rejected), only_known)
             report("read staged points", "points", done, total)
         return expected
+
+
+# -- the command ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetVerifyReport:
+    """``verify`` of one target of the sink."""
+
+    target: str
+    report: VerifyReport
+
+
+def verify(
+    config: TwoPhaseConfig,
+    sink_id: str,
+    selection: EpochRange | None = None,
+    hooks: Hooks = SILENT,
+    targets: Sequence[str] | None = None,
+) -> tuple[TargetVerifyReport, ...]:
+    """Compare what the store says was delivered with what each target holds (read
+    back through its writer's ``read``, InfluxQL): each of ``targets`` (default:
+    every configured target) in turn, in configured order. A target is verified on
+    the epochs it is owed (from the one it was added at); those it still lacks
+    (lagging, quarantined) are verified too, reported missing, with a note."""
+    if targets is None:
+        chosen = list(config.influx.named_targets())
+    else:
+        chosen = [target_config(config.influx, name) for name in targets]
+    with contextlib.ExitStack() as opened:
+        queries = [(t.name, *_influx_query(t.influx, opened)) for t in chosen]
+        return _verify_each(config, sink_id, selection, hooks, queries)
+
+
+def _verify_each(
+    config: TwoPhaseConfig,
+    sink_id: str,
+    selection: EpochRange | None,
+    hooks: Hooks,
+    queries: Sequence[tuple[str, Query, str | None]],
+) -> tuple[TargetVerifyReport, ...]:
+    with Database(config.staging) as db:
+        views = Views(db)
+        views.require_sink(sink_id)
+        epochs = views.select_epochs(sink_id, selection or EpochRange())
+        rows = {s.target: s for s in stored_states(db, sink_id)}
+        reports = []
+        for name, query, policy in queries:
+            owed, notes = _owed(sink_id, name, epochs, rows.get(name))
+            label = f"{name}: " if len(queries) > 1 else ""
+
+            def progress(step: str, unit: str, done: int, total: int, label: str = label) -> None:
+                hooks.progress(OperationProgress(label + step, unit, done, total))
+
+            verifier = Verifier(views, StagedReader(db), query, policy, name)
+            report = verifier.verify(sink_id, owed, progress)
+            report = dataclasses.replace(report, notes=(*notes, *report.notes))
+            reports.append(TargetVerifyReport(name, report))
+    return tuple(reports)
+
+
+def _influx_query(influx: InfluxConfig, opened: contextlib.ExitStack) -> tuple[Query, str | None]:
+    """How verify reads one target back (its writer's ``read``: PermanentError at once
+    for a store that cannot answer InfluxQL), and its retention policy."""
+    writer = make_writer(resolve_api(influx))
+    opened.callback(writer.close)
+    writer.read("SHOW MEASUREMENTS LIMIT 1")  # fails fast: unsupported, or unreachable
+    return writer.read, influx.retention_policy
+
+
+def _owed(
+    sink_id: str, name: str, epochs: Sequence[EpochInfo], state: TargetState | None
+) -> tuple[list[EpochInfo], list[str]]:
+    """The selected epochs a target is owed (all, for a sink with one target), and notes
+    on those left out (before the target was added) and those it still lacks."""
+    if state is None:
+        return list(epochs), []
+    first = state.from_epoch
+    before = [e.epoch for e in epochs if 0 <= e.epoch < first]
+    owed = [e for e in epochs if e.epoch < 0 or e.epoch >= first]
+    notes = []
+    if before:
+        notes.append(
+            f"not verified: {epochs_are(before)} older than target {name!r}, which is owed "
+            f"the epochs from {first} on"
+        )
+    if not owed:
+        raise StateError(f"sink {sink_id!r}: nothing to verify in target {name!r}; {notes[0]}")
+    cursor = state.delivered_epoch
+    lacking = [
+        e.epoch
+        for e in owed
+        if e.epoch >= 0
+        and e.state == EpochState.COMMITTED
+        and e.purged_at is None
+        and (cursor is None or e.epoch > cursor)
+    ]
+    if lacking:
+        notes.append(
+            f"target {name!r} is {state.state}: {epochs_are(lacking)} not delivered to it "
+            "yet, so reported missing (`twophase recover` delivers them; `twophase targets "
+            "resync` once it is quarantined)"
+        )
+    return owed, notes

@@ -10,12 +10,13 @@ the sink's runs in [`twophase.protocol.ledger`][twophase.protocol.ledger] and
 [`twophase.protocol.transitions`][twophase.protocol.transitions], reading decided epochs back in
 [`twophase.protocol.reader`][twophase.protocol.reader] and
 [`twophase.protocol.readahead`][twophase.protocol.readahead],
-[`twophase.protocol.promoter`][twophase.protocol.promoter] (send, mark COMMITTED) with
+[`twophase.protocol.promoter`][twophase.protocol.promoter] (an epoch to the sink's targets, one
+or several, then COMMITTED) through each target's
+[`twophase.protocol.delivery`][twophase.protocol.delivery] (read back, check, send) with
 [`twophase.protocol.deadletters`][twophase.protocol.deadletters], background promotion in
-[`twophase.protocol.handoff`][twophase.protocol.handoff]; for several InfluxDB targets,
-[`twophase.protocol.fanout`][twophase.protocol.fanout] (each epoch to every caught-up target at
-once), [`twophase.protocol.catchup`][twophase.protocol.catchup] (a lagging
-target's backlog, oldest first) and their state in
+[`twophase.protocol.handoff`][twophase.protocol.handoff];
+[`twophase.protocol.catchup`][twophase.protocol.catchup] (a lagging
+target's backlog, oldest first) and the targets' state in
 [`twophase.protocol.targets`][twophase.protocol.targets]. Around them:
 [`twophase.protocol.gc`][twophase.protocol.gc]
 (retention, orphans; after commits, when due,

@@ -1,7 +1,8 @@
-"""The catch-up worker: delivers a lagging target's backlog from staging, oldest first.
+"""Catching a target up: delivers a lagging target's backlog from staging, oldest first.
 
-A target a commit left without its epoch ([`twophase.protocol.fanout`][twophase.protocol.fanout]) is
-owed every COMMITTED epoch past its cursor. The worker delivers them to it one
+A target a commit left without its epoch (a
+[`Promoter`][twophase.protocol.promoter.Promoter]'s) is owed every COMMITTED
+epoch past its cursor, and the corrections it lacks. The worker delivers them to it one
 at a time, in epoch order, each with the whole ``influx_retry_deadline``, and
 records each (``TargetLedger.delivered``) before it takes the next, so the
 target's delivered epochs stay a prefix of the COMMITTED ones (I9) and a
@@ -14,13 +15,24 @@ workers (a driver's and ``twophase recover``) never interleave requests of two
 epochs. A promotion sends epoch N to a target only when its cursor already
 holds every COMMITTED epoch below N, and the worker sends only COMMITTED
 epochs, so the two never send one target different epochs at once either.
+The lock lives on a session of its own, which a PostgreSQL restart ends while
+the holder goes on: the holder checks that it still holds the lock before
+every request (``HeldLock.check``), as it checks its lease, and before it
+records the delivery, so a lost lock stops it (``LockLostError``) before
+another holder's epoch can be crossed by one of its own.
+
+A commit whose caught-up targets cannot make ``min_targets`` catches a
+reachable lagging target up itself (`CatchUp.below`), in epoch order and
+under the same lock, before it sends it the epoch: the availability rule
+(I10).
 
 In a driver the worker runs on a daemon thread per sink from the run's claim
 until the process closes it, looking for a backlog every ``poll_s`` and at
 once when a commit leaves a target behind (a target whose delivery failed is
 tried again after a pause doubling with each failure, up to a minute); it
-checks the run's lease before every request, and ends for good when the run
-is fenced. Quarantined targets are left to ``twophase targets resync``.
+checks the run's lease before every request, outlives every failure of its
+own, and ends for good when the run is fenced. Quarantined targets are left
+to ``twophase targets resync``.
 """
 
 from __future__ import annotations
@@ -34,12 +46,13 @@ from dataclasses import dataclass
 from twophase.errors import TARGET_FAILURES, FencedError, TwoPhaseError
 from twophase.logs import lease_fields
 from twophase.model import Lease
-from twophase.protocol.promoter import Promoter
+from twophase.protocol.delivery import TargetDelivery
+from twophase.protocol.ledger import Ledger
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.targets import TargetLedger
-from twophase.store.database import Database
+from twophase.store.database import Database, HeldLock
 
-__all__ = ["CatchUp", "TargetPromoters"]
+__all__ = ["CatchUp", "CatchUpReport"]
 
 log = logging.getLogger("twophase.protocol.catchup")
 _POLL_S = 2.0  # how often a driver's worker looks for a backlog when not told of one
@@ -48,34 +61,47 @@ _MAX_PAUSE_S = 60.0  # the longest wait before trying a failing target again
 
 
 @dataclass(frozen=True)
-class TargetPromoters:
-    """One target's promoters: ``commit`` gives up on a failing server after
-    ``target_deadline`` (a commit's round), ``catch_up`` after ``influx_retry_deadline``."""
+class CatchUpReport:
+    """What a catch-up run did: (target, epoch) of each epoch delivered (or, purged,
+    passed over), and the failure of each target it could not catch up."""
 
-    name: str
-    commit: Promoter
-    catch_up: Promoter
+    delivered: tuple[tuple[str, int], ...]
+    failed: tuple[tuple[str, TwoPhaseError], ...] = ()
 
 
 class _Stopped(TwoPhaseError):
-    """The worker was closed: it starts no request more."""
+    """The worker was closed, or the caller no longer needs the target: no request more."""
+
+
+def _never() -> None:
+    """A catch-up nobody stops but a failure: the caller's own."""
+
+
+def _lock_name(sink_id: str, target: str) -> str:
+    return f"twophase-target:{sink_id}:{target}"
 
 
 class CatchUp:
-    """Delivers lagging targets' backlogs, in epoch order, one epoch at a time."""
+    """Delivers lagging targets' backlogs, in epoch order, one epoch at a time.
+
+    Idempotent: each epoch is delivered under the target's lock and recorded before
+    the next is taken; a repeat after a crash re-sends at most the epoch whose record
+    was lost (I4)."""
 
     def __init__(
         self,
         db: Database,
+        ledger: Ledger,
         reader: StagedReader,
         targets: TargetLedger,
-        promoters: Sequence[TargetPromoters],
+        deliveries: Sequence[TargetDelivery],
         poll_s: float = _POLL_S,
     ) -> None:
         self._db = db
+        self._ledger = ledger
         self._reader = reader
         self._targets = targets
-        self._promoters = tuple(promoters)
+        self._deliveries = tuple(deliveries)
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
@@ -86,7 +112,7 @@ class CatchUp:
         self._woken: dict[str, threading.Event] = {}
         self._stop = threading.Event()
 
-    def poke(self, lease: Lease) -> None:
+    def watch(self, lease: Lease) -> None:
         """Look for the sink's backlog now, on its thread (started on first use), under
         ``lease`` (the latest run's lease of the sink in this process)."""
         with self._lock:
@@ -106,14 +132,56 @@ class CatchUp:
                 self._threads[lease.sink_id] = thread
                 thread.start()
 
-    def run(self, lease: Lease, names: Sequence[str] | None = None) -> list[tuple[str, int]]:
-        """Deliver every backlog (of the targets ``names``) now, on this thread; (target,
-        epoch) of each epoch delivered. Raises the first failure."""
+    def run(
+        self, lease: Lease, names: Sequence[str] | None = None, *, quarantined: bool = False
+    ) -> CatchUpReport:
+        """Deliver the backlog of every target (of ``names``) now, on this thread, target
+        after target; a target that fails is reported and the others are still caught
+        up. ``quarantined``: quarantined targets too (a resync). FencedError at once."""
         done: list[tuple[str, int]] = []
-        for target in self._promoters:
-            if names is None or target.name in names:
-                done += self._catch_up(lease, target, quarantined=names is not None)
-        return done
+        failed: list[tuple[str, TwoPhaseError]] = []
+        for target in self._deliveries:
+            if names is not None and target.name not in names:
+                continue
+            try:  # on the caller's thread: closing the worker does not stop it
+                done += self._catch_up(lease, target, quarantined=quarantined, stop=_never)
+            except FencedError:
+                raise
+            except TARGET_FAILURES as exc:
+                failed.append((target.name, exc))
+                self._targets.lagging(lease.sink_id, target.name, f"{type(exc).__name__}: {exc}")
+        return CatchUpReport(tuple(done), tuple(failed))
+
+    def below(
+        self,
+        lease: Lease,
+        name: str,
+        epoch: int,
+        enough: Callable[[], bool],
+        *,
+        round_only: bool = True,
+    ) -> bool:
+        """Deliver target ``name``'s backlog below ``epoch``, in order, now: a commit
+        whose caught-up targets cannot make ``min_targets`` catches a reachable
+        lagging one up before it sends it the epoch. Each epoch within
+        ``target_deadline`` (a commit's round; ``round_only`` False: within
+        ``influx_retry_deadline``); stops once ``enough()``
+        (the others made it meanwhile), and waits for the target's lock (another
+        process catching it up) only while not ``enough()``. True once the target holds
+        every epoch below ``epoch``; False when stopped."""
+
+        def stop() -> None:
+            if enough():
+                raise _Stopped("enough targets hold the epoch")
+
+        target = next(t for t in self._deliveries if t.name == name)
+        try:
+            self._catch_up(
+                lease, target, quarantined=False, below=epoch, stop=stop, round_only=round_only
+            )
+        except _Stopped:
+            return False
+        return True
 
     def close(self) -> None:
         """Stop the threads before their next request; wait for them a bounded time."""
@@ -130,28 +198,30 @@ class CatchUp:
             woken.clear()
             lease = self._leases[sink_id]
             try:
-                for target in self._promoters:
+                for target in self._deliveries:
                     self._try(lease, target)
             except FencedError as exc:
-                with self._lock:
-                    if self._leases[sink_id] == lease:  # no newer run of ours to go on with
-                        log.info(
-                            "sink %s: catch-up ends, fenced: %s",
-                            sink_id,
-                            exc,
-                            extra=lease_fields(lease),
-                        )
-                        del self._threads[sink_id]
-                        return
+                if self._fenced(sink_id, lease, exc):
+                    return
                 continue
             except _Stopped:
                 return
             woken.wait(self._poll_s)
 
-    def _try(self, lease: Lease, target: TargetPromoters) -> None:
+    def _fenced(self, sink_id: str, lease: Lease, exc: FencedError) -> bool:
+        """Whether the sink's worker ends: no newer run of ours to go on with."""
+        with self._lock:
+            if self._leases[sink_id] != lease:
+                return False
+            log.info("sink %s: catch-up ends, fenced: %s", sink_id, exc, extra=lease_fields(lease))
+            del self._threads[sink_id]
+            return True
+
+    def _try(self, lease: Lease, target: TargetDelivery) -> None:
         """One target's backlog; a failure of its server, of the store or of the code
         is logged and tried again later, after a pause that doubles with each failure
-        in a row (up to a minute): a target that refuses at once is not hammered."""
+        in a row (up to a minute): a target that refuses at once is not hammered. The
+        worker outlives every failure here, its own bookkeeping's included."""
         key = (lease.sink_id, target.name)
         if time.monotonic() < self._not_before.get(key, 0.0):
             return
@@ -162,43 +232,88 @@ class CatchUp:
             raise
         except Exception as exc:  # a thread that died would leave the target behind
             failures = self._failures[key] = self._failures.get(key, 0) + 1
-            pause = min(_MAX_PAUSE_S, self._poll_s * 2**failures)
-            self._not_before[key] = time.monotonic() + pause
-            if isinstance(exc, TARGET_FAILURES):
-                self._targets.lagging(lease.sink_id, target.name, f"{type(exc).__name__}: {exc}")
+            self._not_before[key] = time.monotonic() + min(_MAX_PAUSE_S, self._poll_s * 2**failures)
+            self._record_failure(lease, target.name, exc)
+
+    def _record_failure(self, lease: Lease, name: str, exc: Exception) -> None:
+        log.warning(
+            "sink %s: target %s is still behind: %s",
+            lease.sink_id,
+            name,
+            exc,
+            exc_info=not isinstance(exc, TwoPhaseError),
+            extra=lease_fields(lease),
+        )
+        if not isinstance(exc, TARGET_FAILURES):
+            return
+        try:  # the store may be what failed: its record waits for the next failure
+            self._targets.lagging(lease.sink_id, name, f"{type(exc).__name__}: {exc}")
+        except Exception as again:
             log.warning(
-                "sink %s: target %s is still behind: %s",
+                "sink %s: target %s: its state was not recorded: %s",
                 lease.sink_id,
-                target.name,
-                exc,
-                exc_info=not isinstance(exc, TwoPhaseError),
+                name,
+                again,
                 extra=lease_fields(lease),
             )
 
     def _catch_up(
-        self, lease: Lease, target: TargetPromoters, *, quarantined: bool
+        self,
+        lease: Lease,
+        target: TargetDelivery,
+        *,
+        quarantined: bool,
+        below: int | None = None,
+        stop: Callable[[], None] | None = None,
+        round_only: bool = False,
     ) -> list[tuple[str, int]]:
-        check = self._stoppable(target.catch_up.lease_check(lease))
+        fenced = self._ledger.watch(lease)
+        # A commit's catch-up (``stop``) answers to its commit alone; the others end
+        # when the worker is closed.
+        stop = stop or self._closing
         done: list[tuple[str, int]] = []
-        while not self._stop.is_set():
+        while True:
+            stop()
             # Looked at first without the lock: nothing missing, the usual answer, costs
             # one query and no session of its own.
-            if self._targets.next_missing(lease.sink_id, target.name, quarantined) is None:
+            if self._targets.next_missing(lease.sink_id, target.name, quarantined, below) is None:
                 return done
-            with self._db.session_lock(f"twophase-target:{lease.sink_id}:{target.name}"):
-                missing = self._targets.next_missing(lease.sink_id, target.name, quarantined)
+            with self._db.session_lock(_lock_name(lease.sink_id, target.name), stop) as held:
+                missing = self._targets.next_missing(lease.sink_id, target.name, quarantined, below)
                 if missing is None:  # another process delivered it meanwhile
                     return done
-                self._deliver(lease, target, missing, check)
+                check = self._checks(fenced, held, stop)
+                self._deliver(lease, target, missing, check, round_only=round_only)
             done.append((target.name, missing[0]))
         return done
+
+    def _closing(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped("the catch-up worker was closed")
+
+    def _checks(
+        self, fenced: Callable[[], None], held: HeldLock, stop: Callable[[], None]
+    ) -> Callable[[], None]:
+        """What runs before every request: the caller still in need of it (``stop``: the
+        worker still open, or the commit still short of targets), the run's lease, and
+        the target's lock still held (a lost session releases it: another process may
+        be delivering to the target)."""
+
+        def before_request() -> None:
+            stop()
+            fenced()
+            held.check()
+
+        return before_request
 
     def _deliver(
         self,
         lease: Lease,
-        target: TargetPromoters,
+        target: TargetDelivery,
         missing: tuple[int, bool],
         check: Callable[[], None],
+        *,
+        round_only: bool,
     ) -> None:
         epoch, purged = missing
         if purged:  # only a quarantined target can lack a purged epoch: resync's case
@@ -209,11 +324,12 @@ class CatchUp:
                 target.name,
                 extra=lease_fields(lease, epoch),
             )
-            self._targets.skip_purged(lease.sink_id, target.name, epoch)
+            self._targets.skip_purged(lease, target.name, epoch)
             return
         plan = self._reader.plan(lease.sink_id, epoch)
-        counts = target.catch_up.deliver(plan, check)
-        state = self._targets.delivered(lease.sink_id, target.name, epoch, counts, lease.run_id)
+        counts = target.deliver(plan, check, round_only=round_only)
+        check()  # the lock still held: no other delivery of the target crossed this one
+        state = self._targets.delivered(lease, target.name, epoch, counts)
         log.info(
             "sink %s: epoch %d delivered to target %s (catching up; now %s)",
             lease.sink_id,
@@ -222,11 +338,3 @@ class CatchUp:
             state,
             extra=lease_fields(lease, epoch),
         )
-
-    def _stoppable(self, check: Callable[[], None]) -> Callable[[], None]:
-        def before_request() -> None:
-            if self._stop.is_set():
-                raise _Stopped("the catch-up worker was closed")
-            check()
-
-        return before_request

@@ -20,10 +20,12 @@ from twophase.faults import crash_point
 from twophase.logs import lease_fields
 from twophase.model import CommitMessage, EpochState, Lease
 from twophase.protocol.autogc import AutoGc
+from twophase.protocol.catchup import CatchUp
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.promoter import EpochPromoter, PromoteResult
+from twophase.protocol.promoter import Promoter, PromoteResult
+from twophase.protocol.targets import TargetRoster
 
 log = logging.getLogger("twophase.protocol.committer")
 
@@ -46,13 +48,18 @@ class Committer:
     def __init__(
         self,
         ledger: Ledger,
-        promoter: EpochPromoter,
+        promoter: Promoter,
         gc: GarbageCollector,
         handoff: Handoff | None = None,
         auto_gc: AutoGc | None = None,
+        *,
+        roster: TargetRoster,
+        catch_up: CatchUp,
     ):
         self._ledger = ledger
         self._promoter = promoter
+        self._roster = roster  # the configured targets, registered by a query's claim
+        self._catch_up = catch_up
         self._gc = gc
         self._handoff = handoff  # background promotion (None: inline)
         self._auto_gc = auto_gc  # collections after commits (None: only `twophase gc`)
@@ -81,13 +88,19 @@ class Committer:
         the retry deadline, the epoch left PRECOMMITTED); the run keeps the sink,
         and its first commit, or the next claim, recovers again. This run's own
         epochs are left to its commits (one may be promoting on another thread).
-        With several targets, ``watch`` (a query's run, not an operator's command)
-        starts watching for lagging targets' backlogs in this process.
+        ``watch`` (a query's run, not an operator's command) registers the
+        configured targets (a new one starts at the next epoch; a target's changed
+        URL is recorded and warned of) and, once the claim recovered, watches for
+        lagging targets' backlogs in this process. An operator's command never
+        creates a target: it delivers to the configured targets the sink has.
         """
         lease = self._ledger.begin_run(sink_id, run_id, query_id)
         crash_point("after_begin_run", sink_id)
+        if watch:
+            self._roster.register(lease)
         recovered = self._recover(lease, on_promoted, inherited=True)
-        self._promoter.claimed(lease, watch)  # several targets: lagging ones' backlogs
+        if watch:
+            self._catch_up.watch(lease)
         if recovered:
             log.info(
                 "sink %s: run %s recovered epochs %s at its claim",
@@ -202,4 +215,4 @@ class Committer:
                 if self._auto_gc is not None:
                     self._auto_gc.close()
             finally:
-                self._promoter.close()
+                self._catch_up.close()

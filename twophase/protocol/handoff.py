@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from twophase.faults import crash_point
 from twophase.logs import fields, lease_fields
 from twophase.model import EpochPlan, Lease
-from twophase.protocol.promoter import EpochPromoter, PromoteResult
+from twophase.protocol.promoter import Promoter, PromoteResult
 
 log = logging.getLogger("twophase.protocol.handoff")
 # Sinks promoting at once: a job's points sink and its dead-letter sink. The parts they
@@ -46,7 +46,7 @@ _THREADS = 2
 class Handoff:
     """Promotes handed-off epochs on threads of its own, one epoch per sink at a time."""
 
-    def __init__(self, promoter: EpochPromoter) -> None:
+    def __init__(self, promoter: Promoter) -> None:
         self._promoter = promoter
         self._pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="twophase-promote")
         self._lock = threading.Lock()

@@ -11,8 +11,9 @@ and marks of one sink are serialised, and checks the caller's fencing token
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -220,18 +221,43 @@ class Ledger:
                 raise StateError(f"unknown sink {lease.sink_id!r}")
             check_fence({"fencing_token": row[0], "owner_run_id": row[1]}, lease)
 
-    def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
+    def watch(self, lease: Lease) -> Callable[[], None]:
+        """A check to run before each request of a delivery under ``lease``: FencedError
+        once a newer run holds the sink (one read of the sink's token per call,
+        `check_lease`; once fenced, every later call raises without reading)."""
+        return _LeaseWatch(functools.partial(self.check_lease, lease))
+
+    def mark_committed(
+        self,
+        lease: Lease,
+        epoch: int,
+        delivered: int,
+        rejected: int,
+        within: Callable[[Cursor], object] | None = None,
+    ) -> None:
         """PRECOMMITTED -> COMMITTED, after every point was acknowledged (I2).
 
-        Idempotent for an epoch that is already COMMITTED. Raises FencedError
-        for a stale lease and StateError for an epoch in another state.
+        ``within`` runs in the same transaction first, under the sink's lock and
+        the checked lease (the targets' deliveries are recorded there: one commit
+        per epoch); it must be safe to repeat. Idempotent for an epoch that is
+        already COMMITTED. Raises FencedError for a stale lease and StateError for
+        an epoch in another state.
         """
-        self._db.retry("mark", lambda: self._mark(lease, epoch, delivered, rejected))
+        self._db.retry("mark", lambda: self._mark(lease, epoch, delivered, rejected, within))
 
-    def _mark(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
+    def _mark(
+        self,
+        lease: Lease,
+        epoch: int,
+        delivered: int,
+        rejected: int,
+        within: Callable[[Cursor], object] | None,
+    ) -> None:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
             sink = lock_sink(cur, lease.sink_id)
             check_fence(sink, lease)
+            if within is not None:
+                within(cur)
             cur.execute(
                 "UPDATE twophase_epochs SET state = %s, committed_at = now(), last_error = NULL,"
                 " points_delivered = %s, points_rejected_promote = %s"
@@ -381,6 +407,29 @@ class Ledger:
             event(cur, sink_id, None, "reset", actor, detail)
             crash_point("in_reset", sink_id)
             return Forgotten(removed, kept)
+
+
+class _LeaseWatch:
+    """A delivery's fencing check, shared by its lanes: one read of the sink's token
+    per request or retry (`Ledger.check_lease`), never cached while the lease holds --
+    a cached answer would let a request start after the new run's claim.
+
+    Fencing is for good (a token only grows, a fenced run never claims again), so
+    once a read has seen it every later call, in any lane, raises without reading.
+    """
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = check
+        self._fenced: str | None = None
+
+    def __call__(self) -> None:
+        if self._fenced is not None:
+            raise FencedError(self._fenced)
+        try:
+            self._check()
+        except FencedError as exc:
+            self._fenced = str(exc)
+            raise
 
 
 # -- helpers: each runs inside the caller's transaction -------------------------

@@ -1,391 +1,358 @@
-"""Phase 2, driver side: promote one decided epoch to InfluxDB and mark it COMMITTED.
+"""Phase 2, driver side: promote a decided epoch to the sink's targets, then mark it
+COMMITTED once ``min_targets`` of them hold it.
 
-``Promoter.promote`` streams one PRECOMMITTED epoch's fixed point set (I1)
-to InfluxDB and marks it COMMITTED (I2). It may run any number of times for
-the same epoch: InfluxDB overwrites identical points, so re-sending a fixed
-point set in its fixed order changes nothing (I4). ``Promoter.send`` is the
-send loop alone, which an operator's resend reuses.
+Every sink has targets: one (``influx_url``, named ``default``) or several
+(``targets``); one target is the case N = 1 of the same path.
+[`Promoter.promote`][twophase.protocol.promoter.Promoter.promote] sends the
+epoch's fixed point set (I1) to every target it is owed, each through its
+[`TargetDelivery`][twophase.protocol.delivery.TargetDelivery] on a thread of
+its own. A caught-up target gets it at once. A lagging target is caught up
+first, in epoch order ([`CatchUp.below`][twophase.protocol.catchup.CatchUp.below]),
+but only while the caught-up ones cannot make ``min_targets`` by themselves:
+the sink makes progress whenever ``min_targets`` targets are reachable,
+whatever their lag (I10). Where each target stands is read again every
+round, so a target that catches up meanwhile takes part.
+
+A target that fails is retried by the commit, in rounds of ``target_deadline``,
+while fewer than ``min_targets`` hold the epoch and its server has answered
+within ``influx_retry_deadline``; once enough hold it, it is left *lagging*
+and the catch-up ([`twophase.protocol.catchup`][twophase.protocol.catchup])
+delivers its backlog. When every target the epoch is owed to is needed (one
+target, or ``min_targets`` of all), there is nothing to choose between: the
+target gets the whole ``influx_retry_deadline`` in one round. Fewer than
+``min_targets`` at the end: the commit fails and the epoch stays
+PRECOMMITTED. The targets' deliveries are recorded in the mark's transaction
+(one commit per epoch); when the commit fails, those that took the epoch are
+recorded by themselves, so that the repeat skips them (I4 makes re-sending
+harmless anyway). After a commit that every target took, the next epoch of
+the same lease does not read where the targets stand: nothing but its own
+commits moves them meanwhile (a claim would fence it), and recording a
+delivery checks the target's order again.
+
+A correction (epoch < 0) is owed to its one target (or, naming none, to
+every target) and gates nothing: it is marked COMMITTED after one round,
+and a target that could not take it holds it in its backlog, so a
+correction owed to a target that is down never blocks the others.
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import functools
-import itertools
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
-from twophase.config import InfluxConfig
-from twophase.errors import FencedError, PermanentError, TwoPhaseError
+from twophase.errors import TARGET_FAILURES, InfluxUnavailableError, StateError, TwoPhaseError
 from twophase.faults import crash_point
-from twophase.influx.sender import BatchSender
 from twophase.logs import lease_fields
-from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, Phase, StagedChunk
-from twophase.points.batching import batches
-from twophase.protocol.deadletters import DeadLetterLog
-from twophase.protocol.lanes import fan_out
+from twophase.model import EpochPlan, Lease
+from twophase.protocol.catchup import CatchUp
+from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.readahead import read_ahead
-from twophase.protocol.reader import StagedReader
-from twophase.retry import Progress, RetryPolicy, StagingRetry
+from twophase.protocol.targets import LIVE, QUARANTINED, Place, TargetLedger
+
+__all__ = ["PromoteResult", "Promoter"]
 
 log = logging.getLogger("twophase.protocol.promoter")
-_READ_AHEAD = 4  # pieces read from PostgreSQL while InfluxDB takes the current request
+
+_REFUSED_WAIT_S = 1.0  # a target that refuses at once waits this long between rounds
 
 
 @dataclass(frozen=True)
 class PromoteResult:
+    """A COMMITTED epoch: the points the first target holding it (in configured order)
+    acknowledged and those it refused."""
+
     sink_id: str
     epoch: int
     delivered: int
     rejected: int
 
 
-class EpochPromoter(Protocol):
-    """The promotion role a committer drives: [`Promoter`][twophase.protocol.promoter.Promoter] for
-    one InfluxDB
-    target, [`fanout.FanOutPromoter`][twophase.protocol.fanout.FanOutPromoter] for several."""
-
-    def promote(
-        self, lease: Lease, epoch: int, plan: EpochPlan | None = None
-    ) -> PromoteResult: ...  # idempotent: re-sends the fixed point set (I4)
-
-    def lease_check(self, lease: Lease) -> Callable[[], None]: ...
-
-    def send(
-        self,
-        plan: EpochPlan,
-        on_batch: Callable[[int], None] | None = None,
-        before_request: Callable[[], None] | None = None,
-    ) -> tuple[int, int]: ...  # no state change; safe to repeat
-
-    def claimed(self, lease: Lease, watch: bool = True) -> None: ...  # claimed, recovered
-
-    def close(self) -> None: ...  # stop what runs in the background
-
-
 class Promoter:
-    """Sends one decided epoch to InfluxDB and marks it COMMITTED.
+    """Promotes decided epochs to the sink's targets and marks them COMMITTED.
 
     Idempotent: the epoch's point set is fixed (I1) and sent in the same
     order each time; a crash anywhere leaves the epoch PRECOMMITTED and the
-    next ``promote`` re-sends it whole. Rejected points become dead letters
-    (once each, however often promotion runs). Raises InfluxUnavailableError
-    when InfluxDB stays unreachable past the retry deadline; the epoch then
-    stays PRECOMMITTED for a later recovery.
-    """
+    next ``promote`` re-sends it to every target without a delivery of it.
+    Raises the first target's failure when fewer than ``min_targets`` hold
+    the epoch (InfluxUnavailableError past the retry deadline: the epoch stays
+    PRECOMMITTED for a later recovery), and at once what is no target's fault
+    (FencedError, a damaged epoch, the staging store's deadline)."""
 
     def __init__(
         self,
         ledger: Ledger,
-        reader: StagedReader,
-        sender: BatchSender,
-        dead_letters: DeadLetterLog,
-        config: InfluxConfig,
-        lanes: int = 1,
-        retry: StagingRetry | None = None,
-        target: str = "",
-    ):
-        self._target = target  # named in its dead letters ("": the sink's one target)
+        targets: TargetLedger,
+        deliveries: Sequence[TargetDelivery],
+        catch_up: CatchUp,
+        min_targets: int,
+        retry_deadline_s: float,
+    ) -> None:
         self._ledger = ledger
-        self._reader = reader
-        self._sender = sender
-        self._dead_letters = dead_letters
-        self._batch_points = config.batch_points
-        self._batch_bytes = config.batch_bytes
-        self._lanes = lanes  # connections at once: promote_connections
-        # re-sending is harmless (I4), so a read cut by a staging outage starts over
-        self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
+        self._targets = targets
+        self._deliveries = tuple(deliveries)
+        self._names = [d.name for d in deliveries]
+        self._catch_up = catch_up
+        self._min = min_targets
+        self._deadline_s = retry_deadline_s
+        # Leases whose last promotion here every target took, and those targets.
+        self._settled: dict[Lease, tuple[str, ...]] = {}
 
     def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
-        """Send the epoch and mark it COMMITTED. ``plan`` is the attempt the decision
-        already started ([`Ledger.decide`][twophase.protocol.ledger.Ledger.decide] with
-        ``start_promotion``); without it
-        an attempt is started here.
-
-        The lease is checked before every request and every retry of one, in
-        every lane (`_LeaseWatch`), so a run fenced meanwhile starts no
-        request more: FencedError, the epoch left PRECOMMITTED for the new run."""
+        """Send the epoch to every target it is owed that lacks it, at once, then mark it
+        COMMITTED. ``plan`` is the attempt the decision already started
+        ([`Ledger.decide`][twophase.protocol.ledger.Ledger.decide] with ``start_promotion``);
+        without it an attempt is started here."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
-        try:
-            delivered, rejected = self.deliver(plan, self.lease_check(lease))
-        except TwoPhaseError as exc:
-            self._ledger.record_error(lease.sink_id, epoch, f"{type(exc).__name__}: {exc}")
-            raise
+        places = self._places(lease, epoch)
+        race = _Race.of(places, self._min, epoch, self._deadline_s)
+        due = [d for d in self._deliveries if race.is_due(d.name)]
+        outcomes = self._send_all(lease, plan, due, race)
+        new = {n: out for n, out in outcomes.items() if isinstance(out, tuple)}
+        held = race.held | new
+        failed = {n: out for n, out in outcomes.items() if isinstance(out, TwoPhaseError)}
+        if len(held) < race.needed or (not held and epoch >= 0):
+            self._settled.pop(lease, None)
+            self._record(lease, epoch, new)  # a repeat skips them (I4 makes re-sending safe)
+            error = race.failure(plan, failed)
+            self._ledger.record_error(lease.sink_id, epoch, f"{type(error).__name__}: {error}")
+            raise error
+        for name, error in failed.items():
+            self._targets.lagging(lease.sink_id, name, f"{type(error).__name__}: {error}")
         crash_point("after_promote", lease.sink_id)
-        self._ledger.mark_committed(lease, epoch, delivered, rejected)
+        delivered, rejected = next((held[n] for n in self._names if n in held), (0, 0))
+        # The deliveries are recorded in the mark's transaction: one commit per epoch.
+        record = functools.partial(self._targets.record, lease=lease, epoch=epoch, counts=new)
+        self._ledger.mark_committed(lease, epoch, delivered, rejected, within=record)
         crash_point("after_mark", lease.sink_id)
+        self._remember(lease, epoch, places, held)
+        if len(held) < race.owed:
+            self._catch_up.watch(lease)  # a target without the epoch: its backlog grew
         log.info(
-            "sink %s epoch %d committed: %d delivered, %d rejected",
+            "sink %s epoch %d committed: %d delivered, %d rejected, in %s of %d targets",
             lease.sink_id,
             epoch,
             delivered,
             rejected,
+            ", ".join(n for n in self._names if n in held) or "none",
+            race.owed,
             extra=lease_fields(lease, epoch),
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
-    def deliver(self, plan: EpochPlan, check: Callable[[], None]) -> tuple[int, int]:
-        """Send the plan (`send`), the whole send repeated through a staging
-        outage; ``check`` runs before every request and retry. No state change.
-        Returns (delivered, rejected)."""
-        # Each request delivered is progress: a connection dropped after minutes of
-        # sending begins a new staging outage, with the whole deadline to ride it out.
-        progress = Progress()
-        return self._retry(
-            "promote",
-            lambda: self.send(plan, on_batch=lambda _: progress(), before_request=check),
-            progress=progress,
-        )
-
-    def claimed(self, lease: Lease, watch: bool = True) -> None:
-        """A run claimed the sink and recovered it. One target: nothing more to do."""
-
-    def close(self) -> None:
-        """Nothing runs in the background here (one target)."""
-
-    def lease_check(self, lease: Lease) -> Callable[[], None]:
-        """A check to run before each request of a send under ``lease``: FencedError once
-        a newer run holds the sink (one read of the sink's token per call)."""
-        return _LeaseWatch(functools.partial(self._ledger.check_lease, lease))
-
-    def send(
-        self,
-        plan: EpochPlan,
-        on_batch: Callable[[int], None] | None = None,
-        before_request: Callable[[], None] | None = None,
-    ) -> tuple[int, int]:
-        """Send a plan's fixed point set once, in its fixed order; no state change.
-
-        Staged chunks go out as they are stored, several to a request up to
-        the batch limits: compressed chunks as their gzip members end to end
-        (``Content-Encoding: gzip``, nothing decompressed), text chunks joined
-        by newlines. A chunk larger than the limits is cut into lines, sent as
-        text.
-        With several lanes (``promote_connections``), an epoch larger than one
-        request goes out over a connection per lane at once, each lane's
-        chunks in the epoch's order (I4: a series keeps to its lane).
-        Returns (delivered, rejected). Rejections become dead letters (once
-        each). ``on_batch`` gets the running count of points sent, for
-        progress; ``before_request`` runs before each request and each retry
-        of one, in every lane, and stops the send by raising. Raises
-        PermanentError if the lines read back are not the decided ones (I1).
-        Used by `promote` and by the resend of COMMITTED epochs.
-        """
-        tally = _Tally(plan)
-        small = tally.points <= self._batch_points
-        with contextlib.closing(self._read(plan, small)) as pieces:
-            read = tally.reading(pieces)  # checksums in the order read, whatever the lanes
-            if small or self._lanes == 1:
-                self._send_lane(plan, read, tally, on_batch, before_request)
-            else:
-                fan_out(
-                    read,
-                    lambda piece: piece.chunk.lane % self._lanes,
-                    self._lanes,
-                    lambda _, lane: self._send_lane(plan, lane, tally, on_batch, before_request),
-                )
-        tally.check_unchanged()
-        return tally.delivered, tally.rejected
-
-    def _send_lane(
-        self,
-        plan: EpochPlan,
-        pieces: Iterable[_Piece],
-        tally: _Tally,
-        on_batch: Callable[[int], None] | None,
-        before_request: Callable[[], None] | None,
-    ) -> None:
-        """Send pieces in requests over one connection, in their order."""
-        for request in _requests(pieces, self._batch_points, self._batch_bytes):
-            rejects = self._sender.send(
-                _body(request),
-                sum(piece.points for piece in request),
-                functools.partial(_lines_of, request),
-                before_attempt=before_request,  # the sender retries: checked before each try
-                gzipped=request[0].gzipped,
+    def _places(self, lease: Lease, epoch: int) -> list[Place]:
+        """Where the targets stand for ``epoch``. After a commit under this lease that
+        every target took, the next Spark epoch finds them so again without asking:
+        nothing moves a sink's targets back but a claim, which fences the lease (a
+        resync, a requeue, a new target), and a catch-up only moves lagging ones on.
+        Recording the delivery checks the target's order again anyway."""
+        names = self._settled.get(lease)
+        if names is not None and epoch >= 0:
+            return [Place(n, LIVE, owed=True, has=None, caught_up=True) for n in names]
+        places = self._targets.places(lease.sink_id, epoch, self._names)
+        if not places:
+            raise StateError(
+                f"sink {lease.sink_id!r} has none of this configuration's targets "
+                f"({', '.join(self._names)}): a query's run registers its targets when it "
+                "claims the sink (TwoPhase.claim); the epoch stays PRECOMMITTED"
             )
-            if rejects:  # acknowledged, and its rejections not yet recorded
-                crash_point("before_dead_letters", plan.sink_id)
-            self._dead_letters.record(_dead_letters(plan, request, rejects, self._target))
-            tally.sent(request, len(rejects), on_batch)
-            crash_point("promote_batch", plan.sink_id)
+        return places
 
-    def _read(self, plan: EpochPlan, small: bool) -> Generator[_Piece, None, None]:
-        """The plan's pieces: nothing to read for an epoch without points; an epoch within
-        one request (``small``) read at once (one round trip); a larger one through a
-        server-side cursor, read ahead in a thread while InfluxDB takes the requests."""
-        if not any(w.points for w in plan.writes):
-            return
-        pieces = self._pieces(plan, small)
-        yield from (pieces if small else read_ahead(pieces, _READ_AHEAD))
-
-    def _pieces(self, plan: EpochPlan, small: bool) -> Iterator[_Piece]:
-        chunks = self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
-        for index, chunk in chunks:
-            yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
-
-
-class _LeaseWatch:
-    """A promotion's fencing check, shared by its lanes: one read of the sink's token
-    per request or retry ([`Ledger.check_lease`][twophase.protocol.ledger.Ledger.check_lease]),
-    never cached while the lease
-    holds -- a cached answer would let a request start after the new run's claim.
-
-    Fencing is for good (a token only grows, a fenced run never claims again), so
-    once a read has seen it every later call, in any lane, raises without reading.
-    """
-
-    def __init__(self, check: Callable[[], None]) -> None:
-        self._check = check
-        self._fenced: str | None = None
-
-    def __call__(self) -> None:
-        if self._fenced is not None:
-            raise FencedError(self._fenced)
-        try:
-            self._check()
-        except FencedError as exc:
-            self._fenced = str(exc)
-            raise
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """Lines ``start:stop`` of a staged chunk of the plan's write number ``index``, as sent."""
-
-    index: int
-    chunk: StagedChunk
-    start: int
-    stop: int
-    data: bytes  # the chunk as stored (whole), or the lines joined by newlines, UTF-8
-    size: int  # bytes of the lines joined by newlines, uncompressed
-
-    @property
-    def points(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def gzipped(self) -> bool:
-        """The piece is the chunk's gzip member, sent as it is."""
-        return self.chunk.compressed and self.whole
-
-    @property
-    def whole(self) -> bool:
-        return self.start == 0 and self.stop == self.chunk.points
-
-    def lines(self) -> list[str]:
-        return self.chunk.lines(self.start, self.stop)
-
-
-def _pieces_of(index: int, chunk: StagedChunk, max_points: int, max_bytes: int) -> Iterator[_Piece]:
-    """The chunk whole, as stored (the usual case), or cut into pieces of text within
-    the batch limits (a compressed chunk is decompressed for it)."""
-    data = chunk.stored
-    size = chunk.size if chunk.compressed else len(data)  # a text body encoded once
-    if chunk.points <= max_points and size <= max_bytes:
-        yield _Piece(index, chunk, 0, chunk.points, data, size)
-        return
-    start = 0
-    encoded = [line.encode("utf-8") for line in chunk.lines()]
-    for group in batches(encoded, max_points, max_bytes, lambda line: len(line) + 1):
-        stop = start + len(group)
-        data = b"\n".join(group)
-        yield _Piece(index, chunk, start, stop, data, len(data))
-        start = stop
-
-
-def _lines_of(request: Sequence[_Piece]) -> list[str]:
-    return [line for piece in request for line in piece.lines()]
-
-
-def _body(request: Sequence[_Piece]) -> bytes:
-    """A request's body: gzip members end to end (each holds its lines' last newline:
-    together, one gzip stream of the lines), or text pieces joined by newlines."""
-    if request[0].gzipped:
-        return b"".join(piece.data for piece in request)
-    return b"\n".join(piece.data for piece in request)
-
-
-def _requests(pieces: Iterable[_Piece], max_points: int, max_bytes: int) -> Iterator[list[_Piece]]:
-    """Consecutive pieces grouped into requests of at most ``max_points`` points and
-    ``max_bytes`` of lines (uncompressed), each all gzip members or all text."""
-    # Each piece is sized with the newline joining it to the next; the body has
-    # one newline fewer than pieces, hence the limit one byte over.
-    for _, run in itertools.groupby(pieces, key=lambda p: p.gzipped):
-        yield from batches(run, max_points, max_bytes + 1, lambda p: p.size + 1, lambda p: p.points)
-
-
-def _dead_letters(
-    plan: EpochPlan, request: Sequence[_Piece], rejects: Sequence[tuple[int, str]], target: str
-) -> list[DeadLetter]:
-    """Each rejected line of a request, located in its chunk (seq = first_seq + offset)."""
-    starts = list(itertools.accumulate((p.points for p in request), initial=0))
-    letters = []
-    for i, reason in rejects:
-        number = bisect.bisect_right(starts, i) - 1
-        piece = request[number]
-        offset = piece.start + i - starts[number]
-        letters.append(
-            DeadLetter(
-                plan.sink_id,
-                plan.epoch,
-                plan.writes[piece.index].write_id,
-                piece.chunk.first_seq + offset,
-                Phase.PROMOTE,
-                f"InfluxDB rejected the point: {reason}",
-                piece.chunk.line(offset),
-                target=target,
-            )
-        )
-    return letters
-
-
-class _Tally:
-    """What a send read back (counts and checksums per write) and its outcome; lanes
-    report what they sent from their threads."""
-
-    def __init__(self, plan: EpochPlan) -> None:
-        self._plan = plan
-        self._sums = [LineChecksum() for _ in plan.writes]
-        self._counts = [0] * len(plan.writes)
-        self._lock = threading.Lock()
-        self.points = sum(w.points for w in plan.writes)
-        self.delivered = self.rejected = 0
-
-    def reading(self, pieces: Iterable[_Piece]) -> Iterator[_Piece]:
-        """``pieces``, each counted as it is read; each chunk hashed as stored (I1)."""
-        for piece in pieces:
-            if piece.whole:  # the usual case: the piece is the chunk as stored
-                self._sums[piece.index].add_joined(piece.data)
-            elif piece.start == 0:  # a cut chunk's first piece: the chunk as stored
-                self._sums[piece.index].add_joined(piece.chunk.stored)
-            self._counts[piece.index] += piece.points
-            yield piece
-
-    def sent(
-        self, request: Sequence[_Piece], rejected: int, progress: Callable[[int], None] | None
+    def _remember(
+        self, lease: Lease, epoch: int, places: Sequence[Place], held: dict[str, Any]
     ) -> None:
-        """Count a request's outcome; tell ``progress`` the points sent so far (one
-        lane at a time)."""
-        with self._lock:
-            self.delivered += sum(piece.points for piece in request) - rejected
-            self.rejected += rejected
-            if progress is not None:
-                progress(self.delivered + self.rejected)
+        if epoch >= 0 and all(p.owed and p.target in held for p in places):
+            self._settled[lease] = tuple(p.target for p in places)
+        else:
+            self._settled.pop(lease, None)
 
-    def check_unchanged(self) -> None:
-        """I1: what was read back is exactly what was staged and decided."""
-        plan = self._plan
-        for write, digest, count in zip(plan.writes, self._sums, self._counts, strict=True):
-            if count != write.points or digest.hexdigest() != write.checksum:
-                raise PermanentError(
-                    f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
-                    f"{write.write_id} changed after the decision ({count} read, "
-                    f"{write.points} staged); the epoch's state is left as it was for an "
-                    "operator to inspect"
-                )
+    def _record(self, lease: Lease, epoch: int, new: dict[str, tuple[int, int]]) -> None:
+        """Record each delivery in a transaction of its own (the commit failed)."""
+        for name, counts in new.items():
+            self._targets.delivered(lease, name, epoch, counts)
+
+    def _send_all(
+        self, lease: Lease, plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race
+    ) -> dict[str, tuple[int, int] | TwoPhaseError]:
+        """Each due target's outcome: its counts, or the failure that left it (or
+        nothing: a lagging target the others made do without). Raises the first
+        failure that is no target's fault, once every thread ended."""
+        outcomes: dict[str, tuple[int, int] | TwoPhaseError] = {}
+        errors: dict[str, BaseException] = {}
+
+        def run(target: TargetDelivery) -> None:
+            try:
+                outcome = self._send_one(lease, plan, target, race)
+            except BaseException as exc:  # raised below, on the committing thread
+                errors[target.name] = exc
+                race.stop()
+                return
+            if outcome is not None:
+                outcomes[target.name] = outcome
+
+        threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in due[1:]]
+        for thread in threads:
+            thread.start()
+        if due:
+            run(due[0])  # the first target on the caller's thread
+        for thread in threads:
+            thread.join()
+        for name in self._names:
+            if name in errors:
+                raise errors[name]
+        return outcomes
+
+    def _send_one(
+        self, lease: Lease, plan: EpochPlan, target: TargetDelivery, race: _Race
+    ) -> tuple[int, int] | TwoPhaseError | None:
+        """Deliver the plan to one target, round after round (where it stands read
+        again each round): caught up, it gets the epoch; lagging, it is caught up
+        first while the others cannot make ``min_targets`` without it (None once they
+        have). Given up once enough targets hold the epoch or its server stayed
+        silent past the retry deadline."""
+        check = race.stoppable(self._ledger.watch(lease))
+        rounds = race.rounds_for(target.name)
+        while True:
+            try:
+                if not self._caught_up(lease, plan.epoch, target.name, race, rounds):
+                    return None
+                counts = target.deliver(plan, check, round_only=rounds, on_batch=race.progress)
+            except TARGET_FAILURES as exc:
+                # Without rounds the target had the whole retry deadline: its failure is
+                # the commit's, at once (a refused credential fails fast, as it should).
+                if not rounds or race.give_up(target.name, exc):
+                    return exc
+                continue
+            race.won()
+            return counts
+
+    def _caught_up(self, lease: Lease, epoch: int, name: str, race: _Race, rounds: bool) -> bool:
+        """Whether ``name`` holds every epoch it is owed below ``epoch``, once caught up
+        if the others need it to (False: they made it without). Read again from the
+        second round on: the target may have been caught up meanwhile."""
+        if race.first_round(name):
+            caught_up = race.was_caught_up(name)
+        else:
+            (place,) = self._targets.places(lease.sink_id, epoch, [name])
+            caught_up = place.caught_up
+        if caught_up:
+            return True
+        if not race.wait_for_need(name):
+            return False
+        return self._catch_up.below(lease, name, epoch, race.enough, round_only=rounds)
+
+
+class _Race:
+    """The targets of one promotion: how many hold the epoch, against how many it needs;
+    which are caught up and still in the running; the retry deadline."""
+
+    def __init__(
+        self,
+        places: Sequence[Place],
+        needed: int,
+        owed: int,
+        deadline_s: float,
+    ) -> None:
+        self.held = {p.target: p.has for p in places if p.has is not None}
+        self.needed, self.owed = needed, owed
+        self._due = {
+            p.target for p in places if p.owed and p.has is None and p.state != QUARANTINED
+        }
+        # caught-up targets not yet failed a round: while they can make `needed` without
+        # the lagging ones, those wait
+        self._hopeful = {p.target for p in places if p.target in self._due and p.caught_up}
+        self._caught_up = frozenset(p.target for p in places if p.caught_up)
+        self._rounds: dict[str, int] = {}
+        self._count = len(self.held)
+        self._deadline_s = deadline_s
+        self._last_answer = time.monotonic()
+        self._changed = threading.Condition()
+        self.stopped = False
+
+    @classmethod
+    def of(cls, places: Sequence[Place], min_targets: int, epoch: int, deadline_s: float) -> _Race:
+        owed = [p for p in places if p.owed]
+        # a correction gates nothing: a target that cannot take it has it in its backlog
+        needed = 0 if epoch < 0 else min(min_targets, len(owed))
+        return cls(places, needed, len(owed), deadline_s)
+
+    def is_due(self, name: str) -> bool:
+        return name in self._due
+
+    def first_round(self, name: str) -> bool:
+        """True the first time it is asked for ``name`` (its thread's first round)."""
+        rounds = self._rounds[name] = self._rounds.get(name, 0) + 1
+        return rounds == 1
+
+    def was_caught_up(self, name: str) -> bool:
+        return name in self._caught_up
+
+    def rounds_for(self, name: str) -> bool:
+        """Whether ``name`` is delivered in rounds of ``target_deadline``: only when the
+        epoch could be committed without it (one target, or every owed one needed:
+        the whole retry deadline in one round)."""
+        return self._count + len(self._due) > self.needed
+
+    def progress(self, _points: int) -> None:
+        with self._changed:
+            self._last_answer = time.monotonic()
+
+    def won(self) -> None:
+        with self._changed:
+            self._count += 1
+            self._last_answer = time.monotonic()
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """A target failed with what is no target's fault: the others stop too."""
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
+
+    def enough(self) -> bool:
+        return self._count >= self.needed or self.stopped
+
+    def wait_for_need(self, name: str) -> bool:
+        """A lagging target waits while the caught-up ones may make ``needed`` without
+        it; True once it is needed, False once they made it."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self.enough() or self._count + len(self._hopeful - {name}) < self.needed
+            )
+            return not self.enough()
+
+    def give_up(self, name: str, exc: TwoPhaseError) -> bool:
+        """After a failed round: True once enough targets hold the epoch (this one is
+        left lagging) or no server answered for the retry deadline; waits a little
+        first for a target that refused at once."""
+        wait_s = 0 if isinstance(exc, InfluxUnavailableError) else _REFUSED_WAIT_S
+        with self._changed:
+            self._hopeful.discard(name)
+            self._changed.notify_all()
+            self._changed.wait_for(self.enough, wait_s)
+            silent = time.monotonic() - self._last_answer > self._deadline_s
+            return self.enough() or silent
+
+    def stoppable(self, check: Callable[[], None]) -> Callable[[], None]:
+        def before_request() -> None:
+            if self.stopped:
+                raise InfluxUnavailableError("stopped: another target's delivery failed")
+            check()
+
+        return before_request
+
+    def failure(self, plan: EpochPlan, failed: dict[str, TwoPhaseError]) -> TwoPhaseError:
+        """What the commit raises when fewer than ``needed`` targets hold the epoch."""
+        if failed and self.owed == 1:
+            return next(iter(failed.values()))  # one target: its own error, as it is
+        errors = "; ".join(f"{name}: {error}" for name, error in failed.items())
+        return InfluxUnavailableError(
+            f"sink {plan.sink_id!r} epoch {plan.epoch}: {self._count} of {self.owed} targets "
+            f"hold it, {self.needed} needed (min_targets); no target answered for "
+            f"{self._deadline_s:g}s (influx_retry_deadline), each tried in rounds of "
+            f"target_deadline: {errors or 'no target can take it'}; the epoch stays PRECOMMITTED"
+        )

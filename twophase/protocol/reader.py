@@ -48,7 +48,8 @@ _CHUNKS_OF_WRITES = (
 # Refused lines, less those a correction delivered: requeued, while no correction is
 # pending and no dead letter of the same line is left unrequeued (refused again, or
 # given back by an aborted correction).
-# With several targets, only the letters of the target asked about ('' for a sink's one).
+# Only the letters of the target asked about, and those naming none (from before targets
+# were named).
 _STILL_REFUSED = (
     "SELECT d.write_id::text, d.seq FROM twophase_dead_letters d"
     " WHERE d.sink_id = %(sink)s AND d.epoch = ANY(%(epochs)s) AND d.phase = %(phase)s"

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 from twophase.errors import StateError
 from twophase.model import EpochPlan, EpochState, Lease
-from twophase.protocol.promoter import EpochPromoter
+from twophase.protocol.delivery import TargetDelivery
+from twophase.protocol.ledger import Ledger
 from twophase.protocol.reader import decided_writes
+from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
 from twophase.store.views import EpochInfo
 from twophase.wording import compact_ranges, epochs_are
@@ -91,11 +93,20 @@ def plan_resend(sink_id: str, epochs: Sequence[EpochInfo], everything: bool) -> 
 
 
 class Resender:
-    """Sends COMMITTED epochs again through the promoter's own batching and checks."""
+    """Sends COMMITTED epochs again through the targets' own deliveries: the same
+    batching, checks and dead letters as a promotion's."""
 
-    def __init__(self, db: Database, promoter: EpochPromoter):
+    def __init__(
+        self,
+        db: Database,
+        ledger: Ledger,
+        targets: TargetLedger,
+        deliveries: Sequence[TargetDelivery],
+    ):
         self._db = db
-        self._promoter = promoter
+        self._ledger = ledger
+        self._targets = targets
+        self._deliveries = tuple(deliveries)
 
     def resend(
         self,
@@ -106,13 +117,16 @@ class Resender:
     ) -> list[ResentEpoch]:
         """Re-send the plan's epochs in increasing order; stop at the first failure.
 
-        Raises what promotion raises (InfluxUnavailableError after the retry
-        deadline, PermanentError when staged points changed after the
-        decision, FencedError once a newer run holds the sink than ``lease``)
-        and StateError when an epoch was purged or reset meanwhile. Epochs
-        re-sent before a failure stay re-sent (and recorded).
+        Each epoch goes to every target of the deliveries that holds it and every
+        epoch before it; a target still lacking one is left to its catch-up (sent
+        now, it would hold the epoch before an older one, I9). Raises what
+        promotion raises (InfluxUnavailableError after the retry deadline,
+        PermanentError when staged points changed after the decision,
+        FencedError once a newer run holds the sink than ``lease``) and
+        StateError when an epoch was purged or reset meanwhile. Epochs re-sent
+        before a failure stay re-sent (and recorded).
         """
-        check = self._promoter.lease_check(lease)  # one for the whole resend: fenced is final
+        check = self._ledger.watch(lease)  # one for the whole resend: fenced is final
         done = []
         for epoch in sorted(plan.epochs):
             result = self.resend_epoch(plan.sink_id, epoch, actor, check)
@@ -124,7 +138,12 @@ class Resender:
     def resend_epoch(
         self, sink_id: str, epoch: int, actor: str, check: Callable[[], None]
     ) -> ResentEpoch:
-        """Re-send one COMMITTED epoch; ``check`` runs before every request and retry."""
+        """Re-send one COMMITTED epoch; ``check`` runs before every request and retry.
+        Counts are the first target's that took it ((0, 0): none could)."""
+        names = [d.name for d in self._deliveries]
+        owed = {p.target for p in self._targets.places(sink_id, epoch, names) if p.owed}
+        after = self._targets.places(sink_id, epoch + 1, names)
+        ready = {p.target for p in after if p.caught_up and p.target in owed}
         with self._db.transaction() as cur:
             cur.execute(
                 "SELECT state, purged_at FROM twophase_epochs"
@@ -136,9 +155,10 @@ class Resender:
                 now = "not recorded" if row is None else ("purged" if row[1] else row[0])
                 raise StateError(f"sink {sink_id!r} epoch {epoch} is {now} now; not re-sent")
             plan = EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
-            # The promoter's own loop: same batching and order, dead letters recorded once,
-            # and the I1 check that the lines read back are the decided ones.
-            delivered, rejected = self._promoter.send(plan, before_request=check)
+            # The deliveries' own loop: same batching and order, dead letters recorded
+            # once, and the I1 check that the lines read back are the decided ones.
+            sent = [d.send(plan, before_request=check) for d in self._deliveries if d.name in ready]
+            delivered, rejected = sent[0] if sent else (0, 0)
             cur.execute(
                 "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
                 " VALUES (%s, %s, 'resent', %s, %s)",

@@ -13,25 +13,26 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from twophase.config import BACKGROUND, InfluxConfig, TwoPhaseConfig
+from twophase.config import BACKGROUND, TwoPhaseConfig
+from twophase.config.loading import server_of
 from twophase.influx import metering
 from twophase.influx.api import make_writer
-from twophase.influx.sender import BatchSender
+from twophase.influx.sender import BatchSender, RetryEvent
 from twophase.influx.writers import InfluxWriter
 from twophase.model import Lease
 from twophase.protocol.autogc import AutoGc
-from twophase.protocol.catchup import CatchUp, TargetPromoters
+from twophase.protocol.catchup import CatchUp
 from twophase.protocol.committer import Committer
 from twophase.protocol.deadletters import DeadLetterLog
-from twophase.protocol.fanout import FanOutPromoter
+from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.promoter import EpochPromoter, Promoter
+from twophase.protocol.promoter import Promoter
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.runs import Runs
 from twophase.protocol.stager import Stager
-from twophase.protocol.targets import TargetLedger
+from twophase.protocol.targets import TargetLedger, TargetRoster
 from twophase.store.database import Database
 
 
@@ -39,7 +40,8 @@ from twophase.store.database import Database
 class TwoPhase:
     """The driver-side parts over one staging database and its InfluxDB targets.
 
-    ``writer`` is the first target's; ``writers`` holds every target's, by name."""
+    ``writer`` is the first target's; ``writers`` and ``deliveries`` hold every
+    target's, by name, in configured order."""
 
     config: TwoPhaseConfig
     db: Database
@@ -47,13 +49,16 @@ class TwoPhase:
     stager: Stager
     ledger: Ledger
     reader: StagedReader
-    promoter: EpochPromoter
+    promoter: Promoter
     committer: Committer
     gc: GarbageCollector
     runs: Runs
     auto_gc: AutoGc
     targets: TargetLedger
     writers: dict[str, InfluxWriter]
+    deliveries: dict[str, TargetDelivery]
+    catch_up: CatchUp
+    roster: TargetRoster
 
     @classmethod
     def open(
@@ -84,22 +89,19 @@ class TwoPhase:
         writers = _writers(config, writer, metered=on_retry is not None)
         ledger, reader = Ledger(db), StagedReader(db)
         targets = TargetLedger(db)
-
-        def promoter_for(name: str, influx: InfluxConfig) -> Promoter:
-            sender = BatchSender(writers[name], influx, on_attempt_failed=on_retry)
-            named = name if config.influx.targets else ""  # one target: letters name none
-            return Promoter(
-                ledger,
-                reader,
-                sender,
-                DeadLetterLog(db),
-                influx,
-                config.staging.lanes,
-                db.retry,
-                target=named,
-            )
-
-        promoter = _promoter(config, db, ledger, reader, targets, promoter_for)
+        deliveries = _deliveries(config, db, reader, writers, on_retry)
+        catch_up = CatchUp(db, ledger, reader, targets, list(deliveries.values()))
+        promoter = Promoter(
+            ledger,
+            targets,
+            list(deliveries.values()),
+            catch_up,
+            influx.min_targets,
+            influx.retry_deadline_s,
+        )
+        roster = TargetRoster(
+            targets, tuple((t.name, server_of(t.influx.url)) for t in influx.named_targets())
+        )
         gc = GarbageCollector(
             db,
             config.staging.retention_s,
@@ -108,6 +110,9 @@ class TwoPhase:
         )
         handoff = Handoff(promoter) if influx.promotion == BACKGROUND else None
         auto_gc = AutoGc(gc, config.staging.gc_interval_s)
+        committer = Committer(
+            ledger, promoter, gc, handoff, auto_gc, roster=roster, catch_up=catch_up
+        )
         return cls(
             config=config,
             db=db,
@@ -116,12 +121,15 @@ class TwoPhase:
             ledger=ledger,
             reader=reader,
             promoter=promoter,
-            committer=Committer(ledger, promoter, gc, handoff, auto_gc),
+            committer=committer,
             gc=gc,
             runs=Runs(db),
             auto_gc=auto_gc,
             targets=targets,
             writers=writers,
+            deliveries=deliveries,
+            catch_up=catch_up,
+            roster=roster,
         )
 
     def claim(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
@@ -130,6 +138,15 @@ class TwoPhase:
         ([`Committer.claim`][twophase.protocol.committer.Committer.claim]). A driver of its own
         starts here; [`Ledger.begin_run`][twophase.protocol.ledger.Ledger.begin_run] only claims."""
         return self.committer.claim(sink_id, run_id, query_id)
+
+    def begin_run(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:
+        """Claim the sink for a run without recovering what older runs left
+        ([`Ledger.begin_run`][twophase.protocol.ledger.Ledger.begin_run]), registering the
+        configured targets as a query's claim does: for a caller that recovers by itself
+        (its commits do) and watches no backlog."""
+        lease = self.ledger.begin_run(sink_id, run_id, query_id)
+        self.roster.register(lease)
+        return lease
 
     def close(self) -> None:
         """Drain background promotions (raising the first failure), then disconnect."""
@@ -167,30 +184,33 @@ def _writers(
     return writers
 
 
-def _promoter(
+def _deliveries(
     config: TwoPhaseConfig,
     db: Database,
-    ledger: Ledger,
     reader: StagedReader,
-    targets: TargetLedger,
-    promoter_for: Callable[[str, InfluxConfig], Promoter],
-) -> EpochPromoter:
-    """One target: its promoter. Several: a fan-out over a commit's promoter and a
-    catch-up promoter per target (the first gives up after ``target_deadline``)."""
-    influx = config.influx
-    if not influx.targets:
-        return promoter_for(influx.named_targets()[0].name, influx)
-    per_target = []
-    for target in influx.targets:
-        quick = dataclasses.replace(target.influx, retry_deadline_s=influx.target_deadline_s)
-        per_target.append(
-            TargetPromoters(
-                target.name,
-                commit=promoter_for(target.name, quick),
-                catch_up=promoter_for(target.name, target.influx),
-            )
+    writers: dict[str, InfluxWriter],
+    on_retry: Callable[[RetryEvent], None] | None,
+) -> dict[str, TargetDelivery]:
+    """A delivery per target, by name: its senders give up after ``target_deadline``
+    (a commit's round) and after ``influx_retry_deadline`` (everything else)."""
+    deliveries = {}
+    for target in config.influx.named_targets():
+        rounds = dataclasses.replace(
+            target.influx, retry_deadline_s=config.influx.target_deadline_s
         )
-    catch_up = CatchUp(db, reader, targets, per_target)
-    return FanOutPromoter(
-        ledger, targets, per_target, catch_up, influx.min_targets, influx.retry_deadline_s
-    )
+        senders = (
+            BatchSender(
+                writers[target.name], rounds, on_attempt_failed=on_retry, deadline="target_deadline"
+            ),
+            BatchSender(writers[target.name], target.influx, on_attempt_failed=on_retry),
+        )
+        deliveries[target.name] = TargetDelivery(
+            target.name,
+            reader,
+            senders,
+            DeadLetterLog(db),
+            target.influx,
+            config.staging.lanes,
+            db.retry,
+        )
+    return deliveries

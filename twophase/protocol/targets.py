@@ -1,17 +1,21 @@
-"""Per-target delivery state: which epochs each named InfluxDB target of a sink holds.
+"""Per-target delivery state: which epochs each named target of a sink holds.
 
-A sink with several targets (``targets``) decides each epoch once (I1) and
+Every sink has targets: the one ``influx_url`` makes (named ``default``) or
+the named ones of ``targets``. A sink decides each epoch once (I1) and
 then delivers it to each target **in epoch order**. Per target the store
 keeps a cursor, ``delivered_epoch``: every COMMITTED epoch of the sink from
 the target's ``from_epoch`` up to the cursor is in the target (I9: per
 target, the delivered epochs are a prefix of the COMMITTED ones). A
 promotion delivers epoch N only to a target that is *caught up* (the cursor
 holds every COMMITTED epoch below N), so a lagging target never receives
-N+1 before N; the catch-up worker ([`twophase.protocol.catchup`][twophase.protocol.catchup]) moves
-a lagging cursor on, one COMMITTED epoch at a time.
+N+1 before N; the catch-up ([`twophase.protocol.catchup`][twophase.protocol.catchup]) moves
+a lagging cursor on, one COMMITTED epoch at a time. A correction (epoch < 0) is
+owed to the target it names (every target: none named) that was added before
+it was decided; it has no cursor, its delivery row records it.
 
     live --a commit gave up on it--> lagging --caught up--> live
-      lagging --behind longer than target_max_lag--> quarantined --resync--> live
+      lagging --behind longer than target_max_lag--> quarantined
+      quarantined --resync (lag clock restarted), backlog delivered--> live
 
 Every method is one transaction, safe to repeat (``Database.retry``): a
 delivery is recorded once per target and epoch, and recording it again
@@ -20,18 +24,32 @@ changes nothing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from twophase.errors import StateError, TargetOrderError
 from twophase.faults import crash_point
-from twophase.protocol.transitions import Cursor, event
+from twophase.logs import lease_fields
+from twophase.model import Lease
+from twophase.protocol.transitions import Cursor, check_fence, event
 from twophase.store.database import Database
 
-__all__ = ["LAGGING", "LIVE", "QUARANTINED", "Place", "TargetLedger", "TargetState"]
+__all__ = [
+    "LAGGING",
+    "LIVE",
+    "QUARANTINED",
+    "Place",
+    "TargetLedger",
+    "TargetRoster",
+    "TargetState",
+    "UrlChange",
+]
 
 LIVE, LAGGING, QUARANTINED = "live", "lagging", "quarantined"
+log = logging.getLogger("twophase.protocol.targets")
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,7 @@ class Place:
     """Where a target stands for one epoch's promotion."""
 
     target: str
+    state: str  # live, lagging or quarantined
     owed: bool  # the epoch is one the target must get (not before its from_epoch)
     has: tuple[int, int] | None  # (delivered, rejected) once it got the epoch
     caught_up: bool  # it holds every COMMITTED epoch it is owed below this one
@@ -60,6 +79,8 @@ class TargetState:
     lagging_since: datetime | None
     quarantined_at: datetime | None
     last_error: str | None
+    url: str | None = None  # as its query's last run registered it, without credentials
+    url_changed_at: datetime | None = None  # when a run last registered another URL
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,18 +95,24 @@ class TargetState:
             "lagging_since": _iso(self.lagging_since),
             "quarantined_at": _iso(self.quarantined_at),
             "last_error": self.last_error,
+            "url": self.url,
+            "url_changed_at": _iso(self.url_changed_at),
         }
 
 
-# The view twophase_target_backlog (migration 0007) is each target's backlog: the
-# COMMITTED epochs it is owed past its cursor.
-# A correction (epoch < 0) is owed to the target it names (every target: none named).
+# The view twophase_target_backlog (migration 0009) is each target's backlog: the
+# COMMITTED epochs it is owed past its cursor, and the COMMITTED corrections it is owed
+# (naming it or no target, decided since it was added) without a delivery of.
+_OWED = (
+    "CASE WHEN %(e)s < 0 THEN (ep.target IS NULL OR ep.target = t.target)"
+    " AND ep.decided_at >= t.added_at ELSE %(e)s >= t.from_epoch END"
+)
+_CAUGHT_UP = (
+    "NOT EXISTS (SELECT 1 FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id"
+    " AND b.target = t.target AND b.epoch < %(e)s)"
+)
 _PLACES = (
-    "SELECT t.target, CASE WHEN %(e)s < 0 THEN ep.target IS NULL OR ep.target = t.target"
-    " ELSE %(e)s >= t.from_epoch END, d.delivered, d.rejected,"
-    " CASE WHEN %(e)s < 0 THEN t.state <> 'quarantined' ELSE NOT EXISTS (SELECT 1"
-    " FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id AND b.target = t.target"
-    " AND b.epoch < %(e)s) END"
+    f"SELECT t.target, t.state, {_OWED}, d.delivered, d.rejected, {_CAUGHT_UP}"  # noqa: S608
     " FROM twophase_targets t LEFT JOIN twophase_target_deliveries d"
     " ON d.sink_id = t.sink_id AND d.target = t.target AND d.epoch = %(e)s"
     " LEFT JOIN twophase_epochs ep ON ep.sink_id = t.sink_id AND ep.epoch = %(e)s"
@@ -94,7 +121,7 @@ _PLACES = (
 _STATES = (
     "SELECT t.sink_id, t.target, t.state, t.delivered_epoch, t.from_epoch, count(b.epoch),"
     " EXTRACT(EPOCH FROM now() - min(b.committed_at)), COALESCE(sum(b.staged_bytes), 0),"
-    " min(b.epoch), t.lagging_since, t.quarantined_at, t.last_error"
+    " min(b.epoch), t.lagging_since, t.quarantined_at, t.last_error, t.url, t.url_changed_at"
     " FROM twophase_targets t LEFT JOIN twophase_target_backlog b"
     " ON b.sink_id = t.sink_id AND b.target = t.target"
     " WHERE (%(s)s::text IS NULL OR t.sink_id = %(s)s)"
@@ -103,101 +130,174 @@ _STATES = (
 # A new target starts after the sink's last COMMITTED epoch on record (none after a
 # reset, which deletes the epochs and the targets' rows: then at epoch 0).
 _REGISTER = (
-    "INSERT INTO twophase_targets (sink_id, target, delivered_epoch, from_epoch)"
-    " SELECT %(s)s, n, last.epoch, COALESCE(last.epoch + 1, 0) FROM unnest(%(n)s::text[]) n,"
+    "INSERT INTO twophase_targets (sink_id, target, delivered_epoch, from_epoch, url)"
+    " SELECT %(s)s, n.target, last.epoch, COALESCE(last.epoch + 1, 0), n.url"
+    " FROM unnest(%(n)s::text[], %(u)s::text[]) AS n(target, url),"
     " (SELECT max(epoch) AS epoch FROM twophase_epochs WHERE sink_id = %(s)s"
     " AND epoch >= 0 AND state = 'COMMITTED') last"
     " ON CONFLICT DO NOTHING RETURNING target, from_epoch"
 )
-# After a delivery: live once nothing COMMITTED is missing, else (still) lagging.
+_URLS = (
+    "UPDATE twophase_targets t SET url = n.url, updated_at = now(),"
+    " url_changed_at = CASE WHEN t.url IS NULL THEN t.url_changed_at ELSE now() END"
+    " FROM unnest(%(n)s::text[], %(u)s::text[]) AS n(target, url),"
+    " (SELECT target, url FROM twophase_targets WHERE sink_id = %(s)s FOR UPDATE) old"
+    " WHERE t.sink_id = %(s)s AND t.target = n.target AND old.target = n.target"
+    " AND t.url IS DISTINCT FROM n.url RETURNING t.target, old.url, n.url"
+)
+# After a delivery or a resync: live once nothing COMMITTED is missing; else lagging
+# (quarantined stays quarantined until its backlog is delivered).
 _SETTLE = (
-    "UPDATE twophase_targets t SET updated_at = now(), state = CASE"
-    " WHEN t.state = 'quarantined' THEN t.state"
-    " WHEN EXISTS (SELECT 1 FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id"
-    " AND b.target = t.target) THEN 'lagging' ELSE 'live' END,"
-    " lagging_since = CASE WHEN EXISTS (SELECT 1 FROM twophase_target_backlog b"
-    " WHERE b.sink_id = t.sink_id AND b.target = t.target)"
-    " THEN COALESCE(t.lagging_since, now()) END"
-    " WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
+    "WITH b AS (SELECT EXISTS (SELECT 1 FROM twophase_target_backlog"
+    " WHERE sink_id = %(s)s AND target = %(t)s) AS behind)"
+    " UPDATE twophase_targets t SET updated_at = now(), state = CASE"
+    " WHEN NOT b.behind THEN 'live' WHEN t.state = 'quarantined' THEN t.state"
+    " ELSE 'lagging' END,"
+    " lagging_since = CASE WHEN b.behind THEN COALESCE(t.lagging_since, now()) END,"
+    " quarantined_at = CASE WHEN b.behind THEN t.quarantined_at END"
+    " FROM b WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
 )
 _NEXT_MISSING = (
     "SELECT b.epoch, b.purged_at IS NOT NULL FROM twophase_target_backlog b"
     " JOIN twophase_targets t ON t.sink_id = b.sink_id AND t.target = b.target"
     " WHERE b.sink_id = %s AND b.target = %s AND (%s OR t.state <> 'quarantined')"
-    " ORDER BY b.epoch LIMIT 1"
+    " AND b.epoch < %s ORDER BY b.epoch LIMIT 1"
 )
+# The lag clock of an epoch a target lacks runs from its commit, or from the target's
+# last resync when that is later: a resync under way is not undone by a collection.
 _QUARANTINE = (
     "UPDATE twophase_targets t SET state = 'quarantined', quarantined_at = now(),"
     " updated_at = now() WHERE t.state <> 'quarantined'"
     " AND (%(s)s::text IS NULL OR t.sink_id = %(s)s) AND EXISTS (SELECT 1"
     " FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id AND b.target = t.target"
-    " AND b.committed_at < now() - make_interval(secs => %(lag)s))"
+    " AND GREATEST(b.committed_at, t.resynced_at) < now() - make_interval(secs => %(lag)s))"
     " RETURNING t.sink_id, t.target"
 )
-_FIRST_MISSING = "SELECT min(epoch) FROM twophase_target_backlog WHERE sink_id = %s AND target = %s"
+_FIRST_MISSING = (
+    "SELECT min(epoch) FROM twophase_target_backlog WHERE sink_id = %s AND target = %s"
+    " AND epoch >= 0"
+)
+_FENCE = "SELECT fencing_token, owner_run_id FROM twophase_sinks WHERE sink_id = %s FOR SHARE"
+_TARGET_ROW = (
+    "SELECT delivered_epoch, from_epoch FROM twophase_targets"
+    " WHERE sink_id = %s AND target = %s FOR UPDATE"
+)
+_NO_EPOCH = 2**63 - 1  # "below no bound" for next_missing
+
+
+@dataclass(frozen=True)
+class UrlChange:
+    """A target whose name now points at another server than it was registered with."""
+
+    target: str
+    was: str | None
+    now: str
+
+
+@dataclass(frozen=True)
+class TargetRoster:
+    """The targets a configuration names, (name, URL without credentials) each, as a
+    query's claim registers them for its sink."""
+
+    ledger: TargetLedger
+    targets: tuple[tuple[str, str], ...]
+
+    def register(self, lease: Lease) -> list[UrlChange]:
+        """Register the targets for the lease's sink; warn of each whose URL changed."""
+        changes = self.ledger.register(lease.sink_id, self.targets)
+        for change in changes:
+            log.warning(
+                "sink %s: target %s now points at %s (was %s): it holds the sink's history "
+                "only if that server has it; `twophase targets resync %s --from-epoch 0 "
+                "--sink %s` sends what staging retains",
+                lease.sink_id,
+                change.target,
+                change.now,
+                change.was or "not recorded",
+                change.target,
+                lease.sink_id,
+                extra=lease_fields(lease),
+            )
+        return changes
+
+    def unknown(self, sink_id: str) -> list[str]:
+        """The configured targets the sink does not have (its query never ran with them)."""
+        known = {s.target for s in self.ledger.states(sink_id)}
+        return [name for name, _ in self.targets if name not in known]
 
 
 class TargetLedger:
-    """The per-target cursors and states of sinks with several targets."""
+    """The per-target cursors and states of every sink.
+
+    A cursor moves only from the epoch below to the next (I9): a delivery is
+    recorded only when the target holds every COMMITTED epoch it is owed below
+    it, in a transaction that holds the target's row and checks the
+    recording run's lease, so a late record of a fenced run, or one that
+    follows a resync's rewind, is refused (TargetOrderError, FencedError)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    def register(self, sink_id: str, names: Sequence[str]) -> None:
-        """Record the targets a sink delivers to. A target new to the sink starts at
-        the next epoch: it is owed every epoch above the sink's last COMMITTED one
-        (those PRECOMMITTED now included). Known targets are left as they are."""
-        self._db.retry("register targets", lambda: self._register(sink_id, names))
+    def register(self, sink_id: str, targets: Sequence[tuple[str, str]]) -> list[UrlChange]:
+        """Record the targets (name, URL without credentials) a query's run delivers to.
+        A target new to the sink starts at the next epoch: it is owed every epoch above
+        the sink's last COMMITTED one (those PRECOMMITTED now included). A known
+        target keeps its cursor; a changed URL is stored, with an event, and returned.
+        Only a query's run registers: an operator's command never creates a target."""
+        return self._db.retry("register targets", lambda: self._register(sink_id, targets))
 
-    def _register(self, sink_id: str, names: Sequence[str]) -> None:
+    def _register(self, sink_id: str, targets: Sequence[tuple[str, str]]) -> list[UrlChange]:
+        params = {"s": sink_id, "n": [n for n, _ in targets], "u": [u for _, u in targets]}
         with self._db.transaction() as cur:
-            cur.execute(_REGISTER, {"s": sink_id, "n": list(names)})
-            for target, first in cur.fetchall():
+            cur.execute(_REGISTER, params)
+            new = cur.fetchall()
+            added = {target for target, _ in new}
+            for target, first in new:
                 event(cur, sink_id, None, "target_added", None, f"{target}: from epoch {first}")
+            cur.execute(_URLS, params)
+            changes = [UrlChange(t, was, now) for t, was, now in cur.fetchall() if t not in added]
+            for change in changes:
+                detail = f"{change.target}: {change.was or '(not recorded)'} -> {change.now}"
+                event(cur, sink_id, None, "target_url_changed", None, detail)
+            return changes
 
     def places(self, sink_id: str, epoch: int, names: Sequence[str]) -> list[Place]:
-        """Where each of ``names`` stands for ``epoch`` (one query)."""
+        """Where each of ``names`` (registered for the sink) stands for ``epoch``."""
         return self._db.retry("targets", lambda: self._places(sink_id, epoch, names))
 
     def _places(self, sink_id: str, epoch: int, names: Sequence[str]) -> list[Place]:
         with self._db.transaction() as cur:
             cur.execute(_PLACES, {"s": sink_id, "e": epoch, "n": list(names)})
             return [
-                Place(t, owed, None if d is None else (int(d), int(r)), bool(caught))
-                for t, owed, d, r, caught in cur.fetchall()
+                Place(t, state, owed, None if d is None else (int(d), int(r)), bool(caught))
+                for t, state, owed, d, r, caught in cur.fetchall()
             ]
 
-    def delivered(
-        self, sink_id: str, target: str, epoch: int, counts: tuple[int, int], run_id: str | None
-    ) -> str:
+    def delivered(self, lease: Lease, target: str, epoch: int, counts: tuple[int, int]) -> str:
         """Record that ``target`` acknowledged ``epoch`` (``counts``: delivered,
         rejected) and move its cursor there (a Spark epoch). Idempotent. Returns the
         target's state after it: ``live`` once it holds every COMMITTED epoch it is
-        owed. The caller delivers only the epoch next in the target's order (I9)."""
+        owed. FencedError once a newer run holds the sink than ``lease``;
+        TargetOrderError, nothing recorded, unless the target holds every COMMITTED
+        epoch it is owed below ``epoch`` (I9)."""
         return self._db.retry(
-            "record delivery", lambda: self._delivered(sink_id, target, epoch, counts, run_id)
+            "record delivery", lambda: self._delivered(lease, target, epoch, counts)
         )
 
-    def _delivered(
-        self, sink_id: str, target: str, epoch: int, counts: tuple[int, int], run_id: str | None
-    ) -> str:
+    def _delivered(self, lease: Lease, target: str, epoch: int, counts: tuple[int, int]) -> str:
         with self._db.transaction() as cur:
-            cur.execute(
-                "INSERT INTO twophase_target_deliveries"
-                " (sink_id, target, epoch, delivered, rejected, run_id)"
-                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (sink_id, target, epoch, counts[0], counts[1], run_id),
-            )
-            if epoch >= 0:
-                cur.execute(
-                    "UPDATE twophase_targets SET last_error = NULL, delivered_epoch ="
-                    " GREATEST(COALESCE(delivered_epoch, %(e)s), %(e)s)"
-                    " WHERE sink_id = %(s)s AND target = %(t)s",
-                    {"s": sink_id, "t": target, "e": epoch},
-                )
-            state = _settle(cur, sink_id, target)
-            crash_point("in_deliver", sink_id)
-            return state
+            _check_lease(cur, lease)
+            return _record(cur, lease, target, epoch, counts)
+
+    @staticmethod
+    def record(
+        cur: Cursor, *, lease: Lease, epoch: int, counts: dict[str, tuple[int, int]]
+    ) -> None:
+        """`delivered` for each target of ``counts``, inside the caller's transaction
+        (the mark's, which holds the sink's row and checked the lease): an epoch's
+        deliveries and its COMMITTED state land in one commit."""
+        for target, each in counts.items():
+            _record(cur, lease, target, epoch, each)
 
     def lagging(self, sink_id: str, target: str, error: str) -> None:
         """A commit left ``target`` without its epoch: lagging (unless quarantined), with
@@ -222,27 +322,34 @@ class TargetLedger:
                 event(cur, sink_id, None, "target_lagging", None, f"{target}: {error}")
 
     def next_missing(
-        self, sink_id: str, target: str, quarantined: bool = False
+        self,
+        sink_id: str,
+        target: str,
+        quarantined: bool = False,
+        below: int | None = None,
     ) -> tuple[int, bool] | None:
-        """The oldest COMMITTED epoch ``target`` is owed and does not hold, and whether
-        GC purged its points; None when it misses nothing, or is quarantined (unless
-        ``quarantined``: a resync). The next epoch a catch-up delivers to it."""
+        """The oldest COMMITTED epoch (or correction) ``target`` is owed and does not
+        hold, and whether GC purged its points; None when it misses nothing (below
+        ``below``), or is quarantined (unless ``quarantined``: a resync). The next
+        epoch a catch-up delivers to it."""
+        bound = _NO_EPOCH if below is None else below
         return self._db.retry(
-            "target backlog", lambda: self._next_missing(sink_id, target, quarantined)
+            "target backlog", lambda: self._next_missing(sink_id, target, quarantined, bound)
         )
 
     def _next_missing(
-        self, sink_id: str, target: str, quarantined: bool
+        self, sink_id: str, target: str, quarantined: bool, below: int
     ) -> tuple[int, bool] | None:
         with self._db.transaction() as cur:
-            cur.execute(_NEXT_MISSING, (sink_id, target, quarantined))
+            cur.execute(_NEXT_MISSING, (sink_id, target, quarantined, below))
             row = cur.fetchone()
             return None if row is None else (int(row[0]), bool(row[1]))
 
     def quarantine(self, sink_id: str | None, max_lag_s: float) -> list[tuple[str, str]]:
         """Quarantine every target whose oldest missing COMMITTED epoch was committed
-        more than ``max_lag_s`` ago: it stops holding retention (GC may purge what it
-        lacks). Returns (sink, target) of each newly quarantined, with an event."""
+        (or the target resynced) more than ``max_lag_s`` ago: it stops holding
+        retention (GC may purge what it lacks). Returns (sink, target) of each newly
+        quarantined, with an event."""
         return self._db.retry("quarantine", lambda: self._quarantine(sink_id, max_lag_s))
 
     def _quarantine(self, sink_id: str | None, max_lag_s: float) -> list[tuple[str, str]]:
@@ -254,18 +361,41 @@ class TargetLedger:
                 event(cur, sink, None, "target_quarantined", None, detail)
             return done
 
-    def restart(self, sink_id: str, target: str, from_epoch: int | None) -> int | None:
-        """Resync's first step: the target becomes live again, owed every COMMITTED epoch
-        from ``from_epoch`` (default: its first missing one) on; its cursor is set just
-        below. Returns the epoch it now starts at (None: it misses nothing)."""
-        return self._db.retry("resync target", lambda: self._restart(sink_id, target, from_epoch))
+    def restart(
+        self, lease: Lease | None, sink_id: str, target: str, from_epoch: int | None
+    ) -> int | None:
+        """Resync's first step, under the resync's ``lease`` (None: nothing is owed, no
+        claim was needed to make a quarantined target live): the target becomes live
+        again and its lag clock restarts; it is owed every COMMITTED epoch from
+        ``from_epoch`` (default: its first missing one) on, its cursor set just below
+        under its row's lock. Given a ``from_epoch``, the corrections it holds are owed
+        to it again too. Returns the epoch it now starts at (None: it misses nothing).
+        ValueError for a negative ``from_epoch`` (corrections are not a place to start)."""
+        if from_epoch is not None and from_epoch < 0:
+            raise ValueError(f"from_epoch must be 0 or more, not {from_epoch}")
+        return self._db.retry(
+            "resync target", lambda: self._restart(lease, sink_id, target, from_epoch)
+        )
 
-    def _restart(self, sink_id: str, target: str, from_epoch: int | None) -> int | None:
+    def _restart(
+        self, lease: Lease | None, sink_id: str, target: str, from_epoch: int | None
+    ) -> int | None:
+        run_id = None
         with self._db.transaction() as cur:
+            if lease is not None:
+                _check_lease(cur, lease)
+                run_id = lease.run_id
+            cur.execute(_TARGET_ROW, (sink_id, target))
             if from_epoch is None:
                 cur.execute(_FIRST_MISSING, (sink_id, target))
                 row = cur.fetchone()
                 from_epoch = None if row is None or row[0] is None else int(row[0])
+            else:
+                cur.execute(
+                    "DELETE FROM twophase_target_deliveries WHERE sink_id = %s AND target = %s"
+                    " AND epoch < 0",
+                    (sink_id, target),
+                )
             if from_epoch is not None:
                 cur.execute(
                     "UPDATE twophase_targets SET delivered_epoch = %(e)s - 1, from_epoch ="
@@ -274,33 +404,94 @@ class TargetLedger:
                 )
             cur.execute(
                 "UPDATE twophase_targets SET state = 'live', quarantined_at = NULL,"
-                " lagging_since = NULL, updated_at = now() WHERE sink_id = %s AND target = %s",
+                " lagging_since = NULL, resynced_at = now(), updated_at = now()"
+                " WHERE sink_id = %s AND target = %s",
                 (sink_id, target),
             )
             _settle(cur, sink_id, target)
-            event(cur, sink_id, None, "target_resync", None, f"{target}: from {from_epoch}")
+            event(cur, sink_id, None, "target_resync", run_id, f"{target}: from {from_epoch}")
             return from_epoch
 
-    def skip_purged(self, sink_id: str, target: str, epoch: int) -> None:
+    def skip_purged(self, lease: Lease, target: str, epoch: int) -> None:
         """Resync found ``epoch`` purged: the target cannot get it from staging any more;
-        its cursor moves past it (the operator was told)."""
-        self._db.retry("skip purged", lambda: self._skip(sink_id, target, epoch))
+        it is recorded as passed over (the operator was told), in epoch order."""
+        self._db.retry("skip purged", lambda: self._skip(lease, target, epoch))
 
-    def _skip(self, sink_id: str, target: str, epoch: int) -> None:
+    def _skip(self, lease: Lease, target: str, epoch: int) -> None:
         with self._db.transaction() as cur:
-            cur.execute(
-                "UPDATE twophase_targets SET delivered_epoch = GREATEST(delivered_epoch, %s)"
-                " WHERE sink_id = %s AND target = %s",
-                (epoch, sink_id, target),
-            )
-            _settle(cur, sink_id, target)
-            event(cur, sink_id, epoch, "target_skipped", None, f"{target}: purged, not sent")
+            _check_lease(cur, lease)
+            _next_in_order(cur, lease.sink_id, target, epoch)
+            if epoch < 0:  # a correction has no cursor: a delivery of nothing marks it
+                cur.execute(
+                    "INSERT INTO twophase_target_deliveries"
+                    " (sink_id, target, epoch, delivered, rejected, run_id)"
+                    " VALUES (%s, %s, %s, 0, 0, %s) ON CONFLICT DO NOTHING",
+                    (lease.sink_id, target, epoch, lease.run_id),
+                )
+            else:
+                cur.execute(
+                    "UPDATE twophase_targets SET delivered_epoch = %s"
+                    " WHERE sink_id = %s AND target = %s",
+                    (epoch, lease.sink_id, target),
+                )
+            _settle(cur, lease.sink_id, target)
+            event(cur, lease.sink_id, epoch, "target_skipped", None, f"{target}: purged, not sent")
 
     def states(self, sink_id: str | None = None) -> list[TargetState]:
         """Every target of the sink (of every sink: None), with its lag."""
         with self._db.transaction() as cur:
             cur.execute(_STATES, {"s": sink_id})
             return [_state(row) for row in cur.fetchall()]
+
+
+def _record(cur: Cursor, lease: Lease, target: str, epoch: int, counts: tuple[int, int]) -> str:
+    cursor = _next_in_order(cur, lease.sink_id, target, epoch)
+    cur.execute(
+        "INSERT INTO twophase_target_deliveries"
+        " (sink_id, target, epoch, delivered, rejected, run_id)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (lease.sink_id, target, epoch, counts[0], counts[1], lease.run_id),
+    )
+    if epoch >= 0 and (cursor is None or cursor < epoch):
+        cur.execute(
+            "UPDATE twophase_targets SET last_error = NULL, delivered_epoch = %s"
+            " WHERE sink_id = %s AND target = %s",
+            (epoch, lease.sink_id, target),
+        )
+    state = _settle(cur, lease.sink_id, target)
+    crash_point("in_deliver", lease.sink_id)
+    return state
+
+
+def _check_lease(cur: Cursor, lease: Lease) -> None:
+    """FencedError unless ``lease`` still holds the sink (its row held FOR SHARE to the
+    end of the transaction, so a claim waits for the step rather than cross it)."""
+    cur.execute(_FENCE, (lease.sink_id,))
+    row = cur.fetchone()
+    if row is None:
+        raise StateError(f"unknown sink {lease.sink_id!r}")
+    check_fence({"fencing_token": row[0], "owner_run_id": row[1]}, lease)
+
+
+def _next_in_order(cur: Cursor, sink_id: str, target: str, epoch: int) -> int | None:
+    """Lock the target's row; its cursor. TargetOrderError unless the target holds every
+    COMMITTED epoch and correction it is owed below ``epoch`` (I9)."""
+    cur.execute(_TARGET_ROW, (sink_id, target))
+    row = cur.fetchone()
+    if row is None:
+        raise StateError(f"sink {sink_id!r} has no target {target!r}")
+    cur.execute(
+        "SELECT min(epoch) FROM twophase_target_backlog WHERE sink_id = %s AND target = %s"
+        " AND epoch < %s",
+        (sink_id, target, epoch),
+    )
+    missing = cur.fetchone()
+    if missing is not None and missing[0] is not None:
+        raise TargetOrderError(
+            f"sink {sink_id!r} epoch {epoch}: target {target!r} lacks epoch {missing[0]} "
+            "(its cursor moved meanwhile); not recorded as delivered"
+        )
+    return None if row[0] is None else int(row[0])
 
 
 def _settle(cur: Cursor, sink_id: str, target: str) -> str:
@@ -310,7 +501,8 @@ def _settle(cur: Cursor, sink_id: str, target: str) -> str:
 
 
 def _state(row: Sequence[Any]) -> TargetState:
-    sink, target, state, cursor, first, n, age, size, missing, since, quarantined, error = row
+    sink, target, state, cursor, first, n, age, size, missing, since, quarantined, error = row[:12]
+    url, url_changed_at = row[12:]
     return TargetState(
         sink_id=sink,
         target=target,
@@ -324,6 +516,8 @@ def _state(row: Sequence[Any]) -> TargetState:
         lagging_since=since,
         quarantined_at=quarantined,
         last_error=error,
+        url=url,
+        url_changed_at=url_changed_at,
     )
 
 

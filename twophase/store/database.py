@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -22,7 +23,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from twophase.config import StagingConfig
 from twophase.config.tls import staging_tls_error
-from twophase.errors import SchemaError, StagingUnavailableError
+from twophase.errors import LockLostError, SchemaError, StagingUnavailableError
 from twophase.retry import StagingRetry
 
 log = logging.getLogger("twophase.store.database")
@@ -30,7 +31,7 @@ log = logging.getLogger("twophase.store.database")
 # The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.store.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0008_compressed_chunks"
+SCHEMA_REVISION = "0009_every_sink_has_targets"
 VERSION_TABLE = "twophase_alembic_version"
 # The first key of twophase's advisory locks ("tp"), so that they keep out of the way
 # of other applications' locks in a shared database.
@@ -110,7 +111,9 @@ class Database:
             yield cur
 
     @contextmanager
-    def session_lock(self, name: str) -> Iterator[None]:
+    def session_lock(
+        self, name: str, between_tries: Callable[[], None] | None = None
+    ) -> Iterator[HeldLock]:
         """Hold PostgreSQL's session-level advisory lock ``name`` for the block, waiting
         while another session (of any process) holds it.
 
@@ -118,21 +121,27 @@ class Database:
         inside the block and a waiter's wait must not take the pool's connections from
         each other. Taking it rides out an outage like any step (``retry``); if the
         connection drops inside the block, PostgreSQL releases the lock, as it does
-        when the holder's process dies.
+        when the holder's process dies -- so the holder asks
+        [`HeldLock.check`][twophase.store.database.HeldLock.check] before each step the
+        lock orders, as it checks its lease. With ``between_tries`` the lock is tried
+        rather than waited for, and ``between_tries`` runs (and may raise, to give up)
+        between tries.
         """
-        conn = self.retry("lock", lambda: self._locked_session(name))
+        conn = self.retry("lock", lambda: self._locked_session(name, between_tries))
         try:
-            yield
+            yield HeldLock(conn, name, self.config.display_url)
         finally:
             conn.close()  # ends the session, and the lock with it
 
-    def _locked_session(self, name: str) -> psycopg.Connection:
+    def _locked_session(
+        self, name: str, between_tries: Callable[[], None] | None
+    ) -> psycopg.Connection:
         """A new session that holds the lock (StagingUnavailableError when it cannot)."""
         timeout = max(1, int(self.config.connect_timeout_s))
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=timeout)
             try:
-                conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (_LOCK_SPACE, name))
+                _take(conn, name, between_tries)
             except BaseException:
                 conn.close()
                 raise
@@ -166,6 +175,50 @@ class Database:
             f"{SCHEMA_REVISION!r}: {_UPGRADE_HINT} (or install the twophase version "
             "that matches the database)"
         )
+
+
+_LOCK = "(%s, hashtext(%s))"
+_TRY_EVERY_S = 0.2
+
+
+def _take(conn: psycopg.Connection, name: str, between_tries: Callable[[], None] | None) -> None:
+    if between_tries is None:
+        conn.execute(f"SELECT pg_advisory_lock{_LOCK}", (_LOCK_SPACE, name))
+        return
+    while True:
+        row = conn.execute(f"SELECT pg_try_advisory_lock{_LOCK}", (_LOCK_SPACE, name)).fetchone()
+        if row is not None and row[0]:
+            return
+        between_tries()
+        time.sleep(_TRY_EVERY_S)
+
+
+class HeldLock:
+    """A session-level advisory lock held on a session of its own."""
+
+    def __init__(self, conn: psycopg.Connection, name: str, where: str) -> None:
+        self._conn = conn
+        self._name = name
+        self._where = where
+
+    def check(self) -> None:
+        """LockLostError unless this session still holds the lock: a PostgreSQL restart,
+        or a connection cut, ends the session and releases the lock while its holder
+        goes on; another process may then hold it. One round trip on the lock's own
+        session (which is not the pool's)."""
+        try:
+            row = self._conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = pg_backend_pid() AND granted AND classid = %s"
+                " AND objid = hashtext(%s)::oid)",
+                (_LOCK_SPACE, self._name),
+            ).fetchone()
+        except psycopg.Error as exc:
+            raise LockLostError(
+                f"lock {self._name!r} lost with its session to {self._where}: {_first_line(exc)}"
+            ) from None
+        if row is None or not row[0]:
+            raise LockLostError(f"lock {self._name!r} is no longer held in {self._where}")
 
 
 def _probe(conninfo: str, config: StagingConfig) -> None:

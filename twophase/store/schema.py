@@ -36,11 +36,13 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
   letter a reset kept (its write's epoch is forgotten, the letter stays the sink's).
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
-* ``twophase_targets``: per sink delivering to several named targets, each target's
-  state (``TARGET_STATES``), the last epoch delivered to it in epoch order, and the first
-  epoch it is owed (a target added later starts at the next epoch). A sink with one
-  target has no rows: its COMMITTED epochs are its deliveries.
+* ``twophase_targets``: per sink, each of its targets (the one ``influx_url`` makes is
+  named ``default``): its state (``TARGET_STATES``), the last epoch delivered to it in
+  epoch order, the first epoch it is owed (a target added later starts at the next
+  epoch), its URL as last registered (credentials removed) and its last resync.
 * ``twophase_target_deliveries``: one row per target and epoch delivered to it.
+* ``twophase_target_backlog`` (a view): each target's COMMITTED epochs past its cursor,
+  and the COMMITTED corrections it is owed and has no delivery of.
 
 ``SCHEMA_REVISION`` is the Alembic head this code needs; a unit test keeps it
 equal to ``twophase/migrations/versions``' head.
@@ -216,6 +218,7 @@ staged_chunks = Table(
     CheckConstraint("(body IS NULL) <> (body_gz IS NULL)", name="one_body"),
 )
 
+_LETTER_TARGET = "the target that refused the point ('': none named: stage, or older letters)"
 dead_letters = Table(
     "twophase_dead_letters",
     metadata,
@@ -246,7 +249,7 @@ dead_letters = Table(
         Text,
         nullable=False,
         server_default="",
-        comment="the target that refused the point ('': the sink's one target, or stage)",
+        comment=_LETTER_TARGET,
     ),
     UniqueConstraint("write_id", "phase", "seq", "target"),
     CheckConstraint(f"phase IN {PHASES!r}", name="phase"),
@@ -284,6 +287,9 @@ targets = Table(
     Column("last_error", Text, nullable=True),
     Column("added_at", DateTime(timezone=True), server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), server_default=func.now()),
+    Column("url", Text, nullable=True, comment="as last registered, credentials removed"),
+    Column("url_changed_at", DateTime(timezone=True), nullable=True),
+    Column("resynced_at", DateTime(timezone=True), nullable=True),
     PrimaryKeyConstraint("sink_id", "target"),
     CheckConstraint(f"state IN {TARGET_STATES!r}", name="state"),
 )

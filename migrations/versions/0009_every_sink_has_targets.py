@@ -1,0 +1,127 @@
+"""every sink has targets: the one influx_url makes too; corrections in backlogs
+
+Revision ID: 0009_every_sink_has_targets
+Revises: 0008_compressed_chunks
+Create Date: 2026-11-26 23:00:00
+
+A sink delivers to its targets through one path, whether it has one or
+several: a sink with one server has one target, named ``default``, with a
+cursor like any other. The upgrade gives every sink that has epochs but no
+target row its ``default`` target, holding every COMMITTED epoch (they are
+its deliveries: ``from_epoch`` 0, the cursor at the last one, a delivery
+row per COMMITTED correction).
+
+``twophase_targets.url``: the target's URL as its last query run registered
+it, credentials removed, so that a name pointed at another server is
+reported (``url_changed_at``: when it last was). ``twophase_targets.resynced_at``: a resync restarts the lag clock
+(``target_max_lag`` counts from the later of an epoch's commit and the
+resync).
+
+A promote-time dead letter now always names its target; ``''`` is left to
+stage-time letters and to letters from before this revision (which every
+target is owed a requeue of). The view ``twophase_target_backlog`` now also holds the COMMITTED
+corrections a target is owed (one naming it, or naming none, decided after
+the target was added) and has no delivery of.
+
+The downgrade restores the view, drops the columns and the ``default`` rows
+of sinks that have no other target (the old code keeps no rows for them).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0009_every_sink_has_targets"
+down_revision = "0008_compressed_chunks"
+branch_labels = None
+depends_on = None
+
+_OLD_LETTER_TARGET = "the target that refused the point ('': the sink's one target, or stage)"
+_LETTER_TARGET = "the target that refused the point ('': none named: stage, or older letters)"
+_OLD_BACKLOG = (
+    "CREATE VIEW twophase_target_backlog AS"
+    " SELECT t.sink_id, t.target, e.epoch, e.committed_at, e.staged_bytes, e.purged_at"
+    " FROM twophase_targets t JOIN twophase_epochs e ON e.sink_id = t.sink_id"
+    " WHERE e.state = 'COMMITTED' AND e.epoch >= t.from_epoch"
+    " AND e.epoch > COALESCE(t.delivered_epoch, -1)"
+)
+BACKLOG = (
+    "CREATE VIEW twophase_target_backlog AS"
+    " SELECT t.sink_id, t.target, e.epoch, e.committed_at, e.staged_bytes, e.purged_at"
+    " FROM twophase_targets t JOIN twophase_epochs e ON e.sink_id = t.sink_id"
+    " WHERE e.state = 'COMMITTED' AND ("
+    " (e.epoch >= 0 AND e.epoch >= t.from_epoch AND e.epoch > COALESCE(t.delivered_epoch, -1))"
+    " OR (e.epoch < 0 AND (e.target IS NULL OR e.target = t.target)"
+    " AND e.decided_at >= t.added_at AND NOT EXISTS (SELECT 1 FROM twophase_target_deliveries d"
+    " WHERE d.sink_id = t.sink_id AND d.target = t.target AND d.epoch = e.epoch)))"
+)
+_DEFAULT_TARGETS = (
+    "INSERT INTO twophase_targets (sink_id, target, delivered_epoch, from_epoch, added_at)"
+    " SELECT e.sink_id, 'default', max(e.epoch) FILTER (WHERE e.epoch >= 0"
+    " AND e.state = 'COMMITTED'), 0, min(e.decided_at) FROM twophase_epochs e"
+    " WHERE NOT EXISTS (SELECT 1 FROM twophase_targets t WHERE t.sink_id = e.sink_id)"
+    " GROUP BY e.sink_id"
+)
+_DEFAULT_CORRECTIONS = (
+    "INSERT INTO twophase_target_deliveries (sink_id, target, epoch, delivered, rejected, run_id)"
+    " SELECT e.sink_id, 'default', e.epoch, COALESCE(e.points_delivered, 0),"
+    " COALESCE(e.points_rejected_promote, 0), e.run_id FROM twophase_epochs e"
+    " JOIN twophase_targets t ON t.sink_id = e.sink_id AND t.target = 'default'"
+    " WHERE e.epoch < 0 AND e.state = 'COMMITTED' ON CONFLICT DO NOTHING"
+)
+_ONLY_DEFAULT = (
+    "SELECT sink_id FROM twophase_targets GROUP BY sink_id"
+    " HAVING count(*) = 1 AND bool_and(target = 'default')"
+)
+
+
+def upgrade() -> None:
+    op.add_column(
+        "twophase_targets",
+        sa.Column(
+            "url", sa.Text(), nullable=True, comment="as last registered, credentials removed"
+        ),
+    )
+    op.add_column(
+        "twophase_targets",
+        sa.Column("url_changed_at", sa.DateTime(timezone=True), nullable=True),
+    )
+    op.add_column(
+        "twophase_targets",
+        sa.Column("resynced_at", sa.DateTime(timezone=True), nullable=True),
+    )
+    op.alter_column(
+        "twophase_dead_letters",
+        "target",
+        existing_type=sa.Text(),
+        existing_nullable=False,
+        existing_server_default="",
+        comment=_LETTER_TARGET,
+        existing_comment=_OLD_LETTER_TARGET,
+    )
+    op.execute("DROP VIEW twophase_target_backlog")
+    op.execute(BACKLOG)
+    op.execute(_DEFAULT_TARGETS)
+    op.execute(_DEFAULT_CORRECTIONS)
+
+
+def downgrade() -> None:
+    op.execute(
+        f"DELETE FROM twophase_target_deliveries WHERE sink_id IN ({_ONLY_DEFAULT})"  # noqa: S608
+    )
+    op.execute(f"DELETE FROM twophase_targets WHERE sink_id IN ({_ONLY_DEFAULT})")  # noqa: S608
+    op.execute("DROP VIEW twophase_target_backlog")
+    op.execute(_OLD_BACKLOG)
+    op.alter_column(
+        "twophase_dead_letters",
+        "target",
+        existing_type=sa.Text(),
+        existing_nullable=False,
+        existing_server_default="",
+        comment=_OLD_LETTER_TARGET,
+        existing_comment=_LETTER_TARGET,
+    )
+    op.drop_column("twophase_targets", "resynced_at")
+    op.drop_column("twophase_targets", "url_changed_at")
+    op.drop_column("twophase_targets", "url")

@@ -1,0 +1,42 @@
+"""The InfluxDB target a command names (``--target``), picked from the configuration.
+
+With several InfluxDB targets (``TWOPHASE_TARGETS``),
+[`target_config`][twophase.operations.targets.target_config] picks one
+by name (``verify --target``, ``resend --target``, ``targets resync``).
+"""
+
+from __future__ import annotations
+
+from twophase.config import DEFAULT_TARGET, InfluxConfig, TargetConfig, env_name
+from twophase.errors import UsageError
+from twophase.operations.hooks import Hooks
+from twophase.protocol.runtime import TwoPhase
+
+# The variables that name a sink's several targets, and its one InfluxDB server.
+TARGETS_ENV, URL_ENV = env_name("targets"), env_name("influx_url")
+
+
+def target_config(influx: InfluxConfig, name: str) -> TargetConfig:
+    """The configured target ``name``; UsageError naming the ones configured."""
+    targets = influx.named_targets()
+    for target in targets:
+        if target.name == name:
+            return target
+    if not influx.targets:
+        raise UsageError(
+            f"unknown target {name!r}: this configuration names one InfluxDB server ({URL_ENV}, "
+            f"target {DEFAULT_TARGET!r}); a sink's several targets are named by {TARGETS_ENV}"
+        )
+    known = ", ".join(t.name for t in targets)
+    raise UsageError(f"unknown target {name!r}: the configuration ({TARGETS_ENV}) names {known}")
+
+
+def warn_unknown_targets(tp: TwoPhase, sink_id: str, hooks: Hooks) -> None:
+    """Warn of each target the configuration names that the sink does not have: an
+    operator's command leaves it alone (only the sink's query adds a target), so a
+    misspelt name never becomes a target that holds retention."""
+    for name in tp.roster.unknown(sink_id):
+        hooks.warn(
+            f"sink {sink_id}: target {name!r} of the configuration is not one of the sink's "
+            "targets (a target is added by running the sink's query with it); left alone"
+        )
