@@ -74,6 +74,8 @@ def format_default(setting: Any) -> str:
         return "none"
     if setting.kind == "duration":
         return f"`{format_duration(float(value))}`"
+    if setting.kind == "bool":
+        return f"`{str(value).lower()}`"
     if setting.kind == "int" and value >= 1024 * 1024 and value % (1024 * 1024) == 0:
         return f"`{value}` ({value // (1024 * 1024)} MiB)"
     return f"`{value}`"
@@ -101,6 +103,7 @@ KINDS = {
     "secret": "secret",
     "duration": "duration",
     "int": "integer",
+    "bool": "boolean",
     "choice": "choice",
     "staging_url": "URL",
     "http_url": "URL",
@@ -115,7 +118,11 @@ def settings() -> str:
     sections: dict[str, list[Any]] = {}
     for setting in SETTINGS:
         sections.setdefault(setting.section, []).append(setting)
-    titles = {"staging": "The staging store", "influx": "InfluxDB and promotion"}
+    titles = {
+        "staging": "The staging store",
+        "influx": "InfluxDB and promotion",
+        "points": "Rows to points",
+    }
     out = []
     for section, members in sections.items():
         out.append(f"### {titles.get(section, section)}\n")

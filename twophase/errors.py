@@ -66,7 +66,11 @@ class LockLostError(RetryableError):
 class TargetOrderError(RetryableError):
     """A target's delivery could not be recorded in epoch order: its cursor is no longer
     just below the epoch (a resync moved it, or another delivery recorded it first).
-    Nothing is recorded; the target is owed the epoch still."""
+    Nothing is recorded; the target is owed the epoch still. ``target`` names it."""
+
+    def __init__(self, message: str, target: str = "") -> None:
+        super().__init__(message)
+        self.target = target
 
 
 class StagingDeadlineError(StagingUnavailableError):

@@ -8,23 +8,27 @@ A sink delivers to its targets through one path, whether it has one or
 several: a sink with one server has one target, named ``default``, with a
 cursor like any other. The upgrade gives every sink that has epochs but no
 target row its ``default`` target, holding every COMMITTED epoch (they are
-its deliveries: ``from_epoch`` 0, the cursor at the last one, a delivery
-row per COMMITTED correction).
+its deliveries): ``from_epoch`` 0, the cursor at the last one, a delivery
+row per COMMITTED correction, and its promote-time dead letters named
+``default`` (as the sink's new ones are). ``''`` is left to stage-time
+letters.
 
 ``twophase_targets.url``: the target's URL as its last query run registered
 it, credentials removed, so that a name pointed at another server is
-reported (``url_changed_at``: when it last was). ``twophase_targets.resynced_at``: a resync restarts the lag clock
+reported (``url_changed_at``: when it last was).
+``twophase_targets.resynced_at``: a resync restarts the lag clock
 (``target_max_lag`` counts from the later of an epoch's commit and the
 resync).
 
-A promote-time dead letter now always names its target; ``''`` is left to
-stage-time letters and to letters from before this revision (which every
-target is owed a requeue of). The view ``twophase_target_backlog`` now also holds the COMMITTED
+The view ``twophase_target_backlog`` now also holds the COMMITTED
 corrections a target is owed (one naming it, or naming none, decided after
-the target was added) and has no delivery of.
+the target was added) and has no delivery of, and each row's ``position`` in
+the target's order: corrections first, in the order they were decided (-1,
+-2, ...), then Spark's epochs.
 
 The downgrade restores the view, drops the columns and the ``default`` rows
-of sinks that have no other target (the old code keeps no rows for them).
+of sinks that have no other target (the old code keeps no rows for them),
+and names their promote-time dead letters ``''`` again.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ _OLD_BACKLOG = (
 )
 BACKLOG = (
     "CREATE VIEW twophase_target_backlog AS"
-    " SELECT t.sink_id, t.target, e.epoch, e.committed_at, e.staged_bytes, e.purged_at"
+    " SELECT t.sink_id, t.target, e.epoch, e.committed_at, e.staged_bytes, e.purged_at,"
+    " CASE WHEN e.epoch < 0 THEN -e.epoch - 4611686018427387904 ELSE e.epoch END AS position"
     " FROM twophase_targets t JOIN twophase_epochs e ON e.sink_id = t.sink_id"
     " WHERE e.state = 'COMMITTED' AND ("
     " (e.epoch >= 0 AND e.epoch >= t.from_epoch AND e.epoch > COALESCE(t.delivered_epoch, -1))"
@@ -56,19 +61,22 @@ BACKLOG = (
     " AND e.decided_at >= t.added_at AND NOT EXISTS (SELECT 1 FROM twophase_target_deliveries d"
     " WHERE d.sink_id = t.sink_id AND d.target = t.target AND d.epoch = e.epoch)))"
 )
+# One statement: the sinks without targets get ``default``; its corrections delivered
+# and its promote-time letters named, for those sinks only.
 _DEFAULT_TARGETS = (
-    "INSERT INTO twophase_targets (sink_id, target, delivered_epoch, from_epoch, added_at)"
+    "WITH added AS (INSERT INTO twophase_targets"
+    " (sink_id, target, delivered_epoch, from_epoch, added_at)"
     " SELECT e.sink_id, 'default', max(e.epoch) FILTER (WHERE e.epoch >= 0"
     " AND e.state = 'COMMITTED'), 0, min(e.decided_at) FROM twophase_epochs e"
     " WHERE NOT EXISTS (SELECT 1 FROM twophase_targets t WHERE t.sink_id = e.sink_id)"
-    " GROUP BY e.sink_id"
-)
-_DEFAULT_CORRECTIONS = (
-    "INSERT INTO twophase_target_deliveries (sink_id, target, epoch, delivered, rejected, run_id)"
+    " GROUP BY e.sink_id RETURNING sink_id),"
+    " corrections AS (INSERT INTO twophase_target_deliveries"
+    " (sink_id, target, epoch, delivered, rejected, run_id)"
     " SELECT e.sink_id, 'default', e.epoch, COALESCE(e.points_delivered, 0),"
     " COALESCE(e.points_rejected_promote, 0), e.run_id FROM twophase_epochs e"
-    " JOIN twophase_targets t ON t.sink_id = e.sink_id AND t.target = 'default'"
-    " WHERE e.epoch < 0 AND e.state = 'COMMITTED' ON CONFLICT DO NOTHING"
+    " JOIN added a ON a.sink_id = e.sink_id WHERE e.epoch < 0 AND e.state = 'COMMITTED')"
+    " UPDATE twophase_dead_letters d SET target = 'default' FROM added a"
+    " WHERE d.sink_id = a.sink_id AND d.phase = 'promote' AND d.target = ''"
 )
 _ONLY_DEFAULT = (
     "SELECT sink_id FROM twophase_targets GROUP BY sink_id"
@@ -103,10 +111,13 @@ def upgrade() -> None:
     op.execute("DROP VIEW twophase_target_backlog")
     op.execute(BACKLOG)
     op.execute(_DEFAULT_TARGETS)
-    op.execute(_DEFAULT_CORRECTIONS)
 
 
 def downgrade() -> None:
+    op.execute(
+        "UPDATE twophase_dead_letters SET target = '' WHERE phase = 'promote'"  # noqa: S608
+        f" AND target = 'default' AND sink_id IN ({_ONLY_DEFAULT})"
+    )
     op.execute(
         f"DELETE FROM twophase_target_deliveries WHERE sink_id IN ({_ONLY_DEFAULT})"  # noqa: S608
     )

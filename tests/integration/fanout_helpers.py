@@ -40,7 +40,9 @@ def two_targets(influx_url: str, **settings: Any) -> Iterator[Pair]:
     for name in names:
         create_influx_database(influx_url, name)
     proxy = FaultProxy.for_url(influx_url).start()
-    shared = dict(api="v1", retry_deadline_s=20, retry_initial_s=0.05, retry_max_s=0.5)
+    # a target's own retry deadline is the sink's unless the test sets one for both
+    deadline = settings.get("retry_deadline_s", 20)
+    shared = dict(api="v1", retry_deadline_s=deadline, retry_initial_s=0.05, retry_max_s=0.5)
     a = InfluxConfig(url=influx_url, database=names[0], **shared)  # type: ignore[arg-type]
     b_direct = InfluxConfig(url=influx_url, database=names[1], **shared)  # type: ignore[arg-type]
     b = dataclasses.replace(b_direct, url=proxy.url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -195,5 +196,7 @@ def test_dead_letters_export(cli: Cli, tmp_path: Path) -> None:
         rows = list(csv.DictReader(handle))
     assert [r["payload"] for r in rows] == [records[0]["payload"], BAD_POINT]
     assert set(tmp_path.iterdir()) == {jsonl, table}  # no partial file left behind
+    # Payloads are the pipeline's data: the owner's alone, whatever the umask.
+    assert {stat.S_IMODE(path.stat().st_mode) for path in (jsonl, table)} == {0o600}
     bad = cli("dead-letters", "--sink", SINK, "--export", str(tmp_path / "dl.xlsx"))
     assert bad.code == 2 and "--export" in bad.one_line_error()

@@ -43,6 +43,7 @@ TARGET_KEYS = {
     "last_error",
     "url",
     "url_changed_at",
+    "lag_corrections",
 }
 
 

@@ -38,7 +38,9 @@ def line_of(measurement: str, point: tuple[dict[str, Any], dict[str, Any], int])
     tags, fields, stamp = point
     spec = PointSpec(measurement, tuple(tags), tuple(fields), "__time")
     try:
-        return PointBuilder(spec).line({**tags, **fields, "__time": stamp})
+        # InfluxDB reads raw line breaks inside string fields: allowed, as for InfluxDB
+        # targets (allow_newlines_in_strings), so that they are fuzzed through it too.
+        return PointBuilder(spec, allow_newlines=True).line({**tags, **fields, "__time": stamp})
     except ConfigError:  # a key no point may have: refused with the sink's definition
         event("spec refused")
     except PointError:

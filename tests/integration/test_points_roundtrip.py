@@ -111,10 +111,12 @@ class Case:
     time: Any = None
 
     def line(self, index: int) -> str:
-        """The builder's line; the row's time is its index unless given."""
+        """The builder's line; the row's time is its index unless given. Raw line breaks
+        in string fields are allowed, as for targets that are all InfluxDB
+        (``allow_newlines_in_strings``): these tests show InfluxDB reads them intact."""
         spec = PointSpec(self.measurement, tuple(self.tags), tuple(self.fields), "ts")
         row = {**self.tags, **self.fields, "ts": index if self.time is None else self.time}
-        return PointBuilder(spec).line(row)
+        return PointBuilder(spec, allow_newlines=True).line(row)
 
     def expected(self, stamp: int) -> Stored:
         tags = {key: str(value) for key, value in self.tags.items() if value is not None}
@@ -165,6 +167,7 @@ STRING_VALUES = [
     'a\\"b',
     "line1\nline2",
     "cr\r\nlf",
+    "x\nadmin,host=prod cpu=99 1700000000000000000\n",  # one value to InfluxDB, no point
     "tab\t",
     "",
     " ",

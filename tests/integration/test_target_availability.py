@@ -316,10 +316,10 @@ def test_a_lost_target_lock_stops_the_delivery_before_its_next_request(
             original(body, gzipped)
             sent.append(len(body))
             with psycopg.connect(admin_conninfo(staging_url)) as conn:
-                conn.execute(
+                conn.execute(  # the session of the only advisory lock held now: b's
                     "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND classid = %s AND granted",
-                    (0x7470,),
+                    " AND granted AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
                 )
 
         original = writer.write
@@ -518,3 +518,28 @@ def test_a_promote_time_letter_of_one_target_names_it(
     assert target_rows(staging_url, SINK)["default"]["delivered"] == 0
     assert influx_count(influx, M) == 3
     make_writer(influx).close()
+
+
+def test_corrections_reach_a_target_in_the_order_they_were_decided(
+    staging: StagingConfig, two: Targets, staging_url: str
+) -> None:
+    """Correction -1 was decided before -2: a target lacking both gets -1 first, and a
+    record of -2 before -1 is refused (newest first would let an older correction's
+    value land last)."""
+    with two_phase(staging, two.config) as tp:
+        lease = tp.committer.claim(SINK, "r1", "q1")
+        commit(tp, lease, 0)
+        for correction in (-1, -2):  # two COMMITTED corrections owed to b, never sent
+            sql(
+                staging_url,
+                "INSERT INTO twophase_epochs (sink_id, epoch, state, write_ids, checksum,"
+                " points_staged, committed_at, target) VALUES (%s, %s, 'COMMITTED', '{}', '',"
+                " 0, now(), 'b')",
+                SINK,
+                correction,
+            )
+        assert tp.targets.next_missing(SINK, "b") == (-1, False)
+        with pytest.raises(TargetOrderError, match="lacks epoch -1"):
+            tp.targets.delivered(lease, "b", -2, (0, 0))
+        done = tp.catch_up.run(lease, ["b"])
+    assert done.delivered == (("b", -1), ("b", -2))

@@ -47,6 +47,8 @@ from twophase.influx.query import query_v1
 from twophase.influx.sender import BatchSender, RetryEvent
 from twophase.influx.writers import V1Writer, V2Writer
 from twophase.model import EpochState
+from twophase.operations.store import dead_letters
+from twophase.points.builder import PointBuilder, PointSpec, Rejected
 
 T0 = 1_700_000_000_000_000_000
 
@@ -490,6 +492,44 @@ def test_an_epoch_sent_three_times_to_victoria_metrics(
     metric = f"{measurement}_f"
     assert wait_until(lambda: vm_counted(vm, metric) >= 50 * copies, timeout_s=20)
     assert (vm_counted(vm, metric), vm_exported(vm, metric)) == (50 * copies, 50 * copies)
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["default", "allow_newlines"])
+def test_a_string_value_cannot_inject_a_point_into_victoria_metrics(
+    staging: StagingConfig, vm_url: str, allowed: bool
+) -> None:
+    """VictoriaMetrics ends a line at every newline, even inside a quoted string: a
+    value holding a newline and a line of its own would add that line's point. By
+    default the row is a dead letter and nothing of it is sent; allowed (for InfluxDB
+    targets only) the injected point does reach VictoriaMetrics, which is why the
+    default refuses."""
+    measurement, injected = (f"tp_{uuid.uuid4().hex[:10]}" for _ in range(2))
+    stamp = (time.time_ns() // 1_000_000 - 60_000) * 1_000_000  # recent, whole ms
+    rows = [
+        {"host": "a", "note": "fine", "v": 1, "t": stamp},
+        {"host": "b", "note": f"x\n{injected},host=prod cpu=99 {stamp}\n", "v": 2, "t": stamp},
+    ]
+    spec = PointSpec(measurement, ("host",), time_column="t")
+    items = list(PointBuilder(spec, allow_newlines=allowed).convert(rows))
+    assert isinstance(items[1], Rejected) is not allowed
+    with two_phase(staging, v2_config(vm_url)) as tp:
+        lease = begin_run(tp, "s", "r1", "q1")
+        message = tp.stager.stage("s", 0, items, run_id="r1", query_id="q1")
+        assert message.rejected == (0 if allowed else 1)
+        assert tp.committer.commit(lease, 0, [message]).state == EpochState.COMMITTED
+    letters = dead_letters(staging, "s").dead_letters
+    assert [(d.phase, "contains a newline" in d.reason) for d in letters] == (
+        [] if allowed else [("stage", True)]
+    )
+    # The clean row's point is there: whatever the request could add is there too.
+    metric = f"{measurement}_v"
+    assert wait_until(lambda: vm_exported(vm_url, metric) >= 1, timeout_s=20)
+    assert {s["metric"]["host"]: s["values"] for s in vm_export(vm_url, metric)}["a"] == [1]
+    got = vm_export(vm_url, f"{injected}_cpu")
+    if allowed:
+        assert [(s["metric"]["host"], s["values"]) for s in got] == [("prod", [99])]
+    else:
+        assert got == []
 
 
 def test_v2_writer_transport_faults_are_transient(vm_url: str) -> None:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
+import csv
 import io
+import json
+import logging
+import os
+import stat
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from twophase.cli import build_parser, main
+from twophase.cli import _Formatter, build_parser, main
 from twophase.cli.commands import selection_of
-from twophase.cli.console import ProgressBar
-from twophase.cli.render import cell, size, table
+from twophase.cli.console import Console, ProgressBar, printable
+from twophase.cli.render import cell, dead_letter_lines, size, table
 from twophase.errors import UsageError
-from twophase.operations.store import export_format
+from twophase.model import DeadLetter, Phase
+from twophase.operations.store import DeadLetterListing, _export, csv_cell, export_format
 from twophase.store.views import EpochRange
 from twophase.wording import age, compact_ranges, epochs_are
 
@@ -156,3 +164,181 @@ def test_export_format_by_extension() -> None:
     assert export_format("dir/x.ndjson") == "jsonl"
     with pytest.raises(UsageError, match="--export"):
         export_format("x.txt")
+
+
+# --- terminal control characters in what the CLI prints --------------------------------
+
+ESC_SEQUENCE = "\x1b[2J\x1b[1;1H\x1b[8mhidden\x1b[0m"  # clear the screen, hide text
+OSC_52 = "\x1b]52;c;cm0gLXJmIH4K\x07"  # set the clipboard to "rm -rf ~"
+C1_AND_DEL = "\x9b31mred\x9d0;title\x9c\x7f"  # 8-bit CSI and OSC, ST, DEL
+CONTROLS = {chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+
+
+def harmless(text: str) -> bool:
+    return not CONTROLS & set(text)
+
+
+def harmless_output(text: str) -> bool:
+    """No control character but the line feeds that end the lines."""
+    return all(harmless(line) for line in text.split("\n"))
+
+
+def letter(reason: str, payload: str) -> DeadLetter:
+    return DeadLetter("s", 3, "0123456789abcdef", 0, Phase.PROMOTE, reason, payload, 1)
+
+
+def console(json_output: bool = False) -> Console:
+    args = argparse.Namespace(json=json_output, command="dead-letters")
+    return Console(args, io.StringIO(), io.StringIO(), io.StringIO())
+
+
+@pytest.mark.parametrize("text", [ESC_SEQUENCE, OSC_52, C1_AND_DEL])
+def test_printable_escapes_every_control_character(text: str) -> None:
+    shown = printable(text)
+    assert harmless(shown) and ("\\x1b" in shown or "\\x9b" in shown)
+    assert printable(shown) == shown  # escaping twice changes nothing
+    assert printable("a\tb\nc\r") == "a\\tb\\nc\\r"
+    assert printable("ünï ☃ 𝄞 \\x") == "ünï ☃ 𝄞 \\x"  # printable text as it is
+
+
+def test_a_dead_letter_cannot_drive_the_terminal() -> None:
+    listing = DeadLetterListing(2, (letter(ESC_SEQUENCE, OSC_52), letter(OSC_52, C1_AND_DEL)))
+    lines = dead_letter_lines("s", listing)
+    assert all(harmless(line) for line in lines), lines
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07" in lines[1]  # shown, escaped, in its cell
+    assert "\\x1b[2J\\x1b[1;1H" in lines[1]
+    assert "\\x9b31mred" in lines[2]
+    con = console()
+    con.emit(listing, lines)
+    assert harmless_output(con.out.getvalue())
+
+
+def test_a_cell_is_measured_after_escaping() -> None:
+    assert cell(OSC_52, 12) == "\\x1b]52;c..."
+    assert table(("A", "B"), [("\x1b[31m", "x")]) == ["A         B", "\\x1b[31m  x"]
+
+
+def test_free_text_lines_warnings_errors_and_progress_are_escaped() -> None:
+    con = console()
+    con.emit({}, [f"exported 1 dead letter of sink {OSC_52}"])
+    con.warn(f"the server said {ESC_SEQUENCE}")
+    con.error(f"InfluxDB refused: {OSC_52}", None, 1)
+    bar = ProgressBar(con.err, f"verify {C1_AND_DEL}", 2, "points", tty=True)
+    bar.update(1, OSC_52)
+    bar.finish()
+    assert harmless_output(con.out.getvalue()), con.out.getvalue()
+    # The bar's own carriage return and erase-line sequence are all the controls left.
+    shown = con.err.getvalue().replace("\r", "").replace("\x1b[K", "")
+    assert harmless_output(shown), shown
+    assert "twophase: error: InfluxDB refused: \\x1b]52;c;cm0gLXJmIH4K\\x07" in shown
+
+
+def test_log_lines_are_escaped() -> None:
+    record = logging.LogRecord("twophase.x", logging.WARNING, __file__, 1, "%s", (OSC_52,), None)
+    assert _Formatter().format(record) == ("twophase: warning: \\x1b]52;c;cm0gLXJmIH4K\\x07")
+
+
+def test_json_output_escapes_control_characters_and_keeps_the_text() -> None:
+    con = console(json_output=True)
+    listing = DeadLetterListing(1, (letter(ESC_SEQUENCE, OSC_52 + C1_AND_DEL),))
+    con.emit(listing, [])
+    con.error(OSC_52, None, 1)
+    out, err = con.out.getvalue(), con.err.getvalue()
+    assert harmless_output(out) and harmless_output(err)
+    (got,) = json.loads(out)["dead_letters"]
+    assert (got["reason"], got["payload"]) == (ESC_SEQUENCE, OSC_52 + C1_AND_DEL)
+    assert json.loads(err)["error"] == OSC_52
+
+
+# --- the dead-letter export file -------------------------------------------------------
+
+
+def letters() -> list[DeadLetter]:
+    return [
+        letter('=HYPERLINK("http://evil.example","click")', "=1+1"),
+        letter("fine", "+cmd|' /C calc'!A0"),
+        letter("-2+3", "@SUM(A1)"),
+        letter("\tx", "\r=1"),
+        letter("a=1", "m v=1 1"),
+    ]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_the_export_is_written_with_mode_0600(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # the usual umask, which would leave it readable by everyone
+    try:
+        for name in ("dl.csv", "dl.jsonl"):
+            target = tmp_path / name
+            assert _export(letters(), target, "csv" if name.endswith(".csv") else "jsonl") == 5
+            assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dl.csv", "dl.jsonl"]  # no partial
+
+
+def test_the_export_follows_no_symlink_planted_at_the_old_partial_name(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    planted = tmp_path / ".dl.csv.partial"  # the fixed name earlier versions wrote to
+    planted.symlink_to(victim)
+    target = tmp_path / "dl.csv"
+    _export(letters(), target, "csv")
+    assert victim.read_text() == "precious\n"
+    assert planted.is_symlink() and not target.is_symlink()
+    assert len(read_csv(target)) == 5
+
+
+def test_the_export_replaces_a_symlink_at_the_target_not_what_it_points_to(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    target = tmp_path / "dl.jsonl"
+    target.symlink_to(victim)
+    _export(letters(), target, "jsonl")
+    assert victim.read_text() == "precious\n" and not target.is_symlink()
+    assert len(target.read_text().splitlines()) == 5
+
+
+def test_a_failed_export_leaves_no_file(tmp_path: Path) -> None:
+    def rows() -> Any:
+        yield letters()[0]
+        raise OSError("the store went away")
+
+    with pytest.raises(OSError, match="went away"):
+        _export(rows(), tmp_path / "dl.csv", "csv")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_csv_cells_that_start_a_formula_get_a_quote_first(tmp_path: Path) -> None:
+    target = tmp_path / "dl.csv"
+    _export(letters(), target, "csv")
+    rows = read_csv(target)
+    assert [r["payload"] for r in rows] == [
+        "'=1+1",
+        "'+cmd|' /C calc'!A0",
+        "'@SUM(A1)",
+        "'\r=1",
+        "m v=1 1",
+    ]
+    assert [r["reason"] for r in rows] == [
+        '\'=HYPERLINK("http://evil.example","click")',
+        "fine",
+        "'-2+3",
+        "'\tx",
+        "a=1",
+    ]
+    assert {r["epoch"] for r in rows} == {"3"}
+
+
+def test_only_text_cells_are_guarded_and_jsonl_keeps_values_as_stored(tmp_path: Path) -> None:
+    assert csv_cell(-3) == -3  # a correction's epoch is a number, not a formula
+    assert csv_cell(None) is None and csv_cell("x=1") == "x=1"
+    target = tmp_path / "dl.jsonl"
+    _export(letters(), target, "jsonl")
+    first = json.loads(target.read_text().splitlines()[0])
+    assert first["payload"] == "=1+1"

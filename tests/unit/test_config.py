@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from scripts import docs_reference
 from twophase.config import Secret, load_config, load_influx_config, parse_duration
 from twophase.errors import ConfigError
 
 BASE = {
     "TWOPHASE_STAGING_URL": "postgresql+psycopg://tp:pg-s3cret@db.example:5432/tp",
-    "TWOPHASE_INFLUX_URL": "http://influx.example:8086",
+    "TWOPHASE_INFLUX_URL": "https://influx.example:8086",
     "TWOPHASE_INFLUX_API": "v1",
     "TWOPHASE_INFLUX_DB": "metrics",
     "TWOPHASE_INFLUX_PASSWORD": "influx-s3cret",
@@ -126,3 +127,171 @@ def test_durations(text: str | int, seconds: float) -> None:
 def test_bad_duration_names_option() -> None:
     with pytest.raises(ConfigError, match=r"^--retention: '7x' is not a duration"):
         parse_duration("7x", "--retention")
+
+
+# --- secrets read from files -----------------------------------------------------------
+
+V2 = {
+    **BASE,
+    "TWOPHASE_INFLUX_API": "v2",
+    "TWOPHASE_INFLUX_ORG": "o",
+    "TWOPHASE_INFLUX_BUCKET": "b",
+}
+
+
+@pytest.mark.parametrize(
+    "content", ["", "\n", "\r\n", "  \n"], ids=["empty", "lf", "crlf", "blank"]
+)
+def test_an_empty_secret_file_is_refused_naming_its_variable(tmp_path: Path, content: str) -> None:
+    token = tmp_path / "token"
+    token.write_bytes(content.encode())
+    with pytest.raises(ConfigError) as refused:
+        load_config(env={**V2, "TWOPHASE_INFLUX_TOKEN_FILE": str(token)})
+    assert refused.value.option == "TWOPHASE_INFLUX_TOKEN_FILE"
+    assert "empty" in refused.value.problem
+
+
+@pytest.mark.parametrize(
+    ("variable", "content"),
+    [
+        ("TWOPHASE_INFLUX_TOKEN_FILE", "tok-s3cret\nsecond-s3cret-line\n"),
+        ("TWOPHASE_INFLUX_TOKEN_FILE", "tok-s3cret\r\nx"),
+        ("TWOPHASE_INFLUX_PASSWORD_FILE", "pw\x00-s3cret"),
+        ("TWOPHASE_STAGING_URL_FILE", "postgresql+psycopg://u:s3cret@h/db\nx"),
+    ],
+)
+def test_a_secret_file_with_a_control_character_is_refused_without_its_value(
+    tmp_path: Path, variable: str, content: str
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(content.encode())
+    env = {k: v for k, v in V2.items() if k != variable.removesuffix("_FILE")}
+    with pytest.raises(ConfigError) as refused:
+        load_config(env={**env, variable: str(secret)})
+    assert refused.value.option == variable
+    assert "control character" in refused.value.problem
+    assert "s3cret" not in str(refused.value) and "second" not in str(refused.value)
+
+
+def test_a_target_s_secret_file_is_checked_the_same(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    env = {**BASE, "TWOPHASE_TARGETS": "a=https://h1:8086,b=https://h2:8086"}
+    del env["TWOPHASE_INFLUX_URL"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(env={**env, "TWOPHASE_TARGET_B_INFLUX_PASSWORD_FILE": str(empty)})
+    assert refused.value.option == "TWOPHASE_TARGET_B_INFLUX_PASSWORD_FILE"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("TWOPHASE_INFLUX_PASSWORD", "pa-s3cret\nx"),
+        ("TWOPHASE_INFLUX_TOKEN", "tok-s3cret\r"),
+        ("TWOPHASE_STAGING_URL", "postgresql+psycopg://u:s3cret@h/db\n"),
+    ],
+)
+def test_a_secret_with_a_line_break_is_refused_from_anywhere(option: str, value: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(env={**BASE, option: value})
+    assert refused.value.option == option
+    assert "s3cret" not in str(refused.value)
+    name = option.removeprefix("TWOPHASE_").lower()
+    with pytest.raises(ConfigError, match=f"^{name}: holds a control character"):
+        load_config(env=BASE, **{name: value})
+
+
+# --- credentials over plain http --------------------------------------------------------
+
+PLAIN = {**BASE, "TWOPHASE_INFLUX_URL": "http://influx.example:8086"}
+
+
+@pytest.mark.parametrize(
+    "credentials",
+    [
+        {"TWOPHASE_INFLUX_PASSWORD": "influx-s3cret"},
+        {"TWOPHASE_INFLUX_PASSWORD": None, "TWOPHASE_INFLUX_TOKEN": "tok-s3cret"},
+    ],
+    ids=["password", "token"],
+)
+def test_credentials_over_plain_http_are_refused(credentials: dict[str, str | None]) -> None:
+    env = {k: v for k, v in {**PLAIN, **credentials}.items() if v is not None}
+    with pytest.raises(ConfigError) as refused:
+        load_config(env=env)
+    assert refused.value.option == "TWOPHASE_INFLUX_URL"
+    problem = refused.value.problem
+    assert "TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS" in problem
+    assert "http://influx.example:8086" in problem
+    assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "explicit",
+    [
+        {"allow_plaintext_credentials": True},
+        {"allow_plaintext_credentials": "true"},
+        {"allow_plaintext_credentials": "YES"},
+    ],
+)
+def test_allow_plaintext_credentials_lets_them_through(explicit: dict[str, object]) -> None:
+    assert load_config(env=PLAIN, **explicit).influx.allow_plaintext_credentials is True
+    env = {**PLAIN, "TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS": "1"}
+    assert load_config(env=env).influx.allow_plaintext_credentials is True
+
+
+def test_allow_plaintext_credentials_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "twophase.toml"
+    path.write_text("allow_plaintext_credentials = true\n")
+    config = load_config(env={**PLAIN, "TWOPHASE_CONFIG": str(path)})
+    assert config.influx.allow_plaintext_credentials is True
+
+
+def test_allow_plaintext_credentials_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(env={**PLAIN, "TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS": "maybe"})
+    assert refused.value.option == "TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:18086",
+        "http://127.3.4.5:8086",
+        "http://[::1]:8086",
+        "http://localhost:8086",
+        "http://LocalHost.:8086",
+        "https://influx.example:8086",
+    ],
+)
+def test_loopback_and_https_take_credentials(url: str) -> None:
+    config = load_config(env={**BASE, "TWOPHASE_INFLUX_URL": url, "TWOPHASE_INFLUX_TOKEN": "t0k"})
+    assert config.influx.password is not None and config.influx.token is not None
+
+
+def test_plain_http_without_credentials_is_fine() -> None:
+    env = {k: v for k, v in PLAIN.items() if k != "TWOPHASE_INFLUX_PASSWORD"}
+    config = load_config(env={**env, "TWOPHASE_INFLUX_USER": "reader"})
+    assert config.influx.url == "http://influx.example:8086"
+
+
+def test_a_plain_http_target_is_refused_naming_it_and_its_own_setting() -> None:
+    env = {k: v for k, v in BASE.items() if k != "TWOPHASE_INFLUX_URL"}
+    env["TWOPHASE_TARGETS"] = "a=https://influx-a:8086,b=http://influx-b:8086"
+    with pytest.raises(ConfigError) as refused:
+        load_config(env=env)
+    assert refused.value.option == "TWOPHASE_TARGETS"
+    problem = refused.value.problem
+    assert "target 'b' (http://influx-b:8086)" in problem
+    assert "TWOPHASE_TARGET_B_ALLOW_PLAINTEXT_CREDENTIALS" in problem
+    assert "influx-s3cret" not in str(refused.value)
+    allowed = load_config(env={**env, "TWOPHASE_TARGET_B_ALLOW_PLAINTEXT_CREDENTIALS": "true"})
+    a, b = allowed.influx.targets
+    assert (a.influx.allow_plaintext_credentials, b.influx.allow_plaintext_credentials) == (
+        False,
+        True,
+    )
+
+
+def test_allow_plaintext_credentials_is_in_the_settings_reference() -> None:
+    row = "| `allow_plaintext_credentials` | `TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS` | boolean |"
+    assert f"{row} `false` |" in docs_reference.settings()

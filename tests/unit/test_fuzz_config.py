@@ -23,7 +23,7 @@ URL_PASSWORD = "url-Secret-9"  # in URLs the test writes into the URL settings
 SECRETS = (STAGING_PASSWORD, INFLUX_PASSWORD, TOKEN, URL_PASSWORD)
 VALID = {
     "TWOPHASE_STAGING_URL": f"postgresql+psycopg://tp:{STAGING_PASSWORD}@db.example:5432/tp",
-    "TWOPHASE_INFLUX_URL": "http://influx.example:8086",
+    "TWOPHASE_INFLUX_URL": "https://influx.example:8086",  # credentials: not plain http
     "TWOPHASE_INFLUX_API": "v1",
     "TWOPHASE_INFLUX_DB": "metrics",
     "TWOPHASE_INFLUX_USER": "writer",

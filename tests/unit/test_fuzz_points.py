@@ -30,10 +30,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWar
 
 
 @st.composite
-def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any], bool]:
-    """A spec (hostile measurement and column names included), a row for it, and
-    whether the target takes unsigned integers. ``plain``: values and names a point
-    usually accepts, so that most rows become lines."""
+def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any], bool, bool]:
+    """A spec (hostile measurement and column names included), a row for it, whether
+    the target takes unsigned integers, and whether string fields may hold raw line
+    breaks. ``plain``: values and names a point usually accepts, so that most rows
+    become lines."""
     names_, values = (plain_names, plain_values) if plain else (names, any_value)
     columns = draw(st.lists(names_, min_size=1, max_size=5, unique=True))
     tags = columns[: draw(st.integers(0, len(columns) - 1))]
@@ -51,12 +52,17 @@ def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any
     row |= {column: draw(values) for column in fields}
     if time_column is not None and draw(st.integers(0, 9)):  # sometimes missing
         row[time_column] = draw(st.integers(0, 2**62) if plain else time_values)
-    return spec, row, draw(st.booleans())
+    return spec, row, draw(st.booleans()), draw(st.booleans())
 
 
-def builder_for(spec: PointSpec, unsigned: bool) -> PointBuilder | None:
+def builder_for(spec: PointSpec, unsigned: bool, newlines: bool = False) -> PointBuilder | None:
     try:
-        return PointBuilder(spec, clock_ns=lambda: 1_700_000_000_000_000_000, unsigned=unsigned)
+        return PointBuilder(
+            spec,
+            clock_ns=lambda: 1_700_000_000_000_000_000,
+            unsigned=unsigned,
+            allow_newlines=newlines,
+        )
     except ConfigError as exc:  # a bad measurement or column name: the sink's definition
         assert exc.option in ("measurement", "tags", "fields", "time"), exc
         event("spec refused")
@@ -65,16 +71,18 @@ def builder_for(spec: PointSpec, unsigned: bool) -> PointBuilder | None:
 
 @settings(max_examples=examples(1500))
 @given(rows() | rows(plain=True))
-@example((PointSpec("m", ("t",)), {"t": np.float32("nan"), "f": 1}, False))
-@example((PointSpec("m", (), None, "ts"), {"ts": np.datetime64("NaT"), "f": 1.5}, False))
-@example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, True))
-@example((PointSpec("0"), {"\ud800": 0}, False))  # found by the long profile
-@example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, False))
+@example((PointSpec("m", ("t",)), {"t": np.float32("nan"), "f": 1}, False, False))
+@example((PointSpec("m", (), None, "ts"), {"ts": np.datetime64("NaT"), "f": 1.5}, False, False))
+@example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, True, False))
+@example((PointSpec("0"), {"\ud800": 0}, False, False))  # found by the long profile
+@example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, False, False))
+@example((PointSpec("m"), {"f": "x\nm2 g=1 1\n"}, False, False))  # a point inside a value
+@example((PointSpec("m"), {"f": "x\r\nm2 g=1 1"}, False, True))
 def test_a_row_becomes_a_line_or_a_rejection_with_a_reason(
-    case: tuple[PointSpec, dict[str, Any], bool],
+    case: tuple[PointSpec, dict[str, Any], bool, bool],
 ) -> None:
-    spec, row, unsigned = case
-    builder = builder_for(spec, unsigned)
+    spec, row, unsigned, newlines = case
+    builder = builder_for(spec, unsigned, newlines)
     if builder is None:
         return
     (item,) = builder.convert([row])
@@ -84,6 +92,8 @@ def test_a_row_becomes_a_line_or_a_rejection_with_a_reason(
         assert isinstance(item.payload, str) and "\x00" not in item.payload
         return
     event("accepted")
+    if not newlines:  # by default a line is one line for every reader of line protocol
+        assert "\n" not in item and "\r" not in item, item
     check_reads_back(spec, row, item)
 
 

@@ -37,11 +37,12 @@ from twophase.influx.classify import (
     Target,
     classify_status,
     parse_retry_after,
+    scrub,
     server_message,
     transport_error,
 )
 from twophase.influx.query import query_v1
-from twophase.influx.writers import V1Writer, V2Writer
+from twophase.influx.writers import V1Writer, V2Writer, V3Writer
 
 V1 = Target("v1", "http://influx:8086", database="metrics", username="writer")
 V2 = Target("v2", "http://influx:8086", bucket="metrics", org="acme")
@@ -407,3 +408,65 @@ def test_query_v1_post_keeps_the_statement_out_of_the_url(stub: Any) -> None:
     assert (method, path) == ("POST", "/query") and PASSWORD not in path
     assert headers["content-type"] == "application/x-www-form-urlencoded"
     assert urllib.parse.parse_qs(body.decode()) == {"q": [statement], "epoch": ["ns"]}
+
+
+# --- secrets before messages are shortened ---------------------------------------------
+
+
+@pytest.mark.parametrize("before", [480, 490, 495, 499])
+def test_a_secret_at_the_cut_is_scrubbed_before_the_message_is_cut(before: int) -> None:
+    said = "x" * before + TOKEN + " and more" * 20
+    error = classify_status(503, said.encode(), {}, V1, [TOKEN])
+    assert TOKEN[:4] not in str(error) and "Very" not in str(error) and "*" in str(error)
+    reason = server_message(said.encode(), secrets=[TOKEN])
+    assert TOKEN[:4] not in reason
+
+
+def test_a_secret_holding_spaces_is_scrubbed_before_they_are_collapsed() -> None:
+    secret = "correct  horse\tbattery  staple"
+    error = classify_status(401, f'{{"error": "bad password {secret}"}}'.encode(), {}, V1, [secret])
+    assert "horse" not in str(error) and "battery" not in str(error)
+    bad = classify_status(400, f"unable to parse {secret}".encode(), {}, V1, [secret])
+    assert isinstance(bad, BadPointsError) and "horse" not in bad.reason
+
+
+def test_a_transport_error_is_scrubbed_before_it_is_cut() -> None:
+    exc = ProtocolError("y" * 470 + f"Authorization: Bearer {TOKEN}", ConnectionResetError())
+    error = transport_error(exc, V1, [TOKEN])
+    assert type(error) is TransientWriteError and TOKEN[:4] not in str(error)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda url, token: V3Writer(InfluxConfig(url=url, api="v3", database="d", token=token)),
+        lambda url, token: V2Writer(
+            InfluxConfig(url=url, api="v2", bucket="b", org="o", token=token)
+        ),
+    ],
+    ids=["v3", "v2"],
+)
+def test_a_header_value_the_client_refuses_is_a_scrubbed_error(stub: Any, make: Any) -> None:
+    token = "tok-Very\nSecret-123=="  # a line break: urllib3 refuses the header, quoting it
+    writer = make(stub.url, Secret(token))
+    with pytest.raises(InfluxRequestError) as caught:
+        writer.write(b"m f=1i 1")
+    writer.close()
+    for text in (str(caught.value), repr(caught.value)):
+        assert "tok-Very" not in text and "Secret-123" not in text
+    assert "cannot be made" in str(caught.value) and "ValueError" in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert stub.seen == []  # nothing was sent
+
+
+def test_a_ping_the_client_refuses_is_a_scrubbed_error(stub: Any) -> None:
+    config = InfluxConfig(url=stub.url, database="d", token=Secret("tok-Very\nSecret-123=="))
+    with pytest.raises(InfluxRequestError) as caught:
+        resolve_api(config)
+    assert "Secret-123" not in str(caught.value)
+
+
+def test_scrub_finds_a_secret_as_an_exception_quotes_it() -> None:
+    token = "tok-Very\nSecret-é"
+    for shown in (repr(token), repr(f"Bearer {token}".encode()), " ".join(token.split())):
+        assert "Secret" not in scrub(f"Invalid header value {shown}", [token]), shown

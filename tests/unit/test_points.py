@@ -162,8 +162,8 @@ def test_line_has_sorted_escaped_tags_and_fields_and_ns_time() -> None:
         (1e16, "1e+16"),
         (5e-324, "5e-324"),
         ("", '""'),
-        ("a\nb", '"a\nb"'),
         ("tab\there", '"tab\there"'),
+        ("\x0b\x0c\x1b\x7f\x85\u2028", '"\x0b\x0c\x1b\x7f\x85\u2028"'),  # no line ends
         ("☃", '"☃"'),
         (Decimal("2.50"), "2.5"),
         (Decimal("-3"), "-3"),
@@ -179,6 +179,56 @@ def test_line_has_sorted_escaped_tags_and_fields_and_ns_time() -> None:
 )
 def test_field_value_formats(value: Any, text: str) -> None:
     assert line({"v": value}) == f"m v={text} {T0}"
+
+
+# --- raw line breaks in string field values ---------------------------------------------
+
+INJECTION = "x\nadmin,host=prod cpu=99 1700000000000000000\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("a\nb", "contains a newline"),
+        ("a\rb", "contains a carriage return"),
+        ("crlf\r\n", "contains a newline"),
+        ("\n", "contains a newline"),
+        (INJECTION, "contains a newline"),
+        (np.str_("a\nb"), "contains a newline"),
+    ],
+)
+def test_a_raw_line_break_in_a_string_field_dead_letters_the_row(value: Any, words: str) -> None:
+    row = {"s": value, "v": 1}
+    (item,) = builder().convert([row])
+    assert isinstance(item, Rejected)
+    assert item.reason.startswith("field 's' value ") and words in item.reason
+    assert "VictoriaMetrics" in item.reason and "allow_newlines_in_strings=true" in item.reason
+    assert json.loads(item.payload) == {"s": str(value), "v": 1}  # the row, kept whole
+
+
+def test_the_injected_point_never_reaches_a_line_by_default() -> None:
+    rows = [{"host": "a", "s": "fine", "v": 1}, {"host": "b", "s": INJECTION, "v": 2}]
+    items = list(PointBuilder(PointSpec("m", ("host",)), clock_ns=lambda: T0).convert(rows))
+    assert items[0] == f'm,host=a s="fine",v=1i {T0}'
+    assert isinstance(items[1], Rejected) and items[1].index == 1
+    assert not any("admin" in item for item in items if isinstance(item, str))
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "crlf\r\n", INJECTION])
+def test_allow_newlines_keeps_the_raw_line_break_as_point_writes_it(value: str) -> None:
+    build = PointBuilder(PointSpec("m"), clock_ns=lambda: T0, allow_newlines=True)
+    got = build.line({"s": value})
+    assert got == f'm s="{value}" {T0}'
+    assert got == Point("m").field("s", value).time(T0, WritePrecision.NS).to_line_protocol()
+
+
+def test_allow_newlines_changes_nothing_outside_string_fields() -> None:
+    build = PointBuilder(PointSpec("m", ("t",)), clock_ns=lambda: T0, allow_newlines=True)
+    for row, words in [({"t": "a\nb", "v": 1}, "tag 't'"), ({"t": "x", "a\nb": 1}, "field key")]:
+        with pytest.raises(PointError, match=words):
+            build.line(row)
+    with pytest.raises(PointError, match="NUL"):
+        build.line({"t": "x", "s": "a\n\x00"})
 
 
 @pytest.mark.parametrize(
@@ -675,9 +725,10 @@ def random_row(rnd: random.Random, spec: PointSpec) -> dict[str, Any]:
 def test_output_is_byte_identical_to_influxdb_client_point() -> None:
     rnd = random.Random(20240601)
     accepted = rejected = 0
-    for _ in range(1000):
+    for number in range(1000):
         spec = random_spec(rnd)
-        build = PointBuilder(spec, clock_ns=lambda: T0)
+        newlines = number % 2 == 1  # every other builder takes raw line breaks in strings
+        build = PointBuilder(spec, clock_ns=lambda: T0, allow_newlines=newlines)
         for _ in range(20):
             row = random_row(rnd, spec)
             try:
@@ -686,6 +737,7 @@ def test_output_is_byte_identical_to_influxdb_client_point() -> None:
                 rejected += 1
                 continue
             accepted += 1
+            assert newlines or ("\n" not in got and "\r" not in got), got
             stamp = int(got.rsplit(" ", 1)[1])
             # Point leaves out null fields; the builder does the same only in "omit" mode.
             expected_row = {k: v for k, v in row.items() if v is not None or k in spec.tag_columns}
@@ -760,8 +812,10 @@ def test_a_batch_of_lines_is_cut_back_into_the_same_lines() -> None:
     for _ in range(10_000):
         tags = tuple(dict.fromkeys(random_text(rnd, WRITABLE) for _ in range(2)))
         try:
-            build = PointBuilder(
-                PointSpec(random_text(rnd, WRITABLE) or "m", tags), clock_ns=lambda: T0
+            build = PointBuilder(  # as for InfluxDB: raw newlines in strings allowed
+                PointSpec(random_text(rnd, WRITABLE) or "m", tags),
+                clock_ns=lambda: T0,
+                allow_newlines=True,
             )
             row = {tag: random_text(rnd, alphabet) for tag in tags}
             row[random_text(rnd, WRITABLE) + "f"] = random_text(rnd, alphabet)

@@ -30,13 +30,13 @@ def test_a_failed_round_is_repeated_while_too_few_targets_hold_the_epoch() -> No
 
 def test_a_failed_round_gives_up_once_enough_targets_hold_the_epoch() -> None:
     r = race(place("a"), place("b"))
-    r.won()
+    r.won("b")
     assert r.give_up("a", DOWN)  # left lagging: the commit goes on without it
 
 
 def test_a_target_that_refuses_at_once_waits_for_the_others_not_the_whole_wait() -> None:
     r = race(place("a"), place("b"))
-    threading.Timer(0.05, r.won).start()
+    threading.Timer(0.05, r.won, args=("b",)).start()
     started = time.monotonic()
     assert r.give_up("a", InfluxAuthError("refused"))
     assert time.monotonic() - started < 0.9  # woken by the other target's success
@@ -44,7 +44,7 @@ def test_a_target_that_refuses_at_once_waits_for_the_others_not_the_whole_wait()
 
 def test_once_no_server_answered_for_the_retry_deadline_a_target_is_given_up() -> None:
     r = race(place("a"), place("b"), min_targets=2, deadline_s=0.01)
-    r.won()
+    r.won("b")
     time.sleep(0.05)
     assert r.give_up("b", DOWN)  # 1 of 2: the commit then raises, the epoch PRECOMMITTED
 
@@ -77,7 +77,7 @@ def test_a_lagging_target_waits_while_the_caught_up_ones_may_make_it() -> None:
 
 def test_a_lagging_target_is_not_needed_once_the_others_made_it() -> None:
     r = race(place("a"), place("b", caught_up=False))
-    r.won()
+    r.won("b")
     assert r.wait_for_need("b") is False
 
 
@@ -87,7 +87,31 @@ def test_one_target_is_given_the_whole_deadline_in_one_round() -> None:
     assert race(place("a"), place("b"), min_targets=2).rounds_for("a") is False
 
 
-def test_a_correction_gates_nothing_and_quarantined_targets_are_not_due() -> None:
-    r = race(place("a"), place("b", state="quarantined"), min_targets=2, epoch=-1)
+def test_a_correction_owed_to_some_targets_gates_nothing() -> None:
+    other = Place("b", "live", owed=False, has=None, caught_up=True)
+    r = race(place("a"), other, min_targets=2, epoch=-1)
     assert r.needed == 0 and r.enough()
     assert r.is_due("a") and not r.is_due("b")
+
+
+def test_a_correction_owed_to_every_target_needs_them_as_an_epoch_does() -> None:
+    assert race(place("default"), epoch=-1).needed == 1  # one target: as before targets
+    assert race(place("a"), place("b"), min_targets=2, epoch=-1).needed == 2
+
+
+def test_quarantined_targets_are_not_due() -> None:
+    r = race(place("a"), place("b", state="quarantined"))
+    assert r.is_due("a") and not r.is_due("b")
+
+
+def test_a_lagging_target_is_needed_once_the_others_cannot_make_it_after_one_held() -> None:
+    """min_targets 2 of a, b (caught up) and c (lagging): a takes the epoch, b fails a
+    round: c is needed (a counted once, not as held and as hopeful)."""
+    r = race(place("a"), place("b"), place("c", caught_up=False), min_targets=2)
+    r.won("a")
+    assert not r.give_up("b", DOWN)
+    needed: list[bool] = []
+    waiter = threading.Thread(target=lambda: needed.append(r.wait_for_need("c")))
+    waiter.start()
+    waiter.join(2)
+    assert needed == [True]

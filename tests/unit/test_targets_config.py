@@ -431,9 +431,10 @@ def test_the_environment_and_explicit_values_win_over_the_file(tmp_path: Path) -
 def test_targets_from_the_environment_replace_the_files_list_not_its_overrides(
     tmp_path: Path,
 ) -> None:
-    env = {**write(tmp_path, TOML), "TWOPHASE_TARGETS": "b=http://other-b:8086,c=http://c:8086"}
+    targets = "b=https://other-b:8086,c=http://c:8086"  # b has a password: https
+    env = {**write(tmp_path, TOML), "TWOPHASE_TARGETS": targets}
     b, c = load_influx_config(env=env).targets
-    assert (b.name, b.influx.url, b.influx.database) == ("b", "http://other-b:8086", "metrics_b")
+    assert (b.name, b.influx.url, b.influx.database) == ("b", "https://other-b:8086", "metrics_b")
     assert (c.name, c.influx.database) == ("c", "metrics")
     one = load_influx_config(env={**env, "TWOPHASE_MIN_TARGETS": "1"}, influx_url="http://one")
     assert (one.url, one.targets) == ("http://one", ())

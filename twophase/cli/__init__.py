@@ -72,7 +72,7 @@ from typing import TextIO
 
 from twophase import logs
 from twophase.cli import commands as cmd
-from twophase.cli.console import Console
+from twophase.cli.console import Console, printable
 from twophase.cli.parser import build_parser
 from twophase.config import CLI_FLAGS, OPTIONS, env_name
 from twophase.config.urls import has_password
@@ -89,7 +89,7 @@ __all__ = ["build_parser", "main"]
 
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        text = f"twophase: {record.levelname.lower()}: {record.getMessage()}"
+        text = f"twophase: {record.levelname.lower()}: {printable(record.getMessage())}"
         return text if record.name.startswith("twophase") else f"{text} ({record.name})"
 
 
@@ -165,8 +165,10 @@ def _failure(exc: Exception, failed: int) -> _Failure:
 
 
 def _fail(console: Console, failure: _Failure) -> int:
-    if console.args.debug:
-        traceback.print_exc(file=console.err)
+    if console.args.debug:  # the traceback quotes messages too: escaped like every line
+        console.err.writelines(
+            f"{printable(line)}\n" for line in traceback.format_exc().splitlines()
+        )
     console.error(failure.message, failure.setting, failure.code)
     return failure.code
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from twophase import operations as ops
 from twophase.cli import render
-from twophase.cli.console import Console
+from twophase.cli.console import Console, printable
 from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config, load_setting
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
@@ -223,7 +223,8 @@ def cmd_metrics(con: Console) -> int:
     exporter = ops.start_exporter(staging_config(args), args.port, args.host, args.live_window)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    con.err.write(f"twophase: serving metrics on http://{args.host}:{exporter.port}/metrics\n")
+    where = printable(f"http://{args.host}:{exporter.port}/metrics")
+    con.err.write(f"twophase: serving metrics on {where}\n")
     con.err.flush()
     try:
         stop.wait()

@@ -1,5 +1,11 @@
 """Where a command writes: data on stdout (a table or JSON), progress, warnings and
-questions on stderr. The operations' [`Hooks`][twophase.operations.hooks.Hooks] end here."""
+questions on stderr. The operations' [`Hooks`][twophase.operations.hooks.Hooks] end here.
+
+Text written for a person passes through [`printable`][twophase.cli.console.printable]
+first: a dead letter's payload or reason, a server's error, a sink's last error can hold
+terminal control sequences (an ESC sequence that moves the cursor or hides text, an OSC
+52 sequence that writes the operator's clipboard), shown escaped and never acted on.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,27 @@ from twophase.errors import RefusedError, UsageError
 from twophase.operations import Guard, Hooks, Progress
 from twophase.wording import iso
 
+# C0 controls (tab and line breaks too), DEL and the C1 controls, each as an escape:
+# ESC (\x1b) and CSI (\x9b) start the sequences a terminal acts on.
+_CONTROLS: dict[int, str] = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+} | {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character escaped as Python writes it (``\\x1b``,
+    ``\\n``): safe to write to a terminal, on one line."""
+    return text.translate(_CONTROLS)
+
+
+def json_chunks(data: Any, indent: int | None = None) -> Iterator[str]:
+    """``data`` as JSON (sorted keys), in pieces, every control character escaped: the
+    encoder escapes C0 and (ASCII only) C1, DEL is escaped here (it can only be inside
+    a string, which is one piece)."""
+    encoder = json.JSONEncoder(sort_keys=True, indent=indent, default=_json_default)
+    for chunk in encoder.iterencode(data):
+        yield chunk.replace("\x7f", "\\u007f")
+
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime):
@@ -32,7 +59,7 @@ def error_json(message: str, setting: str | None, code: int) -> str:
     """An error as the one line of JSON ``--json`` prints on stderr: a line of its own,
     so that a script finds it among warnings and progress lines."""
     data = {"error": message, "setting": setting, "exit_code": code}
-    return json.dumps(data, sort_keys=True) + "\n"
+    return "".join(json_chunks(data)) + "\n"
 
 
 class ProgressBar:
@@ -50,7 +77,7 @@ class ProgressBar:
         interval: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self._stream, self._label, self._unit = stream, label, unit
+        self._stream, self._label, self._unit = stream, printable(label), printable(unit)
         self._total, self._tty, self._interval, self._clock = total, tty, interval, clock
         self._done, self._shown_at, self._open = 0, float("-inf"), False
         self._shown_done: int | None = None
@@ -70,7 +97,7 @@ class ProgressBar:
     def _show(self, note: str) -> None:
         self._shown_at, self._shown_done = self._clock(), self._done
         percent = 100 if self._total <= 0 else min(100, 100 * self._done // self._total)
-        count = f"{self._done}/{self._total} {self._unit}" + (f" {note}" if note else "")
+        count = f"{self._done}/{self._total} {self._unit}" + (f" {printable(note)}" if note else "")
         if self._tty:
             fill = self.WIDTH * percent // 100
             bar = "#" * fill + "." * (self.WIDTH - fill)
@@ -95,13 +122,13 @@ class Console:
     def emit(self, data: Any, lines: Iterable[str]) -> None:
         """``data`` as JSON with --json, else the lines."""
         if self.args.json:
-            json.dump(data, self.out, sort_keys=True, indent=2, default=_json_default)
+            self.out.writelines(json_chunks(data, indent=2))
             self.out.write("\n")
         else:
-            self.out.writelines(f"{line}\n" for line in lines)
+            self.out.writelines(f"{printable(line)}\n" for line in lines)
 
     def warn(self, text: str) -> None:
-        self.err.write(f"twophase: warning: {text}\n")
+        self.err.write(f"twophase: warning: {printable(text)}\n")
 
     def error(self, message: str, setting: str | None, code: int) -> None:
         """The error that ends the command: one line, JSON with --json.
@@ -111,7 +138,7 @@ class Console:
         if self.args.json:
             self.err.write(error_json(message, setting, code))
         else:
-            self.err.write(f"twophase: error: {message}\n")
+            self.err.write(f"twophase: error: {printable(message)}\n")
 
     def progress(self, step: Progress) -> None:
         """One bar per step label, in turn (verify reads, then queries)."""
@@ -135,7 +162,7 @@ class Console:
             raise UsageError(
                 f"{command} is destructive and stdin is not a terminal: pass --yes to confirm"
             )
-        self.err.write(f"{question}\nProceed? [y/N] ")
+        self.err.write(f"{printable(question)}\nProceed? [y/N] ")
         self.err.flush()
         if self.stdin.readline().strip().lower() not in ("y", "yes"):
             raise RefusedError(f"{command}: not confirmed; nothing was changed")

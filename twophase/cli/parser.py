@@ -16,7 +16,7 @@ from typing import Any
 
 from twophase import __version__, logs
 from twophase.cli import commands as cmd
-from twophase.cli.console import Console, error_json
+from twophase.cli.console import Console, error_json, printable
 from twophase.config import BY_NAME, CLI_FLAGS, INFLUX, STAGING, parse_duration
 from twophase.errors import ConfigError
 from twophase.operations import LIVE_WINDOW_S
@@ -44,7 +44,7 @@ class Parser(argparse.ArgumentParser):
         text = f"{message} (see {self.prog} --help)"
         if self.json_errors:
             self.exit(cmd.EXIT_USAGE, error_json(text, None, cmd.EXIT_USAGE))
-        self.exit(cmd.EXIT_USAGE, f"{self.prog}: error: {text}\n")
+        self.exit(cmd.EXIT_USAGE, f"{self.prog}: error: {printable(text)}\n")
 
 
 def _epoch(text: str) -> int:
@@ -259,7 +259,15 @@ def _dead_letters(commands: _Commands) -> None:
     )
     _sink(sub)
     _epochs(sub, single_only=False)
-    sub.add_argument("--export", metavar="FILE", help="write all to FILE (.csv or .jsonl)")
+    sub.add_argument(
+        "--export",
+        metavar="FILE",
+        help=(
+            "write all to FILE (.csv or .jsonl), whole or not at all, readable by its owner "
+            "alone (mode 0600); a CSV text cell that would start a spreadsheet formula "
+            "(=, +, -, @, tab, carriage return) starts with '"
+        ),
+    )
     sub.add_argument("--limit", type=_count, default=100, metavar="N", help="0 lists all")
     sub.add_argument(
         "--requeue",

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from twophase.cli.console import printable
 from twophase.operations import (
     AbortReport,
     DeadLetterListing,
@@ -37,12 +38,16 @@ from twophase.wording import (
 
 
 def cell(value: Any, width: int = 60) -> str:
-    """A table cell: '-' for nothing, times to the second, one line, at most ``width``."""
+    """A table cell: '-' for nothing, times to the second, one line, at most ``width``.
+
+    Runs of whitespace are one space; any other control character is shown escaped
+    ([`printable`][twophase.cli.console.printable]), before the width is measured.
+    """
     if value is None:
         return "-"
     if isinstance(value, datetime):
         return iso(value.replace(microsecond=0))
-    text = " ".join(str(value).split())
+    text = printable(" ".join(str(value).split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

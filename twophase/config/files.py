@@ -16,8 +16,8 @@ name (``influx_db = "metrics"``):
     influx_db = "metrics_b"
 
 The file is checked for its shape when read (unknown keys, values that are not
-strings or numbers); its values are parsed like any other, when used. Values
-from the environment and explicit values win over it
+strings or numbers, or booleans for a boolean setting); its values are parsed like
+any other, when used. Values from the environment and explicit values win over it
 ([`twophase.config.loading`][twophase.config.loading]). Errors name the key and the file, never a
 value.
 """
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from twophase.config.settings import CONFIG_FILE_ENV, OPTIONS, PER_TARGET
+from twophase.config.settings import BY_NAME, CONFIG_FILE_ENV, OPTIONS, PER_TARGET
 from twophase.errors import ConfigError
 
 URL_KEY = "url"  # a [targets.NAME] table's URL
@@ -74,7 +74,7 @@ def read_config_file(env: Mapping[str, str]) -> ConfigFile:
         return NO_FILE
     data = _load(path)
     _check_keys(path, "", data, OPTIONS)
-    top = {key: _scalar(path, key, value) for key, value in data.items() if key != "targets"}
+    top = {k: _scalar(path, k, value, k) for k, value in data.items() if k != "targets"}
     tables: dict[str, FileValues] = {}
     if "targets" in data:
         top["targets"], tables = _targets(path, data["targets"])
@@ -101,7 +101,7 @@ def _targets(path: str, value: Any) -> tuple[Any, dict[str, FileValues]]:
     """``targets = "a=...,b=..."`` as it is, or ``[targets.NAME]`` tables as a mapping
     name -> URL and each table's own settings."""
     if not isinstance(value, dict):
-        return _scalar(path, "targets", value), {}
+        return _scalar(path, "targets", value, "targets"), {}
     urls: dict[str, Any] = {}
     tables: dict[str, FileValues] = {}
     for name, table in value.items():
@@ -109,7 +109,7 @@ def _targets(path: str, value: Any) -> tuple[Any, dict[str, FileValues]]:
         if not isinstance(table, dict):
             raise ConfigError(f"targets.{name} in {path}", "must be a table: [targets.NAME]")
         _check_keys(path, prefix, table, _TARGET_KEYS)
-        own = {key: _scalar(path, prefix + key, item) for key, item in table.items()}
+        own = {key: _scalar(path, prefix + key, item, key) for key, item in table.items()}
         if URL_KEY not in own:
             raise ConfigError(f"{prefix}{URL_KEY} in {path}", "is required: the target's URL")
         urls[name] = own.pop(URL_KEY)
@@ -126,8 +126,12 @@ def _check_keys(path: str, prefix: str, values: Mapping[str, Any], known: tuple[
         )
 
 
-def _scalar(path: str, key: str, value: Any) -> Any:
-    """Settings are strings or numbers (``retention = "7d"``, ``min_targets = 2``)."""
+def _scalar(path: str, key: str, value: Any, option: str) -> Any:
+    """Settings are strings or numbers (``retention = "7d"``, ``min_targets = 2``), and
+    a boolean setting also ``true`` or ``false``."""
+    setting = BY_NAME.get(option)
+    if isinstance(value, bool) and setting is not None and setting.kind == "bool":
+        return value
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ConfigError(f"{key} in {path}", "must be a string or a number")
     return value

@@ -12,6 +12,7 @@ targets may not write to the same database (or bucket) of the same server.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -34,7 +35,7 @@ from twophase.config.settings import (
     env_name,
     target_env_name,
 )
-from twophase.config.values import Secret, mask_url, parse
+from twophase.config.values import Secret, check_secret_text, mask_url, parse
 from twophase.errors import ConfigError
 
 # Where a value was found; the first of them wins.
@@ -111,9 +112,25 @@ class _Source:
             return None
         try:
             with open(path, encoding="utf-8") as handle:
-                return handle.read().strip()
+                text = handle.read()
         except OSError as exc:
             raise ConfigError(file_var, f"cannot read the file it names ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(file_var, "the file it names is not UTF-8 text") from None
+        return _file_secret(text, file_var)
+
+
+def _file_secret(text: str, file_var: str) -> str:
+    """The secret a ``*_FILE`` holds: its text without the whitespace around it (the
+    final line break an editor or ``echo`` adds, say). An empty file, and a secret
+    holding a control character (a second line, a carriage return), are refused
+    naming ``file_var``: never a secret the server would refuse, nor a header value
+    whose error quotes the secret."""
+    secret = text.strip()
+    if not secret:
+        raise ConfigError(file_var, "the file it names is empty: it must hold the secret")
+    check_secret_text(secret, file_var)
+    return secret
 
 
 def _is_secret(setting: Setting) -> bool:
@@ -148,6 +165,7 @@ def _influx(src: _Source) -> InfluxConfig:
     # settings alone need not make a whole server's.
     if not targets and config.api != "auto":
         config.validate_for_api()
+    _check_plaintext_credentials(src, config)
     return config
 
 
@@ -227,6 +245,52 @@ def _check_target_variables(env: Mapping[str, str]) -> None:
                 f"case, - as _; <OPTION>_FILE for a secret) sets one of {', '.join(PER_TARGET)} "
                 f"for one target; its URL is in {env_name('targets')}",
             )
+
+
+def _check_plaintext_credentials(src: _Source, config: InfluxConfig) -> None:
+    """Refuse a target whose password or token would cross the network unencrypted:
+    an ``http://`` URL of a host that is not loopback, with credentials, unless
+    ``allow_plaintext_credentials`` is true for it. The error names the URL's setting,
+    the target and the setting that allows it; never a secret."""
+    allow = env_name("allow_plaintext_credentials")
+    for target in config.named_targets():
+        influx = target.influx
+        if influx.allow_plaintext_credentials or not _plaintext_remote(influx.url):
+            continue
+        secrets = (("a password", influx.password), ("a token", influx.token))
+        what = [word for word, secret in secrets if secret is not None]
+        if not what:
+            continue
+        if config.targets:
+            own = target_env_name(target.name, "allow_plaintext_credentials")
+            shown = f"target {target.name!r} ({mask_url(influx.url)})"
+            fix = f"{own}=true for it (or {allow}=true for every target)"
+        else:
+            shown, fix = mask_url(influx.url), f"{allow}=true"
+        verb = "are" if len(what) > 1 else "is"
+        raise ConfigError(
+            src.lookup(BY_NAME["targets" if config.targets else "influx_url"])[1],
+            f"{shown} is plain http and {' and '.join(what)} {verb} configured for it: the "
+            f"credentials would cross the network unencrypted. Use https://, or set {fix} "
+            "to send them anyway (on a network you trust)",
+        )
+
+
+def _plaintext_remote(url: str) -> bool:
+    """Whether ``url`` is plain http to a host that may be across a network: not
+    loopback (127.0.0.0/8, ::1, localhost), where nothing leaves the machine."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http":
+        return False
+    host = (parts.hostname or "").rstrip(".")
+    if host == "localhost":
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name (resolved later, maybe to anything)
+        return True
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return not (address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def _check_distinct_destinations(src: _Source, targets: tuple[TargetConfig, ...]) -> None:

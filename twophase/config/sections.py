@@ -105,6 +105,7 @@ class InfluxConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    allow_plaintext_credentials: bool = default("allow_plaintext_credentials")
     targets: tuple[TargetConfig, ...] = ()
     min_targets: int = default("min_targets")
     target_deadline_s: float = default("target_deadline")

@@ -19,6 +19,8 @@ GZIP, UNCOMPRESSED = "gzip", "none"
 COMPRESSIONS = (GZIP, UNCOMPRESSED)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
 STAGING, INFLUX = "staging", "influx"
+# How rows become points: read by the point builder alone (no config object holds them).
+POINTS = "points"
 # The optional TOML file of settings (read below the environment, above the defaults).
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 # One target's override: TWOPHASE_TARGET_<NAME>_<OPTION>.
@@ -49,8 +51,9 @@ class Setting:
     """One setting: option ``name`` (lower case), its ``TWOPHASE_*`` variable, how to read it.
 
     ``kind`` is ``text``, ``secret``, ``duration`` (seconds; ``30s``, ``7d``),
-    ``int``, ``choice``, ``staging_url``, ``http_url``, ``targets`` (named http
-    URLs: ``a=http://h1:8086,b=https://h2:8086``) or ``path`` (a readable file).
+    ``int``, ``bool`` (``true``/``false``), ``choice``, ``staging_url``,
+    ``http_url``, ``targets`` (named http URLs: ``a=http://h1:8086,b=https://h2:8086``)
+    or ``path`` (a readable file).
     ``attr`` is its field in [`StagingConfig`][twophase.config.sections.StagingConfig]
     or [`InfluxConfig`][twophase.config.sections.InfluxConfig] (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
@@ -339,6 +342,18 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     *_tls_settings(INFLUX, "an https InfluxDB", "default: the system's CAs"),
     Setting(
+        name="allow_plaintext_credentials",
+        section=INFLUX,
+        attr="allow_plaintext_credentials",
+        kind="bool",
+        help=(
+            "send the InfluxDB password or token over plain http:// to a host that is not "
+            "loopback (127.0.0.0/8, ::1, localhost); without it such a target is refused "
+            "when credentials are configured: use https://"
+        ),
+        default=False,
+    ),
+    Setting(
         name="influx_timeout",
         section=INFLUX,
         attr="timeout_s",
@@ -411,6 +426,20 @@ SETTINGS: tuple[Setting, ...] = (
             "its InfluxDB requests; off when unset"
         ),
         minimum=1,
+    ),
+    # How rows become points (the sink's executors read it with the point builder).
+    Setting(
+        name="allow_newlines_in_strings",
+        section=POINTS,
+        attr="allow_newlines",
+        kind="bool",
+        help=(
+            "true: a string field value may hold a raw line feed or carriage return, which "
+            "InfluxDB reads inside the quotes; false: such a row is a dead letter, since "
+            "VictoriaMetrics ends a line at every newline and would read the rest of the "
+            "value as points of its own. Set true only if every target is InfluxDB"
+        ),
+        default=False,
     ),
 )
 

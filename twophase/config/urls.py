@@ -11,9 +11,13 @@ SQLAlchemy for it cost each worker 0.1 s (measured with ``-X importtime``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlencode
 
 SCHEMES = ("postgresql", "postgresql+psycopg")
+# Query parameters that hold a secret: libpq's password and sslpassword (the client
+# key's passphrase); and p and token, InfluxDB's, since mask() shows http URLs too.
+SECRET_PARAMS = frozenset({"password", "sslpassword", "p", "token"})
+MASK = "***"
 
 
 class BadUrl(ValueError):
@@ -35,13 +39,20 @@ class DbUrl:
         scheme, sep, remainder = text.partition("://")
         if not sep or not scheme:
             raise BadUrl("is not a database URL (postgresql+psycopg://user@host/db)")
-        location, slash, path = remainder.partition("/")
-        userinfo, at, hosts = location.rpartition("@")
+        # The user information ends at the last "@" before the query: a password may
+        # hold an unencoded "/" (or "@"), which would otherwise end the authority early
+        # and leave part of the password in the hosts, unmasked.
+        before_query = remainder.partition("?")[0]
+        userinfo, at, _ = before_query.rpartition("@")
         user = password = None
         if at:
             name, colon, secret = userinfo.partition(":")
             user, password = unquote(name) or None, unquote(secret) if colon else None
-        return cls(scheme.lower(), user, password, hosts, slash + path)
+            remainder = remainder[len(userinfo) + 1 :]
+        # The hosts end at the path, or at the query when there is no path.
+        end = min((i for i in (remainder.find("/"), remainder.find("?")) if i >= 0), default=None)
+        hosts, rest = remainder[:end], remainder[end:] if end is not None else ""
+        return cls(scheme.lower(), user, password, hosts, rest)
 
     def check(self) -> DbUrl:
         """Itself, if it names PostgreSQL through psycopg; BadUrl otherwise."""
@@ -62,14 +73,39 @@ class DbUrl:
         joiner = "&" if "?" in self.rest else "?"
         return replace(self, rest=f"{self.rest}{joiner}{urlencode(params)}")
 
+    def secret_params(self) -> tuple[str, ...]:
+        """The names of the query parameters that hold a secret (``?password=...``)."""
+        return tuple(key for key, _ in _query_pairs(self.rest) if key in SECRET_PARAMS)
+
     def render(self, scheme: str | None = None, mask: bool = False) -> str:
+        """The URL (the password quoted); with ``mask``, every secret as ``***``."""
         userinfo = ""
         if self.user is not None or self.password is not None:
             userinfo = _quoted(self.user or "")
             if self.password is not None:
-                userinfo += ":" + ("***" if mask else _quoted(self.password))
+                userinfo += ":" + (MASK if mask else _quoted(self.password))
             userinfo += "@"
-        return f"{scheme or self.scheme}://{userinfo}{self.hosts}{self.rest}"
+        rest = _masked_query(self.rest) if mask else self.rest
+        return f"{scheme or self.scheme}://{userinfo}{self.hosts}{rest}"
+
+
+def _query_pairs(text: str) -> list[tuple[str, str]]:
+    """(name, raw piece) of each ``&``-separated parameter of the query in ``text``;
+    the name decoded and in lower case."""
+    query = text.partition("?")[2]
+    return [(unquote_plus(p.partition("=")[0]).strip().lower(), p) for p in query.split("&")]
+
+
+def _masked_query(text: str) -> str:
+    """``text`` with the value of each secret query parameter replaced by ``***``."""
+    before, question, _ = text.partition("?")
+    if not question:
+        return text
+    shown = []
+    for key, piece in _query_pairs(text):
+        name, equals, _ = piece.partition("=")
+        shown.append(f"{name}={MASK}" if key in SECRET_PARAMS and equals else piece)
+    return before + question + "&".join(shown)
 
 
 def _quoted(text: str) -> str:
@@ -79,15 +115,19 @@ def _quoted(text: str) -> str:
 
 
 def mask(text: str) -> str:
-    """The URL with any password replaced by ``***`` (for logs and errors)."""
+    """The URL with any password replaced by ``***`` (for logs and errors): the one
+    in the user information and those of the query (``?password=...&sslpassword=...``)."""
     try:
         return DbUrl.parse(text).render(mask=True)
     except BadUrl:
-        return text.split("@")[-1] if "@" in text else text
+        return _masked_query(text.split("@")[-1] if "@" in text else text)
 
 
 def has_password(text: str) -> bool:
+    """Whether the URL holds a password: in its user information, or as a query
+    parameter (``?password=...``, ``?sslpassword=...``)."""
     try:
-        return DbUrl.parse(text).password is not None
+        url = DbUrl.parse(text)
     except BadUrl:
         return False
+    return url.password is not None or bool(url.secret_params())

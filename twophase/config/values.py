@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +35,8 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604
 # A target's name: it becomes part of variable names (TWOPHASE_TARGET_<NAME>_...) and of
 # rows in the staging store, so it is kept to a portable alphabet.
 TARGET_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,33 @@ def _text(setting: Setting, raw: Any, name: str) -> str:
     return str(raw).strip()
 
 
+def check_secret_text(text: str, name: str) -> None:
+    """Refuse a secret holding a control character (a line break, a carriage return, a
+    NUL): it cannot go into a header or a connection string, and the HTTP client's
+    error would quote it. ConfigError naming ``name``, never the value."""
+    if any(unicodedata.category(char) == "Cc" for char in text):
+        raise ConfigError(
+            name,
+            "holds a control character (a line break, a carriage return, a tab...), which "
+            "no password, token or URL may hold: write the secret on one line (the value "
+            "is not shown)",
+        )
+
+
 def _secret(setting: Setting, raw: Secret, name: str) -> Secret:
+    check_secret_text(raw.reveal(), name)
     return raw
+
+
+def _bool(setting: Setting, raw: Any, name: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(name, f"{value!r} is not a boolean (true or false)")
 
 
 def _duration(setting: Setting, raw: Any, name: str) -> float:
@@ -101,6 +130,7 @@ def _choice(setting: Setting, raw: Any, name: str) -> str:
 
 
 def _staging_url(setting: Setting, url: Secret, name: str) -> Secret:
+    check_secret_text(url.reveal(), name)
     try:
         urls.DbUrl.parse(url.reveal()).check()
     except urls.BadUrl as exc:
@@ -109,12 +139,13 @@ def _staging_url(setting: Setting, url: Secret, name: str) -> Secret:
 
 
 def _http_url(setting: Setting, raw: Any, name: str) -> str:
-    return _checked_http_url(str(raw), name, "", env_name("influx_password"))
+    return _checked_http_url(str(raw), name, "", env_name)
 
 
-def _checked_http_url(url: str, name: str, what: str, password_var: str) -> str:
-    """``url`` if it is an http(s) URL without a password; ``what`` starts the message
-    (which target), ``password_var`` is where the password belongs instead."""
+def _checked_http_url(url: str, name: str, what: str, var: Callable[[str], str]) -> str:
+    """``url`` if it is an http(s) URL without a password (in the user information or
+    the query); ``what`` starts the message (which target), ``var`` names the
+    variable of a setting for it (where the password or token belongs instead)."""
     try:
         parts = urlsplit(url)
     except ValueError:  # "Invalid IPv6 URL" (an unclosed "["; found by fuzzing)
@@ -122,7 +153,14 @@ def _checked_http_url(url: str, name: str, what: str, password_var: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(name, f"{what}{mask_url(url)!r} is not an http(s) URL")
     if parts.password:
-        raise ConfigError(name, f"{what}must not hold a password; use {password_var}")
+        raise ConfigError(name, f"{what}must not hold a password; use {var('influx_password')}")
+    secret = urls.DbUrl.parse(url).secret_params() if "?" in url else ()
+    if secret:
+        raise ConfigError(
+            name,
+            f"{what}must not hold a password or token in its query ({', '.join(secret)}=...): "
+            f"use {var('influx_password')} or {var('influx_token')}",
+        )
     return url.rstrip("/")
 
 
@@ -164,8 +202,8 @@ def _target(number: int, target: str, url: Any, name: str) -> tuple[str, str]:
         raise ConfigError(
             name, f"entry {number} ({shown}): a target's name must match [a-z][a-z0-9_-]*"
         )
-    password_var = target_env_name(target, "influx_password")
-    return target, _checked_http_url(str(url), name, f"target {target!r}: ", password_var)
+    var = partial(target_env_name, target)
+    return target, _checked_http_url(str(url), name, f"target {target!r}: ", var)
 
 
 def _check_unique(target: str, seen: dict[str, str], name: str) -> None:
@@ -195,6 +233,7 @@ _PARSERS: dict[str, Callable[[Setting, Any, str], Any]] = {
     "secret": _secret,
     "duration": _duration,
     "int": _int,
+    "bool": _bool,
     "choice": _choice,
     "staging_url": _staging_url,
     "http_url": _http_url,

@@ -12,7 +12,12 @@ anything else                                          ``InfluxRequestError``
 
 The classes are in [`twophase.errors`][twophase.errors]. Callers branch on the class, never
 on a message. Every message is scrubbed of the secrets the caller knows
-([`scrubbed`][twophase.influx.classify.scrubbed]) before it is raised.
+([`scrub`][twophase.influx.classify.scrub]): each piece of text from a server or a library
+before it is shortened (cut to 500 characters, its whitespace collapsed), so that no
+cut or re-spaced secret survives, and the whole message again before it is raised
+([`scrubbed`][twophase.influx.classify.scrubbed]). A request the HTTP client refuses to
+make (a ``ValueError``: a header value it cannot send, whose text quotes the value) is
+an ``InfluxRequestError`` with the text scrubbed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from urllib3.exceptions import (
     ConnectTimeoutError,
+    HTTPError,
     LocationValueError,
     NewConnectionError,
     ProtocolError,
@@ -97,8 +103,13 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def server_message(body: bytes | str | None, headers: Mapping[str, str] | None = None) -> str:
-    """InfluxDB's own explanation: 1.x ``{"error": ...}``, 2.x ``{"message": ...}``, else text."""
+def server_message(
+    body: bytes | str | None,
+    headers: Mapping[str, str] | None = None,
+    secrets: Iterable[str] = (),
+) -> str:
+    """InfluxDB's own explanation: 1.x ``{"error": ...}``, 2.x ``{"message": ...}``, else
+    text; scrubbed of ``secrets``, then shortened."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
     try:
         parsed = json.loads(text)
@@ -107,17 +118,34 @@ def server_message(body: bytes | str | None, headers: Mapping[str, str] | None =
     if isinstance(parsed, dict):
         for key in ("error", "message"):
             if isinstance(parsed.get(key), str) and parsed[key]:
-                return _short(parsed[key])
+                return _short(parsed[key], secrets)
     said = header(headers, "X-Influxdb-Error")
-    return _short(said or text.strip())
+    return _short(said or text.strip(), secrets)
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every (non-trivial) secret replaced by ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 3:  # don't mangle messages over a 1-2 character "secret"
-            text = text.replace(secret, "***")
+    """``text`` with every (non-trivial) secret replaced by ``***``: as it is, with its
+    whitespace collapsed, and escaped as Python shows it in an exception's text
+    (``b'Bearer ...'``, with ``\\n`` for a line break)."""
+    forms = {form for secret in secrets for form in _forms(secret)}
+    for form in sorted(forms, key=len, reverse=True):  # the longest first: none left in part
+        text = text.replace(form, "***")
     return text
+
+
+def _forms(secret: str) -> tuple[str, ...]:
+    """The ways a secret may appear in a message; none of 1-2 characters (a message is
+    not mangled over such a "secret")."""
+    if not secret or len(secret) < 3:
+        return ()
+    forms = (
+        secret,
+        " ".join(secret.split()),
+        repr(secret)[1:-1],
+        repr(secret.encode("utf-8"))[2:-1],
+        repr(secret.encode("latin-1", "replace"))[2:-1],
+    )
+    return tuple(form for form in forms if len(form) >= 3)
 
 
 def classify_status(
@@ -128,8 +156,9 @@ def classify_status(
     secrets: Iterable[str] = (),
 ) -> TwoPhaseError:
     """The exception for a non-2xx answer to a write (see the module's table)."""
-    said = server_message(body, headers) or f"HTTP {status}"
-    refused = refused_line(body) if status == 400 and target.api == "v3" else None
+    secrets = list(secrets)
+    said = server_message(body, headers, secrets) or f"HTTP {status}"
+    refused = refused_line(body, secrets) if status == 400 and target.api == "v3" else None
     if refused is not None:  # InfluxDB 3 names the line that made it refuse the request
         line, reason, original = refused
         where = target.where()
@@ -142,7 +171,9 @@ def classify_status(
     return error
 
 
-def refused_line(body: bytes | str | None) -> tuple[int, str, str | None] | None:
+def refused_line(
+    body: bytes | str | None, secrets: Iterable[str] = ()
+) -> tuple[int, str, str | None] | None:
     """(index in the request, reason, the server's copy of the line) of the line
     InfluxDB 3 names in a refusal of a
     whole request (``accept_partial=false``): ``{"error": ..., "data": {"line_number":
@@ -160,7 +191,7 @@ def refused_line(body: bytes | str | None) -> tuple[int, str, str | None] | None
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
         return None
     original = data.get("original_line")
-    said = _short(reason) if isinstance(reason, str) and reason else "refused"
+    said = _short(reason, secrets) if isinstance(reason, str) and reason else "refused"
     return number - 1, said, original if isinstance(original, str) else None
 
 
@@ -218,15 +249,26 @@ def _not_found_message(said: str, target: Target) -> str:
     )
 
 
-def transport_error(exc: BaseException, target: Target) -> TwoPhaseError:
-    """The exception for a request that got no HTTP answer (refused, reset, timed out)."""
-    tls = influx_tls_error(str(exc)) if isinstance(exc, SSLError | ssl.SSLError) else None
-    if tls is None and "SSLError" in str(exc):  # wrapped (MaxRetryError, ProxyError)
-        tls = influx_tls_error(str(exc))
+def transport_error(
+    exc: BaseException, target: Target, secrets: Iterable[str] = ()
+) -> TwoPhaseError:
+    """The exception for a request that got no HTTP answer (refused, reset, timed out),
+    or that the HTTP client would not make (a ``ValueError``: a header value it cannot
+    send, say); its text scrubbed of ``secrets`` before it is shortened."""
+    secrets = list(secrets)
+    said = scrub(str(exc), secrets)
+    tls = influx_tls_error(said) if isinstance(exc, SSLError | ssl.SSLError) else None
+    if tls is None and "SSLError" in said:  # wrapped (MaxRetryError, ProxyError)
+        tls = influx_tls_error(said)
     if tls is not None:  # permanent: fails at once, naming the setting to fix
         return tls
     if isinstance(exc, LocationValueError):
-        return InfluxRequestError(f"bad InfluxDB URL {target.url}: {_short(str(exc))}")
+        return InfluxRequestError(f"bad InfluxDB URL {target.url}: {_short(said, secrets)}")
+    if not isinstance(exc, HTTPError | OSError):  # permanent: the same request again fails so
+        return InfluxRequestError(
+            f"InfluxDB at {target.url}: the request cannot be made "
+            f"({type(exc).__name__}: {_short(said, secrets)})"
+        )
     if isinstance(exc, NewConnectionError | ConnectionRefusedError):  # before timeouts: a
         what = "cannot connect"  # NewConnectionError is also a ConnectTimeoutError in urllib3
     elif isinstance(exc, ConnectTimeoutError | ReadTimeoutError | TimeoutError):
@@ -236,7 +278,7 @@ def transport_error(exc: BaseException, target: Target) -> TwoPhaseError:
     else:
         what = "request failed"
     return TransientWriteError(
-        f"InfluxDB at {target.url}: {what} ({type(exc).__name__}: {_short(str(exc))})"
+        f"InfluxDB at {target.url}: {what} ({type(exc).__name__}: {_short(said, secrets)})"
     )
 
 
@@ -250,12 +292,17 @@ def header(headers: Mapping[str, str] | None, name: str) -> str | None:
     return value
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
+def _short(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` on one line, at most 500 characters: scrubbed of ``secrets`` first (and
+    again once re-spaced), so that no secret is cut or re-spaced out of reach."""
+    secrets = list(secrets)
+    text = scrub(" ".join(scrub(text, secrets).split()), secrets)
     return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
 
 
 def scrubbed(error: TwoPhaseError, secrets: Iterable[str]) -> TwoPhaseError:
+    """``error`` with its message (and a refused point's reason) scrubbed of ``secrets``:
+    the last pass over the whole message before it is raised."""
     secrets = list(secrets)
     error.args = (scrub(str(error.args[0]), secrets),)
     if isinstance(error, BadPointsError):

@@ -17,6 +17,13 @@ import urllib3
 from twophase.config import InfluxConfig, Secret
 from twophase.influx.classify import Target, scrubbed, transport_error
 
+# What a request through urllib3 (or influxdb-client) raises when it got no answer:
+# urllib3's errors, the socket's, and ValueError for a request the client will not
+# make (a header value holding a line break: "Invalid header value b'Bearer ...'",
+# or a character latin-1 lacks). Each becomes a twophase error, scrubbed of the
+# secrets, by classify.transport_error; raised as it is, its text would quote them.
+CLIENT_ERRORS = (urllib3.exceptions.HTTPError, OSError, ValueError)
+
 
 def secrets_of(config: InfluxConfig) -> tuple[str, ...]:
     return credential_forms(config.username, config.password, config.token)
@@ -71,7 +78,7 @@ def request_once(
     pool = urllib3.PoolManager(timeout=timeout, retries=False, **(tls or {}))
     try:
         return pool.request(method, url, body=body, headers=headers)
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise scrubbed(transport_error(exc, target), secrets) from None
+    except CLIENT_ERRORS as exc:
+        raise scrubbed(transport_error(exc, target, secrets), secrets) from None
     finally:
         pool.clear()

@@ -43,7 +43,8 @@ def query_v1(
     timeout = urllib3.Timeout(connect=timeout_s, read=timeout_s)
     response = request_once(method, query_url, timeout, headers, body, target, secrets, tls)
     if response.status == 400:  # a bad statement, not bad points
-        raise InfluxRequestError(scrub(f"query refused: {server_message(response.data)}", secrets))
+        said = server_message(response.data, secrets=secrets)
+        raise InfluxRequestError(scrub(f"query refused: {said}", secrets))
     if not 200 <= response.status < 300:
         raise classify_status(response.status, response.data, response.headers, target, secrets)
     series: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ import urllib3
 from twophase.config import MAX_LANES, InfluxConfig
 from twophase.errors import PermanentError
 from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
-from twophase.influx.http import auth_headers, secrets_of, timeout_of, tls_of
+from twophase.influx.http import CLIENT_ERRORS, auth_headers, secrets_of, timeout_of, tls_of
 from twophase.influx.query import query_v1
 
 
@@ -96,8 +96,10 @@ class _PostWriter:
         headers = self._gzip_headers if gzipped else self._headers
         try:
             response = self._pool.request("POST", self._url, body=body, headers=headers)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise scrubbed(transport_error(exc, self._target), self._secrets) from None
+        except CLIENT_ERRORS as exc:
+            raise scrubbed(
+                transport_error(exc, self._target, self._secrets), self._secrets
+            ) from None
         if not 200 <= response.status < 300:
             raise classify_status(
                 response.status, response.data, response.headers, self._target, self._secrets
@@ -225,8 +227,10 @@ class V2Writer:
             raise classify_status(
                 int(exc.status or 0), exc.body, exc.headers, self._target, self._secrets
             ) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise scrubbed(transport_error(exc, self._target), self._secrets) from None
+        except CLIENT_ERRORS as exc:
+            raise scrubbed(
+                transport_error(exc, self._target, self._secrets), self._secrets
+            ) from None
 
     def read(self, statement: str) -> list[dict[str, Any]]:
         raise _unreadable("v2")

@@ -100,13 +100,16 @@ def recover(
 
 
 def _behind(tp: TwoPhase, sinks: Sequence[str]) -> set[str]:
-    """The sinks with a target that lacks COMMITTED epochs (not quarantined: those are
-    resync's)."""
-    states = tp.targets.states()
+    """The sinks with a configured target that lacks COMMITTED epochs (not quarantined:
+    those are resync's)."""
+    configured = {name for name, _ in tp.roster.targets}
     return {
         t.sink_id
-        for t in states
-        if t.sink_id in sinks and t.lag_epochs and t.state != "quarantined"
+        for t in tp.targets.states()
+        if t.sink_id in sinks
+        and t.target in configured  # the others: recover cannot deliver to them
+        and t.lag_epochs
+        and t.state != "quarantined"
     }
 
 

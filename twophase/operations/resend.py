@@ -74,6 +74,7 @@ def resend(
         if only is not None:
             _refuse_behind(tp, sink_id, only.name, max(plan.epochs))
         warn_unknown_targets(tp, sink_id, hooks)
+        _warn_about_behind(tp, sink_id, only.name if only else None, hooks)
         lease = tp.ledger.begin_run(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
         chosen_targets = [d for d in tp.deliveries.values() if only is None or d.name == only.name]
         Resender(tp.db, tp.ledger, tp.targets, chosen_targets).resend(
@@ -92,6 +93,19 @@ def _refuse_behind(tp: TwoPhase, sink_id: str, target: str, last: int) -> None:
             f"({state.state}); deliver its backlog first (`twophase recover --sink {sink_id}`, "
             f"or `twophase targets resync {target} --sink {sink_id}`); nothing was sent"
         )
+
+
+def _warn_about_behind(tp: TwoPhase, sink_id: str, only: str | None, hooks: Hooks) -> None:
+    """Warn of each target a resend leaves alone: one that lacks an earlier epoch or a
+    correction gets nothing re-sent past it (its catch-up delivers in order)."""
+    for state in tp.targets.states(sink_id):
+        if state.lag_epochs and (only is None or state.target == only):
+            hooks.warn(
+                f"target {state.target!r} lacks {state.lag_epochs} COMMITTED epochs or "
+                "corrections: nothing is re-sent to it past the first it lacks; deliver its "
+                f"backlog first (`twophase recover --sink {sink_id}`, or `twophase targets "
+                f"resync {state.target} --sink {sink_id}`)"
+            )
 
 
 def _warn_about_left_out(views: Views, plan: ResendPlan, hooks: Hooks) -> None:

@@ -74,21 +74,20 @@ def resync(
         now = _stored(tp.targets, sink_id, target)
         start = _start(now, from_epoch)
         owed = [] if start is None else _committed_from(views, sink_id, start)
-        if not owed:  # nothing to send: no claim (a quarantined target is only made live)
-            if now.state == QUARANTINED:
+        if not owed and not now.lag_corrections:  # nothing to send: no claim
+            if now.state == QUARANTINED:  # only made live
                 tp.targets.restart(None, sink_id, target, from_epoch)
             return _report(tp, views, sink_id, target, None, 0, ())
         refuse_if_live(views, [sink_id], "targets resync", guard, hooks)
-        hooks.confirm(_question(sink_id, target, start, owed))
+        hooks.confirm(_question(sink_id, target, start, owed, now.lag_corrections))
         promoted: list[PromoteResult] = []
         run = f"{CLI_RUN_PREFIX}{uuid.uuid4()}"
         lease = tp.committer.claim(sink_id, run, None, promoted.append, watch=False)
         mark = views.last_event_id()
         first = tp.targets.restart(lease, sink_id, target, from_epoch)
-        if first is not None:
-            caught_up = tp.catch_up.run(lease, [target], quarantined=True)
-            for _, error in caught_up.failed:
-                raise error
+        caught_up = tp.catch_up.run(lease, [target], quarantined=True)  # corrections too
+        for _, error in caught_up.failed:
+            raise error
         return _report(tp, views, sink_id, target, first, mark, promoted)
 
 
@@ -133,7 +132,11 @@ def _committed_from(views: Views, sink_id: str, first: int) -> list[tuple[int, b
 
 
 def _question(
-    sink_id: str, target: str, start: int | None, owed: Sequence[tuple[int, bool]]
+    sink_id: str,
+    target: str,
+    start: int | None,
+    owed: Sequence[tuple[int, bool]],
+    corrections: int,
 ) -> str:
     epochs = [e for e, _ in owed]
     purged = [e for e, gone in owed if gone]
@@ -143,10 +146,17 @@ def _question(
         if purged
         else ""
     )
+    what = []
+    if corrections:
+        what.append(f"the {plural(corrections, 'correction')} it lacks")
+    if epochs:
+        what.append(
+            f"the {plural(len(epochs), 'COMMITTED epoch')} from epoch {start} on "
+            f"({name_epochs(epochs)})"
+        )
     return (
-        f"Re-deliver to target {target!r} the {plural(len(epochs), 'COMMITTED epoch')} of sink "
-        f"{sink_id!r} from epoch {start} on ({name_epochs(epochs)}), in order?{lost} This "
-        "claims the sink: a query running on it is fenced."
+        f"Re-deliver to target {target!r} of sink {sink_id!r} {', then '.join(what)}, in "
+        f"order?{lost} This claims the sink: a query running on it is fenced."
     )
 
 

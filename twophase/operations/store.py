@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from twophase.config import StagingConfig, load_setting
 from twophase.errors import StateError, UnknownSinkError, UsageError
@@ -35,6 +37,9 @@ LAST_EPOCHS = 20  # what `epochs` lists when no range is given
 EXPORT_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 # The export's columns, the store's id first.
 EXPORT_COLUMNS = ("id", *(f.name for f in fields(DeadLetter) if f.name != "id"))
+# What a spreadsheet reads as the start of a formula (OWASP's CSV injection list): a
+# CSV cell of text starting with one of them is written after a single quote.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,13 @@ def dead_letters(
 def export_dead_letters(
     config: StagingConfig, sink_id: str, path: str, epoch: int | None = None
 ) -> ExportReport:
-    """Write every dead letter to ``path`` (``.csv`` or ``.jsonl``), all or nothing."""
+    """Write every dead letter to ``path`` (``.csv`` or ``.jsonl``), all or nothing.
+
+    The file is readable by its owner alone (mode 0600: payloads are the pipeline's
+    data). In CSV a text cell that a spreadsheet would take for a formula (it starts
+    with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return) starts with ``'``;
+    JSON Lines hold every value as it is stored.
+    """
     form = export_format(path)
     with _views(config) as (_, views):
         _require_epoch(views, sink_id, epoch)
@@ -181,22 +192,47 @@ def _require_epoch(views: Views, sink_id: str, epoch: int | None) -> None:
 
 
 def _export(rows: Iterable[DeadLetter], target: Path, form: str) -> int:
-    """Write every row, then rename into place: a failed export leaves no partial file."""
-    partial = target.with_name(f".{target.name}.partial")
-    count = 0
-    with partial.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle) if form == "csv" else None
-        if writer is not None:
-            writer.writerow(EXPORT_COLUMNS)
-        for row in rows:
-            record = _record(row)
-            if writer is None:
-                handle.write(json.dumps(record, sort_keys=True) + "\n")
-            else:
-                writer.writerow([record[column] for column in EXPORT_COLUMNS])
-            count += 1
-    os.replace(partial, target)
+    """Write every row to a new file, then rename it into place: a failed export leaves
+    no partial file.
+
+    The new file is made by ``mkstemp`` in the target's directory: a name no one can
+    guess, created exclusively (never a file or symlink already there, which a fixed
+    name would follow), mode 0600 whatever the umask. The rename replaces ``target``
+    itself, a symlink too, never what it points to.
+    """
+    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            count = _write_export(rows, handle, form)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
     return count
+
+
+def _write_export(rows: Iterable[DeadLetter], handle: TextIO, form: str) -> int:
+    count = 0
+    writer = csv.writer(handle) if form == "csv" else None
+    if writer is not None:
+        writer.writerow(EXPORT_COLUMNS)
+    for row in rows:
+        record = _record(row)
+        if writer is None:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        else:
+            writer.writerow([csv_cell(record[column]) for column in EXPORT_COLUMNS])
+        count += 1
+    return count
+
+
+def csv_cell(value: Any) -> Any:
+    """A value for a CSV cell: text a spreadsheet would run as a formula after a single
+    quote (``=1+1`` -> ``'=1+1``); numbers, and any other text, as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def _record(letter: DeadLetter) -> dict[str, Any]:

@@ -29,9 +29,14 @@ What InfluxDB 1.6.7 does with awkward text (measured against a real server;
   keys and tag values round-trip once escaped;
 * a newline, carriage return or tab there cannot be represented: the escaped
   form (``\\n``) is stored as a literal backslash and letter. Inside a string
-  field value they are fine (quoted strings may span lines), so **a line may
-  contain a raw newline inside a quoted string field**: never split staged
-  lines on ``"\\n"``;
+  field value InfluxDB reads them as they are (quoted strings may span lines),
+  but VictoriaMetrics, which takes the same writes, ends a line at every
+  newline, so a value such as ``"x\\nadmin,host=prod cpu=99 ..."`` would add a
+  point of its own there. A raw line feed or carriage return in a string field
+  therefore dead-letters the row, unless the builder is made with
+  ``allow_newlines`` (the setting ``allow_newlines_in_strings``, for targets that
+  are all InfluxDB); then **a line may contain a raw newline inside a quoted
+  string field**: never split staged lines on ``"\\n"``;
 * a backslash before a character that is escaped (or at the end) changes
   meaning, because InfluxDB's scanners disagree about what ``\\\\`` means: a
   tag key or value ending in a backslash comes back altered or the whole write
@@ -203,14 +208,25 @@ class PointBuilder:
     builder per task. Rows must be mappings (``dict``; a PySpark ``Row`` via
     ``asDict()``). ``unsigned``: the target (the 2.x API) takes numpy unsigned
     integers with the ``u`` suffix; otherwise they are refused (1.x cannot).
+    ``allow_newlines``: a string field value may hold a raw line feed or
+    carriage return, which InfluxDB reads inside the quotes; otherwise (the
+    default) the row is refused, since VictoriaMetrics would end the line there
+    and read the rest of the value as points (the Spark sink sets it from
+    ``allow_newlines_in_strings``).
     """
 
     def __init__(
-        self, spec: PointSpec, clock_ns: Callable[[], int] = time.time_ns, *, unsigned: bool = False
+        self,
+        spec: PointSpec,
+        clock_ns: Callable[[], int] = time.time_ns,
+        *,
+        unsigned: bool = False,
+        allow_newlines: bool = False,
     ) -> None:
         spec.validate()
         self.spec = spec
         self._unsigned = unsigned
+        self._newlines = allow_newlines
         self._clock_ns = clock_ns
         self._last_stamp = MIN_TIME_NS - 1
         self._time_column = spec.time_column
@@ -285,7 +301,7 @@ class PointBuilder:
         parts: list[str] = []
         for column, prefix, key_problem in plan.columns:
             value = row.get(column, MISSING)
-            text = field_text(column, value, self._unsigned)
+            text = field_text(column, value, self._unsigned, self._newlines)
             if text is None:
                 if self._omit_nulls:
                     continue
@@ -417,7 +433,10 @@ def _check_key_size(series: str, row: Mapping[str, Any], plan: _FieldPlan) -> No
     series_bytes = utf8_size(series) + FIELD_KEY_SEPARATOR_BYTES
     for column, prefix, _ in plan.columns:
         size = series_bytes + utf8_size(prefix) - 1
-        if size > MAX_SERIES_KEY_BYTES and field_text(column, row[column], True) is not None:
+        # Only a field the line holds counts (the value was accepted: just its null-ness).
+        if size > MAX_SERIES_KEY_BYTES and (
+            field_text(column, row[column], True, True) is not None
+        ):
             raise PointError(
                 f"the measurement and tags with field {column!r} make a {size}-byte series "
                 f"key (escaped); InfluxDB refuses keys over {MAX_SERIES_KEY_BYTES} bytes"

@@ -154,12 +154,18 @@ def utf8_size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def field_text(column: str, value: Any, unsigned: bool = False) -> str | None:
+def field_text(
+    column: str, value: Any, unsigned: bool = False, newlines: bool = False
+) -> str | None:
     """The line-protocol text of a field value, None when null; raises PointError.
 
     With ``unsigned`` (the 2.x write API) numpy unsigned integers are written
     with the ``u`` suffix; without it (1.x ``/write``, which answers "invalid
-    number") they are refused.
+    number") they are refused. With ``newlines`` a string may hold a raw
+    carriage return or line feed (InfluxDB reads it inside the quotes); without
+    it (the default) such a string is refused, since other readers of line
+    protocol (VictoriaMetrics) end the line there and read the rest of the
+    value as points of its own.
     """
     kind = type(value)
     if kind is float:
@@ -172,7 +178,7 @@ def field_text(column: str, value: Any, unsigned: bool = False) -> str | None:
         # Point trims the ".0" of whole floats; without an "i" it is still a float.
         return text[:-2] if text.endswith(".0") else text
     if kind is str:
-        return _string_text(column, value)
+        return _string_text(column, value, newlines)
     if kind is bool:
         return "true" if value else "false"
     if kind is int:
@@ -181,10 +187,10 @@ def field_text(column: str, value: Any, unsigned: bool = False) -> str | None:
         return f"{value}i"
     if value is None:
         return None
-    return _converted_field_text(column, value, unsigned)
+    return _converted_field_text(column, value, unsigned, newlines)
 
 
-def _converted_field_text(column: str, value: Any, unsigned: bool) -> str | None:
+def _converted_field_text(column: str, value: Any, unsigned: bool, newlines: bool) -> str | None:
     """A value of no plain type (numpy scalars, Decimal, subclasses), converted first.
 
     Kept out of [`field_text`][twophase.points.lineproto.field_text], whose plain types are the
@@ -197,7 +203,7 @@ def _converted_field_text(column: str, value: Any, unsigned: bool) -> str | None
         return _unsigned_text(column, value, unsigned)
     if isinstance(value, NARROW_FLOAT_TYPES):
         return _narrow_float_text(column, value)
-    return field_text(column, _plain_field_value(column, value))
+    return field_text(column, _plain_field_value(column, value), newlines=newlines)
 
 
 def _unsigned_text(column: str, value: Any, unsigned: bool) -> str:
@@ -220,12 +226,14 @@ def _narrow_float_text(column: str, value: Any) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def _string_text(column: str, value: str) -> str:
+def _string_text(column: str, value: str, newlines: bool) -> str:
     if "\x00" in value:
         raise PointError(
             f"field {column!r} contains a NUL character, which the PostgreSQL staging "
             "store cannot hold"
         )
+    if not newlines and ("\n" in value or "\r" in value):
+        raise PointError(newline_problem(column, value))
     # An ASCII string is one byte per character; isascii() is O(1) in CPython.
     if not value.isascii() or len(value) > MAX_STRING_FIELD_BYTES:
         try:
@@ -240,6 +248,17 @@ def _string_text(column: str, value: str) -> str:
                 f"fields to {MAX_STRING_FIELD_BYTES} bytes"
             )
     return f'"{value.translate(ESCAPE_STRING)}"'
+
+
+def newline_problem(column: str, value: str) -> str:
+    """Why a string field value holding a raw line feed or carriage return is refused."""
+    char = "a newline" if "\n" in value else "a carriage return"
+    return (
+        f"field {column!r} value {show(value)} contains {char}, where VictoriaMetrics and "
+        "other readers of line protocol end the line, so that the rest of the value "
+        "would be read as points of its own; set allow_newlines_in_strings=true only if "
+        "every target is InfluxDB, which reads it inside the quotes"
+    )
 
 
 def _plain_field_value(column: str, value: Any) -> bool | int | float | str | None:

@@ -43,7 +43,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from twophase.errors import TARGET_FAILURES, FencedError, TwoPhaseError
+from twophase.errors import (
+    TARGET_FAILURES,
+    FencedError,
+    PermanentError,
+    TargetOrderError,
+    TwoPhaseError,
+)
 from twophase.logs import lease_fields
 from twophase.model import Lease
 from twophase.protocol.delivery import TargetDelivery
@@ -160,12 +166,14 @@ class CatchUp:
         enough: Callable[[], bool],
         *,
         round_only: bool = True,
+        progress: Callable[[int], None] | None = None,
     ) -> bool:
         """Deliver target ``name``'s backlog below ``epoch``, in order, now: a commit
         whose caught-up targets cannot make ``min_targets`` catches a reachable
         lagging one up before it sends it the epoch. Each epoch within
         ``target_deadline`` (a commit's round; ``round_only`` False: within
-        ``influx_retry_deadline``); stops once ``enough()``
+        ``influx_retry_deadline``); stops once ``enough()`` (the others made it, or
+        the commit gave up)
         (the others made it meanwhile), and waits for the target's lock (another
         process catching it up) only while not ``enough()``. True once the target holds
         every epoch below ``epoch``; False when stopped."""
@@ -177,7 +185,13 @@ class CatchUp:
         target = next(t for t in self._deliveries if t.name == name)
         try:
             self._catch_up(
-                lease, target, quarantined=False, below=epoch, stop=stop, round_only=round_only
+                lease,
+                target,
+                quarantined=False,
+                below=epoch,
+                stop=stop,
+                round_only=round_only,
+                progress=progress,
             )
         except _Stopped:
             return False
@@ -266,6 +280,7 @@ class CatchUp:
         below: int | None = None,
         stop: Callable[[], None] | None = None,
         round_only: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> list[tuple[str, int]]:
         fenced = self._ledger.watch(lease)
         # A commit's catch-up (``stop``) answers to its commit alone; the others end
@@ -283,7 +298,7 @@ class CatchUp:
                 if missing is None:  # another process delivered it meanwhile
                     return done
                 check = self._checks(fenced, held, stop)
-                self._deliver(lease, target, missing, check, round_only=round_only)
+                self._deliver(lease, target, missing, check, round_only, progress)
             done.append((target.name, missing[0]))
         return done
 
@@ -312,8 +327,8 @@ class CatchUp:
         target: TargetDelivery,
         missing: tuple[int, bool],
         check: Callable[[], None],
-        *,
         round_only: bool,
+        progress: Callable[[int], None] | None,
     ) -> None:
         epoch, purged = missing
         if purged:  # only a quarantined target can lack a purged epoch: resync's case
@@ -327,7 +342,18 @@ class CatchUp:
             self._targets.skip_purged(lease, target.name, epoch)
             return
         plan = self._reader.plan(lease.sink_id, epoch)
-        counts = target.deliver(plan, check, round_only=round_only)
+        try:
+            counts = target.deliver(plan, check, round_only=round_only, on_batch=progress)
+        except PermanentError:
+            if not self._targets.purged(lease.sink_id, epoch):
+                raise  # damaged: for an operator (I1)
+            # A collection quarantined the target and purged the epoch under the send:
+            # not damage, and not the commit's business; the next look skips it.
+            raise TargetOrderError(
+                f"sink {lease.sink_id!r} epoch {epoch} was purged by GC while it was sent "
+                f"to target {target.name!r} (quarantined meanwhile); not recorded",
+                target.name,
+            ) from None
         check()  # the lock still held: no other delivery of the target crossed this one
         state = self._targets.delivered(lease, target.name, epoch, counts)
         log.info(

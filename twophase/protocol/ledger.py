@@ -308,7 +308,9 @@ class Ledger:
                 event(cur, sink_id, epoch, "promote_failed", None, message)
 
     def pending(self, sink_id: str, *, other_than: str | None = None) -> list[int]:
-        """The sink's PRECOMMITTED epochs in increasing order (what recovery promotes, I3).
+        """The sink's PRECOMMITTED epochs in the order recovery promotes them (I3): the
+        corrections in the order they were decided (-1, -2, ...), then Spark's epochs in
+        increasing order.
 
         With ``other_than`` (a run id), only those other runs decided: what that run
         found pending when it claimed the sink. (Its own are its commits' to finish;
@@ -320,7 +322,8 @@ class Ledger:
         with self._db.transaction() as cur:
             cur.execute(
                 "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
-                " AND (%s::text IS NULL OR run_id IS DISTINCT FROM %s) ORDER BY epoch",
+                " AND (%s::text IS NULL OR run_id IS DISTINCT FROM %s)"
+                " ORDER BY epoch >= 0, abs(epoch)",  # corrections first, as decided
                 (EpochState.PRECOMMITTED, sink_id, other_than, other_than),
             )
             return [row[0] for row in cur.fetchall()]

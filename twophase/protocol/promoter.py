@@ -30,9 +30,10 @@ commits moves them meanwhile (a claim would fence it), and recording a
 delivery checks the target's order again.
 
 A correction (epoch < 0) is owed to its one target (or, naming none, to
-every target) and gates nothing: it is marked COMMITTED after one round,
-and a target that could not take it holds it in its backlog, so a
-correction owed to a target that is down never blocks the others.
+every target). Owed to some targets only, it gates nothing: it is marked
+COMMITTED after one round, and a target that could not take it holds it in
+its backlog, so a correction owed to a target that is down never blocks the
+others. Owed to every target, it needs ``min_targets`` as an epoch does.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twophase.errors import TARGET_FAILURES, InfluxUnavailableError, StateError, TwoPhaseError
+from twophase.errors import (
+    TARGET_FAILURES,
+    InfluxUnavailableError,
+    StateError,
+    TargetOrderError,
+    TwoPhaseError,
+)
 from twophase.faults import crash_point
 from twophase.logs import lease_fields
 from twophase.model import EpochPlan, Lease
@@ -99,8 +106,8 @@ class Promoter:
         self._catch_up = catch_up
         self._min = min_targets
         self._deadline_s = retry_deadline_s
-        # Leases whose last promotion here every target took, and those targets.
-        self._settled: dict[Lease, tuple[str, ...]] = {}
+        # Leases whose last promotion here every target took: that epoch, those targets.
+        self._settled: dict[Lease, tuple[int, tuple[str, ...]]] = {}
 
     def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
         """Send the epoch to every target it is owed that lacks it, at once, then mark it
@@ -125,9 +132,7 @@ class Promoter:
             self._targets.lagging(lease.sink_id, name, f"{type(error).__name__}: {error}")
         crash_point("after_promote", lease.sink_id)
         delivered, rejected = next((held[n] for n in self._names if n in held), (0, 0))
-        # The deliveries are recorded in the mark's transaction: one commit per epoch.
-        record = functools.partial(self._targets.record, lease=lease, epoch=epoch, counts=new)
-        self._ledger.mark_committed(lease, epoch, delivered, rejected, within=record)
+        held = self._mark(lease, epoch, (delivered, rejected), new, race.needed) | race.held
         crash_point("after_mark", lease.sink_id)
         self._remember(lease, epoch, places, held)
         if len(held) < race.owed:
@@ -144,14 +149,41 @@ class Promoter:
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
+    def _mark(
+        self,
+        lease: Lease,
+        epoch: int,
+        counts: tuple[int, int],
+        new: dict[str, tuple[int, int]],
+        needed: int,
+    ) -> dict[str, tuple[int, int]]:
+        """Mark the epoch COMMITTED, recording the deliveries in the mark's transaction
+        (one commit per epoch). A target whose delivery cannot be recorded in its
+        order (its cursor moved meanwhile) is left lagging and the mark made without
+        it, while enough others hold the epoch. The deliveries recorded."""
+        while True:
+            record = functools.partial(self._targets.record, lease=lease, epoch=epoch, counts=new)
+            try:
+                self._ledger.mark_committed(lease, epoch, *counts, within=record)
+                return new
+            except TargetOrderError as exc:
+                self._settled.pop(lease, None)
+                if exc.target not in new or len(new) - 1 < needed:
+                    raise
+                new = {n: c for n, c in new.items() if n != exc.target}
+                self._targets.lagging(lease.sink_id, exc.target, f"TargetOrderError: {exc}")
+
     def _places(self, lease: Lease, epoch: int) -> list[Place]:
-        """Where the targets stand for ``epoch``. After a commit under this lease that
-        every target took, the next Spark epoch finds them so again without asking:
-        nothing moves a sink's targets back but a claim, which fences the lease (a
-        resync, a requeue, a new target), and a catch-up only moves lagging ones on.
-        Recording the delivery checks the target's order again anyway."""
-        names = self._settled.get(lease)
-        if names is not None and epoch >= 0:
+        """Where the targets stand for ``epoch``. After this process committed epoch
+        N under this lease and every target took it, epoch N+1 finds them so without
+        asking: Spark commits its batches one after the other, so no other process
+        committed between them (a later epoch than N+1 asks: another process of the
+        query may have committed the ones between); nothing else moves a sink's
+        targets back but a claim, which fences the lease (a resync, a requeue, a new
+        target), and a catch-up only moves lagging ones on. Recording the delivery
+        checks the target's order again anyway."""
+        last, names = self._settled.get(lease, (None, ()))
+        if last is not None and epoch == last + 1:
             return [Place(n, LIVE, owed=True, has=None, caught_up=True) for n in names]
         places = self._targets.places(lease.sink_id, epoch, self._names)
         if not places:
@@ -166,7 +198,7 @@ class Promoter:
         self, lease: Lease, epoch: int, places: Sequence[Place], held: dict[str, Any]
     ) -> None:
         if epoch >= 0 and all(p.owed and p.target in held for p in places):
-            self._settled[lease] = tuple(p.target for p in places)
+            self._settled[lease] = (epoch, tuple(p.target for p in places))
         else:
             self._settled.pop(lease, None)
 
@@ -227,7 +259,7 @@ class Promoter:
                 if not rounds or race.give_up(target.name, exc):
                     return exc
                 continue
-            race.won()
+            race.won(target.name)
             return counts
 
     def _caught_up(self, lease: Lease, epoch: int, name: str, race: _Race, rounds: bool) -> bool:
@@ -243,7 +275,9 @@ class Promoter:
             return True
         if not race.wait_for_need(name):
             return False
-        return self._catch_up.below(lease, name, epoch, race.enough, round_only=rounds)
+        return self._catch_up.below(
+            lease, name, epoch, race.over, round_only=rounds, progress=race.progress
+        )
 
 
 class _Race:
@@ -266,6 +300,7 @@ class _Race:
         # the lagging ones, those wait
         self._hopeful = {p.target for p in places if p.target in self._due and p.caught_up}
         self._caught_up = frozenset(p.target for p in places if p.caught_up)
+        self._quarantined = {p.target for p in places if p.owed and p.state == QUARANTINED}
         self._rounds: dict[str, int] = {}
         self._count = len(self.held)
         self._deadline_s = deadline_s
@@ -276,8 +311,11 @@ class _Race:
     @classmethod
     def of(cls, places: Sequence[Place], min_targets: int, epoch: int, deadline_s: float) -> _Race:
         owed = [p for p in places if p.owed]
-        # a correction gates nothing: a target that cannot take it has it in its backlog
-        needed = 0 if epoch < 0 else min(min_targets, len(owed))
+        needed = min(min_targets, len(owed))
+        if epoch < 0 and len(owed) < len(places):
+            # a correction owed to some targets only gates nothing: the others go on,
+            # and a target that cannot take it has it in its backlog
+            needed = 0
         return cls(places, needed, len(owed), deadline_s)
 
     def is_due(self, name: str) -> bool:
@@ -301,9 +339,10 @@ class _Race:
         with self._changed:
             self._last_answer = time.monotonic()
 
-    def won(self) -> None:
+    def won(self, name: str) -> None:
         with self._changed:
             self._count += 1
+            self._hopeful.discard(name)  # held: no longer one that may yet make it
             self._last_answer = time.monotonic()
             self._changed.notify_all()
 
@@ -316,12 +355,21 @@ class _Race:
     def enough(self) -> bool:
         return self._count >= self.needed or self.stopped
 
+    def over(self) -> bool:
+        """Enough targets hold the epoch, or none answered for the retry deadline: a
+        lagging target's catch-up (or its wait for its lock) stops."""
+        with self._changed:
+            silent = time.monotonic() - self._last_answer > self._deadline_s
+            return self.enough() or silent
+
     def wait_for_need(self, name: str) -> bool:
         """A lagging target waits while the caught-up ones may make ``needed`` without
         it; True once it is needed, False once they made it."""
         with self._changed:
+            # Bounded: should a wake-up be missed, the target tries rather than wait on.
             self._changed.wait_for(
-                lambda: self.enough() or self._count + len(self._hopeful - {name}) < self.needed
+                lambda: self.enough() or self._count + len(self._hopeful - {name}) < self.needed,
+                self._deadline_s,
             )
             return not self.enough()
 
@@ -350,6 +398,9 @@ class _Race:
         if failed and self.owed == 1:
             return next(iter(failed.values()))  # one target: its own error, as it is
         errors = "; ".join(f"{name}: {error}" for name, error in failed.items())
+        if self._quarantined:
+            names = ", ".join(sorted(self._quarantined))
+            errors += f"{'; ' if errors else ''}quarantined (`twophase targets resync`): {names}"
         return InfluxUnavailableError(
             f"sink {plan.sink_id!r} epoch {plan.epoch}: {self._count} of {self.owed} targets "
             f"hold it, {self.needed} needed (min_targets); no target answered for "

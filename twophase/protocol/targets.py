@@ -75,12 +75,13 @@ class TargetState:
     lag_epochs: int  # COMMITTED epochs it is owed and does not hold
     lag_seconds: float | None  # age of the oldest of them (since its commit)
     lag_bytes: int  # their staged bytes
-    first_missing: int | None  # the oldest of them
+    first_missing: int | None  # the oldest Spark epoch of them
     lagging_since: datetime | None
     quarantined_at: datetime | None
     last_error: str | None
     url: str | None = None  # as its query's last run registered it, without credentials
     url_changed_at: datetime | None = None  # when a run last registered another URL
+    lag_corrections: int = 0  # of lag_epochs, the corrections (epoch < 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +98,7 @@ class TargetState:
             "last_error": self.last_error,
             "url": self.url,
             "url_changed_at": _iso(self.url_changed_at),
+            "lag_corrections": self.lag_corrections,
         }
 
 
@@ -109,7 +111,7 @@ _OWED = (
 )
 _CAUGHT_UP = (
     "NOT EXISTS (SELECT 1 FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id"
-    " AND b.target = t.target AND b.epoch < %(e)s)"
+    " AND b.target = t.target AND b.position < %(p)s)"
 )
 _PLACES = (
     f"SELECT t.target, t.state, {_OWED}, d.delivered, d.rejected, {_CAUGHT_UP}"  # noqa: S608
@@ -121,7 +123,8 @@ _PLACES = (
 _STATES = (
     "SELECT t.sink_id, t.target, t.state, t.delivered_epoch, t.from_epoch, count(b.epoch),"
     " EXTRACT(EPOCH FROM now() - min(b.committed_at)), COALESCE(sum(b.staged_bytes), 0),"
-    " min(b.epoch), t.lagging_since, t.quarantined_at, t.last_error, t.url, t.url_changed_at"
+    " min(b.epoch) FILTER (WHERE b.epoch >= 0), t.lagging_since, t.quarantined_at,"
+    " t.last_error, t.url, t.url_changed_at, count(b.epoch) FILTER (WHERE b.epoch < 0)"
     " FROM twophase_targets t LEFT JOIN twophase_target_backlog b"
     " ON b.sink_id = t.sink_id AND b.target = t.target"
     " WHERE (%(s)s::text IS NULL OR t.sink_id = %(s)s)"
@@ -161,7 +164,7 @@ _NEXT_MISSING = (
     "SELECT b.epoch, b.purged_at IS NOT NULL FROM twophase_target_backlog b"
     " JOIN twophase_targets t ON t.sink_id = b.sink_id AND t.target = b.target"
     " WHERE b.sink_id = %s AND b.target = %s AND (%s OR t.state <> 'quarantined')"
-    " AND b.epoch < %s ORDER BY b.epoch LIMIT 1"
+    " AND b.position < %s ORDER BY b.position LIMIT 1"
 )
 # The lag clock of an epoch a target lacks runs from its commit, or from the target's
 # last resync when that is later: a resync under way is not undone by a collection.
@@ -178,11 +181,44 @@ _FIRST_MISSING = (
     " AND epoch >= 0"
 )
 _FENCE = "SELECT fencing_token, owner_run_id FROM twophase_sinks WHERE sink_id = %s FOR SHARE"
+# The target's row locked, and the oldest epoch it lacks below the one to record.
+_IN_ORDER = (
+    "SELECT (SELECT min(epoch) FROM twophase_target_backlog WHERE sink_id = %s"
+    " AND target = %s AND position < %s) FROM twophase_targets"
+    " WHERE sink_id = %s AND target = %s FOR UPDATE"
+)
+# A delivery, the cursor moved to it (a Spark epoch past the cursor) and the state after
+# it, in one statement. Its parts see the backlog as before it: the target is behind
+# after it if it lacks an epoch other than this one.
+_RECORD = (
+    "WITH d AS (INSERT INTO twophase_target_deliveries"
+    " (sink_id, target, epoch, delivered, rejected, run_id)"
+    " VALUES (%(s)s, %(t)s, %(e)s, %(d)s, %(r)s, %(run)s) ON CONFLICT DO NOTHING),"
+    " b AS (SELECT EXISTS (SELECT 1 FROM twophase_target_backlog WHERE sink_id = %(s)s"
+    " AND target = %(t)s AND epoch <> %(e)s) AS behind)"
+    " UPDATE twophase_targets t SET updated_at = now(),"
+    " delivered_epoch = CASE WHEN %(e)s >= 0 AND COALESCE(t.delivered_epoch < %(e)s, true)"
+    " THEN %(e)s ELSE t.delivered_epoch END,"
+    " last_error = CASE WHEN %(e)s >= 0 THEN NULL ELSE t.last_error END,"
+    " state = CASE WHEN NOT b.behind THEN 'live' WHEN t.state = 'quarantined' THEN t.state"
+    " ELSE 'lagging' END,"
+    " lagging_since = CASE WHEN b.behind THEN COALESCE(t.lagging_since, now()) END,"
+    " quarantined_at = CASE WHEN b.behind THEN t.quarantined_at END"
+    " FROM b WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
+)
 _TARGET_ROW = (
     "SELECT delivered_epoch, from_epoch FROM twophase_targets"
     " WHERE sink_id = %s AND target = %s FOR UPDATE"
 )
-_NO_EPOCH = 2**63 - 1  # "below no bound" for next_missing
+_NO_BOUND = 2**63 - 1  # "below no position" for next_missing
+_CORRECTIONS_FIRST = 2**62  # as the view's position: corrections, then Spark epochs
+
+
+def position(epoch: int) -> int:
+    """An epoch's place in a target's order, as the view ``twophase_target_backlog``
+    gives it: corrections first, in the order they were decided (-1, -2, ...), then
+    Spark's epochs in increasing order."""
+    return -epoch - _CORRECTIONS_FIRST if epoch < 0 else epoch
 
 
 @dataclass(frozen=True)
@@ -255,7 +291,11 @@ class TargetLedger:
             for target, first in new:
                 event(cur, sink_id, None, "target_added", None, f"{target}: from epoch {first}")
             cur.execute(_URLS, params)
-            changes = [UrlChange(t, was, now) for t, was, now in cur.fetchall() if t not in added]
+            changes = [
+                UrlChange(t, was, now)
+                for t, was, now in cur.fetchall()
+                if t not in added and was is not None  # a first record (after 0009) is none
+            ]
             for change in changes:
                 detail = f"{change.target}: {change.was or '(not recorded)'} -> {change.now}"
                 event(cur, sink_id, None, "target_url_changed", None, detail)
@@ -267,7 +307,7 @@ class TargetLedger:
 
     def _places(self, sink_id: str, epoch: int, names: Sequence[str]) -> list[Place]:
         with self._db.transaction() as cur:
-            cur.execute(_PLACES, {"s": sink_id, "e": epoch, "n": list(names)})
+            cur.execute(_PLACES, {"s": sink_id, "e": epoch, "p": position(epoch), "n": list(names)})
             return [
                 Place(t, state, owed, None if d is None else (int(d), int(r)), bool(caught))
                 for t, state, owed, d, r, caught in cur.fetchall()
@@ -332,7 +372,7 @@ class TargetLedger:
         hold, and whether GC purged its points; None when it misses nothing (below
         ``below``), or is quarantined (unless ``quarantined``: a resync). The next
         epoch a catch-up delivers to it."""
-        bound = _NO_EPOCH if below is None else below
+        bound = _NO_BOUND if below is None else position(below)
         return self._db.retry(
             "target backlog", lambda: self._next_missing(sink_id, target, quarantined, bound)
         )
@@ -344,6 +384,17 @@ class TargetLedger:
             cur.execute(_NEXT_MISSING, (sink_id, target, quarantined, below))
             row = cur.fetchone()
             return None if row is None else (int(row[0]), bool(row[1]))
+
+    def purged(self, sink_id: str, epoch: int) -> bool:
+        """Whether GC purged the epoch's staged points."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT purged_at IS NOT NULL FROM twophase_epochs WHERE sink_id = %s"
+                " AND epoch = %s",
+                (sink_id, epoch),
+            )
+            row = cur.fetchone()
+            return bool(row and row[0])
 
     def quarantine(self, sink_id: str | None, max_lag_s: float) -> list[tuple[str, str]]:
         """Quarantine every target whose oldest missing COMMITTED epoch was committed
@@ -445,22 +496,24 @@ class TargetLedger:
 
 
 def _record(cur: Cursor, lease: Lease, target: str, epoch: int, counts: tuple[int, int]) -> str:
-    cursor = _next_in_order(cur, lease.sink_id, target, epoch)
+    """Record one delivery in the caller's transaction: two statements, so that a
+    commit's mark pays little for it (the order check, then the delivery, the cursor
+    and the state at once)."""
+    _next_in_order(cur, lease.sink_id, target, epoch)
     cur.execute(
-        "INSERT INTO twophase_target_deliveries"
-        " (sink_id, target, epoch, delivered, rejected, run_id)"
-        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-        (lease.sink_id, target, epoch, counts[0], counts[1], lease.run_id),
+        _RECORD,
+        {
+            "s": lease.sink_id,
+            "t": target,
+            "e": epoch,
+            "d": counts[0],
+            "r": counts[1],
+            "run": lease.run_id,
+        },
     )
-    if epoch >= 0 and (cursor is None or cursor < epoch):
-        cur.execute(
-            "UPDATE twophase_targets SET last_error = NULL, delivered_epoch = %s"
-            " WHERE sink_id = %s AND target = %s",
-            (epoch, lease.sink_id, target),
-        )
-    state = _settle(cur, lease.sink_id, target)
+    row = cur.fetchone()
     crash_point("in_deliver", lease.sink_id)
-    return state
+    return str(row[0]) if row else LIVE
 
 
 def _check_lease(cur: Cursor, lease: Lease) -> None:
@@ -473,25 +526,19 @@ def _check_lease(cur: Cursor, lease: Lease) -> None:
     check_fence({"fencing_token": row[0], "owner_run_id": row[1]}, lease)
 
 
-def _next_in_order(cur: Cursor, sink_id: str, target: str, epoch: int) -> int | None:
-    """Lock the target's row; its cursor. TargetOrderError unless the target holds every
-    COMMITTED epoch and correction it is owed below ``epoch`` (I9)."""
-    cur.execute(_TARGET_ROW, (sink_id, target))
+def _next_in_order(cur: Cursor, sink_id: str, target: str, epoch: int) -> None:
+    """Lock the target's row. TargetOrderError unless the target holds every COMMITTED
+    epoch and correction it is owed below ``epoch`` (I9)."""
+    cur.execute(_IN_ORDER, (sink_id, target, position(epoch), sink_id, target))
     row = cur.fetchone()
     if row is None:
         raise StateError(f"sink {sink_id!r} has no target {target!r}")
-    cur.execute(
-        "SELECT min(epoch) FROM twophase_target_backlog WHERE sink_id = %s AND target = %s"
-        " AND epoch < %s",
-        (sink_id, target, epoch),
-    )
-    missing = cur.fetchone()
-    if missing is not None and missing[0] is not None:
+    if row[0] is not None:
         raise TargetOrderError(
-            f"sink {sink_id!r} epoch {epoch}: target {target!r} lacks epoch {missing[0]} "
-            "(its cursor moved meanwhile); not recorded as delivered"
+            f"sink {sink_id!r} epoch {epoch}: target {target!r} lacks epoch {row[0]} "
+            "(its cursor moved meanwhile); not recorded as delivered",
+            target,
         )
-    return None if row[0] is None else int(row[0])
 
 
 def _settle(cur: Cursor, sink_id: str, target: str) -> str:
@@ -502,7 +549,7 @@ def _settle(cur: Cursor, sink_id: str, target: str) -> str:
 
 def _state(row: Sequence[Any]) -> TargetState:
     sink, target, state, cursor, first, n, age, size, missing, since, quarantined, error = row[:12]
-    url, url_changed_at = row[12:]
+    url, url_changed_at, corrections = row[12:]
     return TargetState(
         sink_id=sink,
         target=target,
@@ -518,6 +565,7 @@ def _state(row: Sequence[Any]) -> TargetState:
         last_error=error,
         url=url,
         url_changed_at=url_changed_at,
+        lag_corrections=int(corrections),
     )
 
 

@@ -93,6 +93,12 @@ class SinkOptions:
         explicitly (read alone: executors may lack the other InfluxDB settings)."""
         return load_setting("influx_api", None, **dict(self.settings)) in ("v2", "v3")
 
+    def allows_newlines(self) -> bool:
+        """Whether a string field value may hold a raw line feed or carriage return
+        (``allow_newlines_in_strings``; read alone, as ``writes_unsigned`` reads its
+        setting)."""
+        return bool(load_setting("allow_newlines_in_strings", None, **dict(self.settings)))
+
 
 def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """Build and validate a sink from ``.option(...)`` strings (keys in any case).
@@ -160,6 +166,7 @@ def build_sink(
     dead = _check_dead_letter_sink(sink_id, mode, dead_letter_sink)
     sink = SinkOptions(sink_id, mode, spec, tuple(sorted(clean.items())), dead)
     sink.config()  # fail fast: every setting, from options or environment, must validate
+    sink.allows_newlines()  # read by the point builder alone: not part of the config
     return sink
 
 
@@ -261,9 +268,9 @@ def _refuse_password(url: str) -> None:
     if has_password(url):  # a malformed URL is reported by load_config
         raise ConfigError(
             "staging_url",
-            "must not contain a password as a Spark option "
-            "(Spark logs options): put the URL in TWOPHASE_STAGING_URL, or the "
-            "password in PGPASSWORD or ~/.pgpass",
+            "must not contain a password as a Spark option (Spark logs options), neither "
+            "user:password@ nor a ?password= or ?sslpassword= parameter: put the URL in "
+            "TWOPHASE_STAGING_URL, or the password in PGPASSWORD or ~/.pgpass",
         )
 
 

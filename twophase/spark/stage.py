@@ -142,7 +142,10 @@ def items_of(sink: SinkOptions, rows: Iterable[Mapping[str, Any]]) -> Iterable[s
     if sink.spec is None:
         letters = dead_letters(rows)
         return list(letters) if isinstance(rows, list | tuple) else letters
-    return PointBuilder(sink.spec, unsigned=sink.writes_unsigned()).convert(rows)
+    builder = PointBuilder(
+        sink.spec, unsigned=sink.writes_unsigned(), allow_newlines=sink.allows_newlines()
+    )
+    return builder.convert(rows)
 
 
 def dead_letters(rows: Iterable[Mapping[str, Any]]) -> Iterator[Rejected]:

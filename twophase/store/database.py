@@ -33,9 +33,10 @@ log = logging.getLogger("twophase.store.database")
 # executors, which stage through this module, never import SQLAlchemy.
 SCHEMA_REVISION = "0009_every_sink_has_targets"
 VERSION_TABLE = "twophase_alembic_version"
-# The first key of twophase's advisory locks ("tp"), so that they keep out of the way
-# of other applications' locks in a shared database.
-_LOCK_SPACE = 0x7470
+# The seed of twophase's advisory lock keys ("tp"): a lock's key is the 64-bit hash of
+# its name (hashtextextended). With a 32-bit hash, two of about 77,000 names collide
+# with even odds, and an unrelated sink or target would wait on the other's lock.
+_LOCK_SEED = 0x7470
 
 _UPGRADE_HINT = (
     "run `twophase db upgrade` (or `alembic upgrade head` from the twophase repository "
@@ -177,16 +178,16 @@ class Database:
         )
 
 
-_LOCK = "(%s, hashtext(%s))"
+_LOCK = "(hashtextextended(%s, %s))"
 _TRY_EVERY_S = 0.2
 
 
 def _take(conn: psycopg.Connection, name: str, between_tries: Callable[[], None] | None) -> None:
     if between_tries is None:
-        conn.execute(f"SELECT pg_advisory_lock{_LOCK}", (_LOCK_SPACE, name))
+        conn.execute(f"SELECT pg_advisory_lock{_LOCK}", (name, _LOCK_SEED))
         return
     while True:
-        row = conn.execute(f"SELECT pg_try_advisory_lock{_LOCK}", (_LOCK_SPACE, name)).fetchone()
+        row = conn.execute(f"SELECT pg_try_advisory_lock{_LOCK}", (name, _LOCK_SEED)).fetchone()
         if row is not None and row[0]:
             return
         between_tries()
@@ -209,9 +210,9 @@ class HeldLock:
         try:
             row = self._conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
-                " AND pid = pg_backend_pid() AND granted AND classid = %s"
-                " AND objid = hashtext(%s)::oid)",
-                (_LOCK_SPACE, self._name),
+                " AND pid = pg_backend_pid() AND granted AND objsubid = 1"
+                " AND (classid::int8 << 32 | objid::int8) = hashtextextended(%s, %s))",
+                (self._name, _LOCK_SEED),
             ).fetchone()
         except psycopg.Error as exc:
             raise LockLostError(
