@@ -50,16 +50,23 @@ _OLD_BACKLOG = (
     " WHERE e.state = 'COMMITTED' AND e.epoch >= t.from_epoch"
     " AND e.epoch > COALESCE(t.delivered_epoch, -1)"
 )
+# Two parts, each an index range of twophase_epochs (sink_id, epoch): the Spark epochs
+# past the cursor, and the (few) corrections; a target's backlog costs no scan of the
+# sink's history.
 BACKLOG = (
     "CREATE VIEW twophase_target_backlog AS"
     " SELECT t.sink_id, t.target, e.epoch, e.committed_at, e.staged_bytes, e.purged_at,"
-    " CASE WHEN e.epoch < 0 THEN -e.epoch - 4611686018427387904 ELSE e.epoch END AS position"
+    " e.epoch AS position"
     " FROM twophase_targets t JOIN twophase_epochs e ON e.sink_id = t.sink_id"
-    " WHERE e.state = 'COMMITTED' AND ("
-    " (e.epoch >= 0 AND e.epoch >= t.from_epoch AND e.epoch > COALESCE(t.delivered_epoch, -1))"
-    " OR (e.epoch < 0 AND (e.target IS NULL OR e.target = t.target)"
+    " AND e.epoch > GREATEST(COALESCE(t.delivered_epoch, -1), t.from_epoch - 1)"
+    " WHERE e.state = 'COMMITTED'"
+    " UNION ALL"
+    " SELECT t.sink_id, t.target, e.epoch, e.committed_at, e.staged_bytes, e.purged_at,"
+    " -e.epoch - 4611686018427387904"
+    " FROM twophase_targets t JOIN twophase_epochs e ON e.sink_id = t.sink_id AND e.epoch < 0"
+    " WHERE e.state = 'COMMITTED' AND (e.target IS NULL OR e.target = t.target)"
     " AND e.decided_at >= t.added_at AND NOT EXISTS (SELECT 1 FROM twophase_target_deliveries d"
-    " WHERE d.sink_id = t.sink_id AND d.target = t.target AND d.epoch = e.epoch)))"
+    " WHERE d.sink_id = t.sink_id AND d.target = t.target AND d.epoch = e.epoch)"
 )
 # One statement: the sinks without targets get ``default``; its corrections delivered
 # and its promote-time letters named, for those sinks only.

@@ -190,8 +190,8 @@ _IN_ORDER = (
 # A delivery, the cursor moved to it (a Spark epoch past the cursor) and the state after
 # it, in one statement. Its parts see the backlog as before it: the target is behind
 # after it if it lacks an epoch other than this one.
-_RECORD = (
-    "WITH d AS (INSERT INTO twophase_target_deliveries"
+_DELIVERY = (
+    " d AS (INSERT INTO twophase_target_deliveries"
     " (sink_id, target, epoch, delivered, rejected, run_id)"
     " VALUES (%(s)s, %(t)s, %(e)s, %(d)s, %(r)s, %(run)s) ON CONFLICT DO NOTHING),"
     " b AS (SELECT EXISTS (SELECT 1 FROM twophase_target_backlog WHERE sink_id = %(s)s"
@@ -204,7 +204,25 @@ _RECORD = (
     " ELSE 'lagging' END,"
     " lagging_since = CASE WHEN b.behind THEN COALESCE(t.lagging_since, now()) END,"
     " quarantined_at = CASE WHEN b.behind THEN t.quarantined_at END"
-    " FROM b WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
+)
+_RECORD = f"WITH{_DELIVERY} FROM b WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
+# A Spark epoch recorded in the mark's transaction, the common case in one cheap
+# statement: a target that lacks nothing is live (whatever leaves a target without an
+# epoch or a correction marks it lagging or quarantined first, and settles it live only
+# once its backlog is empty), so a live target whose cursor holds the sink's last
+# COMMITTED epoch below this one is in order. No row back: the caller takes the general
+# way (`_record`), which checks the whole backlog and raises if it is out of order.
+_RECORD_NEXT = (
+    "WITH last AS (SELECT max(epoch) AS epoch FROM twophase_epochs WHERE sink_id = %(s)s"
+    " AND epoch >= 0 AND epoch < %(e)s AND state = 'COMMITTED'),"
+    " d AS (INSERT INTO twophase_target_deliveries"
+    " (sink_id, target, epoch, delivered, rejected, run_id)"
+    " VALUES (%(s)s, %(t)s, %(e)s, %(d)s, %(r)s, %(run)s) ON CONFLICT DO NOTHING)"
+    " UPDATE twophase_targets t SET updated_at = now(), last_error = NULL,"
+    " delivered_epoch = GREATEST(t.delivered_epoch, %(e)s) FROM last"
+    " WHERE t.sink_id = %(s)s AND t.target = %(t)s AND t.state = 'live'"
+    " AND (last.epoch IS NULL OR last.epoch < t.from_epoch OR t.delivered_epoch >= last.epoch)"
+    " RETURNING t.state"
 )
 _TARGET_ROW = (
     "SELECT delivered_epoch, from_epoch FROM twophase_targets"
@@ -334,10 +352,19 @@ class TargetLedger:
         cur: Cursor, *, lease: Lease, epoch: int, counts: dict[str, tuple[int, int]]
     ) -> None:
         """`delivered` for each target of ``counts``, inside the caller's transaction
-        (the mark's, which holds the sink's row and checked the lease): an epoch's
-        deliveries and its COMMITTED state land in one commit."""
+        (the mark's, which holds the sink's row FOR UPDATE and checked the lease): an
+        epoch's deliveries and its COMMITTED state land in one commit. One cheap
+        statement per target in the common case (`_RECORD_NEXT`), else the whole
+        check, which raises out of order and so rolls the mark back (nothing else
+        moves a target's cursor while the sink's row is held: a resync's restart and
+        a catch-up's record both hold it FOR SHARE first)."""
         for target, each in counts.items():
-            _record(cur, lease, target, epoch, each)
+            if epoch >= 0:
+                cur.execute(_RECORD_NEXT, _record_params(lease, target, epoch, each))
+                if cur.fetchone() is not None:
+                    crash_point("in_deliver", lease.sink_id)
+                    continue
+            _record(cur, lease, target, epoch, each)  # checked whole; raises out of order
 
     def lagging(self, sink_id: str, target: str, error: str) -> None:
         """A commit left ``target`` without its epoch: lagging (unless quarantined), with
@@ -436,6 +463,8 @@ class TargetLedger:
             if lease is not None:
                 _check_lease(cur, lease)
                 run_id = lease.run_id
+            else:  # no claim, but still not beside a mark recording this target
+                cur.execute("SELECT 1 FROM twophase_sinks WHERE sink_id = %s FOR SHARE", (sink_id,))
             cur.execute(_TARGET_ROW, (sink_id, target))
             if from_epoch is None:
                 cur.execute(_FIRST_MISSING, (sink_id, target))
@@ -496,24 +525,35 @@ class TargetLedger:
 
 
 def _record(cur: Cursor, lease: Lease, target: str, epoch: int, counts: tuple[int, int]) -> str:
-    """Record one delivery in the caller's transaction: two statements, so that a
-    commit's mark pays little for it (the order check, then the delivery, the cursor
-    and the state at once)."""
+    """Record one delivery in the caller's transaction: the order checked under the
+    target's row lock, then the delivery, the cursor and the state in one statement."""
     _next_in_order(cur, lease.sink_id, target, epoch)
-    cur.execute(
-        _RECORD,
-        {
-            "s": lease.sink_id,
-            "t": target,
-            "e": epoch,
-            "d": counts[0],
-            "r": counts[1],
-            "run": lease.run_id,
-        },
-    )
+    cur.execute(_RECORD, _record_params(lease, target, epoch, counts))
     row = cur.fetchone()
     crash_point("in_deliver", lease.sink_id)
     return str(row[0]) if row else LIVE
+
+
+def _record_params(
+    lease: Lease, target: str, epoch: int, counts: tuple[int, int]
+) -> dict[str, Any]:
+    return {
+        "s": lease.sink_id,
+        "t": target,
+        "e": epoch,
+        "p": position(epoch),
+        "d": counts[0],
+        "r": counts[1],
+        "run": lease.run_id,
+    }
+
+
+def _out_of_order(sink_id: str, target: str, epoch: int, missing: int) -> TargetOrderError:
+    return TargetOrderError(
+        f"sink {sink_id!r} epoch {epoch}: target {target!r} lacks epoch {missing} "
+        "(its cursor moved meanwhile); not recorded as delivered",
+        target,
+    )
 
 
 def _check_lease(cur: Cursor, lease: Lease) -> None:
@@ -534,11 +574,7 @@ def _next_in_order(cur: Cursor, sink_id: str, target: str, epoch: int) -> None:
     if row is None:
         raise StateError(f"sink {sink_id!r} has no target {target!r}")
     if row[0] is not None:
-        raise TargetOrderError(
-            f"sink {sink_id!r} epoch {epoch}: target {target!r} lacks epoch {row[0]} "
-            "(its cursor moved meanwhile); not recorded as delivered",
-            target,
-        )
+        raise _out_of_order(sink_id, target, epoch, row[0])
 
 
 def _settle(cur: Cursor, sink_id: str, target: str) -> str:
