@@ -32,13 +32,13 @@ from twophase.protocol.transitions import (
     Decision,
     WriteRow,
     check_fence,
-    count_committed,
     count_fenced,
     count_pending,
     epoch_row,
     event,
     insert_decision,
     lock_sink,
+    mark_committed,
     own_decision,
     release_requeued,
     start_attempt,
@@ -258,35 +258,13 @@ class Ledger:
             check_fence(sink, lease)
             if within is not None:
                 within(cur)
-            cur.execute(
-                "UPDATE twophase_epochs SET state = %s, committed_at = now(), last_error = NULL,"
-                " points_delivered = %s, points_rejected_promote = %s"
-                " WHERE sink_id = %s AND epoch = %s AND state = %s",
-                (
-                    EpochState.COMMITTED,
-                    delivered,
-                    rejected,
-                    lease.sink_id,
-                    epoch,
-                    EpochState.PRECOMMITTED,
-                ),
-            )
-            if cur.rowcount == 0:
+            if not mark_committed(cur, lease, epoch, delivered, rejected):
                 state = state_of(cur, lease.sink_id, epoch)
                 if state == EpochState.COMMITTED:
                     return
                 raise StateError(
                     f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED"
                 )
-            count_committed(cur, lease.sink_id, epoch, delivered, rejected)
-            event(
-                cur,
-                lease.sink_id,
-                epoch,
-                "committed",
-                lease.run_id,
-                f"delivered {delivered}, rejected {rejected}",
-            )
             crash_point("in_mark", lease.sink_id)
 
     def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:

@@ -187,16 +187,40 @@ def start_attempt(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:
     return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
 
 
-def count_committed(cur: Cursor, sink_id: str, epoch: int, delivered: int, rejected: int) -> None:
-    """The sink's totals after ``epoch`` was marked COMMITTED (once per epoch)."""
+def mark_committed(cur: Cursor, lease: Lease, epoch: int, delivered: int, rejected: int) -> bool:
+    """PRECOMMITTED -> COMMITTED, the sink's totals and the epoch's event, in one
+    statement (one round trip of the mark); False when the epoch was not PRECOMMITTED
+    (nothing changed)."""
     cur.execute(
-        "UPDATE twophase_sinks SET last_committed_epoch = CASE WHEN %(e)s >= 0 THEN"
-        " GREATEST(%(e)s, COALESCE(last_committed_epoch, %(e)s)) ELSE last_committed_epoch END,"
-        " epochs_committed = epochs_committed + 1, points_delivered = points_delivered + %(d)s,"
-        " points_rejected_promote = points_rejected_promote + %(r)s, last_committed_at = now(),"
-        " last_error = NULL, updated_at = now() WHERE sink_id = %(s)s",
-        {"e": epoch, "d": delivered, "r": rejected, "s": sink_id},
+        _MARK,
+        {
+            "e": epoch,
+            "d": delivered,
+            "r": rejected,
+            "s": lease.sink_id,
+            "run": lease.run_id,
+            "detail": f"delivered {delivered}, rejected {rejected}",
+        },
     )
+    row = cur.fetchone()
+    return bool(row and row[0])
+
+
+# The epoch's state, then (only if it changed) the sink's totals and the event.
+_MARK = (
+    "WITH m AS (UPDATE twophase_epochs SET state = 'COMMITTED', committed_at = now(),"
+    " last_error = NULL, points_delivered = %(d)s, points_rejected_promote = %(r)s"
+    " WHERE sink_id = %(s)s AND epoch = %(e)s AND state = 'PRECOMMITTED' RETURNING 1),"
+    " totals AS (UPDATE twophase_sinks SET last_committed_epoch = CASE WHEN %(e)s >= 0 THEN"
+    " GREATEST(%(e)s, COALESCE(last_committed_epoch, %(e)s)) ELSE last_committed_epoch END,"
+    " epochs_committed = epochs_committed + 1, points_delivered = points_delivered + %(d)s,"
+    " points_rejected_promote = points_rejected_promote + %(r)s, last_committed_at = now(),"
+    " last_error = NULL, updated_at = now()"
+    " WHERE sink_id = %(s)s AND EXISTS (SELECT 1 FROM m)),"
+    " e AS (INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+    " SELECT %(s)s, %(e)s, 'committed', %(run)s, %(detail)s WHERE EXISTS (SELECT 1 FROM m))"
+    " SELECT EXISTS (SELECT 1 FROM m)"
+)
 
 
 def release_requeued(cur: Cursor, sink_id: str, correction: int) -> None:
