@@ -516,6 +516,24 @@ def per_target(dead: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [(target, *letter) for target in ("a", "b") for letter in dead]
 
 
+def recover_command(
+    staging_url: str, a: tuple[InfluxConfig, str], b: tuple[InfluxConfig, str]
+) -> tuple[list[str], dict[str, str]]:
+    """`twophase recover` of the sink with targets a and b (each: its database, and the
+    URL it is reached at), and its environment."""
+    env = {
+        **os.environ,
+        "TWOPHASE_STAGING_URL": staging_url,
+        "TWOPHASE_TARGETS": f"a={a[1]},b={b[1]}",
+        "TWOPHASE_TARGET_A_INFLUX_DB": str(a[0].database),
+        "TWOPHASE_TARGET_B_INFLUX_DB": str(b[0].database),
+        "TWOPHASE_INFLUX_API": "v1",
+        "TWOPHASE_INFLUX_BATCH_POINTS": "40",
+    }
+    env.pop("TWOPHASE_INFLUX_URL", None)
+    return [str(SCRIPT), "recover", "--sink", SINK, "--force"], env
+
+
 def target_b(influx: InfluxConfig, url: str | None = None) -> tuple[str, ...]:
     return ("--influx-url-b", url or influx.url, "--influx-db-b", str(influx.database))
 
@@ -583,17 +601,7 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
         assert influx_rows(influx_b, MEASUREMENT) == []
         assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
         proxy.set_mode(PASS)
-        recover = [str(SCRIPT), "recover", "--sink", SINK, "--force"]
-        env = {
-            **os.environ,
-            "TWOPHASE_STAGING_URL": staging_url,
-            "TWOPHASE_TARGETS": f"a={influx.url},b={proxy.url}",
-            "TWOPHASE_TARGET_A_INFLUX_DB": str(influx.database),
-            "TWOPHASE_TARGET_B_INFLUX_DB": str(influx_b.database),
-            "TWOPHASE_INFLUX_API": "v1",
-            "TWOPHASE_INFLUX_BATCH_POINTS": "40",
-        }
-        env.pop("TWOPHASE_INFLUX_URL", None)
+        recover, env = recover_command(staging_url, (influx, influx.url), (influx_b, proxy.url))
         killed = subprocess.run(
             recover, env={**env, "TWOPHASE_CRASH_AT": "in_deliver:2"}, capture_output=True
         )
@@ -665,17 +673,7 @@ def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
         assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
         assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
         pa.set_mode(PASS)
-        recover = [str(SCRIPT), "recover", "--sink", SINK, "--force"]
-        env = {
-            **os.environ,
-            "TWOPHASE_STAGING_URL": staging_url,
-            "TWOPHASE_TARGETS": f"a={pa.url},b={pb.url}",
-            "TWOPHASE_TARGET_A_INFLUX_DB": str(influx.database),
-            "TWOPHASE_TARGET_B_INFLUX_DB": str(influx_b.database),
-            "TWOPHASE_INFLUX_API": "v1",
-            "TWOPHASE_INFLUX_BATCH_POINTS": "40",
-        }
-        env.pop("TWOPHASE_INFLUX_URL", None)
+        recover, env = recover_command(staging_url, (influx, pa.url), (influx_b, pb.url))
         done = subprocess.run(recover, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     for target in (influx, influx_b):  # each target: nothing missing or doubled

@@ -108,6 +108,16 @@ def two(influx_url: str) -> Iterator[Targets]:
         yield targets
 
 
+@contextmanager
+def without_worker(staging: StagingConfig, config: InfluxConfig) -> Iterator[tuple[Any, Lease]]:
+    """The sink claimed with no catch-up worker: a lagging target stays behind until
+    the test, or the availability rule, delivers its backlog."""
+    with two_phase(staging, config) as tp:
+        lease = tp.committer.claim(SINK, "r1", "q1")
+        tp.catch_up.close()
+        yield tp, lease
+
+
 def commit(tp: Any, lease: Lease, epoch: int) -> Any:
     messages = stage(tp, SINK, epoch, [points(epoch)], run=lease.run_id)
     return tp.committer.commit(lease, epoch, messages)
@@ -158,9 +168,7 @@ def test_a_target_removed_from_the_configuration_does_not_hold_the_sink(
     staging: StagingConfig, two: Targets, staging_url: str
 ) -> None:
     """a down for good and taken out of the configuration: b, lagging, takes over."""
-    with two_phase(staging, two.config) as tp:
-        lease = tp.committer.claim(SINK, "r1", "q1")
-        tp.catch_up.close()
+    with without_worker(staging, two.config) as (tp, lease):
         two.down("b")
         commit(tp, lease, 0)
         two.down("a")
@@ -303,9 +311,7 @@ def test_a_lost_target_lock_stops_the_delivery_before_its_next_request(
 ) -> None:
     """The session holding b's lock ends (a PostgreSQL restart, a cut connection): its
     holder stops before its next request and records nothing."""
-    with two_phase(staging, two.config) as tp:
-        lease = tp.committer.claim(SINK, "r1", "q1")
-        tp.catch_up.close()
+    with without_worker(staging, two.config) as (tp, lease):
         two.down("b")
         commit(tp, lease, 0)
         two.up("b")
@@ -407,9 +413,7 @@ def refused_by_b(tp: Any, two: Targets, lease: Lease) -> None:
 def test_a_correction_owed_to_a_target_that_is_down_blocks_no_other(
     staging: StagingConfig, two: Targets, staging_url: str
 ) -> None:
-    with two_phase(staging, two.config) as tp:
-        lease = tp.committer.claim(SINK, "r1", "q1")
-        tp.catch_up.close()
+    with without_worker(staging, two.config) as (tp, lease):
         refused_by_b(tp, two, lease)
         influx_query(two.direct["b"], "DROP MEASUREMENT clash")
         two.down("b")
@@ -428,9 +432,7 @@ def test_a_correction_owed_to_a_target_that_is_down_blocks_no_other(
 def test_requeue_to_a_quarantined_or_unconfigured_target_is_refused(
     staging: StagingConfig, two: Targets, staging_url: str
 ) -> None:
-    with two_phase(staging, two.config) as tp:
-        lease = tp.committer.claim(SINK, "r1", "q1")
-        tp.catch_up.close()
+    with without_worker(staging, two.config) as (tp, lease):
         refused_by_b(tp, two, lease)
         strict = GarbageCollector(tp.db, 7 * 86400, 3600, max_lag_s=0.0)
         two.down("b")
@@ -449,9 +451,7 @@ def test_an_untargeted_correction_is_in_every_targets_backlog_and_resync_resends
 ) -> None:
     """Letters that name no target (from before targets were named) make a correction
     owed to every target: one that fails it catches it up, and a resync sends it again."""
-    with two_phase(staging, two.config) as tp:
-        lease = tp.committer.claim(SINK, "r1", "q1")
-        tp.catch_up.close()
+    with without_worker(staging, two.config) as (tp, lease):
         refused_by_b(tp, two, lease)
         influx_query(two.direct["b"], "DROP MEASUREMENT clash")
         sql(staging_url, "UPDATE twophase_dead_letters SET target = ''")

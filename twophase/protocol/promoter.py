@@ -203,9 +203,21 @@ class Promoter:
             self._settled.pop(lease, None)
 
     def _record(self, lease: Lease, epoch: int, new: dict[str, tuple[int, int]]) -> None:
-        """Record each delivery in a transaction of its own (the commit failed)."""
+        """Record each delivery in a transaction of its own (the commit failed): best
+        effort, so that the commit's own failure is what is raised; a delivery left
+        unrecorded is sent again by the repeat (I4)."""
         for name, counts in new.items():
-            self._targets.delivered(lease, name, epoch, counts)
+            try:
+                self._targets.delivered(lease, name, epoch, counts)
+            except TwoPhaseError as exc:
+                log.warning(
+                    "sink %s epoch %d: the delivery to target %s was not recorded: %s",
+                    lease.sink_id,
+                    epoch,
+                    name,
+                    exc,
+                    extra=lease_fields(lease, epoch),
+                )
 
     def _send_all(
         self, lease: Lease, plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race
