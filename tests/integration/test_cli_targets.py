@@ -357,3 +357,16 @@ def test_twophase_gc_quarantines_a_target_lagging_past_target_max_lag(
     assert f"target b of sink {SINK} quarantined" in done.out
     assert "gc purged 2 epochs" in done.out
     assert target_rows(staging_url, SINK)["b"]["state"] == "quarantined"
+
+
+def test_recover_exits_1_naming_a_target_it_could_not_catch_up(
+    fan: Any, pair: Pair, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b_behind(fan, pair, range(2))
+    pair.proxy.set_mode(CUT)  # b still down
+    monkeypatch.setenv("TWOPHASE_INFLUX_RETRY_DEADLINE", "2s")
+    done = cli("recover", "--sink", SINK, "--force")
+    assert done.code == 1
+    assert f"sink {SINK}: target b is still behind" in done.err
+    pair.proxy.set_mode(PASS)
+    assert cli("recover", "--sink", SINK, "--force").code == 0

@@ -175,10 +175,12 @@ def cmd_reset(con: Console) -> int:
 
 
 def cmd_recover(con: Console) -> int:
+    """Exit 1 when a target could not be caught up (each named in a warning): the
+    epochs are COMMITTED, but that target still lacks some."""
     with con.hooks() as hooks:
         report = ops.recover(full_config(con.args), con.args.sink, con.guard(), hooks)
     con.emit(report, render.recover_lines(report))
-    return EXIT_OK
+    return EXIT_FAILED if report.still_behind else EXIT_OK
 
 
 def cmd_resend(con: Console) -> int:
