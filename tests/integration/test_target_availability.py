@@ -42,7 +42,6 @@ from twophase.errors import (
     TargetOrderError,
     UsageError,
 )
-from twophase.influx.api import make_writer
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.requeue import RequeueFilter, Requeuer
@@ -517,7 +516,6 @@ def test_a_promote_time_letter_of_one_target_names_it(
     assert sql(staging_url, "SELECT DISTINCT target FROM twophase_dead_letters") == [("default",)]
     assert target_rows(staging_url, SINK)["default"]["delivered"] == 0
     assert influx_count(influx, M) == 3
-    make_writer(influx).close()
 
 
 def test_corrections_reach_a_target_in_the_order_they_were_decided(

@@ -150,14 +150,18 @@ _URLS = (
 )
 # After a delivery or a resync: live once nothing COMMITTED is missing; else lagging
 # (quarantined stays quarantined until its backlog is delivered).
-_SETTLE = (
-    "WITH b AS (SELECT EXISTS (SELECT 1 FROM twophase_target_backlog"
-    " WHERE sink_id = %(s)s AND target = %(t)s) AS behind)"
-    " UPDATE twophase_targets t SET updated_at = now(), state = CASE"
-    " WHEN NOT b.behind THEN 'live' WHEN t.state = 'quarantined' THEN t.state"
+# A target's state from ``b.behind`` (whether it still lacks something): one rule for
+# every statement that moves a target.
+_STATE_AFTER = (
+    " state = CASE WHEN NOT b.behind THEN 'live' WHEN t.state = 'quarantined' THEN t.state"
     " ELSE 'lagging' END,"
     " lagging_since = CASE WHEN b.behind THEN COALESCE(t.lagging_since, now()) END,"
     " quarantined_at = CASE WHEN b.behind THEN t.quarantined_at END"
+)
+_SETTLE = (
+    "WITH b AS (SELECT EXISTS (SELECT 1 FROM twophase_target_backlog"  # noqa: S608
+    " WHERE sink_id = %(s)s AND target = %(t)s) AS behind)"
+    f" UPDATE twophase_targets t SET updated_at = now(),{_STATE_AFTER}"
     " FROM b WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
 )
 _NEXT_MISSING = (
@@ -191,7 +195,7 @@ _IN_ORDER = (
 # it, in one statement. Its parts see the backlog as before it: the target is behind
 # after it if it lacks an epoch other than this one.
 _DELIVERY = (
-    " d AS (INSERT INTO twophase_target_deliveries"
+    " d AS (INSERT INTO twophase_target_deliveries"  # noqa: S608
     " (sink_id, target, epoch, delivered, rejected, run_id)"
     " VALUES (%(s)s, %(t)s, %(e)s, %(d)s, %(r)s, %(run)s) ON CONFLICT DO NOTHING),"
     " b AS (SELECT EXISTS (SELECT 1 FROM twophase_target_backlog WHERE sink_id = %(s)s"
@@ -199,11 +203,7 @@ _DELIVERY = (
     " UPDATE twophase_targets t SET updated_at = now(),"
     " delivered_epoch = CASE WHEN %(e)s >= 0 AND COALESCE(t.delivered_epoch < %(e)s, true)"
     " THEN %(e)s ELSE t.delivered_epoch END,"
-    " last_error = CASE WHEN %(e)s >= 0 THEN NULL ELSE t.last_error END,"
-    " state = CASE WHEN NOT b.behind THEN 'live' WHEN t.state = 'quarantined' THEN t.state"
-    " ELSE 'lagging' END,"
-    " lagging_since = CASE WHEN b.behind THEN COALESCE(t.lagging_since, now()) END,"
-    " quarantined_at = CASE WHEN b.behind THEN t.quarantined_at END"
+    f" last_error = CASE WHEN %(e)s >= 0 THEN NULL ELSE t.last_error END,{_STATE_AFTER}"
 )
 _RECORD = f"WITH{_DELIVERY} FROM b WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.state"
 # A Spark epoch recorded in the mark's transaction, the common case in one cheap
