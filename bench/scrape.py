@@ -77,6 +77,7 @@ def _exporter(ctx: Context, epochs: int) -> Iterator[tuple[subprocess.Popen[byte
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_")}
     env["TWOPHASE_STAGING_URL"] = config.staging.url.reveal()
+    env["TWOPHASE_EXPORTER_CACHE"] = "0s"  # every scrape reads the store: what is measured
     script = Path(sys.executable).with_name("twophase")
     args = [str(script), "metrics", "serve", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)

@@ -14,6 +14,8 @@ error or an alert added to the code appears in the reference without anyone copy
   exit codes (``twophase.cli.commands``);
 * ``metrics``, ``alerts``: what the exporter and the driver expose, and the alert rules
   (``deploy/prometheus/alerts.yml``) with a link to each runbook page;
+* ``grants``: what each role of least privilege may do in the staging schema
+  (``twophase.store.grants``);
 * ``public-api``: a mkdocstrings block per name of ``twophase.__all__``, and the Spark
   integration's names.
 
@@ -122,6 +124,7 @@ def settings() -> str:
         "staging": "The staging store",
         "influx": "InfluxDB and promotion",
         "points": "Rows to points",
+        "exporter": "The exporter (`twophase metrics serve`)",
     }
     out = []
     for section, members in sections.items():
@@ -426,6 +429,17 @@ def _metering_labels(name: str) -> list[str]:
     return []
 
 
+def grants() -> str:
+    """The grant table of the roles of least privilege (``twophase.store.grants``)."""
+    from twophase.store.grants import GRANTS, ROLES
+
+    rows = [
+        (f"`{g.name}`", g.kind, *(", ".join(g.privileges(k)) or "-" for k in ROLES), g.why)
+        for g in GRANTS
+    ]
+    return _table(("object", "kind", *ROLES, "why"), rows)
+
+
 def alert_rules() -> list[dict[str, Any]]:
     import yaml
 
@@ -533,6 +547,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "errors": errors,
     "exit-codes": exit_codes,
     "metrics": metrics,
+    "grants": grants,
     "alerts": alerts,
     "public-api": public_api,
     "spark-api": spark_api,

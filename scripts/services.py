@@ -865,9 +865,15 @@ class PostgresServer:
 
     def _bootstrap(self) -> None:
         # Runs on every start of our cluster: cheap, and repairs a half-finished first start.
+        # CREATEROLE: tests/integration/test_privileges.py runs the protocol under roles of
+        # least privilege it creates (and drops); ALTER gives it to a cluster made before (a
+        # standby has it from its primary, and is read-only).
         self._psql(
-            "SELECT format('CREATE ROLE %I LOGIN CREATEDB PASSWORD %L', :'role', :'pw')\n"
-            "WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role')\\gexec\n",
+            "SELECT format('CREATE ROLE %I LOGIN CREATEDB CREATEROLE PASSWORD %L',"
+            " :'role', :'pw')\n"
+            "WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role')\\gexec\n"
+            "SELECT format('ALTER ROLE %I CREATEROLE', :'role') WHERE NOT pg_is_in_recovery()"
+            " AND NOT (SELECT rolcreaterole FROM pg_roles WHERE rolname = :'role')\\gexec\n",
             role=PG_USER,
             pw=PG_PASSWORD,
         )

@@ -4,8 +4,9 @@ InfluxDB servers that speak only TLS with them, for the TLS tests.
 
 Stdlib and ``openssl`` only, like :mod:`scripts.services`, whose servers these extend.
 Everything is made fresh in a folder: a CA, a server certificate for ``localhost``
-(and for that name only: connecting by ``127.0.0.1`` is a host name mismatch), a
-client certificate for the PostgreSQL role ``twophase``, and an unrelated "wrong" CA.
+and ``REMOTE_NAME`` (and for those names only: connecting by ``127.0.0.1`` is a host
+name mismatch), a client certificate for the PostgreSQL role ``twophase``, and an
+unrelated "wrong" CA.
 
     python scripts/tlskit.py FOLDER      # make the files, print their paths
 """
@@ -35,6 +36,10 @@ from scripts.services import (
 )
 
 DAYS = "30"
+# A name that is not loopback, as a server across a network has: tests reach the local
+# server by it through libpq's hostaddr (the certificate is checked against the name).
+# .test never resolves (RFC 6761).
+REMOTE_NAME = "staging.twophase.test"
 _CURVE = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 
@@ -112,7 +117,8 @@ def make_kit(folder: Path) -> Kit:
     """A fresh CA, server and client certificates, and a wrong CA, under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     ca = _ca(folder, "twophase-test-ca")
-    server = _signed(folder, "server", "localhost", ca, "subjectAltName=DNS:localhost")
+    names = f"subjectAltName=DNS:localhost,DNS:{REMOTE_NAME}"
+    server = _signed(folder, "server", "localhost", ca, names)
     client = _signed(folder, "client", PG_USER, ca, "extendedKeyUsage=clientAuth")
     wrong, _ = _ca(folder, "wrong-ca")
     return Kit(ca[0], server[0], server[1], client[0], client[1], wrong)

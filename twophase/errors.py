@@ -89,6 +89,13 @@ class SchemaError(PermanentError):
     """The staging schema is missing or not at the revision this code needs."""
 
 
+class InflateLimitError(PermanentError):
+    """Compressed data (a staged chunk, a server's answer) inflates past the most its
+    writer could have made: refused once the bound is reached, before the rest is
+    inflated. A staged chunk that does is damaged (I1); the epoch is left for an
+    operator."""
+
+
 class InfluxAuthError(PermanentError):
     """InfluxDB refused the credentials (401) or the permission (403)."""
 
@@ -167,16 +174,28 @@ class BadPointsError(InfluxRequestError):
     were written; which ones were refused is only known by re-sending parts.
     ``line`` is the refused line's index in the body when the server names it
     (InfluxDB 3, which then wrote none of the body), and ``original`` the
-    server's copy of that line when it sent one; None otherwise.
+    server's copy of that line when it sent one; None otherwise. ``dropped`` is
+    1.x's N: points of the body it parsed and refused (lines it could not parse
+    are not counted), None when it did not say; ``every_line``: 1.x refused the
+    body whole because it could parse none of its lines.
     """
 
     def __init__(
-        self, message: str, reason: str, line: int | None = None, original: str | None = None
+        self,
+        message: str,
+        reason: str,
+        line: int | None = None,
+        original: str | None = None,
+        *,
+        dropped: int | None = None,
+        every_line: bool = False,
     ) -> None:
         super().__init__(message)
         self.reason = reason
         self.line = line
         self.original = original
+        self.dropped = dropped
+        self.every_line = every_line
 
 
 # What one target of a sink may answer that leaves it lagging rather than failing the

@@ -2,7 +2,8 @@
 
 Everything here is a frozen, picklable value (Spark ships commit messages
 from executors to the driver) or a pure helper both sides must agree on
-([`LineChecksum`][twophase.model.LineChecksum]). No I/O; no other twophase module is imported.
+([`LineChecksum`][twophase.model.LineChecksum]). No I/O; of twophase it imports only the
+errors, the bounds ([`twophase.bounded`][twophase.bounded]) and one constant of the settings.
 
 Words (``docs/concepts/design.md``): a *sink* is one output; an *epoch* one
 micro-batch of it (Spark's ``batchId``); a *write* one task attempt's staged
@@ -23,7 +24,9 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from twophase.errors import ConfigError, PermanentError
+from twophase.bounded import GZIP_WBITS, inflate
+from twophase.config.settings import MAX_CHUNK_CHARS
+from twophase.errors import ConfigError, InflateLimitError, PermanentError
 
 
 class EpochState(str, Enum):
@@ -195,14 +198,19 @@ class LineChecksum:
 # One gzip member per chunk, at level 1: 5.7x smaller than the text at 0.6 s of an
 # executor's CPU per million points; level 6 made it 6.8x for 2.2 s (bench lines).
 GZIP_LEVEL = 1
-_GZIP_WBITS = 31  # zlib's window with a gzip header and trailer
 _GZIP_MAGIC = b"\x1f\x8b\x08"
 _GZIP_MIN = 20  # header, an empty deflate block and the trailer
 
 
+# The longest line staged (a longer one is a dead letter at staging): as long as the most a
+# chunk of several lines holds, so no staged chunk inflates past MAX_CHUNK_BYTES.
+MAX_LINE_BYTES = 4 * MAX_CHUNK_CHARS
+MAX_CHUNK_BYTES = MAX_LINE_BYTES + 1  # a member holds its lines and one newline more
+
+
 def gzip_member(data: bytes) -> bytes:
     """``data`` as one gzip member (no name, no time: the same bytes every time)."""
-    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, GZIP_WBITS)
     return compressor.compress(data) + compressor.flush()
 
 
@@ -272,14 +280,34 @@ class StagedChunk:
 
     @functools.cached_property
     def text(self) -> str:
-        """The lines joined by newlines (a compressed chunk is decompressed, once)."""
+        """The lines joined by newlines (a compressed chunk is decompressed, once).
+
+        A gzip member is inflated to at most the size its trailer records (what the
+        writer compressed, never over ``MAX_CHUNK_BYTES``): one that would inflate
+        further is refused there (InflateLimitError), before the rest is allocated."""
         if self.body is not None:
             return self.body
         assert self.gz is not None
+        recorded = self._recorded()
         try:
-            return zlib.decompress(self.gz, _GZIP_WBITS).decode("utf-8")[:-1]
+            return inflate(self.gz, recorded, "its gzip member").decode("utf-8")[:-1]
+        except InflateLimitError as exc:  # damaged, or not what its writer made
+            raise InflateLimitError(self._damaged(f"{exc} (its trailer's size)").args[0]) from None
         except (zlib.error, UnicodeDecodeError) as exc:
             raise self._damaged(f"its gzip member does not decompress ({exc})") from None
+
+    def _recorded(self) -> int:
+        """The bytes the gzip member's trailer says it holds (ISIZE); PermanentError when
+        that is more than any staged chunk holds."""
+        assert self.gz is not None
+        recorded = int.from_bytes(self.gz[-4:], "little")
+        if recorded > MAX_CHUNK_BYTES:
+            raise InflateLimitError(
+                f"staged chunk of write {self.write_id} at seq {self.first_seq} is damaged: "
+                f"its gzip member records {recorded} bytes, more than a staged chunk holds "
+                f"({MAX_CHUNK_BYTES}); not inflated"
+            )
+        return recorded
 
     @functools.cached_property
     def _lines(self) -> list[str]:
@@ -309,6 +337,8 @@ class StagedChunk:
             and self.gz.startswith(_GZIP_MAGIC)
         ):
             raise self._damaged("it is not one gzip member of its lines")
+        else:
+            self._recorded()
         return self
 
     def _fitting(self, text: str) -> str:

@@ -19,11 +19,11 @@ database at the other.
 
 from __future__ import annotations
 
-import zlib
-
 import sqlalchemy as sa
 from alembic import context, op
 from sqlalchemy.dialects import postgresql
+
+from twophase.model import StagedChunk
 
 revision = "0008_compressed_chunks"
 down_revision = "0007_targets"
@@ -73,13 +73,15 @@ def downgrade() -> None:
 def _decompress_all() -> None:
     conn = op.get_bind()
     select = sa.text(
-        f"SELECT write_id, chunk, body_gz FROM {_TABLE} WHERE body_gz IS NOT NULL LIMIT :n"  # noqa: S608
+        f"SELECT write_id, chunk, first_seq, body_gz FROM {_TABLE}"  # noqa: S608
+        " WHERE body_gz IS NOT NULL LIMIT :n"
     )
     update = sa.text(
         f"UPDATE {_TABLE} SET body = :body, body_gz = NULL"  # noqa: S608
         " WHERE write_id = :w AND chunk = :c"
     )
     while rows := conn.execute(select, {"n": _BATCH}).fetchall():
-        for write_id, chunk, gz in rows:
-            text = zlib.decompress(bytes(gz), 31).decode("utf-8")[:-1]  # its last newline
+        for write_id, chunk, first_seq, gz in rows:
+            # Inflated within the size its trailer records (a damaged one stops the downgrade).
+            text = StagedChunk(str(write_id), first_seq, 1, None, None, gz=bytes(gz)).text
             conn.execute(update, {"body": text, "w": write_id, "c": chunk})

@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--influx-url-b", default=None, help="a second target, b (a: --influx-url)")
     ap.add_argument("--influx-db-b", default=None, help="target b's database")
     ap.add_argument("--retry-deadline", type=float, default=30, help="influx_retry_deadline (s)")
+    ap.add_argument("--session-timeout", default="30s", help="staging_session_timeout")
     args = ap.parse_args()
 
     config = TwoPhaseConfig(
@@ -86,6 +87,7 @@ def main() -> None:
             gc_interval=args.gc_interval,
             retention=args.retention,
             compression=args.compression,
+            staging_session_timeout=args.session_timeout,
             **({"staging_chunk_points": args.chunk_points} if args.chunk_points else {}),
         ),
         influx_config(args),

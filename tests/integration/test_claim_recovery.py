@@ -90,11 +90,11 @@ def test_a_recovery_waits_for_the_one_under_way_and_sends_nothing_twice(
     crashed_run(tp, "s", range(1))
     claimed: list[Any] = []
     with two_phase(staging, influx) as driver:
-        with tp.ledger.recovering("s"):  # the worker's commit recovers first
+        lease = begin_run(tp, "s", "r2", "q1")  # the worker's own claim: the same run
+        with tp.ledger.recovering(lease):  # the worker's commit recovers first
             claim = threading.Thread(target=lambda: claimed.append(driver.claim("s", "r2", "q1")))
             claim.start()
-            wait_until(lambda: advisory_waiters(staging_url) == 1)
-            lease = begin_run(tp, "s", "r2", "q1")  # the worker's own claim: the same run
+            wait_until(lambda: lock_waiters(staging_url) == 1)
             tp.promoter.promote(lease, 0)
         claim.join(60)
     assert claimed == [lease]
@@ -102,11 +102,15 @@ def test_a_recovery_waits_for_the_one_under_way_and_sends_nothing_twice(
     assert influx_count(influx, M) == 30
 
 
-def advisory_waiters(staging_url: str) -> int:
+def lock_waiters(staging_url: str) -> int:
+    """Lock sessions (named for their run's fencing token) that hold no lock: each is
+    trying to take one."""
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            "SELECT count(*) FROM pg_stat_activity a WHERE a.datname = current_database()"
+            " AND a.application_name LIKE 'twophase fencing token %'"
+            " AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid"
+            " AND l.locktype = 'advisory' AND l.granted)"
         ).fetchone()
     return int(row[0]) if row else 0
 

@@ -236,6 +236,8 @@ def test_gc_dry_run_then_for_real(cli: Cli, staging_url: str) -> None:
         "epochs_purged",
         "points_purged",
         "orphan_writes",
+        "epochs_compacted",
+        "history_retention_s",
         "sinks",
     }
     assert sql(staging_url, "SELECT count(*) FROM twophase_epochs WHERE purged_at IS NOT NULL") == [

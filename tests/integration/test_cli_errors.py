@@ -108,11 +108,22 @@ def test_debug_shows_the_traceback(cli: Cli) -> None:
     assert "Traceback" in result.err and "UnknownSinkError" in result.err
 
 
-def test_password_in_a_flag_is_warned_about_and_never_printed(cli: Cli) -> None:
+def test_password_in_a_flag_is_warned_about_once_and_never_printed(cli: Cli) -> None:
     result = cli("status")  # the dev URL has a password
     assert result.code == 0
-    assert "the password in --staging-url is visible to other users" in result.err
+    (warning,) = [line for line in result.err.splitlines() if "--staging-url" in line]
+    assert "the password in --staging-url is visible to other users" in warning
+    for where in ("as TWOPHASE_STAGING_URL,", "TWOPHASE_STAGING_URL_FILE", "TWOPHASE_CONFIG"):
+        assert where in warning
     assert ":twophase@" not in result.err + result.out
+    after = cli.run("status", "--staging-url", cli.staging_url)  # after the command too
+    assert after.code == 0 and after.err.count("visible to other users") == 1
+    assert ":twophase@" not in after.err + after.out
+    url_alone = cli.staging_url.replace(":twophase@", "@")  # no password: no warning
+    plain = cli.run(
+        "status", "--staging-url", url_alone, env=cli.env() | {"PGPASSWORD": "twophase"}
+    )
+    assert plain.code == 0 and "visible to other users" not in plain.err
 
 
 def test_with_json_every_error_is_one_json_line_on_stderr(tp: Any, cli: Cli) -> None:

@@ -44,6 +44,7 @@ STATUS_KEYS = {
     "replays_detected",
     "last_error",
     "corrections",
+    "compacted_through",
 }
 EPOCH_KEYS = {
     "sink_id",
@@ -134,7 +135,7 @@ def test_epochs(cli: Cli) -> None:
         ["3", "PRECOMMITTED", "10", "-", "0", "0"],
     ]
     data = cli("--json", "epochs", "--sink", SINK, "--from", "1", "--to", "2").json()
-    assert set(data) == {"sink_id", "epochs"}
+    assert set(data) == {"sink_id", "epochs", "compacted_through"}
     assert [e["epoch"] for e in data["epochs"]] == [1, 2]
     assert set(data["epochs"][0]) == EPOCH_KEYS
     assert data["epochs"][1]["points_rejected_promote"] == 1

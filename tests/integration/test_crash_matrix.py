@@ -125,11 +125,13 @@ def start_driver(
     extra: Sequence[str] = (),
     layout: tuple[str, int | None] = ("gzip", None),
     epochs: int = EPOCHS,
+    plan: Path | None = None,
 ) -> subprocess.Popen[str]:
     """The driver as a child process; ``arm_last``: a crash plan file and the plan the
     driver arms there once every epoch but the last is promoted; ``extra``: more
     arguments (``--gc-interval``, ``--retention``); ``layout``: the compression and
-    chunk size of staging (None: the default, one chunk per 100-line write)."""
+    chunk size of staging (None: the default, one chunk per 100-line write); ``plan``: a
+    crash plan file the driver reads from the start."""
     compression, chunk_points = layout
     extra = [*extra, "--compression", compression]
     if chunk_points is not None:
@@ -137,6 +139,8 @@ def start_driver(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
     if crash:
         env["TWOPHASE_CRASH_AT"] = crash
+    if plan is not None:
+        env["TWOPHASE_CRASH_PLAN"] = str(plan)
     cmd = [
         sys.executable,
         "-m",

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql as pgsql
 
 from tests.integration.cli_helpers import known_store, sql
 from tests.integration.fanout_helpers import two_targets
@@ -24,13 +30,17 @@ from tests.support import (
     staging_config_for,
     two_phase,
 )
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import ExporterConfig, InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.model import Lease
+from twophase.operations import exporter as exporter_module
 from twophase.operations import start_exporter
-from twophase.operations.exporter import Exporter, metric_names
+from twophase.operations.exporter import Exporter, StoreCollector, metric_names
+from twophase.protocol import targets as targets_module
+from twophase.store.database import Database
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+NO_CACHE = ExporterConfig(cache_s=0)
 
 
 def scrape(port: int) -> Samples:
@@ -49,7 +59,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def exporter(staging: StagingConfig) -> Iterator[Exporter]:
-    running = start_exporter(staging, port=0, host="127.0.0.1", live_window_s=600)
+    """An exporter that reads the store at every scrape (no cache: each test changes the
+    store between scrapes)."""
+    running = start_exporter(staging, port=0, live_window_s=600, exporter=NO_CACHE)
     yield running
     running.close()
 
@@ -213,3 +225,154 @@ def test_automatic_gc_lowers_the_retained_bytes(
         finally:
             committer.close()
     assert value(scrape(exporter.port), "twophase_staged_bytes", sink="a") == 0
+
+
+class CountingDatabase(Database):
+    """The store, counting the transactions its users open (a read of the exporter)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._counting = threading.Lock()
+        super().__init__(*args, **kwargs)  # checks the schema: a transaction
+        self.transactions = 0
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Cursor[Any]]:
+        with self._counting:
+            self.transactions = getattr(self, "transactions", 0) + 1
+        with super().transaction() as cur:
+            yield cur
+
+
+def test_scrapes_within_the_cache_window_cost_one_read(tp: Any, staging: StagingConfig) -> None:
+    known_store(tp)
+    db = CountingDatabase(staging, max_size=1)
+    running = exporter_module.start(db, port=0, config=ExporterConfig(cache_s=60))
+    try:
+        with ThreadPoolExecutor(8) as pool:  # 8 scrapes at once, then 8 more at once
+            answers = list(pool.map(lambda _: scrape(running.port), range(16)))
+    finally:
+        running.close()
+    # One read: the sinks and their commits, whether the store has targets, the targets.
+    assert db.transactions == 3
+    assert {value(a, "twophase_store_reads_total") for a in answers} == {1}
+    assert {value(a, "twophase_last_decided_epoch", sink="s") for a in answers} == {3}
+
+    now = [0.0]
+    again = CountingDatabase(staging, max_size=1)
+    collector = StoreCollector(again, 600, cache_s=5, clock=lambda: now[0])
+    try:
+        for at in (0.0, 4.9):  # within the window of the first read: no other
+            now[0] = at
+            assert list(collector.collect())
+        assert again.transactions == 3
+        now[0] = 5.0  # the window has passed: the next scrape reads the store again
+        reads = {f.name: f for f in collector.collect()}["twophase_store_reads"]
+        assert (reads.samples[0].value, again.transactions) == (2, 6)
+    finally:
+        again.close()
+
+
+def _history(url: str, sink: str, first: int, last: int) -> None:
+    """Epochs ``first``..``last`` of ``sink`` COMMITTED, as SQL writes them (no points);
+    its target ``default`` holds them all, ``b`` lacks the last three."""
+    sql(
+        url,
+        "INSERT INTO twophase_sinks (sink_id, last_decided_epoch, last_committed_epoch)"
+        " VALUES (%s, %s, %s) ON CONFLICT (sink_id) DO UPDATE SET last_decided_epoch ="
+        " EXCLUDED.last_decided_epoch, last_committed_epoch = EXCLUDED.last_committed_epoch",
+        sink,
+        last,
+        last,
+    )
+    sql(
+        url,
+        "INSERT INTO twophase_epochs (sink_id, epoch, state, write_ids, checksum,"
+        " points_staged, decided_at, committed_at) SELECT %s, e, 'COMMITTED',"
+        " ARRAY[gen_random_uuid()], 'x', 10, now(), now()"
+        " FROM generate_series(%s::bigint, %s::bigint) e",
+        sink,
+        first,
+        last,
+    )
+    sql(
+        url,
+        "INSERT INTO twophase_targets (sink_id, target, delivered_epoch) VALUES"
+        " (%s, 'default', %s), (%s, 'b', %s) ON CONFLICT (sink_id, target) DO UPDATE SET"
+        " delivered_epoch = EXCLUDED.delivered_epoch",
+        sink,
+        last,
+        sink,
+        last - 3,
+    )
+    with psycopg.connect(admin_conninfo(url), autocommit=True) as conn:
+        conn.execute("ANALYZE twophase_epochs")
+        conn.execute("ANALYZE twophase_targets")
+
+
+def _read_costs(url: str, seen: int) -> dict[str, int]:
+    """Buffers each query of an exporter's read touches, planned for its values (custom)
+    and as the pool's prepared statements run it (generic)."""
+    reads = {
+        "sinks": (exporter_module._SINKS_SQL, {"window": 600.0, "cli": "cli-", "cli_len": 4}),
+        "new sink's commits": (_committed(["s"], [None])),
+        "commits since": (_committed(["s"], [seen])),
+        "targets": (targets_module._STATES, {"s": None}),
+    }
+    with psycopg.connect(admin_conninfo(url)) as conn:
+        return {
+            f"{name}, {kind}": plan_buffers(conn, statement, params, kind == "generic")
+            for name, (statement, params) in reads.items()
+            for kind in ("custom", "generic")
+        }
+
+
+def _committed(sinks: list[str], seen: list[int | None]) -> tuple[str, dict[str, Any]]:
+    params = {"sinks": sinks, "seen": seen, "done": "COMMITTED", "recent": 100, "most": 10_000}
+    return exporter_module._COMMITTED_SQL, params
+
+
+def test_a_read_costs_the_same_whatever_the_history(staging_url: str) -> None:
+    _history(staging_url, "s", 0, 99)
+    small = _read_costs(staging_url, seen=95)
+    _history(staging_url, "s", 100, 200_099)
+    large = _read_costs(staging_url, seen=200_095)
+    print("buffers of an exporter's read, 100 epochs -> 200,100 epochs:", small, large)
+    assert {name: cost for name, cost in large.items() if cost > 2 * small[name] + 4} == {}
+
+
+def plan_buffers(conn: psycopg.Connection[Any], statement: str, params: Any, generic: bool) -> int:
+    """The shared buffers one run of ``statement`` touches (EXPLAIN (ANALYZE, BUFFERS)),
+    prepared and run with ``params`` as psycopg runs a statement it prepares, with the
+    plan PostgreSQL chooses for these values, or a generic plan (the staging pool's)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, statement)
+    values = [params[name] for name in names]
+    types = ", ".join(_pg_type(v) for v in values)
+    mode = "force_generic_plan" if generic else "auto"
+    conn.execute(pgsql.SQL("SET plan_cache_mode = {}").format(pgsql.SQL(mode)))
+    conn.execute(pgsql.SQL("PREPARE measured ({}) AS {}").format(pgsql.SQL(types), pgsql.SQL(text)))
+    try:
+        run = pgsql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({})")
+        literals = pgsql.SQL(", ").join(pgsql.Literal(v) for v in values)
+        row = conn.execute(run.format(literals)).fetchone()
+    finally:
+        conn.execute("DEALLOCATE measured")
+    assert row is not None
+    top = row[0][0]["Plan"]
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+
+
+def _pg_type(value: Any) -> str:
+    if isinstance(value, float):
+        return "float8"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, list):
+        return "text[]" if any(isinstance(v, str) for v in value) else "bigint[]"
+    return "text"

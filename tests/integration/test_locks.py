@@ -1,17 +1,23 @@
-"""The staging store's session-level locks: 64-bit keys, and a holder that learns when
-its lock went with its session."""
+"""The staging store's locks: 64-bit keys; a holder that learns when its lock went with
+its session; a fenced run's holder ended by the newer run; every wait bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
+from typing import Any
 
 import psycopg
 import pytest
 
-from tests.support import admin_conninfo
+from tests.support import admin_conninfo, begin_run
 from twophase.config import StagingConfig
-from twophase.errors import LockLostError
+from twophase.errors import FencedError, LockLostError, StagingUnavailableError
 from twophase.store.database import Database
+from twophase.store.locks import LockOwner
+
+OWNER = LockOwner("s", 1)
 
 
 def colliding_names(staging_url: str) -> tuple[str, str]:
@@ -31,11 +37,11 @@ def test_locks_of_names_whose_32_bit_hashes_collide_do_not_wait_on_each_other(
     staging: StagingConfig, staging_url: str
 ) -> None:
     first, second = colliding_names(staging_url)
-    with Database(staging) as db, db.session_lock(first):
+    with Database(staging) as db, db.session_lock(first, OWNER):
         taken = threading.Event()
 
         def take_the_other() -> None:
-            with db.session_lock(second):
+            with db.session_lock(second, OWNER):
                 taken.set()
 
         thread = threading.Thread(target=take_the_other, daemon=True)
@@ -45,7 +51,7 @@ def test_locks_of_names_whose_32_bit_hashes_collide_do_not_wait_on_each_other(
 
 
 def test_a_held_lock_knows_when_its_session_ended(staging: StagingConfig, staging_url: str) -> None:
-    with Database(staging) as db, db.session_lock("twophase-target:s:a") as held:
+    with Database(staging) as db, db.session_lock("twophase-target:s:a", OWNER) as held:
         held.check()  # still held: nothing raised
         with psycopg.connect(admin_conninfo(staging_url)) as conn:
             conn.execute(
@@ -55,3 +61,96 @@ def test_a_held_lock_knows_when_its_session_ended(staging: StagingConfig, stagin
             )
         with pytest.raises(LockLostError, match="twophase-target:s:a"):
             held.check()
+
+
+def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: Any) -> None:
+    """A frozen driver's lock session answers TCP and never ends by itself: the run that
+    fenced it ends it (pg_terminate_backend) and takes the lock, and the old holder
+    learns it lost the lock."""
+    old = begin_run(tp, "s", "r1", "q1")
+    db = tp.db
+    with db.session_lock("recover:s", LockOwner("s", old.token)) as held:
+        new = begin_run(tp, "s", "r2", "q1")  # fences r1
+        started = time.monotonic()
+        with db.session_lock("recover:s", LockOwner("s", new.token)):
+            assert time.monotonic() - started < 5
+            with pytest.raises(LockLostError, match="recover:s"):
+                held.check()
+
+
+def test_a_live_runs_holder_is_waited_for_never_ended(tp: Any) -> None:
+    """A holder of the same run, or of a newer one, is never ended: the waiter waits while
+    its between-tries check lets it, and a fenced waiter gives up with FencedError."""
+    old = begin_run(tp, "s", "r1", "q1")
+    new = begin_run(tp, "s", "r2", "q1")
+    db = tp.db
+    tries: list[int] = []
+
+    def give_up_after_three() -> None:
+        tries.append(1)
+        if len(tries) == 3:
+            raise TimeoutError("gave up")
+
+    with db.session_lock("recover:s", LockOwner("s", new.token)) as held:
+        with (
+            pytest.raises(TimeoutError),
+            db.session_lock("recover:s", LockOwner("s", new.token), give_up_after_three),
+        ):
+            pass
+        with pytest.raises(FencedError), tp.ledger.recovering(old):
+            pass
+        held.check()  # still held by the newer run
+
+
+def test_a_lock_wait_without_a_check_gives_up_at_the_retry_deadline(
+    staging: StagingConfig,
+) -> None:
+    quick = dataclasses.replace(staging, retry_deadline_s=1.0)
+    with Database(quick) as db, db.session_lock("recover:s", OWNER):
+        started = time.monotonic()
+        with (
+            pytest.raises(StagingUnavailableError, match="held by another session"),
+            db.session_lock("recover:s", OWNER),
+        ):
+            pass
+        assert time.monotonic() - started < 10
+
+
+def test_every_session_has_bounded_lock_waits_idle_transactions_and_keepalives(
+    staging: StagingConfig, staging_url: str
+) -> None:
+    """A step waiting for a row lock gives up after staging_lock_timeout (retryably); a
+    session idle in a transaction is ended by PostgreSQL after staging_session_timeout,
+    and its row locks with it; the server watches a silent client with keepalives."""
+    quick = dataclasses.replace(staging, lock_timeout_s=0.5, session_timeout_s=2.0)
+    with Database(quick) as db:
+        with db.transaction() as cur:
+            cur.execute(
+                "SELECT current_setting('lock_timeout'),"
+                " current_setting('idle_in_transaction_session_timeout'),"
+                " current_setting('tcp_user_timeout')"
+            )
+            assert cur.fetchone() == ("500ms", "2s", "2000")  # ms, on TCP
+        with psycopg.connect(admin_conninfo(staging_url)) as other:
+            other.execute("INSERT INTO twophase_sinks (sink_id) VALUES ('s')")
+            other.commit()
+            other.execute("SELECT 1 FROM twophase_sinks WHERE sink_id = 's' FOR UPDATE")
+            started = time.monotonic()
+            with (
+                pytest.raises(StagingUnavailableError, match="staging_lock_timeout"),
+                db.transaction() as cur,
+            ):
+                cur.execute("UPDATE twophase_sinks SET updated_at = now() WHERE sink_id = 's'")
+            assert time.monotonic() - started < 5
+            other.rollback()
+        # A twophase session left idle in its transaction, as a frozen driver leaves it.
+        with db.connection() as frozen:
+            frozen.execute("SELECT 1 FROM twophase_sinks WHERE sink_id = 's' FOR UPDATE")
+            started = time.monotonic()
+            with db.transaction() as cur:  # waits, retried, until PostgreSQL ends it
+                cur.execute("SET LOCAL lock_timeout = '10s'")
+                cur.execute("UPDATE twophase_sinks SET updated_at = now() WHERE sink_id = 's'")
+            waited = time.monotonic() - started
+            assert 1.0 < waited < 8, waited
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                frozen.execute("SELECT 1")

@@ -27,7 +27,7 @@ import pytest
 from scripts.services import InfluxServer, PrometheusServer, ServiceError
 from tests.integration.test_protocol import lines, stage
 from tests.support import OWN_INFLUX_DB, begin_run, free_port, two_phase
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import ExporterConfig, InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.operations import exporter
 from twophase.store.database import Database
@@ -129,7 +129,7 @@ class Scraped:
 @pytest.fixture
 def metrics_port(staging: StagingConfig) -> Iterator[int]:
     served = exporter.start(
-        Database(staging), port=free_port(), host="127.0.0.1", live_window_s=600
+        Database(staging), port=free_port(), live_window_s=600, config=ExporterConfig(cache_s=0)
     )
     yield served.port
     served.close()

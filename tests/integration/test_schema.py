@@ -28,6 +28,7 @@ REVISIONS = [
     "0007_targets",
     "0008_compressed_chunks",
     "0009_every_sink_has_targets",
+    "0010_compacted_history",
 ]
 
 

@@ -1,9 +1,13 @@
 """TLS to both servers, with a CA the test kit makes: PostgreSQL with sslmode=verify-full
 and a client certificate, InfluxDB over https. Certificate problems fail at once with
-a ConfigError naming the setting to fix, and no secret in any message or CLI output."""
+a ConfigError naming the setting to fix, and no secret in any message or CLI output. A
+host that is not loopback (a name the certificate lists, reached at 127.0.0.1 through
+libpq's hostaddr) is verified against the system's CAs unless its URL chooses a weaker
+sslmode, which is honoured and warned of once."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from scripts.tlskit import HttpsInflux, Kit, TlsPostgres, make_kit
+from scripts.tlskit import REMOTE_NAME, HttpsInflux, Kit, TlsPostgres, make_kit
 from tests.integration.test_protocol import lines
 from tests.support import REPO, begin_run, free_port, two_phase
 from twophase.config import (
@@ -24,10 +28,12 @@ from twophase.config import (
     load_influx_config,
     load_setting,
     load_staging_config,
+    sslmode,
 )
 from twophase.errors import ConfigError
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
+from twophase.store.database import Database
 
 PASSWORD = "Tls-Pg-Secret-31337"  # the staging role's password: must appear nowhere
 INFLUX_PASSWORD = "Tls-Influx-Secret-27182"
@@ -222,3 +228,69 @@ def test_a_ca_file_that_holds_no_certificate_is_refused_naming_it(
     with pytest.raises(ConfigError, match="is not a readable file") as missing:
         load_setting("influx_tls_ca", {"TWOPHASE_INFLUX_TLS_CA": str(tmp_path / "none.pem")})
     assert missing.value.option == "TWOPHASE_INFLUX_TLS_CA"
+
+
+# --- a host that is not loopback: verified TLS unless its URL says otherwise ------------
+
+
+def remote_staging(servers: Servers, query: str = "") -> StagingConfig:
+    """The TLS server by a name that is not loopback (``REMOTE_NAME``, reached at
+    127.0.0.1 through libpq's hostaddr: the certificate is checked against the name),
+    with the client certificate the server wants and no CA given."""
+    url = servers.postgres.tls_url_for(DATABASE, REMOTE_NAME) + "?hostaddr=127.0.0.1" + query
+    files = {
+        "staging_tls_cert": str(servers.kit.client_cert),
+        "staging_tls_key": str(servers.kit.client_key),
+    }
+    return load_staging_config(env={}, staging_url=url, staging_connect_timeout="20s", **files)
+
+
+def tls_in_use(config: StagingConfig) -> bool:
+    with Database(config) as db, db.transaction() as cur:
+        cur.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        return bool(cur.fetchone()[0])
+
+
+@pytest.fixture
+def libpq_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No libpq variable that would choose for twophase, and no URL warned of yet."""
+    for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGHOST", "PGHOSTADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sslmode, "_warned", set())
+
+
+@pytest.mark.usefixtures("libpq_defaults")
+def test_a_host_that_is_not_loopback_is_verified_against_the_systems_cas(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = remote_staging(servers)
+    assert "sslmode=verify-full" in config.psycopg_conninfo()
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:  # the test CA is not one of the system's
+        Database(config)
+    assert time.monotonic() - started < FAST_S
+    assert refused.value.option == "TWOPHASE_STAGING_TLS_CA", str(refused.value)
+    assert no_secret(str(refused.value))
+    # The system's CAs as OpenSSL's variable names them: trusted now, the name matches.
+    monkeypatch.setenv("SSL_CERT_FILE", str(servers.kit.ca))
+    assert tls_in_use(config)
+
+
+@pytest.mark.usefixtures("libpq_defaults")
+def test_a_weaker_sslmode_written_for_it_is_honoured_with_one_warning(
+    servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="twophase")
+    config = remote_staging(servers, "&sslmode=require")  # encrypted, the server unchecked
+    assert tls_in_use(config) and tls_in_use(config)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "twophase.config.sslmode"]
+    assert len(warnings) == 1, warnings
+    assert "sslmode=require" in warnings[0] and REMOTE_NAME in warnings[0]
+    assert no_secret(*warnings)
+    env = servers.env() | {"TWOPHASE_STAGING_URL": config.url.reveal()}
+    del env["TWOPHASE_STAGING_TLS_CA"]
+    status = twophase_cli(env, "status", "--sink", SINK)
+    assert status.returncode == 0, status.stderr
+    shown = [line for line in status.stderr.splitlines() if "sslmode=require" in line]
+    assert len(shown) == 1 and shown[0].startswith("twophase: warning: TWOPHASE_STAGING_URL")
+    assert no_secret(status.stdout, status.stderr)

@@ -342,3 +342,23 @@ def test_only_text_cells_are_guarded_and_jsonl_keeps_values_as_stored(tmp_path: 
     _export(letters(), target, "jsonl")
     first = json.loads(target.read_text().splitlines()[0])
     assert first["payload"] == "=1+1"
+
+
+def test_a_requeue_in_batches_names_its_corrections_and_adds_up_their_points() -> None:
+    from twophase.cli.render import requeue_lines
+    from twophase.operations import RequeueReport
+    from twophase.protocol.promoter import PromoteResult
+
+    done = [PromoteResult("s", -n, 500 - n, n) for n in (1, 2, 3)]
+    pending = PromoteResult("s", 7, 10, 0)
+    report = RequeueReport("s", False, 1, 1500, (4, 5), 0, (pending, *done), (1, 2, 3))
+    assert requeue_lines(report) == [
+        "promoted first (they were pending): epoch 7",
+        "requeued 1500 dead letters of epochs 4-5 as corrections c1-c3: 1494 delivered, "
+        "6 rejected again",
+        "the points rejected again are dead letters of the corrections",
+    ]
+    one = RequeueReport("s", True, 4, 3, (9,), 0)
+    assert requeue_lines(one) == [
+        "would requeue 3 dead letters of epoch 9 as correction c4 (dry run: nothing sent)"
+    ]

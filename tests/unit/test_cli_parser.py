@@ -27,6 +27,7 @@ SECTIONS = {
     "db downgrade": STAGING_FLAGS,
     "db current": STAGING_FLAGS,
     "db history": STAGING_FLAGS,
+    "db grants": STAGING_FLAGS,  # --apply connects
     "metrics": STAGING_FLAGS,
     "recover": BOTH,
     "resend": BOTH,

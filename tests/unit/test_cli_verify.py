@@ -9,14 +9,16 @@ import pytest
 
 from twophase.errors import StateError
 from twophase.operations.verify import (
+    Comparison,
     Expected,
+    Share,
     Window,
     actual_points,
     choose_epochs,
     compare,
     compare_series,
-    fetch,
     quote_ident,
+    read_back,
     same_value,
     when,
     window_query,
@@ -99,14 +101,59 @@ def test_influxdb_answer_is_read_without_empty_tags_and_nulls() -> None:
     assert list(actual_points(answer)) == [(A, 10, {"v": 1}), (A, 20, {"w": "x"})]
 
 
-def test_fetch_keeps_only_expected_series() -> None:
+def test_read_back_compares_only_expected_series_as_the_answer_streams() -> None:
     answer = [
         {"name": "m", "tags": {"host": "a"}, "columns": ["time", "v"], "values": [[10, 1]]},
         {"name": "m", "tags": {"host": "z"}, "columns": ["time", "v"], "values": [[10, 1]]},
+        {"name": "m", "tags": {"host": "a"}, "columns": ["time", "v"], "values": [[20, 2]]},
     ]
     seen: list[str] = []
-    got = fetch(lambda q: seen.append(q) or answer, [Window("m", 0, 99)], {A: {10: {}}}, None)
-    assert got == {A: {10: {"v": 1}}} and len(seen) == 1
+
+    def query(statement: str) -> Any:
+        seen.append(statement)
+        yield from answer  # a chunk at a time: a series may come in several
+
+    comparison = Comparison({A: {10: {"v": 1.0}, 20: {"v": 3.0}}})
+    read_back(query, [Window("m", 0, 99)], comparison, None)
+    [diff] = comparison.differences()
+    assert (diff.points_influx, diff.different, diff.missing, diff.extra) == (2, 1, 0, 0)
+    assert len(seen) == 1
+
+
+def _lines(series: int, per_series: int) -> list[str]:
+    return [
+        f"m,host=h{s},dc=d{s % 3} v={s * t}i {t}" for t in range(per_series) for s in range(series)
+    ]
+
+
+@pytest.mark.parametrize("passes", [2, 3, 7])
+def test_passes_over_shares_of_the_series_add_up_to_one_pass(passes: int) -> None:
+    """Each series in exactly one share: the passes' points and differences are one
+    pass's, and an unparseable line is counted once."""
+    lines = [*_lines(40, 5), "garbage"]
+    actual = {
+        (("m", (("dc", f"d{s % 3}"), ("host", f"h{s}"))), t): {"v": s * t}
+        for s in range(40)
+        for t in range(5)
+    }
+    del actual[(("m", (("dc", "d1"), ("host", "h7"))), 3)]  # one point missing in InfluxDB
+
+    def differences(expected: Expected) -> Any:
+        have: dict[Any, dict[int, dict[str, Any]]] = {}
+        for (series, stamp), values in actual.items():
+            have.setdefault(series, {})[stamp] = values
+        return compare(expected.points, have)
+
+    whole = Expected()
+    whole.add(lines)
+    shares = [Expected(share=Share(i, passes)) for i in range(passes)]
+    for share in shares:
+        share.add(lines)
+    assert sum(e.size() for e in shares) == whole.size() == 200
+    assert all(e.size() < whole.size() for e in shares)
+    by_series = sorted((d for e in shares for d in differences(e)), key=lambda d: d.tags["host"])
+    assert by_series == sorted(differences(whole), key=lambda d: d.tags["host"])
+    assert sum(e.unparseable for e in shares) == whole.unparseable == 1
 
 
 @pytest.mark.parametrize(

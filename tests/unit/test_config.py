@@ -295,3 +295,43 @@ def test_a_plain_http_target_is_refused_naming_it_and_its_own_setting() -> None:
 def test_allow_plaintext_credentials_is_in_the_settings_reference() -> None:
     row = "| `allow_plaintext_credentials` | `TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS` | boolean |"
     assert f"{row} `false` |" in docs_reference.settings()
+
+
+def test_both_metrics_endpoints_listen_on_loopback_unless_told(tmp_path: Path) -> None:
+    from twophase.config import PER_TARGET, load_exporter_config
+
+    exporter = load_exporter_config(env={})
+    assert (exporter.host, exporter.port, exporter.endpoint.scheme) == ("127.0.0.1", 9464, "http")
+    influx = load_influx_config(env={**BASE, "TWOPHASE_METRICS_PORT": "9465"})
+    endpoint = influx.metrics_endpoint
+    assert endpoint is not None and (endpoint.host, endpoint.port) == ("127.0.0.1", 9465)
+    assert load_influx_config(env=BASE).metrics_endpoint is None  # no port: no endpoint
+    assert not {o for o in PER_TARGET if o.startswith(("metrics_", "exporter_"))}
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("x")
+    given = {
+        "TWOPHASE_EXPORTER_HOST": "0.0.0.0",
+        "TWOPHASE_EXPORTER_TLS_CERT": str(cert),
+        "TWOPHASE_EXPORTER_TLS_KEY": str(key),
+        "TWOPHASE_EXPORTER_CACHE": "2s",
+    }
+    exporter = load_exporter_config(env=given)
+    assert (exporter.host, exporter.endpoint.scheme, exporter.cache_s) == ("0.0.0.0", "https", 2)
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"metrics_tls_cert": "c.pem"}, "TWOPHASE_METRICS_TLS_KEY: is required"),
+        ({"metrics_tls_client_ca": "ca.pem"}, "TWOPHASE_METRICS_TLS_CLIENT_CA: needs"),
+    ],
+)
+def test_an_endpoint_s_tls_files_come_together(
+    tmp_path: Path, given: dict[str, str], named: str
+) -> None:
+    for name in given.values():
+        (tmp_path / name).write_text("x")
+    files = {option: str(tmp_path / name) for option, name in given.items()}
+    with pytest.raises(ConfigError, match=named):
+        load_influx_config(env=BASE, metrics_port=9465, **files)

@@ -407,7 +407,12 @@ def test_query_v1_post_keeps_the_statement_out_of_the_url(stub: Any) -> None:
     method, path, headers, body = stub.seen[-1]
     assert (method, path) == ("POST", "/query") and PASSWORD not in path
     assert headers["content-type"] == "application/x-www-form-urlencoded"
-    assert urllib.parse.parse_qs(body.decode()) == {"q": [statement], "epoch": ["ns"]}
+    assert urllib.parse.parse_qs(body.decode()) == {
+        "q": [statement],
+        "epoch": ["ns"],
+        "chunked": ["true"],  # streamed: a chunk of the answer at a time
+        "chunk_size": ["1000"],
+    }
 
 
 # --- secrets before messages are shortened ---------------------------------------------

@@ -104,6 +104,25 @@ def test_psycopg_gets_a_password_holding_a_slash_encoded() -> None:
     assert url.render(scheme="postgresql") == "postgresql://u:pa%2Fss@h:5432/db?x=1"
 
 
+@pytest.mark.parametrize(
+    ("query", "sent"),
+    [
+        ("password=Zq9%SE/cr@t", "password=Zq9%25SE%2Fcr%40t"),  # a bare % is itself
+        ("sslpassword=k%2Fy&x=%zz", "sslpassword=k%2Fy&x=%zz"),  # escapes kept; not secret
+        ("PASSWORD=a+b", "PASSWORD=a%2Bb"),  # libpq reads + as itself
+    ],
+)
+def test_psycopg_gets_a_password_in_the_query_encoded(query: str, sent: str) -> None:
+    """libpq refuses a bare ``%`` quoting the value, password and all."""
+    url = DbUrl.parse(f"postgresql+psycopg://u@h/db?{query}")
+    assert url.render(scheme="postgresql") == f"postgresql://u@h/db?{sent}"
+
+
+def test_added_parameters_are_encoded_as_libpq_reads_them() -> None:
+    url = DbUrl.parse("postgresql://u@h/db").with_params({"sslrootcert": "/my certs/ca+1.pem"})
+    assert url.render() == "postgresql://u@h/db?sslrootcert=%2Fmy%20certs%2Fca%2B1.pem"
+
+
 def test_the_hosts_end_at_the_query_when_there_is_no_path() -> None:
     url = DbUrl.parse("postgresql://u@h:5432?dbname=tp&host=/run/pg")
     assert url.hosts == "h:5432"

@@ -2,7 +2,7 @@
 
 Commands: status, epochs, verify, dead-letters, recover, resend, targets (and
 targets resync), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
-current, history) for the staging schema (``twophase COMMAND --help`` for
+current, history, grants) for the staging schema (``twophase COMMAND --help`` for
 each). Settings come from the ``TWOPHASE_*`` variables (see
 [`twophase.config`][twophase.config]); the connection flags override them: every one before
 the command, and after it those of the servers the command talks to. Secrets
@@ -45,7 +45,9 @@ and current ``url``, ``before``, ``after``, ``head``, ``at_head``; db history ``
 ``current``, ``head``, ``revisions`` (oldest first, fields of
 [`migrate.SchemaRevision`][twophase.operations.migrate.SchemaRevision]); db upgrade and downgrade
 with
-``--sql`` ``action``, ``start``, ``target`` (null: no schema) and ``sql``.
+``--sql`` ``action``, ``start``, ``target`` (null: no schema) and ``sql``; db grants
+``schema``, ``roles`` (the role of each kind, null: none) and ``sql``, with ``--apply``
+``url``, ``schema``, ``roles`` and ``statements`` (those run).
 
 With ``--json`` an error is JSON too: one line on stderr (after any warning or
 progress line), the object ``{"error": message, "setting": option, "exit_code":
@@ -70,11 +72,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
+import psycopg
+
 from twophase import logs
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console, printable
 from twophase.cli.parser import build_parser
-from twophase.config import CLI_FLAGS, OPTIONS, env_name
+from twophase.config import CLI_FLAGS, CONFIG_FILE_ENV, OPTIONS, env_name
 from twophase.config.urls import has_password
 from twophase.errors import (
     ConfigError,
@@ -119,11 +123,16 @@ def _logging(debug: bool, stream: TextIO, fmt: str = logs.TEXT) -> Iterator[None
 
 
 def _warn_password_flag(console: Console) -> None:
+    """Once per command: a flag's value is in the process list (``ps``) for every user of
+    the machine to read, and in the shell's history. The password is never shown."""
     url = console.args.staging_url
     if url and has_password(url):  # a bad URL is reported by the configuration step
+        var = env_name("staging_url")
         console.warn(
             "the password in --staging-url is visible to other users (process list, "
-            "shell history); prefer TWOPHASE_STAGING_URL or TWOPHASE_STAGING_URL_FILE"
+            f"shell history): give the setting staging_url as {var}, in the file "
+            f"{var}_FILE names, or in the TOML file {CONFIG_FILE_ENV} names (or the "
+            "password alone in PGPASSWORD or ~/.pgpass)"
         )
 
 
@@ -159,6 +168,13 @@ def _failure(exc: Exception, failed: int) -> _Failure:
         return _Failure(failed, str(exc), setting)
     if isinstance(exc, TwoPhaseError | OSError):
         return _Failure(failed, str(exc))
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "permission denied"
+        return _Failure(
+            failed,
+            f"the staging store refused: {reason} (the role of the staging URL lacks a grant:"
+            " `twophase db grants` shows what each kind of process needs)",
+        )
     return _Failure(
         failed, f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"
     )

@@ -16,7 +16,14 @@ from typing import Any
 from twophase import operations as ops
 from twophase.cli import render
 from twophase.cli.console import Console, printable
-from twophase.config import CLI_FLAGS, StagingConfig, TwoPhaseConfig, load_config, load_setting
+from twophase.config import (
+    CLI_FLAGS,
+    StagingConfig,
+    TwoPhaseConfig,
+    load_config,
+    load_exporter_config,
+    load_setting,
+)
 from twophase.config import load_staging_config as _load_staging
 from twophase.errors import UsageError
 from twophase.operations import EpochRange, RequeueFilter, TargetState
@@ -112,7 +119,11 @@ def _resync(con: Console) -> int:
 def cmd_epochs(con: Console) -> int:
     args = con.args
     listing = ops.epochs(staging_config(args), args.sink, selection_of(args), args.last)
-    data = {"sink_id": listing.sink_id, "epochs": listing.epochs}
+    data: dict[str, Any] = {
+        "sink_id": listing.sink_id,
+        "epochs": listing.epochs,
+        "compacted_through": listing.compacted_through,
+    }
     if listing.events is not None:
         data["events"] = listing.events
     con.emit(data, render.epoch_lines(listing))
@@ -161,7 +172,8 @@ def cmd_gc(con: Console) -> int:
     with con.hooks() as hooks:
         config = staging_config(args)
         summary = ops.gc(config, args.sink, args.retention, args.orphan_grace, args.dry_run, hooks)
-    totals = {k: summary.total(k) for k in ("epochs_purged", "points_purged", "orphan_writes")}
+    counts = ("epochs_purged", "points_purged", "orphan_writes", "epochs_compacted")
+    totals = {k: summary.total(k) for k in counts}
     con.emit(asdict(summary) | totals, render.gc_lines(summary))
     return EXIT_OK
 
@@ -222,10 +234,12 @@ def cmd_verify(con: Console) -> int:
 def cmd_metrics(con: Console) -> int:
     """Serve until SIGTERM or Ctrl-C."""
     args = con.args
-    exporter = ops.start_exporter(staging_config(args), args.port, args.host, args.live_window)
+    settings = load_exporter_config(exporter_port=args.port, exporter_host=args.host)
+    staging = staging_config(args)
+    exporter = ops.start_exporter(staging, None, None, args.live_window, exporter=settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    where = printable(f"http://{args.host}:{exporter.port}/metrics")
+    where = printable(exporter.url)
     con.err.write(f"twophase: serving metrics on {where}\n")
     con.err.flush()
     try:
@@ -260,6 +274,22 @@ def cmd_db_current(con: Console) -> int:
 def cmd_db_history(con: Console) -> int:
     history = ops.schema_history(staging_config(con.args))
     con.emit(history, render.history_lines(history))
+    return EXIT_OK
+
+
+def cmd_db_grants(con: Console) -> int:
+    """The GRANTs printed (no connection), or applied as the schema's owner."""
+    args = con.args
+    roles = ops.RoleNames(args.executor, args.driver, args.operator, args.reader)
+    if not args.apply:
+        check_flags(args)  # no connection is made, but a wrong flag is still wrong
+        printed = ops.grant_sql(roles, args.schema)
+        con.emit(printed, printed.sql.splitlines())
+        return EXIT_OK
+    if args.schema is not None:
+        raise UsageError("--schema goes with the printed SQL; --apply grants where the store is")
+    report = ops.apply_grants(staging_config(args), roles)
+    con.emit(report, render.grant_lines(report))
     return EXIT_OK
 
 

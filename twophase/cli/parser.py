@@ -236,17 +236,28 @@ def _inspection(commands: _Commands) -> None:
     _epochs(sub)
     _target(sub, "verify that target's InfluxDB only (default: every target, in turn)")
     _dead_letters(commands)
-    _schema(commands.group("db", "the staging schema: upgrade, downgrade, show, print the SQL"))
+    _schema(
+        commands.group(
+            "db", "the staging schema: upgrade, downgrade, show, print the SQL, grant roles"
+        )
+    )
     sub = commands.add("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
     sub.add_argument("action", choices=["serve"], help="serve: run the exporter until stopped")
+    port, host = BY_NAME["exporter_port"], BY_NAME["exporter_host"]
     sub.add_argument(
         "--port",
         type=_count,
-        default=DEFAULT_PORT,
         metavar="N",
-        help=f"port to listen on (default {DEFAULT_PORT})",
+        help=f"port to listen on, 0: any free (default: {port.env}, else {DEFAULT_PORT})",
     )
-    sub.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    sub.add_argument(
+        "--host",
+        metavar="ADDRESS",
+        help=(
+            f"address to listen on (default: {host.env}, else {host.default}: this host only;"
+            " 0.0.0.0: every interface). TLS: TWOPHASE_EXPORTER_TLS_CERT, _KEY, _CLIENT_CA"
+        ),
+    )
     _live_window(sub)
 
 
@@ -309,6 +320,42 @@ def _schema(actions: _Commands) -> None:
     actions.add("current", cmd.cmd_db_current, "the store's revision, and whether it is the head")
     actions.add(
         "history", cmd.cmd_db_history, "the shipped revisions, the head and the current one"
+    )
+    _grants(actions)
+
+
+# The kinds of process that may each run as a role of least privilege, and what they do.
+_ROLE_KINDS = (
+    ("executor", "the Spark executors' role: they stage"),
+    ("driver", "the driver's role: the protocol (claim, decide, promote, mark, GC), staging too"),
+    (
+        "operator",
+        "the role of the commands that change the store: recover, resend, dead-letters "
+        "--requeue, targets resync, abort, gc, reset",
+    ),
+    ("reader", "the read-only role: the exporter, verify, status, epochs, dead-letters, targets"),
+)
+
+
+def _grants(actions: _Commands) -> None:
+    sub = actions.add(
+        "grants",
+        cmd.cmd_db_grants,
+        "print the GRANTs that give existing roles what each kind of process needs in the "
+        "staging store, or run them as the schema's owner (--apply)",
+    )
+    for kind, text in _ROLE_KINDS:
+        sub.add_argument(f"--{kind}", metavar="ROLE", help=text)
+    sub.add_argument(
+        "--schema",
+        metavar="NAME",
+        help="the schema of the staging tables, for the printed SQL (default public; "
+        "--apply finds it)",
+    )
+    sub.add_argument(
+        "--apply",
+        action="store_true",
+        help="run the GRANTs in the store, connected as its owner (the role of the staging URL)",
     )
 
 

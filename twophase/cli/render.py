@@ -13,6 +13,7 @@ from twophase.operations import (
     EpochInfo,
     EpochListing,
     GcSummary,
+    GrantReport,
     RecoverReport,
     RequeueReport,
     ResendReport,
@@ -95,6 +96,9 @@ def status_lines(rows: Sequence[SinkStatus], targets: Sequence[TargetState] = ()
         return ["no sinks in this staging store"]
     lines = table(_STATUS_HEADERS, [_status_row(s) for s in rows])
     for s in rows:
+        if s.compacted_through is not None:
+            lines += [f"sink {s.sink_id!r}: {line}" for line in _compacted(s.compacted_through)]
+    for s in rows:
         mine = [t for t in targets if t.sink_id == s.sink_id]
         if len(mine) > 1 or any(t.state != "live" or t.url_changed_at for t in mine):
             lines += ["", f"targets of sink {s.sink_id!r}:"]
@@ -169,6 +173,11 @@ def resync_lines(report: ResyncReport) -> list[str]:
             f"NOT supplied: {epochs_are(report.skipped_purged)} purged from staging by GC "
             f"before {report.target!r} had them: that InfluxDB lacks their points"
         )
+    if report.compacted_through is not None:
+        lines.append(
+            f"NOT supplied: the epochs up to {report.compacted_through} whose records GC "
+            "compacted (their points were purged before): that InfluxDB lacks their points"
+        )
     lines.append(f"{who} is {report.state}")
     return lines
 
@@ -198,9 +207,10 @@ _EPOCH_HEADERS = (
 
 
 def epoch_lines(listing: EpochListing) -> list[str]:
+    compacted = _compacted(listing.compacted_through)
     if not listing.epochs:
-        return [f"sink {listing.sink_id!r} has no epochs"]
-    lines = table(_EPOCH_HEADERS, [_epoch_row(e) for e in listing.epochs])
+        return [f"sink {listing.sink_id!r} has no epochs", *compacted]
+    lines = table(_EPOCH_HEADERS, [_epoch_row(e) for e in listing.epochs]) + compacted
     if listing.events is not None:
         lines += ["", f"history of epoch {epoch_label(listing.epochs[0].epoch)}:"]
         lines += table(
@@ -208,6 +218,16 @@ def epoch_lines(listing: EpochListing) -> list[str]:
             [(e.at, e.event, e.run_id, e.detail) for e in listing.events],
         )
     return lines
+
+
+def _compacted(floor: int | None) -> list[str]:
+    """The line saying how far GC compacted a sink's history (none: nothing)."""
+    if floor is None:
+        return []
+    return [
+        f"older epochs were compacted, up to {floor}: gc deleted their records, and every "
+        "one of them that was decided was delivered"
+    ]
 
 
 def _epoch_row(e: EpochInfo) -> tuple[Any, ...]:
@@ -260,24 +280,28 @@ def _requeued(epoch: int | None) -> str:
 
 def requeue_lines(report: RequeueReport) -> list[str]:
     lines = []
-    earlier = [r for r in report.promoted if r is not report.result]
+    results = report.results  # the corrections' promotions, once done
+    earlier = [r for r in report.promoted if all(r is not done for done in results)]
     if earlier:
         pending = name_epochs([r.epoch for r in earlier])
         lines.append(f"promoted first (they were pending): {pending}")
     if report.correction is None:
         return [*lines, f"no dead letters of sink {report.sink_id!r} to requeue"]
+    numbers = report.corrections or (report.correction,)
+    named = f"correction c{numbers[0]}"
+    if len(numbers) > 1:  # one per batch of letters
+        named = f"corrections c{numbers[0]}-c{numbers[-1]}"
     what = (
-        f"{plural(report.requeued, 'dead letter')} of "
-        f"{name_epochs(report.from_epochs)} as correction c{report.correction}"
+        f"{plural(report.requeued, 'dead letter')} of {name_epochs(report.from_epochs)} as {named}"
     )
     if report.dry_run:
         return [*lines, f"would requeue {what} (dry run: nothing sent)"]
-    done = report.result
-    if done is None:  # cannot happen once recover returned; said for completeness
+    if not results:  # cannot happen once recover returned; said for completeness
         return [*lines, f"requeued {what}; run `twophase recover --sink {report.sink_id}`"]
-    lines.append(f"requeued {what}: {done.delivered} delivered, {done.rejected} rejected again")
-    if done.rejected:
-        lines.append("the points rejected again are dead letters of the correction")
+    delivered, rejected = sum(r.delivered for r in results), sum(r.rejected for r in results)
+    lines.append(f"requeued {what}: {delivered} delivered, {rejected} rejected again")
+    if rejected:
+        lines.append(f"the points rejected again are dead letters of the {named.split()[0]}")
     return lines
 
 
@@ -294,6 +318,12 @@ def schema_lines(report: SchemaReport) -> list[str]:
             "`twophase db upgrade`"
         )
     return lines
+
+
+def grant_lines(report: GrantReport) -> list[str]:
+    """The statements run, then where."""
+    done = f"{len(report.statements)} statements run in schema {report.schema} of {report.url}"
+    return [*report.statements, done]
 
 
 def history_lines(history: SchemaHistory) -> list[str]:
@@ -336,14 +366,33 @@ def reset_lines(done: ResetReport) -> list[str]:
 
 def gc_lines(summary: GcSummary) -> list[str]:
     lines = table(
-        ("SINK", "EPOCHS PURGED", "POINTS PURGED", "ORPHAN WRITES"),
-        [(s.sink_id, s.epochs_purged, s.points_purged, s.orphan_writes) for s in summary.sinks],
+        ("SINK", "EPOCHS PURGED", "POINTS PURGED", "ORPHAN WRITES", "COMPACTED", "FLOOR"),
+        [
+            (
+                s.sink_id,
+                s.epochs_purged,
+                s.points_purged,
+                s.orphan_writes,
+                s.epochs_compacted,
+                s.compacted_through,
+            )
+            for s in summary.sinks
+        ],
     )
     verb = "would purge" if summary.dry_run else "purged"
+    compacted = summary.total("epochs_compacted")
+    history = summary.history_retention_s
     lines.append(
         f"gc {verb} {summary.total('epochs_purged')} epochs "
         f"({summary.total('points_purged')} staged points) past retention "
         f"{age(summary.retention_s)} and {summary.total('orphan_writes')} orphaned writes"
+        + (
+            f", and {'would compact' if summary.dry_run else 'compacted'} the records of "
+            f"{compacted} delivered epochs past "
+            f"history_retention {age(history)} (FLOOR: every epoch up to it was delivered)"
+            if compacted and history is not None
+            else ""
+        )
         + (" (dry run: nothing was removed)" if summary.dry_run else "")
     )
     for sink, target in (q for s in summary.sinks for q in s.quarantined):

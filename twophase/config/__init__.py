@@ -24,6 +24,8 @@ The package is read in this order:
   file; one target's overrides are ``TWOPHASE_TARGET_<NAME>_<OPTION>``;
 - [`twophase.config.urls`][twophase.config.urls]: PostgreSQL URLs checked and masked without
   SQLAlchemy (executors read them);
+- [`twophase.config.sslmode`][twophase.config.sslmode]: the staging store's ``sslmode`` when its
+  URL chooses none (verified TLS to a host that is not loopback);
 - [`twophase.config.tls`][twophase.config.tls]: TLS failures as errors naming the setting to fix.
 
 Every error names the option (the environment variable when the value came from
@@ -35,12 +37,15 @@ from __future__ import annotations
 
 from twophase.config.loading import (
     load_config,
+    load_exporter_config,
     load_influx_config,
     load_setting,
     load_staging_config,
 )
 from twophase.config.sections import (
     DEFAULT_TARGET,
+    EndpointConfig,
+    ExporterConfig,
     InfluxConfig,
     StagingConfig,
     TargetConfig,
@@ -53,6 +58,7 @@ from twophase.config.settings import (
     COMPRESSIONS,
     CONFIG_FILE_ENV,
     ENV_PREFIX,
+    EXPORTER,
     GZIP,
     INFLUX,
     INFLUX_APIS,
@@ -80,6 +86,7 @@ __all__ = [
     "CONFIG_FILE_ENV",
     "DEFAULT_TARGET",
     "ENV_PREFIX",
+    "EXPORTER",
     "GZIP",
     "INFLUX",
     "INFLUX_APIS",
@@ -92,6 +99,8 @@ __all__ = [
     "SETTINGS",
     "STAGING",
     "UNCOMPRESSED",
+    "EndpointConfig",
+    "ExporterConfig",
     "InfluxConfig",
     "Secret",
     "Setting",
@@ -101,6 +110,7 @@ __all__ = [
     "default",
     "env_name",
     "load_config",
+    "load_exporter_config",
     "load_influx_config",
     "load_setting",
     "load_staging_config",

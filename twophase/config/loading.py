@@ -12,7 +12,6 @@ targets may not write to the same database (or bucket) of the same server.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -22,9 +21,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from twophase.config.files import NO_FILE, ConfigFile, read_config_file
-from twophase.config.sections import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config.sections import (
+    ExporterConfig,
+    InfluxConfig,
+    StagingConfig,
+    TargetConfig,
+    TwoPhaseConfig,
+)
 from twophase.config.settings import (
     BY_NAME,
+    EXPORTER,
     INFLUX,
     OPTIONS,
     PER_TARGET,
@@ -35,6 +41,7 @@ from twophase.config.settings import (
     env_name,
     target_env_name,
 )
+from twophase.config.urls import is_loopback
 from twophase.config.values import Secret, check_secret_text, mask_url, parse
 from twophase.errors import ConfigError
 
@@ -280,17 +287,7 @@ def _plaintext_remote(url: str) -> bool:
     """Whether ``url`` is plain http to a host that may be across a network: not
     loopback (127.0.0.0/8, ::1, localhost), where nothing leaves the machine."""
     parts = urlsplit(url)
-    if parts.scheme.lower() != "http":
-        return False
-    host = (parts.hostname or "").rstrip(".")
-    if host == "localhost":
-        return False
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:  # a name (resolved later, maybe to anything)
-        return True
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
-    return not (address.is_loopback or (mapped is not None and mapped.is_loopback))
+    return parts.scheme.lower() == "http" and not is_loopback(parts.hostname or "")
 
 
 def _check_distinct_destinations(src: _Source, targets: tuple[TargetConfig, ...]) -> None:
@@ -378,6 +375,13 @@ def load_setting(name: str, env: Mapping[str, str] | None = None, **explicit: An
 def load_staging_config(env: Mapping[str, str] | None = None, **explicit: Any) -> StagingConfig:
     """The staging store settings (for processes that never talk to InfluxDB)."""
     return _staging(_source(env, explicit))
+
+
+def load_exporter_config(env: Mapping[str, str] | None = None, **explicit: Any) -> ExporterConfig:
+    """The exporter's settings (``exporter_*``): where ``twophase metrics serve`` listens,
+    its TLS, how long a read of the store answers scrapes."""
+    src = _source(env, explicit)
+    return ExporterConfig(**{s.attr: src.value(s) for s in SETTINGS if s.section == EXPORTER})
 
 
 def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) -> InfluxConfig:

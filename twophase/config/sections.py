@@ -5,14 +5,16 @@ the table's defaults. A client certificate without its key, or a key without its
 certificate, is refused when the object is made. A sink delivers to one or more
 named InfluxDB targets ([`TargetConfig`][twophase.config.sections.TargetConfig]), each with an
 [`InfluxConfig`][twophase.config.sections.InfluxConfig]
-of its own.
+of its own. The exporter's settings are an
+[`ExporterConfig`][twophase.config.sections.ExporterConfig]; a Prometheus endpoint (the
+exporter's, the driver's) is an [`EndpointConfig`][twophase.config.sections.EndpointConfig].
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twophase.config import urls
+from twophase.config import sslmode, urls
 from twophase.config.settings import default, env_name
 from twophase.config.values import Secret, mask_url
 from twophase.errors import ConfigError
@@ -31,8 +33,11 @@ class StagingConfig:
     retention_s: float = default("retention")
     orphan_grace_s: float = default("orphan_grace")
     gc_interval_s: float = default("gc_interval")
+    history_retention_s: float = default("history_retention")
     connect_timeout_s: float = default("staging_connect_timeout")
     retry_deadline_s: float = default("staging_retry_deadline")
+    lock_timeout_s: float = default("staging_lock_timeout")
+    session_timeout_s: float = default("staging_session_timeout")
     chunk_points: int = default("staging_chunk_points")
     chunk_chars: int = default("staging_chunk_chars")
     spool_memory: int = default("staging_spool_memory")
@@ -51,7 +56,8 @@ class StagingConfig:
 
     def psycopg_conninfo(self) -> str:
         """The URL in the form psycopg accepts (no SQLAlchemy driver suffix), with the
-        TLS files as libpq parameters."""
+        TLS files as libpq parameters, and verified TLS for a host that is not loopback
+        unless the URL chooses its sslmode ([`sslmode`][twophase.config.sslmode])."""
         return self._url().render(scheme="postgresql")
 
     def sqlalchemy_url(self) -> str:
@@ -60,9 +66,10 @@ class StagingConfig:
 
     def _url(self) -> urls.DbUrl:
         url = urls.DbUrl.parse(self.url.reveal())
+        given = url.params()
+        sslmode.warn_weak_mode(self.display_url, url.hosts, given)
         params = {"sslrootcert": self.tls_ca, "sslcert": self.tls_cert, "sslkey": self.tls_key}
-        if self.tls_ca and "sslmode" not in url.params():
-            params["sslmode"] = "verify-full"  # a CA is given to be checked, host name too
+        params |= sslmode.tls_params(url.hosts, given, self.tls_ca)
         return url.with_params({k: v for k, v in params.items() if v})
 
 
@@ -110,9 +117,30 @@ class InfluxConfig:
     min_targets: int = default("min_targets")
     target_deadline_s: float = default("target_deadline")
     target_max_lag_s: float = default("target_max_lag")
+    metrics_host: str = default("metrics_host")
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
+    metrics_tls_client_ca: str | None = None
 
     def __post_init__(self) -> None:
         _check_pair("influx_tls", self.tls_cert, self.tls_key)
+        _check_endpoint(
+            "metrics", self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca
+        )
+
+    @property
+    def metrics_endpoint(self) -> EndpointConfig | None:
+        """The driver's metrics endpoint (``metrics_*``); None when ``metrics_port`` is unset."""
+        if self.metrics_port is None:
+            return None
+        return EndpointConfig(
+            "metrics",
+            self.metrics_host,
+            self.metrics_port,
+            self.metrics_tls_cert,
+            self.metrics_tls_key,
+            self.metrics_tls_client_ca,
+        )
 
     def named_targets(self) -> tuple[TargetConfig, ...]:
         """The targets, or the one (named
@@ -153,6 +181,63 @@ class TwoPhaseConfig:
 
     staging: StagingConfig
     influx: InfluxConfig
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """Where a Prometheus endpoint listens, and its TLS, which prometheus_client serves:
+    ``tls_cert`` and ``tls_key`` make it https; ``tls_client_ca`` also wants of every
+    scraper a client certificate that CA signed (mutual TLS). ``prefix`` names its
+    settings (``metrics``: the driver's; ``exporter``), which errors name. Port 0: any
+    free port."""
+
+    prefix: str
+    host: str
+    port: int
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_endpoint(self.prefix, self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """The exporter of the store's metrics (``twophase metrics serve``): where it
+    listens, its TLS, and how long a read of the store answers scrapes (``cache_s``)."""
+
+    host: str = default("exporter_host")
+    port: int = default("exporter_port")
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    cache_s: float = default("exporter_cache")
+
+    def __post_init__(self) -> None:
+        _check_endpoint("exporter", self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    @property
+    def endpoint(self) -> EndpointConfig:
+        return EndpointConfig(
+            "exporter", self.host, self.port, self.tls_cert, self.tls_key, self.tls_client_ca
+        )
+
+
+def _check_endpoint(prefix: str, cert: str | None, key: str | None, client_ca: str | None) -> None:
+    """An endpoint's certificate needs its key (and the key its certificate); a client CA
+    (mutual TLS) needs the endpoint to speak TLS at all."""
+    _check_pair(f"{prefix}_tls", cert, key)
+    if client_ca and not cert:
+        raise ConfigError(
+            env_name(f"{prefix}_tls_client_ca"),
+            f"needs {env_name(f'{prefix}_tls_cert')} and {env_name(f'{prefix}_tls_key')}: "
+            "client certificates are asked for over https only",
+        )
 
 
 def _check_pair(prefix: str, cert: str | None, key: str | None) -> None:

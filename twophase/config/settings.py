@@ -18,9 +18,17 @@ PROMOTIONS = (INLINE, BACKGROUND)
 GZIP, UNCOMPRESSED = "gzip", "none"
 COMPRESSIONS = (GZIP, UNCOMPRESSED)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
+# The most characters one staged chunk of several lines holds (4 bytes each at most in
+# UTF-8): with the longest line staged, the bound a chunk's decompression keeps to.
+MAX_CHUNK_CHARS = 16 * 1024 * 1024
 STAGING, INFLUX = "staging", "influx"
 # How rows become points: read by the point builder alone (no config object holds them).
 POINTS = "points"
+# The exporter of the store's metrics (`twophase metrics serve`): its ExporterConfig.
+EXPORTER = "exporter"
+# Where a Prometheus endpoint listens unless told: this host only. What it shows (sinks,
+# runs, targets, errors) is the operator's, and each scrape of the exporter costs queries.
+LOOPBACK = "127.0.0.1"
 # The optional TOML file of settings (read below the environment, above the defaults).
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 # One target's override: TWOPHASE_TARGET_<NAME>_<OPTION>.
@@ -54,8 +62,9 @@ class Setting:
     ``int``, ``bool`` (``true``/``false``), ``choice``, ``staging_url``,
     ``http_url``, ``targets`` (named http URLs: ``a=http://h1:8086,b=https://h2:8086``)
     or ``path`` (a readable file).
-    ``attr`` is its field in [`StagingConfig`][twophase.config.sections.StagingConfig]
-    or [`InfluxConfig`][twophase.config.sections.InfluxConfig] (``section``). ``flag``
+    ``attr`` is its field in [`StagingConfig`][twophase.config.sections.StagingConfig],
+    [`InfluxConfig`][twophase.config.sections.InfluxConfig] or
+    [`ExporterConfig`][twophase.config.sections.ExporterConfig] (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
     """
 
@@ -82,6 +91,53 @@ class Setting:
     @property
     def cli_flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+def _endpoint_settings(prefix: str, section: str, attr: str, what: str) -> tuple[Setting, ...]:
+    """The address and TLS files of one Prometheus endpoint (``what``: the driver's, the
+    exporter's), served by prometheus_client: the same settings for both, written once.
+    ``attr`` starts their fields' names in the section's config."""
+    return (
+        Setting(
+            name=f"{prefix}_host",
+            section=section,
+            attr=f"{attr}host",
+            kind="text",
+            help=(
+                f"address {what} listens on: 127.0.0.1 serves this host only; 0.0.0.0 (or ::) "
+                "every interface, an interface's address that one (then set "
+                f"{prefix}_tls_cert, and {prefix}_tls_client_ca to admit only your Prometheus)"
+            ),
+            default=LOOPBACK,
+        ),
+        Setting(
+            name=f"{prefix}_tls_cert",
+            section=section,
+            attr=f"{attr}tls_cert",
+            kind="path",
+            help=(
+                f"certificate file (PEM) {what} serves https with, with {prefix}_tls_key; "
+                "unset: plain http"
+            ),
+        ),
+        Setting(
+            name=f"{prefix}_tls_key",
+            section=section,
+            attr=f"{attr}tls_key",
+            kind="path",
+            help=f"private key file (PEM) of {prefix}_tls_cert",
+        ),
+        Setting(
+            name=f"{prefix}_tls_client_ca",
+            section=section,
+            attr=f"{attr}tls_client_ca",
+            kind="path",
+            help=(
+                "CA certificate file a scraper's client certificate must be signed by: mutual "
+                f"TLS, a scrape without such a certificate is refused (with {prefix}_tls_cert)"
+            ),
+        ),
+    )
 
 
 def _tls_settings(section: str, server: str, ca_note: str) -> tuple[Setting, ...]:
@@ -152,6 +208,19 @@ SETTINGS: tuple[Setting, ...] = (
         default=600,
     ),
     Setting(
+        name="history_retention",
+        section=STAGING,
+        attr="history_retention_s",
+        kind="duration",
+        help=(
+            "how long an ended epoch's record (its row, writes, history, deliveries) is kept; "
+            "past it, once its points are purged (retention) and every target holds it, GC "
+            "compacts it into the sink's floor (every epoch up to N was delivered), which "
+            "still tells a replay of it"
+        ),
+        default=30 * 86400,
+    ),
+    Setting(
         name="staging_connect_timeout",
         section=STAGING,
         attr="connect_timeout_s",
@@ -172,6 +241,32 @@ SETTINGS: tuple[Setting, ...] = (
         default=60.0,
     ),
     Setting(
+        name="staging_lock_timeout",
+        section=STAGING,
+        attr="lock_timeout_s",
+        kind="duration",
+        help=(
+            "longest one statement waits for a row lock another session holds (PostgreSQL's "
+            "lock_timeout); the step then fails retryably and is tried again, until "
+            "staging_retry_deadline. 0: wait without limit"
+        ),
+        default=10.0,
+    ),
+    Setting(
+        name="staging_session_timeout",
+        section=STAGING,
+        attr="session_timeout_s",
+        kind="duration",
+        help=(
+            "how long PostgreSQL keeps a session that holds a transaction open without a "
+            "statement (idle_in_transaction_session_timeout), or whose peer stopped answering "
+            "(TCP keepalives and tcp_user_timeout, on both ends), before it ends the session "
+            "and releases its locks: the longest a frozen or lost driver holds up the next "
+            "run. 0: never"
+        ),
+        default=30.0,
+    ),
+    Setting(
         name="staging_chunk_points",
         section=STAGING,
         attr="chunk_points",
@@ -188,6 +283,7 @@ SETTINGS: tuple[Setting, ...] = (
         help="characters per staged chunk (a longer line is a chunk alone)",
         default=1024 * 1024,
         minimum=1,
+        maximum=MAX_CHUNK_CHARS,
     ),
     Setting(
         name="staging_spool_memory",
@@ -218,7 +314,9 @@ SETTINGS: tuple[Setting, ...] = (
     *_tls_settings(
         STAGING,
         "the staging database",
-        "libpq's sslrootcert; sslmode defaults to verify-full then",
+        "libpq's sslrootcert; sslmode defaults to verify-full then. Without it, a host "
+        "that is not loopback gets verify-full against the system's CAs unless the URL "
+        "chooses its sslmode",
     ),
     Setting(
         name="promote_connections",
@@ -427,6 +525,31 @@ SETTINGS: tuple[Setting, ...] = (
         ),
         minimum=1,
     ),
+    *_endpoint_settings("metrics", INFLUX, "metrics_", "the driver's endpoint (metrics_port)"),
+    # The exporter of the store's metrics (`twophase metrics serve`).
+    Setting(
+        name="exporter_port",
+        section=EXPORTER,
+        attr="port",
+        kind="int",
+        help="port of the exporter (`twophase metrics serve`); 0: any free port",
+        default=9464,
+        minimum=0,
+        maximum=65535,
+    ),
+    *_endpoint_settings("exporter", EXPORTER, "", "the exporter"),
+    Setting(
+        name="exporter_cache",
+        section=EXPORTER,
+        attr="cache_s",
+        kind="duration",
+        help=(
+            "how long the exporter answers scrapes with its last read of the staging store: "
+            "scrapes within it (several Prometheus servers, a retried scrape) cost no query; "
+            "0: every scrape reads the store"
+        ),
+        default=5.0,
+    ),
     # How rows become points (the sink's executors read it with the point builder).
     Setting(
         name="allow_newlines_in_strings",
@@ -457,6 +580,10 @@ SINK_WIDE = (
     "target_max_lag",
     "promotion",
     "metrics_port",
+    "metrics_host",
+    "metrics_tls_cert",
+    "metrics_tls_key",
+    "metrics_tls_client_ca",
 )
 # The settings one target may override (TWOPHASE_TARGET_<NAME>_<OPTION>, [targets.NAME]).
 PER_TARGET = tuple(s.name for s in SETTINGS if s.section == INFLUX and s.name not in SINK_WIDE)

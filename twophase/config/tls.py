@@ -33,8 +33,8 @@ _STAGING: tuple[_Rule, ...] = (
     (
         re.compile(r"certificate verify failed|root certificate|sslrootcert|self.signed", re.I),
         "staging_tls_ca",
-        "the server's certificate is not signed by this CA (or the file holds none): give the "
-        "CA that signed it",
+        "the server's certificate is not signed by this CA (without one, by one of the "
+        "system's CAs), or the file holds none: give the CA that signed it",
     ),
     (
         re.compile(

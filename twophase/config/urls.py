@@ -10,8 +10,9 @@ SQLAlchemy for it cost each worker 0.1 s (measured with ``-X importtime``).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, replace
-from urllib.parse import parse_qsl, unquote, unquote_plus, urlencode
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus, unquote_to_bytes, urlencode
 
 SCHEMES = ("postgresql", "postgresql+psycopg")
 # Query parameters that hold a secret: libpq's password and sslpassword (the client
@@ -71,21 +72,23 @@ class DbUrl:
         if not params:
             return self
         joiner = "&" if "?" in self.rest else "?"
-        return replace(self, rest=f"{self.rest}{joiner}{urlencode(params)}")
+        # quote, not urlencode's quote_plus: libpq reads a "+" as itself, not a space.
+        return replace(self, rest=f"{self.rest}{joiner}{urlencode(params, quote_via=quote)}")
 
     def secret_params(self) -> tuple[str, ...]:
         """The names of the query parameters that hold a secret (``?password=...``)."""
         return tuple(key for key, _ in _query_pairs(self.rest) if key in SECRET_PARAMS)
 
     def render(self, scheme: str | None = None, mask: bool = False) -> str:
-        """The URL (the password quoted); with ``mask``, every secret as ``***``."""
+        """The URL (the passwords quoted, the query's too); with ``mask``, every secret
+        as ``***``."""
         userinfo = ""
         if self.user is not None or self.password is not None:
             userinfo = _quoted(self.user or "")
             if self.password is not None:
                 userinfo += ":" + (MASK if mask else _quoted(self.password))
             userinfo += "@"
-        rest = _masked_query(self.rest) if mask else self.rest
+        rest = _masked_query(self.rest) if mask else _quoted_secrets(self.rest)
         return f"{scheme or self.scheme}://{userinfo}{self.hosts}{rest}"
 
 
@@ -108,9 +111,23 @@ def _masked_query(text: str) -> str:
     return before + question + "&".join(shown)
 
 
-def _quoted(text: str) -> str:
-    from urllib.parse import quote
+def _quoted_secrets(text: str) -> str:
+    """``text`` with the value of each secret query parameter percent-encoded whole,
+    as the user information's password is: a ``%`` not starting an escape is itself.
+    libpq would otherwise refuse the URL with an error quoting the value, password
+    and all (``invalid percent-encoded token: "..."``)."""
+    before, question, _ = text.partition("?")
+    if not question:
+        return text
+    pieces = []
+    for key, piece in _query_pairs(text):
+        name, equals, value = piece.partition("=")
+        secret = key in SECRET_PARAMS and equals
+        pieces.append(f"{name}={quote(unquote_to_bytes(value), safe='')}" if secret else piece)
+    return before + question + "&".join(pieces)
 
+
+def _quoted(text: str) -> str:
     return quote(text, safe="")
 
 
@@ -121,6 +138,21 @@ def mask(text: str) -> str:
         return DbUrl.parse(text).render(mask=True)
     except BadUrl:
         return _masked_query(text.split("@")[-1] if "@" in text else text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, without brackets) is loopback: 127.0.0.0/8,
+    ::1 (and IPv4-mapped 127.x), ``localhost``. Any other name is not, whatever it
+    resolves to now: it is not resolved (slow, may fail, may change later)."""
+    name = host.rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:  # a name
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def has_password(text: str) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twophase.config import InfluxConfig, env_name
@@ -85,7 +85,7 @@ class AutoWriter:
     def write(self, body: bytes, gzipped: bool = False) -> None:
         self._resolved().write(body, gzipped)
 
-    def read(self, statement: str) -> list[dict[str, Any]]:
+    def read(self, statement: str) -> Iterable[dict[str, Any]]:
         return self._resolved().read(statement)
 
     def _resolved(self) -> InfluxWriter:

@@ -4,7 +4,9 @@
 connection refused/reset, timeouts, 429, 500, 502-504  ``TransientWriteError``
 413                                                    ``BatchTooLargeError``
 400, 422 (the points themselves are wrong)             ``BadPointsError`` (with the
-                                                       line, when InfluxDB 3 names it)
+                                                       line, when InfluxDB 3 names it;
+                                                       with 1.x's count of refused
+                                                       points, when it gives one)
 401, 403                                               ``InfluxAuthError``
 404 (and 1.x's 500 "retention policy not found")       ``InfluxNotFoundError``
 anything else                                          ``InfluxRequestError``
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import json
+import re
 import ssl
 import time
 from collections.abc import Iterable, Mapping
@@ -58,6 +61,15 @@ if TYPE_CHECKING:
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 _MAX_MESSAGE = 500
+# InfluxDB 1.x's refusals of a write (measured on 1.6.7): "partial write: <why>
+# dropped=N" when it wrote the rest, N counting the points it parsed and refused (lines
+# it could not parse are not counted, and when points were also dropped, not even
+# named); "unable to parse '<line>': <why>", one per line, when it parsed none of them
+# and so wrote nothing. Read from the error's text, as its own clients do.
+_PARTIAL = "partial write:"
+_UNPARSED = "unable to parse '"
+_DROPPED = re.compile(r"\bdropped=(\d+)\s*$")
+_ERROR_TEXT = re.compile(r'\s*\{\s*"error"\s*:\s*"(.*)', re.S)  # also of a cut answer
 
 
 @dataclass(frozen=True)
@@ -166,9 +178,31 @@ def classify_status(
         error: TwoPhaseError = BadPointsError(message, reason, line, original)
     else:
         error = _classify(status, said, headers, target)
+    if isinstance(error, BadPointsError) and status == 400 and target.api == "v1":
+        error.dropped, error.every_line = influx1_refusal(body)
     error = scrubbed(error, secrets)
     error.http_status = status
     return error
+
+
+def influx1_refusal(body: bytes | str | None) -> tuple[int | None, bool]:
+    """(N of "dropped=N", whether no line was parsed) of a 1.x refusal of a write, read
+    from its whole text: (None, False) when it says neither (another server, a cut
+    answer, a refusal of another kind)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        found = _ERROR_TEXT.match(text)
+        said = found.group(1) if found else text.strip()
+    else:
+        said = parsed.get("error") if isinstance(parsed, dict) else None
+        if not isinstance(said, str):
+            return None, False
+    if said.startswith(_UNPARSED):
+        return None, True
+    dropped = _DROPPED.search(said) if said.startswith(_PARTIAL) else None
+    return (int(dropped.group(1)) if dropped else None), False
 
 
 def refused_line(

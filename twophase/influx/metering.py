@@ -1,7 +1,10 @@
 """In-process metrics of the process that promotes (the Spark driver): its InfluxDB requests.
 
 Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink
-option): then [`serve`][twophase.influx.metering.serve] starts one Prometheus endpoint per process,
+option): then [`serve`][twophase.influx.metering.serve] starts one Prometheus endpoint per process
+(on ``metrics_host``, loopback unless told; https with ``metrics_tls_cert``
+and ``metrics_tls_key``, mutual TLS with ``metrics_tls_client_ca``:
+[`twophase.serving`][twophase.serving]),
 and
 [`MeteredWriter`][twophase.influx.metering.MeteredWriter] wraps each target's writer so that every
 request is
@@ -23,14 +26,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from twophase.config import DEFAULT_TARGET
+from twophase.config import DEFAULT_TARGET, EndpointConfig
 from twophase.errors import TransientWriteError, TwoPhaseError
 from twophase.influx.sender import RetryEvent
 from twophase.influx.writers import InfluxWriter
+from twophase.serving import Served
+from twophase.serving import serve as serve_registry
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 # Request latencies from a loopback write (ms) to a request that waits out a timeout.
@@ -64,7 +70,7 @@ SENT_BYTES = Counter(
 STATUS_CLASSES = ("2xx", "4xx", "5xx", "transport")
 RETRY_REASONS = ("throttled", "unavailable", "transport")
 
-_served: dict[int, object] = {}
+_served: dict[int, Served] = {}
 _lock = threading.Lock()
 
 
@@ -110,7 +116,7 @@ class MeteredWriter:
             RESPONSES.labels(target=target, status_class=status_class(error)).inc()
             SENT_BYTES.labels(target=target).inc(len(body))
 
-    def read(self, statement: str) -> list[dict[str, Any]]:
+    def read(self, statement: str) -> Iterable[dict[str, Any]]:
         return self._inner.read(statement)  # a read back is not a delivery: not metered
 
     def close(self) -> None:
@@ -122,8 +128,11 @@ def count_retry(event: RetryEvent) -> None:
     RETRIES.labels(retry_reason(event.error)).inc()
 
 
-def serve(port: int, host: str = "0.0.0.0") -> None:
-    """Start this process's metrics endpoint on ``port`` once (idempotent per port)."""
+def serve(endpoint: EndpointConfig) -> Served:
+    """Start this process's metrics endpoint once per port (the first configuration of a
+    port is the one served); ConfigError when it cannot listen or its TLS files do not
+    work."""
     with _lock:
-        if port not in _served:
-            _served[port] = start_http_server(port, addr=host, registry=REGISTRY)
+        if endpoint.port not in _served:
+            _served[endpoint.port] = serve_registry(REGISTRY, endpoint)
+        return _served[endpoint.port]

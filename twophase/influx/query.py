@@ -1,9 +1,15 @@
-"""Reading InfluxDB back through the 1.x ``/query`` API (``verify``, tests, the demo)."""
+"""Reading InfluxDB back through the 1.x ``/query`` API (``verify``, tests, the demo).
+
+The answer is streamed (``chunked=true``): InfluxDB sends a series' rows in chunks of
+at most ``ANSWER_CHUNK_ROWS``, one JSON object per line, and each is read, parsed and
+given out before the next is read, so a reader holds one chunk at a time however large
+the answer (see [`twophase.influx.http`][twophase.influx.http] for the bounds).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,7 +18,12 @@ import urllib3
 from twophase.config import Secret
 from twophase.errors import InfluxRequestError
 from twophase.influx.classify import Target, classify_status, scrub, server_message
-from twophase.influx.http import auth_headers, credential_forms, request_once
+from twophase.influx.http import answer, answer_lines, auth_headers, credential_forms, opened
+
+ANSWER_CHUNK_ROWS = 1000  # rows of a series per chunk of a streamed answer
+# One chunk's JSON read at most: 1,000 rows of a few fields take kilobytes; a row of many
+# 64 KiB strings could take more, and its answer is refused rather than read whole.
+MAX_ANSWER_LINE = 64 * 1024 * 1024
 
 
 def query_v1(
@@ -32,7 +43,30 @@ def query_v1(
     password in it stays out of access logs. Raises the classified errors of
     a write, and InfluxRequestError when a statement fails.
     """
-    params = {"q": q, "epoch": "ns", **({"db": database} if database else {})}
+    return list(query_v1_stream(url, database, q, username, password, timeout_s, method, tls))
+
+
+def query_v1_stream(
+    url: str,
+    database: str | None,
+    q: str,
+    username: str | None = None,
+    password: Secret | str | None = None,
+    timeout_s: float = 10.0,
+    method: str = "GET",
+    tls: Mapping[str, Any] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """[`query_v1`][twophase.influx.query.query_v1] a chunk at a time: the series dicts as
+    InfluxDB streams them (a series of more than ``ANSWER_CHUNK_ROWS`` rows comes as
+    several dicts in a row). Lazy: the request is made when the first is asked for,
+    and its connection closed when the iterator ends or is closed."""
+    params = {
+        "q": q,
+        "epoch": "ns",
+        "chunked": "true",
+        "chunk_size": str(ANSWER_CHUNK_ROWS),
+        **({"db": database} if database else {}),
+    }
     target = Target("v1", url.rstrip("/"), database, username=username)
     secrets = credential_forms(username, password)
     headers = auth_headers(username, password)
@@ -41,15 +75,23 @@ def query_v1(
         query_url, body = f"{target.url}/query", urlencode(params)
         headers["Content-Type"] = "application/x-www-form-urlencoded"
     timeout = urllib3.Timeout(connect=timeout_s, read=timeout_s)
-    response = request_once(method, query_url, timeout, headers, body, target, secrets, tls)
-    if response.status == 400:  # a bad statement, not bad points
-        said = server_message(response.data, secrets=secrets)
-        raise InfluxRequestError(scrub(f"query refused: {said}", secrets))
-    if not 200 <= response.status < 300:
-        raise classify_status(response.status, response.data, response.headers, target, secrets)
-    series: list[dict[str, Any]] = []
-    for result in json.loads(response.data).get("results", []):
+    with opened(method, query_url, timeout, headers, body, target, secrets, tls) as response:
+        if response.status == 400:  # a bad statement, not bad points
+            said = server_message(answer(response), secrets=secrets)
+            raise InfluxRequestError(scrub(f"query refused: {said}", secrets))
+        if not 200 <= response.status < 300:
+            said_bytes = answer(response)
+            raise classify_status(response.status, said_bytes, response.headers, target, secrets)
+        what = f"the answer of {target.url}/query"
+        for line in answer_lines(response, MAX_ANSWER_LINE, what):
+            yield from _series(json.loads(line), secrets)
+
+
+def _series(chunk: Any, secrets: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """The series of one chunk of the answer; InfluxRequestError for a failed statement."""
+    if isinstance(chunk, dict) and "error" in chunk:  # the answer failed part way
+        raise InfluxRequestError(scrub(f"query failed: {chunk['error']}", secrets))
+    for result in chunk.get("results", []) if isinstance(chunk, dict) else []:
         if "error" in result:
             raise InfluxRequestError(scrub(f"query failed: {result['error']}", secrets))
-        series.extend(result.get("series", []))
-    return series
+        yield from result.get("series", [])

@@ -11,6 +11,7 @@ classified ([`twophase.influx.classify`][twophase.influx.classify]).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, cast
 from urllib.parse import urlencode
 
@@ -19,8 +20,15 @@ import urllib3
 from twophase.config import MAX_LANES, InfluxConfig
 from twophase.errors import PermanentError
 from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
-from twophase.influx.http import CLIENT_ERRORS, auth_headers, secrets_of, timeout_of, tls_of
-from twophase.influx.query import query_v1
+from twophase.influx.http import (
+    CLIENT_ERRORS,
+    answer,
+    auth_headers,
+    secrets_of,
+    timeout_of,
+    tls_of,
+)
+from twophase.influx.query import query_v1_stream
 
 
 class InfluxWriter(Protocol):
@@ -54,13 +62,15 @@ class InfluxWriter(Protocol):
       what does not pass. Secrets never appear in a message.
     * ``read`` runs one InfluxQL statement and returns its series (``columns``,
       ``values``, ``tags``), times in ns: how ``twophase verify`` reads a
-      target back. A store that cannot answer InfluxQL raises PermanentError
+      target back. It may give them lazily, a chunk at a time (a series then
+      comes as several in a row), and should, so that a large answer is never
+      held whole. A store that cannot answer InfluxQL raises PermanentError
       saying so (verify then reports that target unsupported).
     """
 
     def write(self, body: bytes, gzipped: bool = False) -> None: ...
 
-    def read(self, statement: str) -> list[dict[str, Any]]: ...
+    def read(self, statement: str) -> Iterable[dict[str, Any]]: ...
 
     def close(self) -> None: ...
 
@@ -92,20 +102,24 @@ class _PostWriter:
         )
 
     def write(self, body: bytes, gzipped: bool = False) -> None:
-        """One POST of ``body``; returns on 2xx, raises a classified error otherwise."""
+        """One POST of ``body``; returns on 2xx, raises a classified error otherwise. The
+        answer's text is read within ``http.ANSWER_BYTES``, whatever the server sends."""
         headers = self._gzip_headers if gzipped else self._headers
         try:
-            response = self._pool.request("POST", self._url, body=body, headers=headers)
+            response = self._pool.request(
+                "POST", self._url, body=body, headers=headers, preload_content=False
+            )
         except CLIENT_ERRORS as exc:
             raise scrubbed(
                 transport_error(exc, self._target, self._secrets), self._secrets
             ) from None
+        said = answer(response)
         if not 200 <= response.status < 300:
             raise classify_status(
-                response.status, response.data, response.headers, self._target, self._secrets
+                response.status, said, response.headers, self._target, self._secrets
             )
 
-    def read(self, statement: str) -> list[dict[str, Any]]:
+    def read(self, statement: str) -> Iterable[dict[str, Any]]:
         raise _unreadable(self._target.api)
 
     def close(self) -> None:
@@ -131,10 +145,11 @@ class V1Writer(_PostWriter):
         super().__init__(config, "v1", url, auth_headers(config.username, config.password))
         self._config = config
 
-    def read(self, statement: str) -> list[dict[str, Any]]:
-        """One InfluxQL statement through ``/query`` (its series, times in ns)."""
+    def read(self, statement: str) -> Iterator[dict[str, Any]]:
+        """One InfluxQL statement through ``/query`` (its series, times in ns), streamed:
+        a chunk of the answer at a time."""
         config = self._config
-        return query_v1(
+        return query_v1_stream(
             config.url,
             config.database,
             statement,

@@ -38,11 +38,15 @@ installed package ([`twophase.operations.migrate`][twophase.operations.migrate])
 [`downgrade_schema`][twophase.operations.migrate.downgrade_schema],
 [`schema_history`][twophase.operations.migrate.schema_history], and the SQL of a migration
 without running it: [`upgrade_sql`][twophase.operations.migrate.upgrade_sql],
-[`downgrade_sql`][twophase.operations.migrate.downgrade_sql].
+[`downgrade_sql`][twophase.operations.migrate.downgrade_sql]. The grants of the roles
+of least privilege ([`twophase.operations.grants`][twophase.operations.grants]):
+[`grant_sql`][twophase.operations.grants.grant_sql] (printed) and
+[`apply_grants`][twophase.operations.grants.apply_grants].
 
 The types these functions take and return are exported here too, those defined
 elsewhere included: [`EpochRange`][twophase.store.views.EpochRange] (the epochs to act on),
 [`RequeueFilter`][twophase.protocol.requeue.RequeueFilter] (the dead letters to requeue),
+[`RoleNames`][twophase.store.grants.RoleNames] (the roles to grant to),
 [`SinkStatus`][twophase.store.views.SinkStatus], [`EpochInfo`][twophase.store.views.EpochInfo],
 [`TargetState`][twophase.protocol.targets.TargetState],
 [`VerifyReport`][twophase.operations.verify.VerifyReport] and
@@ -56,6 +60,7 @@ cannot work together, ``RefusedError`` when a live run owns the sink (and
 
 from __future__ import annotations
 
+from twophase.operations.grants import GrantReport, GrantSql, RoleNames, apply_grants, grant_sql
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
 from twophase.operations.migrate import (
@@ -111,6 +116,8 @@ __all__ = [
     "EpochRange",
     "ExportReport",
     "GcSummary",
+    "GrantReport",
+    "GrantSql",
     "Guard",
     "Hooks",
     "Progress",
@@ -120,6 +127,7 @@ __all__ = [
     "ResendReport",
     "ResetReport",
     "ResyncReport",
+    "RoleNames",
     "SchemaHistory",
     "SchemaReport",
     "SchemaRevision",
@@ -131,6 +139,7 @@ __all__ = [
     "TargetVerifyReport",
     "VerifyReport",
     "abort",
+    "apply_grants",
     "current_schema",
     "dead_letters",
     "downgrade_schema",
@@ -138,6 +147,7 @@ __all__ = [
     "epochs",
     "export_dead_letters",
     "gc",
+    "grant_sql",
     "recover",
     "requeue",
     "resend",

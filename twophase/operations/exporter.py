@@ -1,18 +1,25 @@
 """The Prometheus exporter of the staging store: every sink's state, read on each scrape.
 
-``twophase metrics serve --port 9464`` runs it;
+``twophase metrics serve`` runs it (on ``exporter_host``:``exporter_port``,
+loopback unless told; https and mutual TLS with the ``exporter_tls_*``
+settings, [`twophase.serving`][twophase.serving]);
 [`StoreCollector`][twophase.operations.exporter.StoreCollector] embeds
 it in any ``prometheus_client`` registry, and [`start`][twophase.operations.exporter.start] serves
 it from a
 thread of the calling process.
 
-A scrape costs two indexed queries, whatever the history's length: one row
-per sink (the running totals the ledger keeps in ``twophase_sinks``, the
-owning run through its primary key, the PRECOMMITTED epochs through their
-partial index) and the epochs committed since the previous scrape (primary
-key range); and a third, every sink's targets (the one server of a sink with
-one is its target ``default``), each with its backlog (the COMMITTED epochs it
-lacks).
+A read of the store costs three indexed queries, whatever the history's
+length: one row per sink (the running totals the ledger keeps in
+``twophase_sinks``, the owning run through its primary key, the PRECOMMITTED
+epochs through their partial index), the epochs committed since the previous
+read (primary key range), and every sink's targets (the one server of a sink
+with one is its target ``default``), each with its backlog (the COMMITTED
+epochs it lacks: an index range past its cursor, per target). Each stays so
+under the generic plans of the pool's prepared statements (no state given as
+a parameter where a partial index needs its value). A read answers the
+scrapes of the next ``exporter_cache`` seconds (5 by default): concurrent
+scrapes, or several Prometheus servers, cost one read
+(``twophase_store_reads_total`` counts them).
 Counters are the store's own totals, so they survive exporter restarts; the
 commit-duration histogram is the exporter's (Prometheus treats its restart
 as a counter reset, as for any process). When the store
@@ -29,12 +36,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import psycopg
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -43,17 +49,19 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from twophase.config import ExporterConfig, default
 from twophase.errors import TwoPhaseError
 from twophase.influx import metering
 from twophase.model import EpochState
 from twophase.operations.store import stored_states
 from twophase.protocol.targets import LAGGING, LIVE, QUARANTINED, TargetState
+from twophase.serving import Served, serve
 from twophase.store.database import Database
 from twophase.store.views import CLI_RUN_PREFIX, LIVE_WINDOW_S, OWNER_RUN_SQL, OWNER_STATE_SQL
 
 log = logging.getLogger("twophase.operations.exporter")
 
-DEFAULT_PORT = 9464
+DEFAULT_PORT: int = default("exporter_port")
 RUN_STATES = ("live", "ended", "unknown", "none")
 TARGET_STATES = (LIVE, LAGGING, QUARANTINED)
 # Decide -> committed: from a loopback epoch (tens of ms) to an InfluxDB outage (many minutes).
@@ -71,9 +79,13 @@ SELECT s.sink_id, s.last_decided_epoch, s.last_committed_epoch,
        s.staged_bytes
 FROM twophase_sinks s {OWNER_RUN_SQL}
 CROSS JOIN LATERAL (SELECT count(*) AS n, min(decided_at) AS since
-    FROM twophase_epochs e WHERE e.state = %(pre)s AND e.sink_id = s.sink_id) p
+    FROM twophase_epochs e WHERE e.state = 'PRECOMMITTED' AND e.sink_id = s.sink_id) p
 ORDER BY s.sink_id
 """  # noqa: S608 - constant fragments; every value is a parameter
+# The state is written out, not a parameter: the partial index of PRECOMMITTED epochs
+# serves only a query whose state it can see, which a generic plan's parameter is not
+# (the pool's prepared statements run generic plans): else every epoch of every sink
+# would be read at each scrape.
 
 # Epochs committed above each sink's last seen one (NULL: a sink new to this exporter,
 # which takes only its RECENT_EPOCHS last ones). Corrections (negative epochs) are left out.
@@ -140,43 +152,62 @@ class _Durations:
 class StoreCollector(Collector):
     """Collects the store's metrics on each scrape (register it in a registry).
 
-    Thread-safe: scrapes are serialised (the histogram's state is shared).
+    Thread-safe: reads are serialised (the histogram's state is shared). A read
+    answers every scrape of the ``cache_s`` seconds after it (0: each scrape
+    reads); scrapes that arrive while one reads wait for it and share it.
     ``live_window_s`` decides when a silent run counts as ``unknown`` rather
     than ``live``, as for ``twophase status``.
     """
 
-    def __init__(self, db: Database, live_window_s: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        live_window_s: float,
+        cache_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._db = db
         self._window = live_window_s
+        self._cache_s = cache_s
+        self._clock = clock
         self._durations: dict[str, _Durations] = {}
         self._lock = threading.Lock()
+        self._answer: tuple[float, list[Metric]] | None = None
+        self._reads = 0
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            started = time.perf_counter()
-            try:
-                rows = self._read()
-                targets = stored_states(self._db)
-            except (TwoPhaseError, psycopg.Error) as exc:
-                log.warning("scrape: cannot read the staging store: %s", exc)
-                rows = None
-            up = GaugeMetricFamily(
-                "twophase_store_up", "1 when the last scrape read the staging store, else 0."
-            )
-            up.add_metric([], 0.0 if rows is None else 1.0)
-            yield up
-            if rows is not None:
-                yield from sink_families(rows, self._durations)
-                yield from target_families(targets)
-            took = GaugeMetricFamily(
-                "twophase_scrape_duration_seconds", "How long reading the staging store took."
-            )
-            took.add_metric([], time.perf_counter() - started)
-            yield took
+            if self._answer is None or self._clock() - self._answer[0] >= self._cache_s:
+                families = self._scrape()
+                self._answer = (self._clock(), families)
+            families = self._answer[1]
+        yield from families
+
+    def _scrape(self) -> list[Metric]:
+        """One read of the store, as metric families."""
+        started = time.perf_counter()
+        self._reads += 1
+        try:
+            rows = self._read()
+            targets = stored_states(self._db)
+        except (TwoPhaseError, psycopg.Error) as exc:
+            log.warning("scrape: cannot read the staging store: %s", exc)
+            rows = None
+        up = GaugeMetricFamily(
+            "twophase_store_up", "1 when the last scrape read the staging store, else 0."
+        )
+        up.add_metric([], 0.0 if rows is None else 1.0)
+        families: list[Metric] = [up]
+        if rows is not None:
+            families += [*sink_families(rows, self._durations), *target_families(targets)]
+        took = GaugeMetricFamily(
+            "twophase_scrape_duration_seconds", "How long reading the staging store took."
+        )
+        took.add_metric([], time.perf_counter() - started)
+        return [*families, took, _reads_family(self._reads)]
 
     def _read(self) -> list[SinkRow]:
         params = {
-            "pre": EpochState.PRECOMMITTED,
             "window": self._window,
             "cli": CLI_RUN_PREFIX,
             "cli_len": len(CLI_RUN_PREFIX),
@@ -201,6 +232,16 @@ class StoreCollector(Collector):
         for gone in set(self._durations) - set(sinks):  # a sink deleted from the store
             del self._durations[gone]
         return rows
+
+
+def _reads_family(reads: float) -> CounterMetricFamily:
+    reads_total = CounterMetricFamily(
+        "twophase_store_reads",
+        "Reads of the staging store by this exporter; a scrape within exporter_cache of the"
+        " last read is answered from it.",
+    )
+    reads_total.add_metric([], reads)
+    return reads_total
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str] = ("sink",)) -> GaugeMetricFamily:
@@ -346,34 +387,47 @@ def target_families(states: Iterable[TargetState]) -> Iterator[Metric]:
 
 @dataclass(frozen=True)
 class Exporter:
-    """A running exporter: its registry, and the HTTP server serving it."""
+    """A running exporter: its registry, and the HTTP(S) server serving it."""
 
     registry: CollectorRegistry
-    server: Any
-    thread: threading.Thread
+    served: Served
     db: Database
 
     @property
     def port(self) -> int:
-        return int(self.server.server_port)
+        return self.served.port
+
+    @property
+    def url(self) -> str:
+        """Where Prometheus scrapes it (``https://`` with TLS)."""
+        return self.served.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.served.close()
         self.db.close()
 
 
 def start(
     db: Database,
-    port: int = DEFAULT_PORT,
-    host: str = "0.0.0.0",  # all interfaces: Prometheus scrapes from another host
+    port: int | None = None,
+    host: str | None = None,
     live_window_s: float = LIVE_WINDOW_S,
+    *,
+    config: ExporterConfig | None = None,
 ) -> Exporter:
-    """Serve the store's metrics on ``host:port`` from a daemon thread (port 0: any free)."""
+    """Serve the store's metrics from a daemon thread as ``config`` says (default: the
+    settings' defaults: 127.0.0.1:9464, plain http, a read answers 5 s of scrapes);
+    ``port`` (0: any free) and ``host`` replace its own. ConfigError when it cannot
+    listen there or its TLS files do not work."""
+    config = config or ExporterConfig()
+    endpoint = replace(
+        config.endpoint,
+        port=config.port if port is None else port,
+        host=config.host if host is None else host,
+    )
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(db, live_window_s))
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    return Exporter(registry, server, thread, db)
+    registry.register(StoreCollector(db, live_window_s, config.cache_s))
+    return Exporter(registry, serve(registry, endpoint), db)
 
 
 def metric_names() -> frozenset[str]:
@@ -405,6 +459,7 @@ class _Sample(Collector):
         yield from sink_families([row], durations)
         target = TargetState("example", "a", LIVE, 1, 0, 0, None, 0, None, None, None, None)
         yield from target_families([target])
+        yield _reads_family(0)
         for name in ("twophase_store_up", "twophase_scrape_duration_seconds"):
             gauge = GaugeMetricFamily(name, "")
             gauge.add_metric([], 0.0)

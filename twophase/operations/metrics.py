@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from twophase.config import StagingConfig
-from twophase.operations.exporter import DEFAULT_PORT, Exporter, start
+from twophase.config import ExporterConfig, StagingConfig
+from twophase.operations.exporter import Exporter, start
 from twophase.operations.hooks import LIVE_WINDOW_S
 from twophase.store.database import Database
 
@@ -16,16 +16,26 @@ SCRAPE_CONNECT_TIMEOUT_S = 3.0
 
 def start_exporter(
     config: StagingConfig,
-    port: int = DEFAULT_PORT,
-    host: str = "0.0.0.0",
+    port: int | None = None,
+    host: str | None = None,
     live_window_s: float = LIVE_WINDOW_S,
+    *,
+    exporter: ExporterConfig | None = None,
 ) -> Exporter:
-    """Serve every sink's metrics on ``host:port`` (``/metrics``) from a daemon thread.
+    """Serve every sink's metrics at ``/metrics`` from a daemon thread, where and how
+    ``exporter`` says (default: the settings' defaults: ``127.0.0.1:9464``, plain
+    http; [`load_exporter_config`][twophase.config.loading.load_exporter_config] reads
+    ``TWOPHASE_EXPORTER_*``); ``port`` (0: any free) and ``host`` replace its own.
 
-    Fails fast when the store cannot be reached or its schema is behind; once
-    running, a store that goes away shows as ``twophase_store_up 0`` until it
-    is back. ``Exporter.close()`` stops it.
+    Fails fast when the store cannot be reached or its schema is behind, or when it
+    cannot listen there (ConfigError naming the setting); once running, a store that
+    goes away shows as ``twophase_store_up 0`` until it is back. ``Exporter.close()``
+    stops it.
     """
     timeout = min(config.connect_timeout_s, SCRAPE_CONNECT_TIMEOUT_S)
     db = Database(dataclasses.replace(config, connect_timeout_s=timeout), max_size=1)
-    return start(db, port, host, live_window_s)
+    try:
+        return start(db, port, host, live_window_s, config=exporter)
+    except BaseException:
+        db.close()
+        raise

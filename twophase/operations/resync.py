@@ -34,7 +34,9 @@ class ResyncReport:
     lacked nothing); ``delivered`` the epochs sent to the target, in order;
     ``skipped_purged`` those the target lacked but GC had purged from staging
     (not supplied: the target lacks their points); ``promoted`` the PRECOMMITTED
-    epochs the claim promoted first (I3); ``state`` the target's state after.
+    epochs the claim promoted first (I3); ``state`` the target's state after;
+    ``compacted_through`` the sink's compacted floor when the resync started at or
+    below it (the epochs up to it that have no record were not supplied either).
     """
 
     sink_id: str
@@ -44,6 +46,7 @@ class ResyncReport:
     skipped_purged: tuple[int, ...]
     state: str
     promoted: tuple[PromoteResult, ...] = ()
+    compacted_through: int | None = None
 
 
 def resync(
@@ -182,6 +185,15 @@ def _report(
         for epoch, _ in _committed_from(views, sink_id, first)
         if cursor is not None and epoch <= cursor and epoch not in skipped
     ]
+    floor = views.compacted_through(sink_id)
+    below = floor if floor is not None and first <= floor else None
     return ResyncReport(
-        sink_id, target, first, tuple(delivered), tuple(skipped), after.state, tuple(promoted)
+        sink_id,
+        target,
+        first,
+        tuple(delivered),
+        tuple(skipped),
+        after.state,
+        tuple(promoted),
+        below,
     )

@@ -49,6 +49,8 @@ class EpochListing:
     sink_id: str
     epochs: tuple[EpochInfo, ...]
     events: tuple[EpochEvent, ...] | None = None
+    # GC compacted the records of the epochs up to it (each decided one was delivered)
+    compacted_through: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class GcSummary:
     retention_s: float
     orphan_grace_s: float
     sinks: tuple[GcReport, ...]
+    history_retention_s: float | None = None  # epoch records older are compacted
 
     def total(self, key: str) -> int:
         """The sum of one count (``epochs_purged``, ...) over the sinks."""
@@ -140,13 +143,14 @@ def epochs(
         raise UsageError("--last cannot be combined with --epoch/--from/--to")
     with _views(config) as (_, views):
         views.require_sink(sink_id)
+        floor = views.compacted_through(sink_id)
         if selection is None:
             rows = views.epochs(sink_id, last_n=LAST_EPOCHS if last is None else last)
-            return EpochListing(sink_id, tuple(rows))
+            return EpochListing(sink_id, tuple(rows), compacted_through=floor)
         rows = views.select_epochs(sink_id, selection)
         single = selection.first is not None and selection.first == selection.last
         events = tuple(views.events(sink_id, rows[0].epoch)) if single else None
-        return EpochListing(sink_id, tuple(rows), events)
+        return EpochListing(sink_id, tuple(rows), events, floor)
 
 
 def dead_letters(
@@ -281,8 +285,10 @@ def gc(
     dry_run: bool = False,
     hooks: Hooks = SILENT,
 ) -> GcSummary:
-    """Remove staged points past retention and orphaned writes (``dry_run``: count only)."""
+    """Remove staged points past retention and orphaned writes, and compact the records
+    of epochs past ``history_retention`` (``dry_run``: count only)."""
     retention = config.retention_s if retention_s is None else retention_s
+    history = config.history_retention_s
     grace = config.orphan_grace_s if orphan_grace_s is None else orphan_grace_s
     with _views(config) as (db, views):
         sinks = views.sinks_with_data()
@@ -294,16 +300,17 @@ def gc(
             hooks.confirm(
                 f"Delete the staged points of epochs that ended more than {age(retention)} ago "
                 f"(they can no longer be resent or verified) and orphaned writes older than "
-                f"{age(grace)}?"
+                f"{age(grace)}, and compact the records of delivered epochs that ended more "
+                f"than {age(history)} ago?"
             )
         # targets lagging past target_max lag (TWOPHASE_TARGET_MAX_LAG) are quarantined first
         max_lag = load_setting("target_max_lag")
-        collector = GarbageCollector(db, retention, grace, max_lag_s=max_lag)
+        collector = GarbageCollector(db, retention, grace, max_lag_s=max_lag, history_s=history)
         done: list[GcReport] = []
         for sink in sinks:
             done.append(collector.collect(sink_id=sink, dry_run=dry_run))
             hooks.progress(Progress("gc", "sinks", len(done), len(sinks), sink))
-    return GcSummary(dry_run, retention, grace, tuple(done))
+    return GcSummary(dry_run, retention, grace, tuple(done), history)
 
 
 def reset(

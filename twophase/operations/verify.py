@@ -9,13 +9,23 @@ rewrite a verified point (update output mode) update its expected values, so
 verifying an old epoch does not report the newer values as differences.
 
 InfluxDB is read back through InfluxQL on the 1.x ``/query`` API (``epoch=ns``),
-one measurement and time window at a time, ``GROUP BY *``. Per series
+one measurement and time window at a time, ``GROUP BY *``, its answer streamed a
+chunk at a time and compared as it comes. Per series
 (measurement + tag set) it reports expected points that are *missing*, points
 whose expected field values *differ*, and *extra* points: points InfluxDB
 holds in the series' verified time span at a timestamp no verified epoch
 staged (a duplicate from an at-least-once writer, or a point written by an
 epoch outside the verified range). Fields InfluxDB holds beyond the expected
 ones are not differences (earlier epochs or other writers may add fields).
+
+Memory is bounded: the expected state of a selection of more than ``PASS_POINTS``
+points is built and compared in passes, each holding the series whose hash falls in
+its share (every point of a series in the same pass, so each pass gives exactly what
+one pass over everything would). A pass reads every verified epoch's staged lines
+again, one epoch at a time through a server-side cursor (with that epoch's dead
+letters), and queries InfluxDB's windows of its own points; nothing holds more than
+one pass's expected points and one chunk of an answer. Only a single series larger
+than a pass makes a pass larger.
 
 The command: [`verify`][twophase.operations.verify.verify] checks each target
 of the configuration (or the ones named), on the epochs it is owed.
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -47,21 +58,43 @@ from twophase.wording import epochs_are
 
 Series = tuple[str, Tags]
 Points = dict[Series, dict[int, dict[str, FieldValue]]]
-Query = Callable[[str], list[dict[str, Any]]]
+Query = Callable[[str], Iterable[dict[str, Any]]]
 
 WINDOW_POINTS = 10_000  # expected timestamps per InfluxDB query (bounds the response)
+# Expected points one pass holds (about 320 bytes each: 64 MB); a larger selection is
+# verified in passes over shares of its series.
+PASS_POINTS = 200_000
 MAX_EXAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Share:
+    """The series one pass verifies: those whose hash is ``index`` modulo ``of``. The
+    hash is Python's: the same for a series within the process, whatever the order
+    its tags were written in (a series is its parsed measurement and sorted tags)."""
+
+    index: int = 0
+    of: int = 1
+
+    def holds(self, series: Series) -> bool:
+        return self.of == 1 or hash(series) % self.of == self.index
+
+
+EVERY_SERIES = Share()
 
 # -- the expected state -------------------------------------------------------------------
 
 
 @dataclass
 class Expected:
-    """The points InfluxDB should hold, built line by line (mutable while building)."""
+    """The points InfluxDB should hold, built line by line (mutable while building):
+    those of the series in ``share`` (a pass's). Unparseable lines are counted by the
+    first share only, so that passes add up to one count."""
 
     points: Points = field(default_factory=dict)
     unparseable: int = 0
     examples: list[str] = field(default_factory=list)
+    share: Share = EVERY_SERIES
 
     def add(self, lines: Iterable[str], only_known: bool = False) -> int:
         """Apply lines in order; with ``only_known`` only to points already expected."""
@@ -73,11 +106,14 @@ class Expected:
                 if point.time_ns is None:
                     raise LineProtocolError("no timestamp (cannot be compared)")
             except LineProtocolError as exc:
-                self.unparseable += 1
-                if len(self.examples) < MAX_EXAMPLES:
-                    self.examples.append(f"{exc}: {line[:200]}")
+                if self.share.index == 0:
+                    self.unparseable += 1
+                    if len(self.examples) < MAX_EXAMPLES:
+                        self.examples.append(f"{exc}: {line[:200]}")
                 continue
             series = (point.measurement, point.tags)
+            if not self.share.holds(series):
+                continue
             if only_known:
                 known = self.points.get(series, {}).get(point.time_ns)
                 if known is not None:
@@ -165,46 +201,74 @@ def same_value(expected: FieldValue, actual: Any) -> bool:
     return bool(expected == actual)
 
 
+class SeriesCheck:
+    """One series compared as InfluxDB's points come (in time order, as it answers):
+    what is expected of it is consumed as each point is seen."""
+
+    def __init__(self, want: dict[int, dict[str, FieldValue]]) -> None:
+        self._left = want  # the expected points not seen yet
+        self._expected = len(want)
+        self._low, self._high = min(want), max(want)
+        self._influx = self._different = self._extra = 0
+        self._wrong: list[tuple[int, str]] = []  # the first differences, by time
+        self._extras: list[int] = []  # the first extra points' times
+
+    def see(self, stamp: int, values: dict[str, Any]) -> None:
+        """One of InfluxDB's points of the series (points outside its verified span are
+        not its concern)."""
+        if not self._low <= stamp <= self._high:
+            return
+        self._influx += 1
+        fields = self._left.pop(stamp, None)
+        if fields is None:
+            self._extra += 1
+            if len(self._extras) < MAX_EXAMPLES:
+                self._extras.append(stamp)
+            return
+        wrong = [k for k, v in fields.items() if not (k in values and same_value(v, values[k]))]
+        if wrong:
+            self._different += 1
+            if len(self._wrong) < MAX_EXAMPLES:
+                key = wrong[0]
+                self._wrong.append(
+                    (
+                        stamp,
+                        f"{when(stamp)}: field {key!r} expected {fields[key]!r}, "
+                        f"InfluxDB has {values.get(key)!r}",
+                    )
+                )
+
+    def diff(self, series: Series) -> SeriesDiff | None:
+        """The differences once every point was seen, or None when there are none."""
+        missing = len(self._left)
+        if not (missing or self._different or self._extra):
+            return None
+        unseen = heapq.nsmallest(MAX_EXAMPLES, self._left)
+        found = sorted([*self._wrong, *((t, f"{when(t)}: missing in InfluxDB") for t in unseen)])
+        examples = [text for _, text in found[:MAX_EXAMPLES]]
+        for stamp in sorted(self._extras):
+            _example(examples, f"{when(stamp)}: extra point in InfluxDB, not staged")
+        measurement, tags = series
+        return SeriesDiff(
+            measurement,
+            dict(tags),
+            self._expected,
+            self._influx,
+            missing,
+            self._different,
+            self._extra,
+            tuple(examples),
+        )
+
+
 def compare_series(
     series: Series, want: dict[int, dict[str, FieldValue]], have: dict[int, dict[str, Any]]
 ) -> SeriesDiff | None:
     """The differences of one series, or None when InfluxDB holds exactly what is expected."""
-    low, high = min(want), max(want)
-    span = {t: v for t, v in have.items() if low <= t <= high}
-    examples: list[str] = []
-    missing = different = 0
-    for stamp in sorted(want):
-        fields = want[stamp]
-        got = span.get(stamp)
-        if got is None:
-            missing += 1
-            _example(examples, f"{when(stamp)}: missing in InfluxDB")
-            continue
-        wrong = [k for k, v in fields.items() if not (k in got and same_value(v, got[k]))]
-        if wrong:
-            different += 1
-            key = wrong[0]
-            _example(
-                examples,
-                f"{when(stamp)}: field {key!r} expected {fields[key]!r}, "
-                f"InfluxDB has {got.get(key)!r}",
-            )
-    extra = sorted(t for t in span if t not in want)
-    for stamp in extra[:MAX_EXAMPLES]:
-        _example(examples, f"{when(stamp)}: extra point in InfluxDB, not staged")
-    if not (missing or different or extra):
-        return None
-    measurement, tags = series
-    return SeriesDiff(
-        measurement,
-        dict(tags),
-        len(want),
-        len(span),
-        missing,
-        different,
-        len(extra),
-        tuple(examples),
-    )
+    check = SeriesCheck(dict(want))
+    for stamp in sorted(have):
+        check.see(stamp, have[stamp])
+    return check.diff(series)
 
 
 def when(stamp: int) -> str:
@@ -239,22 +303,38 @@ class VerifyReport:
         return not self.differences and not self.unparseable
 
 
-def fetch(
+class Comparison:
+    """One pass's comparison: InfluxDB's points, as its answers stream, against the
+    expected ones (which it consumes); other series are ignored."""
+
+    def __init__(self, expected: Points) -> None:
+        self._checks = {series: SeriesCheck(want) for series, want in expected.items()}
+
+    def see(self, series_list: Iterable[dict[str, Any]]) -> None:
+        """Points of one answer, a series (or a chunk of one) at a time."""
+        checks = self._checks
+        for series, stamp, values in actual_points(series_list):
+            check = checks.get(series)
+            if check is not None:
+                check.see(stamp, values)
+
+    def differences(self) -> list[SeriesDiff]:
+        diffs = (check.diff(series) for series, check in sorted(self._checks.items()))
+        return [d for d in diffs if d is not None]
+
+
+def read_back(
     query: Query,
     window_list: Sequence[Window],
-    points: Points,
+    comparison: Comparison,
     retention_policy: str | None,
     on_window: Callable[[Window], None] | None = None,
-) -> Points:
-    """InfluxDB's points of the expected series in the windows (other series are ignored)."""
-    actual: Points = {}
+) -> None:
+    """Stream InfluxDB's answer for each window into ``comparison``."""
     for window in window_list:
-        for series, stamp, values in actual_points(query(window_query(window, retention_policy))):
-            if series in points:
-                actual.setdefault(series, {})[stamp] = values
+        comparison.see(query(window_query(window, retention_policy)))
         if on_window is not None:
             on_window(window)
-    return actual
 
 
 # -- what to verify, read from the staging store -------------------------------------------
@@ -298,8 +378,19 @@ def staged_lines(
 Progress = Callable[[str, str, int, int], None]  # (phase, unit, done, total), done cumulative
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What a verify reads from the staging store, in order: each epoch and whether it
+    only updates points already expected (a later epoch that rewrote them)."""
+
+    order: tuple[tuple[int, bool], ...]
+    points: int  # staged points of the chosen epochs: what the passes share
+    staged: int  # staged points of every epoch read: a pass's progress total
+
+
 class Verifier:
-    """Rebuilds the expected state of a sink's epochs and compares it with InfluxDB."""
+    """Rebuilds the expected state of a sink's epochs and compares it with InfluxDB, in
+    passes of at most about ``pass_points`` expected points (see the module)."""
 
     def __init__(
         self,
@@ -308,12 +399,14 @@ class Verifier:
         query: Query,
         retention_policy: str | None = None,
         target: str = "",
+        pass_points: int = PASS_POINTS,
     ):
         self._views = views
         self._reader = reader
         self._query = query
         self._rp = retention_policy
         self._target = target  # the target verified: its letters, and those naming none
+        self._pass_points = pass_points
 
     def verify(
         self, sink_id: str, selection: Sequence[EpochInfo], progress: Progress | None = None
@@ -321,36 +414,35 @@ class Verifier:
         """Compare the COMMITTED, retained epochs of ``selection`` (in increasing order)."""
         report = progress or (lambda *_: None)
         chosen, notes = choose_epochs(sink_id, selection)
-        expected = self._expected(sink_id, selection, chosen, notes, report)
-        planned = windows(expected.points)
-        fetched = 0
-
-        def on_window(_: Window) -> None:
-            nonlocal fetched
-            fetched += 1
-            report("query InfluxDB", "queries", fetched, len(planned))
-
-        actual = fetch(self._query, planned, expected.points, self._rp, on_window)
+        reading = self._reading(sink_id, selection, chosen, notes)
+        passes = max(1, -(-reading.points // self._pass_points))
+        differences: list[SeriesDiff] = []
+        points = series = unparseable = 0
+        for index in range(passes):
+            label = f" (pass {index + 1} of {passes})" if passes > 1 else ""
+            expected = self._expected(sink_id, reading, Share(index, passes), label, report)
+            points, series = points + expected.size(), series + len(expected.points)
+            unparseable += expected.unparseable  # the first pass's: each line once
+            notes += [f"unparseable staged line: {x}" for x in expected.examples]
+            differences += self._compare(expected, label, report)
+            del expected  # before the next pass builds its own
         return VerifyReport(
             sink_id=sink_id,
             epochs=tuple(chosen),
-            points=expected.size(),
-            series=len(expected.points),
-            unparseable=expected.unparseable,
-            differences=tuple(compare(expected.points, actual)),
-            notes=tuple(notes + [f"unparseable staged line: {x}" for x in expected.examples]),
+            points=points,
+            series=series,
+            unparseable=unparseable,
+            differences=tuple(
+                sorted(differences, key=lambda d: (d.measurement, sorted(d.tags.items())))
+            ),
+            notes=tuple(notes),
         )
 
-    def _expected(
-        self,
-        sink_id: str,
-        selection: Sequence[EpochInfo],
-        chosen: list[int],
-        notes: list[str],
-        report: Progress,
-    ) -> Expected:
-        """The chosen epochs' points, then updated by the later retained epochs that
-        rewrote them (they decide what InfluxDB holds); notes what cannot be known."""
+    def _reading(
+        self, sink_id: str, selection: Sequence[EpochInfo], chosen: list[int], notes: list[str]
+    ) -> _Reading:
+        """The chosen epochs, then the later retained epochs that rewrote their points
+        (they decide what InfluxDB holds); notes what cannot be known."""
         # Spark epochs after the selection's last (corrections, numbered below 0, are
         # verified when selected: a correction only carries points its epochs lacked).
         last = max(e.epoch for e in selection)
@@ -364,14 +456,38 @@ class Verifier:
         rewriting = [e for e in later if e.state == EpochState.COMMITTED and e.purged_at is None]
         by_epoch = {e.epoch: e for e in [*selection, *rewriting]}
         order = [(n, False) for n in chosen] + [(e.epoch, True) for e in rewriting]
-        total = sum(by_epoch[n].points_staged for n, _ in order)
-        rejected = self._reader.rejected_at_promote(sink_id, list(by_epoch), self._target)
-        expected, done = Expected(), 0
-        for number, only_known in order:
+        return _Reading(
+            tuple(order),
+            sum(by_epoch[n].points_staged for n in chosen),
+            sum(by_epoch[n].points_staged for n, _ in order),
+        )
+
+    def _expected(
+        self, sink_id: str, reading: _Reading, share: Share, label: str, report: Progress
+    ) -> Expected:
+        """The expected points of the share's series: every epoch read in order, one at
+        a time, without the lines the target refused (that epoch's letters)."""
+        expected, done = Expected(share=share), 0
+        for number, only_known in reading.order:
             plan = self._reader.plan(sink_id, number)
+            rejected = self._reader.rejected_at_promote(sink_id, [number], self._target)
             done += expected.add(staged_lines(self._reader, plan, rejected), only_known)
-            report("read staged points", "points", done, total)
+            report("read staged points" + label, "points", done, reading.staged)
         return expected
+
+    def _compare(self, expected: Expected, label: str, report: Progress) -> list[SeriesDiff]:
+        """InfluxDB's answers for the pass's windows, streamed into its comparison."""
+        planned = windows(expected.points)
+        comparison = Comparison(expected.points)
+        fetched = 0
+
+        def on_window(_: Window) -> None:
+            nonlocal fetched
+            fetched += 1
+            report("query InfluxDB" + label, "queries", fetched, len(planned))
+
+        read_back(self._query, planned, comparison, self._rp, on_window)
+        return comparison.differences()
 
 
 # -- the command ----------------------------------------------------------------
@@ -438,7 +554,7 @@ def _influx_query(influx: InfluxConfig, opened: contextlib.ExitStack) -> tuple[Q
     for a store that cannot answer InfluxQL), and its retention policy."""
     writer = make_writer(resolve_api(influx))
     opened.callback(writer.close)
-    writer.read("SHOW MEASUREMENTS LIMIT 1")  # fails fast: unsupported, or unreachable
+    list(writer.read("SHOW MEASUREMENTS LIMIT 1"))  # fails fast: unsupported, or unreachable
     return writer.read, influx.retention_policy
 
 

@@ -59,12 +59,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from twophase.bounded import SizedCache
 from twophase.errors import ConfigError, PointError
 from twophase.points.lineproto import (
     BOOL_TYPES,
@@ -100,6 +102,7 @@ __all__ = [
     "PointBuilder",
     "PointSpec",
     "Rejected",
+    "cut_payload",
     "row_payload",
 ]
 
@@ -110,8 +113,14 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 PRECISIONS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 NULL_FIELD_MODES = ("reject", "omit")
 
-_TAG_CACHE_LIMIT = 100_000
-_PLAN_CACHE_LIMIT = 64
+# A builder's caches of what it computes from its rows, counted in bytes
+# (twophase.bounded): escaped tag values (16 MiB: about 100,000 values of 20 characters),
+# and field plans by the rows' key sets. An entry over its cache's max is computed again
+# each time: large unique values would fill the cache and never hit.
+TAG_CACHE_BYTES = 16 * 1024 * 1024
+TAG_ENTRY_BYTES = 1024
+PLAN_CACHE_BYTES = 2 * 1024 * 1024
+PLAN_ENTRY_BYTES = 1024 * 1024
 _PAYLOAD_MARKER = b" ...[truncated]"
 
 
@@ -244,9 +253,11 @@ class PointBuilder:
         self._fixed_fields = (
             None if spec.field_columns is None else _FieldPlan.of(spec.field_columns)
         )
-        self._plans: dict[tuple[str, ...], _FieldPlan] = {}
+        self._plans: SizedCache[tuple[str, ...], _FieldPlan] = SizedCache(
+            PLAN_CACHE_BYTES, PLAN_ENTRY_BYTES
+        )
         # Tag values repeat (low cardinality): validate and escape each once.
-        self._tag_cache: dict[str, str] = {}
+        self._tag_cache: SizedCache[str, str] = SizedCache(TAG_CACHE_BYTES, TAG_ENTRY_BYTES)
 
     def convert(self, rows: Iterable[Mapping[str, Any]]) -> Iterator[str | Rejected]:
         """One item per input row, in order: its line (no trailing newline) or a Rejected.
@@ -278,7 +289,7 @@ class PointBuilder:
 
     def _tags(self, row: Mapping[str, Any]) -> str:
         parts: list[str] = []
-        cache = self._tag_cache
+        cache = self._tag_cache.entries  # read as a plain dict: a hit is one lookup
         for column, prefix in self._tag_plan:
             value = row.get(column, MISSING)
             if type(value) is not str:
@@ -290,9 +301,7 @@ class PointBuilder:
             escaped = cache.get(value)
             if escaped is None:
                 escaped = escaped_tag_value(column, value)
-                if len(cache) >= _TAG_CACHE_LIMIT:
-                    cache.clear()
-                cache[value] = escaped
+                self._tag_cache.put(value, escaped, len(value) + len(escaped))
             parts.append(prefix)
             parts.append(escaped)
         return "".join(parts)
@@ -319,12 +328,10 @@ class PointBuilder:
     def _discovered_plan(self, row: Mapping[str, Any]) -> _FieldPlan:
         # Rows of one batch share a schema, so the plan is computed once per key set.
         keys = tuple(row)
-        plan = self._plans.get(keys)
+        plan = self._plans.entries.get(keys)
         if plan is None:
-            if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans.clear()
             plan = _FieldPlan.of(key for key in keys if key not in self._not_fields)
-            self._plans[keys] = plan
+            self._plans.put(keys, plan, _plan_size(keys, plan))
         return plan
 
     def _timestamp(self, row: Mapping[str, Any]) -> int:
@@ -368,6 +375,12 @@ def row_payload(row: Mapping[str, Any]) -> str:
     except (TypeError, ValueError, RecursionError):
         # NaN/inf, non-string keys, cycles or lone surrogates: make it plain.
         data = json.dumps(_jsonable(row, 0), default=_json_default).encode("utf-8")
+    return cut_payload(data)
+
+
+def cut_payload(data: bytes) -> str:
+    """UTF-8 ``data`` as a dead letter's payload: at most 64 KiB, a longer one cut and
+    ending with `` ...[truncated]``."""
     if len(data) <= MAX_PAYLOAD_BYTES:
         return data.decode("utf-8")
     cut = data[: MAX_PAYLOAD_BYTES - len(_PAYLOAD_MARKER)]
@@ -454,6 +467,14 @@ def _json_default(value: Any) -> Any:
         item = value.item()  # a longdouble's is itself (found by fuzzing): endless
         return item if type(item) is not type(value) else str(value)
     return str(value)
+
+
+def _plan_size(keys: tuple[str, ...], plan: _FieldPlan) -> int:
+    """A plan cache entry's bytes: the key set and, per field, its name, its escaped key
+    and the tuple that holds them (rare: once per key set, so measured exactly)."""
+    names = sum(sys.getsizeof(key) for key in keys)
+    fields = sum(sys.getsizeof(planned) + sys.getsizeof(planned[1]) for planned in plan.columns)
+    return sys.getsizeof(keys) + names + fields
 
 
 def _names(plan: _FieldPlan) -> str:

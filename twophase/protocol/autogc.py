@@ -15,8 +15,9 @@ Contracts:
   after the sink's first commit in the process, so a restarted query catches
   up before it collects; never two collections at once in a process (a sink
   falling due meanwhile waits for a later commit).
-* Bounded: one collection purges at most ``limit`` expired epochs and removes
-  at most ``limit`` orphaned writes. One that stopped at its bound left more:
+* Bounded: one collection purges at most ``limit`` expired epochs, removes
+  at most ``limit`` orphaned writes and compacts at most ``limit`` epoch
+  records. One that stopped at its bound left more:
   the next is due at once, at the sink's next commit, rather than an interval
   later, so a sink that ends more epochs per interval than the bound (or a
   backlog: GC turned on late, a reset) is caught up in bounded steps.
@@ -39,8 +40,8 @@ from twophase.wording import age
 
 log = logging.getLogger("twophase.protocol.autogc")
 
-# Expired epochs purged, and orphaned writes removed, per automatic collection: five
-# transactions of GC's chunk (200) each at most, however large a backlog is.
+# Expired epochs purged, orphaned writes removed, epoch records compacted, per automatic
+# collection: five transactions of GC's chunk (200) each at most, however large a backlog is.
 LIMIT = 1000
 CLOSE_WAIT_S = 10.0  # how long closing waits for a collection under way
 
@@ -117,16 +118,20 @@ class AutoGc:
                 extra=fields(sink_id),
             )
             return
-        if max(done.epochs_purged, done.orphan_writes) >= self._limit:
+        if max(done.epochs_purged, done.orphan_writes, done.epochs_compacted) >= self._limit:
             with self._lock:  # stopped at its bound: the next commit goes on
                 self._due[sink_id] = self._clock()
         log.log(
-            logging.INFO if done.epochs_purged or done.orphan_writes else logging.DEBUG,
-            "sink %s: automatic gc purged %d epochs (%d points) and %d orphaned writes in %.2fs",
+            logging.INFO
+            if done.epochs_purged or done.orphan_writes or done.epochs_compacted
+            else logging.DEBUG,
+            "sink %s: automatic gc purged %d epochs (%d points) and %d orphaned writes,"
+            " compacted %d epoch records, in %.2fs",
             sink_id,
             done.epochs_purged,
             done.points_purged,
             done.orphan_writes,
+            done.epochs_compacted,
             time.monotonic() - started,
             extra=fields(sink_id),
         )

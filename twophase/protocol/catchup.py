@@ -56,7 +56,8 @@ from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.targets import TargetLedger
-from twophase.store.database import Database, HeldLock
+from twophase.store.database import Database
+from twophase.store.locks import HeldLock, LockOwner
 
 __all__ = ["CatchUp", "CatchUpReport"]
 
@@ -293,7 +294,9 @@ class CatchUp:
             # one query and no session of its own.
             if self._targets.next_missing(lease.sink_id, target.name, quarantined, below) is None:
                 return done
-            with self._db.session_lock(_lock_name(lease.sink_id, target.name), stop) as held:
+            owner = LockOwner(lease.sink_id, lease.token)
+            name = _lock_name(lease.sink_id, target.name)
+            with self._db.session_lock(name, owner, stop) as held:
                 missing = self._targets.next_missing(lease.sink_id, target.name, quarantined, below)
                 if missing is None:  # another process delivered it meanwhile
                     return done

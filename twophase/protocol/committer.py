@@ -133,7 +133,7 @@ class Committer:
         if not self._ledger.pending(lease.sink_id, other_than=other_than):
             return []
         results: list[PromoteResult] = []
-        with self._ledger.recovering(lease.sink_id):
+        with self._ledger.recovering(lease):
             # Again under the lock: a recovery that held it may have promoted them.
             for epoch in self._ledger.pending(lease.sink_id, other_than=other_than):
                 results.append(self._promoter.promote(lease, epoch))

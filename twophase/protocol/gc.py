@@ -15,11 +15,17 @@
   with its staged lines and its dead letters -- except those a reset kept:
   a reset forgets the epochs, which makes every write an orphan, but the
   dead letters of the writes they had chosen stay the sink's.
+* An epoch's record (its row, writes, history, deliveries) is kept
+  ``history_retention`` after it ended, then compacted into the sink's floor
+  once every target holds it ([`twophase.protocol.compaction`][twophase.protocol.compaction]):
+  the history of a sink stops growing, and a replay of a compacted epoch is
+  still told (I4).
 
 Every age is measured by the database's clock (the cut-offs are read from its
 ``now()``, the clock that stamped the epochs and writes), never by the
 calling host's. A ``limit`` bounds one collection's work (the committer's
-automatic collections, [`twophase.protocol.autogc`][twophase.protocol.autogc]); what is left waits
+automatic collections, [`twophase.protocol.autogc`][twophase.protocol.autogc]): at most that many
+epochs purged, orphaned writes removed, and epochs compacted; what is left waits
 for the next.
 
 Idempotent and safe to run at any time, also while a query runs: it locks
@@ -41,6 +47,7 @@ import psycopg
 from twophase.faults import crash_point
 from twophase.logs import fields
 from twophase.model import EpochState
+from twophase.protocol.compaction import compact_batch
 from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
 
@@ -58,6 +65,8 @@ class GcReport:
     orphan_writes: int
     dry_run: bool
     quarantined: tuple[tuple[str, str], ...] = ()  # (sink, target) newly quarantined
+    epochs_compacted: int = 0  # records deleted into the floor (twophase.protocol.compaction)
+    compacted_through: int | None = None  # the sink's floor after it (one sink collected)
 
 
 class GarbageCollector:
@@ -72,12 +81,14 @@ class GarbageCollector:
         chunk: int = 200,
         *,
         max_lag_s: float | None = None,
+        history_s: float | None = None,
     ):
         self._db = db
         self._retention_s = retention_s
         self._grace_s = orphan_grace_s
         self._chunk = chunk
         self._max_lag_s = max_lag_s  # target_max_lag (None: no quarantine here)
+        self._history_s = history_s  # history_retention (None: no compaction here)
 
     def collect(
         self,
@@ -87,17 +98,19 @@ class GarbageCollector:
         limit: int | None = None,
         ahead_s: float = 0.0,
     ) -> GcReport:
-        """Remove expired staged points and orphaned writes (of one sink, or all).
+        """Remove expired staged points and orphaned writes (of one sink, or all), then
+        compact the records of epochs past ``history_retention``.
 
-        ``limit``: at most that many epochs purged and that many orphaned writes
-        removed (None: all). ``ahead_s``: collect as the database's clock will
-        see it that many seconds from now (tests, benchmarks).
+        ``limit``: at most that many epochs purged, orphaned writes removed and
+        epoch records compacted (None: all). ``ahead_s``: collect as the database's
+        clock will see it that many seconds from now (tests, benchmarks).
         """
         quarantined = () if dry_run else self._quarantine(sink_id)
-        expired_before, staged_before = self._cutoffs(ahead_s)
+        expired_before, staged_before, history_before = self._cutoffs(ahead_s)
         epochs, points = self._purge_expired(sink_id, expired_before, dry_run, limit)
         orphans = self._remove_orphans(sink_id, staged_before, dry_run, limit)
-        return GcReport(sink_id, epochs, points, orphans, dry_run, quarantined)
+        compacted, floor = self._compact(sink_id, history_before, dry_run, limit)
+        return GcReport(sink_id, epochs, points, orphans, dry_run, quarantined, compacted, floor)
 
     def _quarantine(self, sink_id: str | None) -> tuple[tuple[str, str], ...]:
         """Quarantine the targets behind by more than ``target_max_lag``: they stop
@@ -119,18 +132,44 @@ class GarbageCollector:
             )
         return done
 
-    def _cutoffs(self, ahead_s: float) -> tuple[datetime, datetime]:
+    def _cutoffs(self, ahead_s: float) -> tuple[datetime, datetime, datetime]:
         """Ended before the first, an epoch is past retention; staged before the second,
-        an undecided write is past its grace. Read once per collection from the clock
-        that stamped them: a host's clock running ahead must not purge early."""
+        an undecided write is past its grace; ended before the third, an epoch's record
+        is past history_retention. Read once per collection from the clock that stamped
+        them: a host's clock running ahead must not purge early."""
+        history_s = 0.0 if self._history_s is None else self._history_s
         with self._db.transaction() as cur:
             cur.execute(
-                "SELECT t - make_interval(secs => %s), t - make_interval(secs => %s)"
+                "SELECT t - make_interval(secs => %s), t - make_interval(secs => %s),"
+                " t - make_interval(secs => %s)"
                 " FROM (SELECT now() + make_interval(secs => %s) AS t) clock",
-                (self._retention_s, self._grace_s, ahead_s),
+                (self._retention_s, self._grace_s, history_s, ahead_s),
             )
-            expired_before, staged_before = cur.fetchone()  # type: ignore[misc]
-        return expired_before, staged_before
+            expired_before, staged_before, history_before = cur.fetchone()  # type: ignore[misc]
+        return expired_before, staged_before, history_before
+
+    def _compact(
+        self, sink_id: str | None, before: datetime, dry_run: bool, limit: int | None
+    ) -> tuple[int, int | None]:
+        """Compact the sinks' old records, a batch per transaction; the records deleted
+        and (one sink) its floor after it."""
+        if self._history_s is None:
+            return 0, None
+        done, floor = 0, None
+        for sink in [sink_id] if sink_id is not None else self._sink_ids():
+            while limit is None or done < limit:
+                with self._db.transaction() as cur:
+                    take = _take(self._chunk, limit, done, dry_run)
+                    gone, floor, more = compact_batch(cur, sink, before, take, dry_run)
+                done += gone
+                if not more or dry_run:
+                    break
+        return done, floor if sink_id is not None else None
+
+    def _sink_ids(self) -> list[str]:
+        with self._db.transaction() as cur:
+            cur.execute("SELECT sink_id FROM twophase_sinks ORDER BY sink_id")
+            return [row[0] for row in cur.fetchall()]
 
     def discard(self, write_ids: Sequence[str]) -> int:
         """Delete writes that no decided epoch names, now (a Spark replay's new attempt,

@@ -24,10 +24,16 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, cast
 
+from twophase.bounded import SizedCache
+
 T = TypeVar("T")
 _UNESCAPED_SPACE = re.compile(r"(?<!\\) ")
 _UNESCAPED_COMMA = re.compile(r"(?<!\\),")
-_KNOWN_SERIES = 100_000  # lanes remembered by series text; forgotten all at once past this
+# Lanes remembered by series text, counted in bytes (twophase.bounded): 16 MiB, about
+# 100,000 series of 50 characters. A series over 1 KiB is hashed each time it comes:
+# large unique series would fill the cache and never hit.
+SERIES_CACHE_BYTES = 16 * 1024 * 1024
+SERIES_ENTRY_BYTES = 1024
 _QUEUED = 8  # items waiting per lane: bounds memory when one lane is slower
 _POLL_S = 0.1  # how often a blocked hand-over looks whether a lane failed
 
@@ -39,15 +45,14 @@ class LaneChooser:
         if lanes < 1:
             raise ValueError("lanes must be at least 1")
         self.lanes = lanes
-        self._known: dict[str, int] = {}
+        self._cache: SizedCache[str, int] = SizedCache(SERIES_CACHE_BYTES, SERIES_ENTRY_BYTES)
+        self._known = self._cache.entries  # read as a plain dict: a hit is one lookup
 
     def lane(self, line: str) -> int:
         series = _series(line)
         lane = self._known.get(series)
         if lane is None:
-            if len(self._known) >= _KNOWN_SERIES:
-                self._known.clear()
-            lane = self._known[series] = _hash(series) % self.lanes
+            lane = self._cache.put(series, _hash(series) % self.lanes, len(series))
         return lane
 
     def split(self, lines: list[str]) -> list[list[str]]:

@@ -45,6 +45,7 @@ from twophase.protocol.transitions import (
     state_of,
 )
 from twophase.store.database import Database
+from twophase.store.locks import LockOwner
 
 __all__ = ["Decision", "Forgotten", "Ledger"]
 
@@ -139,6 +140,8 @@ class Ledger:
         this is a replay: nothing changes but the replay counters, and the
         existing state is returned (``replay=True``); the caller promotes a
         PRECOMMITTED one from its original writes and skips a COMMITTED one.
+        An epoch at or below the sink's compacted floor (``compacted_through``:
+        GC deleted its record) is a replay of a COMMITTED one.
         With ``start_promotion`` (a caller that promotes next), a PRECOMMITTED
         outcome also counts a promotion attempt and carries the plan, as
         `plan_promotion` would in a transaction of its own.
@@ -299,22 +302,27 @@ class Ledger:
     def _pending(self, sink_id: str, other_than: str | None) -> list[int]:
         with self._db.transaction() as cur:
             cur.execute(
-                "SELECT epoch FROM twophase_epochs WHERE state = %s AND sink_id = %s"
+                # The state written out: a generic plan then reads the partial index of
+                # PRECOMMITTED epochs, not every epoch of the sink.
+                "SELECT epoch FROM twophase_epochs WHERE state = 'PRECOMMITTED' AND sink_id = %s"
                 " AND (%s::text IS NULL OR run_id IS DISTINCT FROM %s)"
                 " ORDER BY epoch >= 0, abs(epoch)",  # corrections first, as decided
-                (EpochState.PRECOMMITTED, sink_id, other_than, other_than),
+                (sink_id, other_than, other_than),
             )
             return [row[0] for row in cur.fetchall()]
 
     @contextmanager
-    def recovering(self, sink_id: str) -> Iterator[None]:
+    def recovering(self, lease: Lease) -> Iterator[None]:
         """Hold the sink's recovery lock: one recovery of a sink at a time, across
         processes. A run's claim and its first commit may both find an epoch pending
         (the claim on the driver, the commit in a Python worker); without the lock
         both would send it, and the commit could decide and send the next epoch while
         the claim's requests of the older one are still landing (I3). Whoever gets
         the lock second reads what is pending again and finds it done."""
-        with self._db.session_lock(f"recover:{sink_id}"):
+        owner = LockOwner(lease.sink_id, lease.token)
+        # Waited for while this run still holds the sink (another recovery of this
+        # run's is under way); once a newer run holds it, FencedError (I5).
+        with self._db.session_lock(f"recover:{lease.sink_id}", owner, self.watch(lease)):
             yield
 
     # -- operator actions -------------------------------------------------------
@@ -378,10 +386,12 @@ class Ledger:
             cur.execute("DELETE FROM twophase_target_deliveries WHERE sink_id = %s", (sink_id,))
             cur.execute("DELETE FROM twophase_targets WHERE sink_id = %s", (sink_id,))
             cur.execute(
+                # The compacted floor goes with the epochs: the next query's epochs
+                # below it are new, not replays.
                 "UPDATE twophase_sinks SET query_id = NULL, last_decided_epoch = NULL,"
                 " owner_run_id = NULL, fencing_token = fencing_token + 1, updated_at = now(),"
-                " epochs_committed = 0, epochs_aborted = 0, staged_bytes = 0"
-                " WHERE sink_id = %s",
+                " epochs_committed = 0, epochs_aborted = 0, staged_bytes = 0,"
+                " compacted_through = NULL WHERE sink_id = %s",
                 (sink_id,),
             )
             detail = f"forgot {removed} epochs, kept {kept} dead letters"
@@ -466,6 +476,12 @@ def _vote(
     existing = epoch_row(cur, lease.sink_id, epoch)
     if existing is not None:
         return _count_replay(cur, lease, epoch, existing)
+    floor = sink["compacted_through"]
+    if floor is not None and 0 <= epoch <= floor:
+        # GC compacted the epoch's record: every decided epoch up to the floor was
+        # COMMITTED and delivered, so this is a replay of one (I4), skipped as such.
+        compacted = (EpochState.COMMITTED, 0)
+        return _count_replay(cur, lease, epoch, compacted, f" (compacted, up to {floor})")
     last = sink["last_decided_epoch"]
     if last is not None and epoch <= last:
         raise StateError(
@@ -478,7 +494,7 @@ def _vote(
 
 
 def _count_replay(
-    cur: Cursor, lease: Lease, epoch: int, existing: tuple[EpochState, int]
+    cur: Cursor, lease: Lease, epoch: int, existing: tuple[EpochState, int], note: str = ""
 ) -> Decision:
     state, points = existing
     cur.execute(
@@ -489,7 +505,8 @@ def _count_replay(
         "UPDATE twophase_sinks SET replays_detected = replays_detected + 1 WHERE sink_id = %s",
         (lease.sink_id,),
     )
-    event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, f"epoch was {state}")
+    detail = f"epoch was {state}{note}"
+    event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, detail)
     return Decision(lease.sink_id, epoch, state, True, points)
 
 

@@ -112,6 +112,11 @@ class StagedReader:
 
     def _cursor(self, ids: list[uuid.UUID]) -> Iterator[tuple[Any, ...]]:
         with self._db.connection() as conn, conn.transaction():
+            # The one transaction left open between statements: its consumer sends to a
+            # target between fetches, for up to the target's retry deadline. It holds a
+            # snapshot and share locks, which no run's step waits for (only DDL), so it
+            # is spared the idle limit that ends a frozen session's row locks.
+            conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
             name = f"twophase_promote_{uuid.uuid4().hex}"
             with conn.cursor(name=name, binary=True) as cur:
                 cur.itersize = self._fetch_chunks

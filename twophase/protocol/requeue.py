@@ -7,9 +7,10 @@ the sink numbered ``-n`` for its n-th correction, so it can never collide
 with Spark's batch ids (0, 1, 2...), decided and promoted by the same
 protocol as any epoch:
 
-1. [`Requeuer.select`][twophase.protocol.requeue.Requeuer.select] reads the letters (not requeued
-yet, of decided
-   writes, filtered by epoch and reason) and the correction's number.
+1. [`Requeuer.select`][twophase.protocol.requeue.Requeuer.select] reads a batch of the
+   letters (not requeued yet, of decided writes, filtered by epoch and reason; at most
+   ``REQUEUE_LETTERS`` of them and ``REQUEUE_BYTES`` of lines, oldest first) and the
+   correction's number.
 2. [`Requeuer.decide`][twophase.protocol.requeue.Requeuer.decide] stages their lines as one write of
 epoch ``-n``
    ([`Stager`][twophase.protocol.stager.Stager]), then, in one transaction under the
@@ -23,6 +24,15 @@ epoch ``-n``
 3. The caller promotes it ([`recover`][twophase.protocol.committer.Committer.recover]).
    Points InfluxDB refuses again become dead letters of the correction --
    each point is an unrequeued dead letter exactly once at any time.
+
+**One batch is one correction.** Many letters are requeued a batch at a time, each
+selected, staged, decided and promoted before the next is read, so a requeue never
+holds more than one batch's lines, and a crash leaves the batches done delivered and
+the others' letters as they were (the same command again carries them). The batches
+cover the letters that were there when the requeue began
+([`Requeuer.summary`][twophase.protocol.requeue.Requeuer.summary] fixes the last
+id): a letter a correction gets refused again is not carried again by the same
+requeue.
 
 With several targets a letter names the target that refused the point, and a
 correction carries the letters of one target and is promoted to that target
@@ -55,6 +65,11 @@ from twophase.protocol.transitions import (
 from twophase.store.database import Database
 from twophase.store.views import DECIDED_LETTER
 
+# A correction's share of the letters: at most this many, and this many bytes of lines
+# (a line may be long: the first letter of a batch is taken whatever its size).
+REQUEUE_LETTERS = 10_000
+REQUEUE_BYTES = 16 * 1024 * 1024
+
 # Promote-time dead letters of decided writes (or kept by a reset, which forgot the
 # epochs that chose them) not yet requeued, by the caller's filters.
 _SELECTED = (
@@ -80,8 +95,22 @@ EVERY_LETTER = RequeueFilter()
 
 
 @dataclass(frozen=True)
+class RequeueSummary:
+    """What a requeue would carry, counted without reading the letters' lines."""
+
+    sink_id: str
+    correction: int  # n: the first correction will be epoch -n
+    letters: int
+    last_id: int  # the newest letter: the batches stop there
+    epochs: tuple[int, ...]  # the epochs the letters came from
+    stage_letters: int  # rows rejected at staging under the same filter: never requeued
+    target: str = ""  # the target that refused them, the only one the corrections go to
+
+
+@dataclass(frozen=True)
 class RequeueSelection:
-    """The letters a requeue would carry, in the order they were rejected."""
+    """One batch of letters a requeue carries as one correction, in the order they were
+    rejected."""
 
     sink_id: str
     correction: int  # n: the correction will be epoch -n
@@ -111,38 +140,73 @@ class Requeuer:
         self._db = db
         self._stager = stager
 
-    def select(self, sink_id: str, chosen: RequeueFilter) -> RequeueSelection:
-        """The letters the filter selects; StateError when they were refused by several
-        targets (a correction goes to one: requeue one target at a time)."""
-        params = {
-            "sink": sink_id,
-            "epoch": chosen.epoch,
-            "reason": chosen.reason,
-            "target": chosen.target,
-        }
+    def summary(self, sink_id: str, chosen: RequeueFilter) -> RequeueSummary:
+        """How many letters the filter selects, from which epochs, up to which id, and
+        the next correction's number, in one transaction that reads no line;
+        StateError when they were refused by several targets (a correction goes to
+        one: requeue one target at a time)."""
+        params = _params(sink_id, chosen)
         with self._db.transaction() as cur:
             cur.execute(
-                f"SELECT d.id, d.payload, d.epoch, d.target {_SELECTED} ORDER BY d.id",
+                "SELECT count(*), coalesce(max(d.id), 0), array_agg(DISTINCT d.epoch),"
+                f" array_agg(DISTINCT d.target) {_SELECTED}",
                 params | {"phase": Phase.PROMOTE},
             )
-            rows = cur.fetchall()
+            count, last_id, epochs, targets = _one(cur)
             cur.execute(
                 f"SELECT count(*) {_SELECTED}", params | {"phase": Phase.STAGE, "target": None}
             )
-            stage = cur.fetchone()
-            cur.execute("SELECT corrections FROM twophase_sinks WHERE sink_id = %s", (sink_id,))
-            last = cur.fetchone()
-        if last is None:
-            raise StateError(f"unknown sink {sink_id!r}")
+            (stage,) = _one(cur)
+            corrections = self._corrections(cur, sink_id)
+        return RequeueSummary(
+            sink_id,
+            corrections + 1,
+            int(count),
+            int(last_id),
+            tuple(sorted(epochs or ())),
+            int(stage),
+            _one_target(sink_id, set(targets or ())),
+        )
+
+    def select(
+        self,
+        sink_id: str,
+        chosen: RequeueFilter,
+        through: int | None = None,
+        stage_letters: int = 0,
+    ) -> RequeueSelection:
+        """The next batch of the letters the filter selects (those with an id up to
+        ``through``, when given): the oldest not requeued yet, at most
+        ``REQUEUE_LETTERS`` and ``REQUEUE_BYTES`` of lines (at least one); empty when
+        none is left. StateError when the batch's letters were refused by several
+        targets."""
+        params = _params(sink_id, chosen) | {
+            "phase": Phase.PROMOTE,
+            "through": through,
+            "letters": REQUEUE_LETTERS,
+            "bytes": REQUEUE_BYTES,
+        }
+        with self._db.transaction() as cur:
+            cur.execute(_BATCH, params)
+            rows = cur.fetchall()
+            corrections = self._corrections(cur, sink_id)
         return RequeueSelection(
             sink_id,
-            int(last[0]) + 1,
+            corrections + 1,
             tuple(r[0] for r in rows),
             tuple(r[1] for r in rows),
             tuple(sorted({r[2] for r in rows})),
-            int(stage[0]) if stage else 0,
+            stage_letters,
             _one_target(sink_id, {r[3] for r in rows}),
         )
+
+    @staticmethod
+    def _corrections(cur: Cursor, sink_id: str) -> int:
+        cur.execute("SELECT corrections FROM twophase_sinks WHERE sink_id = %s", (sink_id,))
+        last = cur.fetchone()
+        if last is None:
+            raise StateError(f"unknown sink {sink_id!r}")
+        return int(last[0])
 
     def decide(self, lease: Lease, selection: RequeueSelection) -> Decision:
         """Stage the letters' lines and decide them as correction ``-n`` (see the module).
@@ -218,6 +282,35 @@ def _record_correction(
     detail = f"{len(selection.ids)} dead letters of epochs {froms}"
     event(cur, lease.sink_id, epoch, "requeued", lease.run_id, detail)
     return decision
+
+
+# One batch: the oldest letters selected (up to an id), at most %(letters)s of them and
+# %(bytes)s bytes of lines, the first whatever its size. The window sums the sizes of
+# the batch's candidates only (the inner LIMIT), along the primary key's order.
+_BATCH = (
+    "SELECT id, payload, epoch, target"  # noqa: S608 - constant fragments, values parameters
+    " FROM (SELECT id, payload, epoch, target,"
+    " sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload) AS before"
+    " FROM (SELECT d.id, d.payload, d.epoch, d.target"
+    f" {_SELECTED} AND (%(through)s::bigint IS NULL OR d.id <= %(through)s)"
+    " ORDER BY d.id LIMIT %(letters)s) AS candidates) AS sized"
+    " WHERE before = 0 OR before + octet_length(payload) <= %(bytes)s ORDER BY id"
+)
+
+
+def _params(sink_id: str, chosen: RequeueFilter) -> dict[str, Any]:
+    return {
+        "sink": sink_id,
+        "epoch": chosen.epoch,
+        "reason": chosen.reason,
+        "target": chosen.target,
+    }
+
+
+def _one(cur: Cursor) -> tuple[Any, ...]:
+    row = cur.fetchone()
+    assert row is not None  # an aggregate's one row
+    return tuple(row)
 
 
 def _one_target(sink_id: str, targets: set[str]) -> str:

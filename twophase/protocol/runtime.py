@@ -83,8 +83,9 @@ class TwoPhase:
         # every target promotes at once: a reader and its lanes' checks each
         db = db or Database(config.staging, max_size=_pool_size(config))
         on_retry = None
-        if serve_metrics and influx.metrics_port is not None:
-            metering.serve(influx.metrics_port)
+        endpoint = influx.metrics_endpoint
+        if serve_metrics and endpoint is not None:
+            metering.serve(endpoint)
             on_retry = metering.count_retry
         writers = _writers(config, writer, metered=on_retry is not None)
         ledger, reader = Ledger(db), StagedReader(db)
@@ -107,6 +108,7 @@ class TwoPhase:
             config.staging.retention_s,
             config.staging.orphan_grace_s,
             max_lag_s=influx.target_max_lag_s,
+            history_s=config.staging.history_retention_s,
         )
         handoff = Handoff(promoter) if influx.promotion == BACKGROUND else None
         auto_gc = AutoGc(gc, config.staging.gc_interval_s)

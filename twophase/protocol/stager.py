@@ -32,21 +32,26 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from twophase.config import GZIP, StagingConfig
 from twophase.faults import crash_point
 from twophase.logs import fields
-from twophase.model import CommitMessage, LineChecksum, Phase, StagedChunk, check_sink_id
+from twophase.model import (
+    MAX_LINE_BYTES,
+    CommitMessage,
+    LineChecksum,
+    Phase,
+    StagedChunk,
+    check_sink_id,
+)
 from twophase.points.batching import batches
+from twophase.points.builder import Rejected, cut_payload
 from twophase.protocol.lanes import LaneChooser
 from twophase.protocol.spool import Spool
 from twophase.store.database import Database
-
-if TYPE_CHECKING:
-    from twophase.points.builder import Rejected
 
 log = logging.getLogger("twophase.protocol.stager")
 _CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (cheap, unarmed)
@@ -55,6 +60,9 @@ _CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (cheap
 _CHUNKS, _REJECTS = "chunks", "rejects"
 _REJECT_BYTES = 200
 _END_BYTES = 36
+# Characters past which a line may be longer than MAX_LINE_BYTES of UTF-8 (4 bytes each
+# at most): only such a line is encoded to be measured.
+_LONG_CHARS = MAX_LINE_BYTES // 4
 T = TypeVar("T")
 
 
@@ -245,7 +253,10 @@ class _Reencoded:
         self.rejected += len(rejects)
 
     def rejects(self) -> Iterator[Rejected]:
-        return (item for item in self._items if not isinstance(item, str))
+        for index, item in enumerate(self._items):
+            checked = _checked(index, item)
+            if not isinstance(checked, str):
+                yield checked
 
 
 class _Spooled:
@@ -299,15 +310,32 @@ def _encode(
     """The chunks of ``items``' lines in staged order; each block's rejected rows are
     handed to ``rejects`` before the block's chunks are given."""
     chooser = LaneChooser(shape.lanes)
-    seq = 0
+    seq = first = 0  # the next line's seq; the block's first item's index in the input
     for block in _blocks(items, shape.chunk_points):
         lines = [item for item in block if isinstance(item, str)]
+        if max(map(len, lines), default=0) > _LONG_CHARS:  # rare: a line may be too long
+            block = [_checked(first + i, item) for i, item in enumerate(block)]
+            lines = [item for item in block if isinstance(item, str)]
+        first += len(block)
         if len(lines) != len(block):
             rejects([item for item in block if not isinstance(item, str)])
         for lane, lane_lines in enumerate(chooser.split(lines)):
             for part in _split_by_chars(lane_lines, shape.chunk_chars):
                 yield StagedChunk.of_lines(write_id, seq, part, lane, compressed=shape.compressed)
                 seq += len(part)
+
+
+def _checked(index: int, item: str | Rejected) -> str | Rejected:
+    """``item``, or the rejection of a line longer than MAX_LINE_BYTES: no staged chunk
+    holds more, so that reading one back is bounded (``StagedChunk.text``); nothing
+    twophase stages is dropped, so it is a dead letter."""
+    if not isinstance(item, str) or len(item) <= _LONG_CHARS:
+        return item
+    data = item.encode("utf-8", "surrogatepass")
+    if len(data) <= MAX_LINE_BYTES:
+        return item
+    reason = f"the line is {len(data)} bytes, over the {MAX_LINE_BYTES} a staged line may hold"
+    return Rejected(index, reason, cut_payload(data))
 
 
 def _record_write(cur: psycopg.Cursor[Any], message: CommitMessage) -> None:

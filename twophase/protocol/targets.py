@@ -120,15 +120,20 @@ _PLACES = (
     " LEFT JOIN twophase_epochs ep ON ep.sink_id = t.sink_id AND ep.epoch = %(e)s"
     " WHERE t.sink_id = %(s)s AND t.target = ANY(%(n)s) ORDER BY t.target"
 )
+# Each target's backlog aggregated in a LATERAL sub-select: evaluated per target, with
+# the target's sink and cursor as the bounds of its index range, however the statement
+# is planned. A join of every target with the view, planned as a whole (a generic plan
+# does, not knowing the sink), hashes the view and reads every epoch in the store.
 _STATES = (
-    "SELECT t.sink_id, t.target, t.state, t.delivered_epoch, t.from_epoch, count(b.epoch),"
-    " EXTRACT(EPOCH FROM now() - min(b.committed_at)), COALESCE(sum(b.staged_bytes), 0),"
-    " min(b.epoch) FILTER (WHERE b.epoch >= 0), t.lagging_since, t.quarantined_at,"
-    " t.last_error, t.url, t.url_changed_at, count(b.epoch) FILTER (WHERE b.epoch < 0)"
-    " FROM twophase_targets t LEFT JOIN twophase_target_backlog b"
-    " ON b.sink_id = t.sink_id AND b.target = t.target"
-    " WHERE (%(s)s::text IS NULL OR t.sink_id = %(s)s)"
-    " GROUP BY t.sink_id, t.target ORDER BY t.sink_id, t.target"
+    "SELECT t.sink_id, t.target, t.state, t.delivered_epoch, t.from_epoch, b.n,"
+    " EXTRACT(EPOCH FROM now() - b.oldest), b.bytes, b.first, t.lagging_since,"
+    " t.quarantined_at, t.last_error, t.url, t.url_changed_at, b.corrections"
+    " FROM twophase_targets t CROSS JOIN LATERAL (SELECT count(*) AS n,"
+    " min(l.committed_at) AS oldest, COALESCE(sum(l.staged_bytes), 0) AS bytes,"
+    " min(l.epoch) FILTER (WHERE l.epoch >= 0) AS first,"
+    " count(*) FILTER (WHERE l.epoch < 0) AS corrections FROM twophase_target_backlog l"
+    " WHERE l.sink_id = t.sink_id AND l.target = t.target) b"
+    " WHERE (%(s)s::text IS NULL OR t.sink_id = %(s)s) ORDER BY t.sink_id, t.target"
 )
 # A new target starts after the sink's last COMMITTED epoch on record (none after a
 # reset, which deletes the epochs and the targets' rows: then at epoch 0).
@@ -175,11 +180,14 @@ _NEXT_MISSING = (
 _QUARANTINE = (
     "UPDATE twophase_targets t SET state = 'quarantined', quarantined_at = now(),"
     " updated_at = now() WHERE t.state <> 'quarantined'"
-    " AND (%(s)s::text IS NULL OR t.sink_id = %(s)s) AND EXISTS (SELECT 1"
+    " AND (%(s)s::text IS NULL OR t.sink_id = %(s)s) AND (SELECT true"
     " FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id AND b.target = t.target"
-    " AND GREATEST(b.committed_at, t.resynced_at) < now() - make_interval(secs => %(lag)s))"
-    " RETURNING t.sink_id, t.target"
+    " AND GREATEST(b.committed_at, t.resynced_at) < now() - make_interval(secs => %(lag)s)"
+    " LIMIT 1) RETURNING t.sink_id, t.target"
 )
+# A scalar sub-select, not EXISTS: the planner keeps it per target (an index range past
+# its cursor); an EXISTS becomes a semi-join, which a generic plan hashes over the whole
+# view, reading every epoch in the store at each collection.
 _FIRST_MISSING = (
     "SELECT min(epoch) FROM twophase_target_backlog WHERE sink_id = %s AND target = %s"
     " AND epoch >= 0"

@@ -41,14 +41,21 @@ class Decision:
     plan: EpochPlan | None = None  # with start_promotion, for a PRECOMMITTED outcome
 
 
-_SINK_COLUMNS = ("fencing_token", "owner_run_id", "query_id", "last_decided_epoch", "corrections")
+_SINK_COLUMNS = (
+    "fencing_token",
+    "owner_run_id",
+    "query_id",
+    "last_decided_epoch",
+    "corrections",
+    "compacted_through",
+)
 
 
 def lock_sink(cur: Cursor, sink_id: str) -> dict[str, Any]:
     """Lock the sink's row for the transaction (serialises its steps); its columns."""
     cur.execute(
-        "SELECT fencing_token, owner_run_id, query_id, last_decided_epoch, corrections"
-        " FROM twophase_sinks WHERE sink_id = %s FOR UPDATE",
+        "SELECT fencing_token, owner_run_id, query_id, last_decided_epoch, corrections,"
+        " compacted_through FROM twophase_sinks WHERE sink_id = %s FOR UPDATE",
         (sink_id,),
     )
     row = cur.fetchone()
@@ -88,9 +95,11 @@ def state_of(cur: Cursor, sink_id: str, epoch: int) -> str:
 
 
 def count_pending(cur: Cursor, sink_id: str) -> int:
+    # The state written out: the partial index of PRECOMMITTED epochs serves a generic
+    # plan only so (a parameter would read every epoch of the sink).
     cur.execute(
-        "SELECT count(*) FROM twophase_epochs WHERE state = %s AND sink_id = %s",
-        (EpochState.PRECOMMITTED, sink_id),
+        "SELECT count(*) FROM twophase_epochs WHERE state = 'PRECOMMITTED' AND sink_id = %s",
+        (sink_id,),
     )
     row = cur.fetchone()
     return int(row[0]) if row else 0

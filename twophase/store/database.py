@@ -12,9 +12,9 @@ pool timeout.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -23,20 +23,18 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from twophase.config import StagingConfig
 from twophase.config.tls import staging_tls_error
-from twophase.errors import LockLostError, SchemaError, StagingUnavailableError
+from twophase.errors import SchemaError, StagingUnavailableError
 from twophase.retry import StagingRetry
+from twophase.store import locks
+from twophase.store.locks import HeldLock, LockOwner, first_line
 
 log = logging.getLogger("twophase.store.database")
 
 # The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.store.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0009_every_sink_has_targets"
+SCHEMA_REVISION = "0010_compacted_history"
 VERSION_TABLE = "twophase_alembic_version"
-# The seed of twophase's advisory lock keys ("tp"): a lock's key is the 64-bit hash of
-# its name (hashtextextended). With a 32-bit hash, two of about 77,000 names collide
-# with even odds, and an unrelated sink or target would wait on the other's lock.
-_LOCK_SEED = 0x7470
 
 _UPGRADE_HINT = (
     "run `twophase db upgrade` (or `alembic upgrade head` from the twophase repository "
@@ -57,6 +55,10 @@ class Database:
         self.config = config
         self.retry = StagingRetry.of(config)  # for steps that ride out an outage
         conninfo = self._conninfo = config.psycopg_conninfo()
+        self._connect_kwargs: dict[str, object] = {
+            "connect_timeout": max(1, int(config.connect_timeout_s)),
+            **locks.client_keepalives(config, conninfo),
+        }
         _probe(conninfo, config)
         self._pool = ConnectionPool(
             conninfo,
@@ -66,8 +68,8 @@ class Database:
             max_size=max_size or 3 + config.lanes,
             timeout=config.connect_timeout_s,
             check=ConnectionPool.check_connection,
-            kwargs={"connect_timeout": max(1, int(config.connect_timeout_s))},
-            configure=_configure,
+            kwargs=self._connect_kwargs,
+            configure=functools.partial(_configure, config=config),
             name="twophase",
             open=False,
         )
@@ -101,9 +103,25 @@ class Database:
             raise StagingUnavailableError(
                 f"no connection to the staging database {self.config.display_url}"
             ) from None
+        except psycopg.errors.LockNotAvailable:
+            # Retryable like an outage: the holder may be a frozen session PostgreSQL
+            # ends after staging_session_timeout, or a fenced run's.
+            raise StagingUnavailableError(
+                f"staging database {self.config.display_url}: a row lock was held by "
+                f"another session for over {self.config.lock_timeout_s:g}s "
+                "(staging_lock_timeout)"
+            ) from None
+        except psycopg.errors.IdleInTransactionSessionTimeout:
+            # This process stood still inside a transaction (a pause, a long GC) and
+            # PostgreSQL ended the session: nothing of the transaction landed.
+            raise StagingUnavailableError(
+                f"staging database {self.config.display_url}: the session was idle in a "
+                f"transaction for over {self.config.session_timeout_s:g}s "
+                "(staging_session_timeout) and PostgreSQL ended it"
+            ) from None
         except psycopg.OperationalError as exc:
             raise StagingUnavailableError(
-                f"staging database {self.config.display_url}: {_first_line(exc)}"
+                f"staging database {self.config.display_url}: {first_line(exc)}"
             ) from None
 
     @contextmanager
@@ -114,42 +132,48 @@ class Database:
 
     @contextmanager
     def session_lock(
-        self, name: str, between_tries: Callable[[], None] | None = None
+        self, name: str, owner: LockOwner, between_tries: Callable[[], None] | None = None
     ) -> Iterator[HeldLock]:
-        """Hold PostgreSQL's session-level advisory lock ``name`` for the block, waiting
-        while another session (of any process) holds it.
+        """Hold PostgreSQL's session-level advisory lock ``name`` for the block, for the
+        run ``owner`` (its sink's lock), waiting while another session holds it.
 
         The lock lives on a connection of its own, outside the pool: a holder's steps
         inside the block and a waiter's wait must not take the pool's connections from
         each other. Taking it rides out an outage like any step (``retry``); if the
         connection drops inside the block, PostgreSQL releases the lock, as it does
         when the holder's process dies -- so the holder asks
-        [`HeldLock.check`][twophase.store.database.HeldLock.check] before each step the
-        lock orders, as it checks its lease. With ``between_tries`` the lock is tried
-        rather than waited for, and ``between_tries`` runs (and may raise, to give up)
-        between tries.
+        [`HeldLock.check`][twophase.store.locks.HeldLock.check] before each step the
+        lock orders, as it checks its lease. A holder serving a fenced run of the sink is
+        ended; any other is waited for while ``between_tries`` returns (it raises to
+        give up), or without it up to ``staging_retry_deadline``
+        ([`locks.take`][twophase.store.locks.take]).
         """
-        conn = self.retry("lock", lambda: self._locked_session(name, between_tries))
+        conn = self.retry("lock", lambda: self._locked_session(name, owner, between_tries))
         try:
             yield HeldLock(conn, name, self.config.display_url)
         finally:
             conn.close()  # ends the session, and the lock with it
 
     def _locked_session(
-        self, name: str, between_tries: Callable[[], None] | None
+        self, name: str, owner: LockOwner, between_tries: Callable[[], None] | None
     ) -> psycopg.Connection:
         """A new session that holds the lock (StagingUnavailableError when it cannot)."""
-        timeout = max(1, int(self.config.connect_timeout_s))
         try:
-            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=timeout)
+            conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                application_name=owner.application_name,
+                **self._connect_kwargs,  # type: ignore[arg-type]
+            )
             try:
-                _take(conn, name, between_tries)
+                locks.apply_settings(conn, self.config)
+                locks.take(conn, name, owner, between_tries, self.config.retry_deadline_s)
             except BaseException:
                 conn.close()
                 raise
         except psycopg.OperationalError as exc:
             raise StagingUnavailableError(
-                f"staging database {self.config.display_url}: {_first_line(exc)}"
+                f"staging database {self.config.display_url}: {first_line(exc)}"
             ) from None
         return conn
 
@@ -179,57 +203,15 @@ class Database:
         )
 
 
-_LOCK = "(hashtextextended(%s, %s))"
-_TRY_EVERY_S = 0.2
-
-
-def _take(conn: psycopg.Connection, name: str, between_tries: Callable[[], None] | None) -> None:
-    if between_tries is None:
-        conn.execute(f"SELECT pg_advisory_lock{_LOCK}", (name, _LOCK_SEED))
-        return
-    while True:
-        row = conn.execute(f"SELECT pg_try_advisory_lock{_LOCK}", (name, _LOCK_SEED)).fetchone()
-        if row is not None and row[0]:
-            return
-        between_tries()
-        time.sleep(_TRY_EVERY_S)
-
-
-class HeldLock:
-    """A session-level advisory lock held on a session of its own."""
-
-    def __init__(self, conn: psycopg.Connection, name: str, where: str) -> None:
-        self._conn = conn
-        self._name = name
-        self._where = where
-
-    def check(self) -> None:
-        """LockLostError unless this session still holds the lock: a PostgreSQL restart,
-        or a connection cut, ends the session and releases the lock while its holder
-        goes on; another process may then hold it. One round trip on the lock's own
-        session (which is not the pool's)."""
-        try:
-            row = self._conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
-                " AND pid = pg_backend_pid() AND granted AND objsubid = 1"
-                " AND (classid::int8 << 32 | objid::int8) = hashtextextended(%s, %s))",
-                (self._name, _LOCK_SEED),
-            ).fetchone()
-        except psycopg.Error as exc:
-            raise LockLostError(
-                f"lock {self._name!r} lost with its session to {self._where}: {_first_line(exc)}"
-            ) from None
-        if row is None or not row[0]:
-            raise LockLostError(f"lock {self._name!r} is no longer held in {self._where}")
-
-
-def _configure(conn: psycopg.Connection) -> None:
-    """A pool connection's session: generic plans for its prepared statements. psycopg
-    prepares a statement run five times on a connection; PostgreSQL would still plan
-    each run of it afresh while custom plans look cheaper, and the protocol's statements
-    are run with ever new epochs and ids, so the planning is paid again every time (a
-    quarter of a millisecond per epoch for the mark's statements alone)."""
-    conn.execute("SET plan_cache_mode = force_generic_plan")
+def _configure(conn: psycopg.Connection, config: StagingConfig) -> None:
+    """A pool connection's session: its limits (lock waits, idle transactions, silent
+    peers: [`locks.session_settings`][twophase.store.locks.session_settings]), and generic
+    plans for its prepared statements. psycopg prepares a statement run five times on a
+    connection; PostgreSQL would still plan each run of it afresh while custom plans
+    look cheaper, and the protocol's statements are run with ever new epochs and ids,
+    so the planning is paid again every time (a quarter of a millisecond per epoch for
+    the mark's statements alone)."""
+    locks.apply_settings(conn, config, [("plan_cache_mode", "force_generic_plan")])
     conn.commit()
 
 
@@ -240,14 +222,10 @@ def _probe(conninfo: str, config: StagingConfig) -> None:
     try:
         psycopg.connect(conninfo, connect_timeout=max(1, int(config.connect_timeout_s))).close()
     except psycopg.OperationalError as exc:
-        reason = _first_line(exc)
+        reason = first_line(exc)
         raise staging_tls_error(str(exc)) or StagingUnavailableError(
             f"cannot connect to the staging database {config.display_url}: {reason}"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 _shared: dict[str, Database] = {}

@@ -3,7 +3,9 @@
 Tables (all prefixed ``twophase_`` so they can share a database with others):
 
 * ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query,
-  and running totals (``SINK_COUNTERS``) for metrics.
+  running totals (``SINK_COUNTERS``) for metrics, and the floor of its compacted
+  history (``compacted_through``: GC deleted the records of older epochs, every one
+  of which that was decided is COMMITTED and delivered).
 * ``twophase_runs``: every start of a query against a sink (audit of fencing), and
   when and how it ended (``ended_at``, ``end_reason``) if it said so.
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
@@ -135,6 +137,12 @@ sinks = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     *(_counter(name) for name in SINK_COUNTERS),
     Column("last_committed_at", DateTime(timezone=True), nullable=True),
+    Column(
+        "compacted_through",
+        BigInteger,
+        nullable=True,
+        comment="every Spark epoch up to it that was decided is COMMITTED and delivered (gc)",
+    ),
 )
 
 runs = Table(

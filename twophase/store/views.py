@@ -66,6 +66,8 @@ class SinkStatus:
     replays_detected: int
     last_error: str | None
     corrections: int  # corrections made (dead letters requeued): epochs -1..-n
+    # GC compacted the records of the epochs up to it (each decided one was delivered)
+    compacted_through: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ _STATUS_SQL = f"""
 SELECT s.sink_id, s.query_id, s.owner_run_id, {OWNER_STATE_SQL}, r.end_reason,
        s.fencing_token, s.updated_at, s.last_decided_epoch, s.last_committed_epoch,
        p.n, p.first, extract(epoch FROM now() - p.since)::float8,
-       st.n, st.bytes, dl.n, s.replays_detected, s.last_error, s.corrections
+       st.n, st.bytes, dl.n, s.replays_detected, s.last_error, s.corrections,
+       s.compacted_through
 FROM twophase_sinks s {OWNER_RUN_SQL}
 CROSS JOIN LATERAL (SELECT count(*) AS n, min(epoch) AS first, min(decided_at) AS since
     FROM twophase_epochs e WHERE e.sink_id = s.sink_id AND e.state = %(pre)s) p
@@ -227,7 +230,20 @@ class Views:
             return found
         count, low, high = self.epoch_bounds(sink_id)
         has = "has no epochs" if not count else f"has epochs {low}..{high}"
+        floor = self.compacted_through(sink_id)
+        if floor is not None:
+            has += f" (the records of epochs up to {floor} were compacted by gc: delivered)"
         raise EpochRangeError(f"sink {sink_id!r} {has}; {selection.describe()} is not recorded")
+
+    def compacted_through(self, sink_id: str) -> int | None:
+        """The sink's compacted floor: GC deleted the records of the epochs up to it, every
+        one of which that was decided is COMMITTED and delivered (None: nothing compacted)."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT compacted_through FROM twophase_sinks WHERE sink_id = %s", (sink_id,)
+            )
+            row = cur.fetchone()
+            return None if row is None else row[0]
 
     def epoch_bounds(self, sink_id: str) -> tuple[int, int | None, int | None]:
         """How many epochs the sink has recorded, the lowest and the highest."""
