@@ -84,3 +84,14 @@ def test_the_readme_is_short_and_starts_with_what_twophase_is() -> None:
     assert "Exactly-once delivery from Spark Structured Streaming into InfluxDB" in lines[2]
     head = "\n".join(lines[:10])
     assert "scripts/dev.sh demo" in head and "scripts/dev.sh test" in head
+
+
+def test_the_pages_name_this_versions_wheel() -> None:
+    """An install command names the wheel the build makes: this version's."""
+    import twophase
+
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    named = {
+        m for page in pages for m in re.findall(r"twophase-(\d+\.\d+\.\d+)-py3", page.read_text())
+    }
+    assert named <= {twophase.__version__}, named
