@@ -117,7 +117,6 @@ class RequeueSelection:
     ids: tuple[int, ...]
     lines: tuple[str, ...]
     epochs: tuple[int, ...]  # the epochs the letters came from
-    stage_letters: int  # rows rejected at staging under the same filter: never requeued
     target: str = ""  # the target that refused them, the only one the correction goes to
 
     @property
@@ -173,7 +172,6 @@ class Requeuer:
         sink_id: str,
         chosen: RequeueFilter,
         through: int | None = None,
-        stage_letters: int = 0,
     ) -> RequeueSelection:
         """The next batch of the letters the filter selects (those with an id up to
         ``through``, when given): the oldest not requeued yet, at most
@@ -196,7 +194,6 @@ class Requeuer:
             tuple(r[0] for r in rows),
             tuple(r[1] for r in rows),
             tuple(sorted({r[2] for r in rows})),
-            stage_letters,
             _one_target(sink_id, {r[3] for r in rows}),
         )
 
