@@ -272,9 +272,26 @@ class PointBuilder:
                 item = Rejected(index, exc.reason, row_payload(row))
             yield item
 
+    @property
+    def unsigned(self) -> bool:
+        """Whether numpy unsigned integers are written with the ``u`` suffix."""
+        return self._unsigned
+
+    @property
+    def allow_newlines(self) -> bool:
+        """Whether a string field value may hold a raw line feed or carriage return."""
+        return self._newlines
+
     def line(self, row: Mapping[str, Any]) -> str:
         """The row's line-protocol line; raises [`PointError`][twophase.errors.PointError] with the
         reason."""
+        return f"{self.body(row)} {self._timestamp(row)}"
+
+    def body(self, row: Mapping[str, Any]) -> str:
+        """The row's line without its timestamp (series and fields), checked as
+        [`line`][twophase.points.builder.PointBuilder.line] checks them; for an encoder that
+        stamps clock-stamped rows itself ([`stamps`][twophase.points.builder.PointBuilder.stamps]).
+        """
         series = self._measurement + self._tags(row)
         plan = self._fixed_fields
         if plan is None:
@@ -285,7 +302,7 @@ class PointBuilder:
             MAX_SERIES_KEY_BYTES
         ):
             _check_key_size(series, row, plan)
-        return f"{series} {fields} {self._timestamp(row)}"
+        return f"{series} {fields}"
 
     def _tags(self, row: Mapping[str, Any]) -> str:
         parts: list[str] = []
@@ -351,6 +368,19 @@ class PointBuilder:
                 "(1677-09-21T00:12:43.145224194Z .. 2262-04-11T23:47:16.854775806Z)"
             )
         return stamp
+
+    def stamps(self, count: int) -> int:
+        """The first of ``count`` consecutive clock stamps, taken as ``count`` calls of
+        ``line`` on rows without a time column would take them, but reading the clock once
+        (a stalled clock gives the same stamps); raises PointError outside InfluxDB's range."""
+        before = self._last_stamp
+        first = self._stamp()
+        last = first + count - 1
+        if last > MAX_TIME_NS:
+            self._last_stamp = before
+            raise PointError(f"the clock gave {last}, outside InfluxDB's time range")
+        self._last_stamp = last
+        return first
 
     def _stamp(self) -> int:
         # Strictly increasing, so rows of one series never collapse onto one

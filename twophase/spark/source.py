@@ -44,7 +44,7 @@ from twophase.model import CommitMessage
 from twophase.spark.commit import abort_epoch, commit_epoch
 from twophase.spark.master import warn_without_task_retries
 from twophase.spark.options import SinkOptions, check_schema, parse_options
-from twophase.spark.stage import current_task, rows_of, stage_task
+from twophase.spark.stage import current_task, stage_task
 
 try:  # PySpark 4.1+: Arrow record batches straight from the JVM
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter
@@ -75,7 +75,7 @@ class TwoPhaseStreamWriter(_StreamWriter):
 
     def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
         """Phase 1 for this task's rows; the epoch and run come from the task context."""
-        return TwoPhaseCommitMessage(stage_task(self.sink, rows_of(iterator), current_task()))
+        return TwoPhaseCommitMessage(stage_task(self.sink, iterator, current_task()))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         """Decide and promote epoch ``batchId``; raising fails the query before Spark

@@ -26,6 +26,7 @@ from pyspark import TaskContext
 from twophase.errors import PermanentError
 from twophase.model import CommitMessage
 from twophase.points.builder import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
+from twophase.points.columnar import ColumnarEncoder
 from twophase.protocol.stager import Stager
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
 from twophase.store.database import shared_database
@@ -92,11 +93,9 @@ def batch_tag(epoch: int, run_id: str, query_id: str) -> str:
     return f"twophase-batch:{epoch}:{run_id}:{query_id}"
 
 
-def stage_task(
-    sink: SinkOptions, rows: Iterable[Mapping[str, Any]], task: TaskIdentity
-) -> CommitMessage:
-    """Stage one partition's rows (mappings: see [`rows_of`][twophase.spark.stage.rows_of]) as one
-    write.
+def stage_task(sink: SinkOptions, data: Iterable[Any], task: TaskIdentity) -> CommitMessage:
+    """Stage one partition's rows (Arrow record batches, PySpark rows (``Row``) or mappings:
+    see [`items_of`][twophase.spark.stage.items_of]) as one write.
 
     All or nothing (one PostgreSQL transaction); returns the message the
     driver's vote needs. A staging store that is down or lost mid-way is
@@ -109,7 +108,7 @@ def stage_task(
     return stager.stage(
         sink.sink_id,
         task.epoch,
-        items_of(sink, rows),
+        items_of(sink, data),
         partition_id=task.partition_id,
         attempt=task.attempt,
         run_id=task.run_id,
@@ -132,20 +131,30 @@ def rows_of(data: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
         to_pylist = getattr(item, "to_pylist", None)
         if to_pylist is not None:  # a pyarrow.RecordBatch
             yield from to_pylist()
+        elif isinstance(item, Mapping):
+            yield item
         else:  # a pyspark.sql.Row (row-based writer on PySpark 4.0)
             yield item.asDict()
 
 
-def items_of(sink: SinkOptions, rows: Iterable[Mapping[str, Any]]) -> Iterable[str | Rejected]:
-    """One line or one Rejected per row, in order (never drops a row). The dead letters
-    of rows in a list come as a list: staging repeats it without spooling it."""
+def items_of(
+    sink: SinkOptions, data: Iterable[Any], *, columnar: bool = True
+) -> Iterable[str | Rejected]:
+    """One line or one Rejected per row, in order (never drops a row). ``data``: Arrow
+    record batches, PySpark rows (``Row``) or mappings, mixed. Record batches are encoded a
+    column at a time ([`ColumnarEncoder`][twophase.points.columnar.ColumnarEncoder], the
+    same lines and dead letters as the row builder's); ``columnar=False`` takes every row
+    through the row builder. The dead letters of rows in a list come as a list: staging
+    repeats it without spooling it."""
     if sink.spec is None:
-        letters = dead_letters(rows)
-        return list(letters) if isinstance(rows, list | tuple) else letters
+        letters = dead_letters(rows_of(data))
+        return list(letters) if isinstance(data, list | tuple) else letters
     builder = PointBuilder(
         sink.spec, unsigned=sink.writes_unsigned(), allow_newlines=sink.allows_newlines()
     )
-    return builder.convert(rows)
+    if not columnar:
+        return builder.convert(rows_of(data))
+    return ColumnarEncoder(builder).convert(data)
 
 
 def dead_letters(rows: Iterable[Mapping[str, Any]]) -> Iterator[Rejected]:
@@ -179,5 +188,5 @@ def stage_arrow_partition(
     import pyarrow as pa
 
     task = current_task(epoch=epoch, run_id=run_id, query_id=query_id)
-    message = stage_task(sink, rows_of(batches), task)
+    message = stage_task(sink, batches, task)
     yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
