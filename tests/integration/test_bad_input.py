@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.encoders import ENCODERS, encode
 from tests.support import admin_conninfo, begin_run, influx_query, influx_rows
 from twophase.points.builder import PointBuilder, PointSpec
 
@@ -62,19 +63,27 @@ def counts(url: str, epoch: int) -> tuple[Any, ...] | None:
         ).fetchone()
 
 
-def commit_rows(tp: Any, lease: Any, epoch: int, rows: list[dict[str, Any]]) -> Any:
-    items = PointBuilder(SPEC).convert(rows)
+@pytest.fixture(params=ENCODERS)
+def encoder(request: pytest.FixtureRequest) -> str:
+    """Every test here runs with the row builder and with the columnar encoder."""
+    return str(request.param)
+
+
+def commit_rows(
+    tp: Any, lease: Any, epoch: int, rows: list[dict[str, Any]], encoder: str = "rows"
+) -> Any:
+    items = encode(PointBuilder(SPEC), rows, encoder)
     message = tp.stager.stage("s", epoch, items, run_id="r1", query_id="q1")
     return tp.committer.commit(lease, epoch, [message])
 
 
 def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
-    tp: Any, staging_url: str
+    tp: Any, staging_url: str, encoder: str
 ) -> None:
     good = [row(i) for i in range(30, 40)]
     rows = good[:5] + [r for r, _ in BAD_ROWS] + ODD_ROWS + good[5:]
     lease = begin_run(tp, "s", "r1", "q1")
-    commit_rows(tp, lease, 0, rows)
+    commit_rows(tp, lease, 0, rows, encoder)
 
     letters = dead_letters(staging_url)
     assert len(letters) == len(BAD_ROWS)
@@ -102,13 +111,13 @@ def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
 
 @pytest.mark.lanes(1)  # seq is the line's place in the task's order
 def test_field_type_change_between_epochs_is_a_promote_dead_letter(
-    tp: Any, staging_url: str
+    tp: Any, staging_url: str, encoder: str
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
-    commit_rows(tp, lease, 0, [row(i) for i in range(5)])  # v is a float
+    commit_rows(tp, lease, 0, [row(i) for i in range(5)], encoder)  # v is a float
     second = [row(i + 5) for i in range(5)]
     second[2]["v"] = "now a string"  # InfluxDB refuses a new type for the field
-    outcome = commit_rows(tp, lease, 1, second)
+    outcome = commit_rows(tp, lease, 1, second, encoder)
 
     assert outcome.state == "COMMITTED"
     assert (outcome.promoted.delivered, outcome.promoted.rejected) == (4, 1)

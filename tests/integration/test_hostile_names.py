@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.encoders import ENCODERS, encode
 from tests.fuzz import HOSTILE, any_text, examples
 from tests.integration.cli_helpers import make_cli
 from tests.integration.test_points_roundtrip import Influx
@@ -32,20 +33,24 @@ def table_counts(url: str) -> dict[str, int]:
         return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # type: ignore[index]  # noqa: S608
 
 
-def deliver(tp: Any, sink_id: str, measurement: str, column: str, epoch: int = 0) -> list[str]:
+def deliver(
+    tp: Any, sink_id: str, measurement: str, column: str, epoch: int = 0, encoder: str = "rows"
+) -> list[str]:
     """One epoch of three points under these names, through the whole protocol."""
     spec = PointSpec(measurement, (column,), (column + "_f",), "t")
-    builder = PointBuilder(spec)
-    lines = [builder.line({column: f"v{i}'--", column + "_f": i, "t": i}) for i in range(3)]
+    rows = [{column: f"v{i}'--", column + "_f": i, "t": i} for i in range(3)]
+    lines = [item for item in encode(PointBuilder(spec), rows, encoder) if isinstance(item, str)]
+    assert len(lines) == len(rows)
     lease = begin_run(tp, sink_id, "r1", "q1")
     message = tp.stager.stage(sink_id, epoch, lines, run_id="r1", query_id="q1")
     assert tp.committer.commit(lease, epoch, [message]).state == EpochState.COMMITTED
     return lines
 
 
+@pytest.mark.parametrize("encoder", ENCODERS)
 @pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
 def test_hostile_names_are_stored_and_shown_as_data(
-    name: str, tp: Any, staging: StagingConfig, influx: InfluxConfig
+    name: str, encoder: str, tp: Any, staging: StagingConfig, influx: InfluxConfig
 ) -> None:
     url = staging.url.reveal()
     measurement, column = "m" + name, "c" + name
@@ -54,7 +59,7 @@ def test_hostile_names_are_stored_and_shown_as_data(
     except ConfigError as exc:  # a backslash InfluxDB would read back differently
         assert exc.option in ("measurement", "tags") and "backslash" in exc.problem
         measurement, column = "m_" + name.replace("\\", "/"), "c_" + name.replace("\\", "/")
-    deliver(tp, name, measurement, column)
+    deliver(tp, name, measurement, column, encoder=encoder)
     counts = table_counts(url)  # every table still there, one sink
     assert counts["twophase_sinks"] == 1 and counts["twophase_epochs"] == 1
     stored = Influx(influx.url, str(influx.database)).points()

@@ -137,7 +137,7 @@ class ColumnarEncoder:
         if self._time is None:
             return self._clock_stamped(batch, body, flagged, start)
         stamps = self._stamps(batch.column(self._time), flagged)
-        lines = pc.binary_join_element_wise(body, stamps, " ")
+        lines = _concat(body, pa.scalar(" "), stamps)
         return self._merge(batch, lines.to_pylist(), flagged, start)
 
     # --- the plan of a batch ------------------------------------------------------
@@ -170,7 +170,8 @@ class ColumnarEncoder:
         if not present:
             return pa.array([self._measurement] * batch.num_rows, pa.string())
         # A null part is a tag left out (null value); the measurement is never null.
-        return pc.binary_join_element_wise(measurement, *present, "", null_handling="skip")
+        # A null part is a tag left out (null value): it adds nothing.
+        return _concat(measurement, *(pc.fill_null(part, "") for part in present))
 
     def _tag(self, name: str, array: pa.Array, flagged: Mask) -> pa.Array | None:
         kind = array.type
@@ -185,7 +186,7 @@ class ColumnarEncoder:
             return None
         escaped = _escape(values, ((",", "\\,"), ("=", "\\="), (" ", "\\ ")))
         prefix = pa.scalar(f",{name.translate(ESCAPE_KEY)}=")
-        return pc.binary_join_element_wise(prefix, escaped, "")
+        return _concat(prefix, escaped)
 
     # --- fields ------------------------------------------------------------------
 
@@ -204,8 +205,11 @@ class ColumnarEncoder:
         longest = max(utf8_size(field.prefix) - 1 for field in fields)
         size = pc.add(pc.binary_length(series), FIELD_KEY_SEPARATOR_BYTES + longest)
         _flag(flagged, pc.greater(size, MAX_SERIES_KEY_BYTES))  # may be too long: exact by rows
-        joined = pc.binary_join_element_wise(*parts, ",", null_handling="skip")
-        return pc.binary_join_element_wise(series, joined, " ")
+        # Each part starts with its comma; the first comma becomes the space after the
+        # series. (Not null_handling="skip": pyarrow 26 drops the rows whose values are
+        # all null from its result.)
+        joined = _concat(*(pc.fill_null(part, "") for part in parts))
+        return _concat(series, pa.scalar(" "), pc.utf8_slice_codeunits(joined, 1))
 
     def _field(self, field: _Field, array: pa.Array, flagged: Mask) -> pa.Array:
         """The field's ``key=value`` texts, null where the field is left out."""
@@ -214,7 +218,7 @@ class ColumnarEncoder:
         if field.problem is not None:
             _flag(flagged, pc.is_valid(array))  # refused only when it has a value
         text = self._value_text(array, flagged)
-        return pc.binary_join_element_wise(pa.scalar(field.prefix), text, "")
+        return _concat(pa.scalar(f",{field.prefix}"), text)
 
     def _value_text(self, array: pa.Array, flagged: Mask) -> pa.Array:
         kind = array.type
@@ -223,7 +227,7 @@ class ColumnarEncoder:
         if pa.types.is_integer(kind):
             if pa.types.is_uint64(kind):
                 _flag(flagged, _above(array, _INT64_MAX))
-            return pc.binary_join_element_wise(pc.cast(array, pa.string()), pa.scalar("i"), "")
+            return _concat(pc.cast(array, pa.string()), pa.scalar("i"))
         if pa.types.is_boolean(kind):
             return pc.if_else(array, pa.scalar("true"), pa.scalar("false"))
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -237,7 +241,7 @@ class ColumnarEncoder:
         _flag(flagged, pc.greater(pc.binary_length(array), MAX_STRING_FIELD_BYTES))
         escaped = _escape(array, (("\\", "\\\\"), ('"', '\\"')))  # backslashes first
         quote = pa.scalar('"')
-        return pc.binary_join_element_wise(quote, escaped, quote, "")
+        return _concat(quote, escaped, quote)
 
     # --- time ----------------------------------------------------------------------
 
@@ -333,6 +337,12 @@ def _float_text(array: pa.Array, flagged: Mask) -> pa.Array:
 def _repr_text(value: float) -> str:
     text = repr(value)
     return text[:-2] if text.endswith(".0") else text
+
+
+def _concat(*parts: Any) -> pa.Array:
+    """Texts joined row by row (arrays and scalars, at least one array); null where
+    any part is null."""
+    return pc.binary_join_element_wise(*parts, "")
 
 
 def _escape(array: pa.Array, pairs: tuple[tuple[str, str], ...]) -> pa.Array:
