@@ -8,6 +8,16 @@ dropped
 silently: every input row yields exactly one line or one rejection, so staged
 points plus dead letters always add up to the input.
 
+Arrow record batches, what Spark hands a staging task, are encoded a column at a time
+by [`ColumnarEncoder`][twophase.points.columnar.ColumnarEncoder], which gives this
+builder's lines and rejections byte for byte. This builder does the work where columnar
+encoding cannot apply: rows that are not Arrow batches (a PySpark ``Row``, a mapping),
+a batch whose time column is text, float, decimal or date (parsed per value) or lacks a
+column the spec names, and, one row at a time, the rows the encoder's masks flag (every
+row that is rejected, and a few awkward ones: the list is in
+[`twophase.points.columnar`][twophase.points.columnar]). So every check and every
+reason is here, once.
+
 Timestamps are fixed here, at stage time (DESIGN I8): a row without a time
 column gets the builder's clock, so promoting the staged lines again later is
 deterministic.

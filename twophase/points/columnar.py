@@ -77,6 +77,7 @@ _INT64_MAX = 2**63 - 1
 # What the row builder refuses or reads back altered in a tag value: any backslash
 # (conservative: most backslashes are fine, the row builder decides), tab, CR, LF, NUL.
 _TAG_SUSPECT = r"[\\\t\r\n\x00]"
+_TAG_ESCAPES = ((",", "\\,"), ("=", "\\="), (" ", "\\ "))  # ESCAPE_KEY's, less those flagged
 # Where Arrow's shortest float text differs in form from repr's (module docstring).
 _REPR_RANGES = ((1e-9, 1e-4), (1e10, 1e16))
 _TIMESTAMP_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -169,24 +170,18 @@ class ColumnarEncoder:
         present = [part for part in parts if part is not None]
         if not present:
             return pa.array([self._measurement] * batch.num_rows, pa.string())
-        # A null part is a tag left out (null value); the measurement is never null.
         # A null part is a tag left out (null value): it adds nothing.
         return _concat(measurement, *(pc.fill_null(part, "") for part in present))
 
     def _tag(self, name: str, array: pa.Array, flagged: Mask) -> pa.Array | None:
         kind = array.type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            values = pc.cast(array, pa.string())
-            _flag(flagged, pc.equal(pc.binary_length(values), 0))
-            _flag(flagged, pc.match_substring_regex(values, _TAG_SUSPECT))
-        elif pa.types.is_integer(kind):
-            values = pc.cast(array, pa.string())  # str(int) and Arrow's text agree
-        else:
-            _flag(flagged, pc.is_valid(array))  # str(value) of other types: the row builder
-            return None
-        escaped = _escape(values, ((",", "\\,"), ("=", "\\="), (" ", "\\ ")))
         prefix = pa.scalar(f",{name.translate(ESCAPE_KEY)}=")
-        return _concat(prefix, escaped)
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return _text_tag(prefix, pc.cast(array, pa.string()), flagged)
+        if pa.types.is_integer(kind):  # str(int) and Arrow's text agree; nothing to escape
+            return _concat(prefix, pc.cast(array, pa.string()))
+        _flag(flagged, pc.is_valid(array))  # str(value) of other types: the row builder
+        return None
 
     # --- fields ------------------------------------------------------------------
 
@@ -303,6 +298,18 @@ class ColumnarEncoder:
             except PointError as exc:
                 items.append(Rejected(start + row, exc.reason, row_payload(values)))
         return items
+
+
+def _text_tag(prefix: pa.Scalar, values: pa.Array, flagged: Mask) -> pa.Array:
+    """``,key=value`` of a text tag column. Tag values repeat: each distinct value is
+    checked and escaped once (as the row builder's cache does), then spread to its rows."""
+    encoded = pc.dictionary_encode(values)
+    distinct, rows = encoded.dictionary, encoded.indices
+    suspect = pc.or_(
+        pc.equal(pc.binary_length(distinct), 0), pc.match_substring_regex(distinct, _TAG_SUSPECT)
+    )
+    _flag(flagged, pc.take(suspect, rows))
+    return pc.take(_concat(prefix, _escape(distinct, _TAG_ESCAPES)), rows)
 
 
 def _is_time(batch: pa.RecordBatch, column: str) -> bool:
