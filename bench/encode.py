@@ -9,9 +9,10 @@ a staging task does it, two ways:
   over the batch (``pyarrow.compute``).
 
 Two shapes, 100k rows each by default: ``seeds``, the rows ``jobs/session_metrics.py``
-writes (``stream_stats``: tags ``isp`` and ``stream_id``, four integer fields, a
-timestamp column: the lines of ``bench/lines.py``), and ``mixed``, one point per row with
-three tags and five fields of every kind (floats, an integer, a string, a boolean).
+writes (``stream_stats``: tags ``isp`` and ``stream_id``, four integer fields, the
+window's end in seconds: the lines of ``bench/lines.py``), and ``mixed``, one point per row with
+three tags, six fields of every kind (floats, an integer, a string, a boolean) and a
+Spark timestamp column (microseconds, UTC).
 Both ways' items are compared first (they must be equal); then each is timed
 ``--repeats`` times, alternating, with ``time.process_time`` (every thread of this
 process: Arrow's too). Medians. No servers. Writes ``bench/results/encode-<stamp>.json``
@@ -40,15 +41,17 @@ from twophase.points.columnar import ColumnarEncoder
 
 T0 = datetime(2026, 11, 27, tzinfo=timezone.utc)
 SHAPES: dict[str, PointSpec] = {
-    "seeds": PointSpec(MEASUREMENT, ("isp", "stream_id"), None, "window_end"),
+    "seeds": PointSpec(MEASUREMENT, ("isp", "stream_id"), None, "window_end", "s"),
     "mixed": PointSpec("host_stats", ("host", "region", "dc"), None, "time"),
 }
 
 
 def seeds_batch(rows: int) -> pa.RecordBatch:
-    """``bench/lines.py``'s points as the Arrow batch a Spark task hands over."""
+    """``bench/lines.py``'s points as the Arrow batch a task of ``jobs/session_metrics.py``
+    hands over: the window's end in whole seconds (``unix_seconds``), one window per 300
+    series."""
     i = np.arange(rows, dtype=np.int64)
-    stamps = pa.array((T0.timestamp() * 1e6 + i).astype(np.int64), pa.timestamp("us", "UTC"))
+    stamps = int(T0.timestamp()) + i // (len(ISPS) * STREAMS)
     return pa.record_batch(
         {
             "isp": pa.array(np.array(ISPS)[i % 3]),

@@ -212,31 +212,32 @@ class ColumnarEncoder:
             _flag(flagged, pc.is_null(array))
         if field.problem is not None:
             _flag(flagged, pc.is_valid(array))  # refused only when it has a value
-        text = self._value_text(array, flagged)
-        return _concat(pa.scalar(f",{field.prefix}"), text)
+        # One join per field: its key, its value's text and the text around it.
+        return _concat(pa.scalar(f",{field.prefix}"), *self._value_text(array, flagged))
 
-    def _value_text(self, array: pa.Array, flagged: Mask) -> pa.Array:
+    def _value_text(self, array: pa.Array, flagged: Mask) -> tuple[Any, ...]:
+        """The pieces of each value's text: arrays and scalars, null where it is null."""
         kind = array.type
         if pa.types.is_float32(kind) or pa.types.is_float64(kind):
-            return _float_text(array, flagged)
+            return (_float_text(array, flagged),)
         if pa.types.is_integer(kind):
             if pa.types.is_uint64(kind):
                 _flag(flagged, _above(array, _INT64_MAX))
-            return _concat(pc.cast(array, pa.string()), pa.scalar("i"))
+            return pc.cast(array, pa.string()), pa.scalar("i")
         if pa.types.is_boolean(kind):
-            return pc.if_else(array, pa.scalar("true"), pa.scalar("false"))
+            return (pc.if_else(array, pa.scalar("true"), pa.scalar("false")),)
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             return self._string_text(pc.cast(array, pa.string()), flagged)
         _flag(flagged, pc.is_valid(array))  # any other type: the row builder decides
-        return pa.nulls(len(array), pa.string())
+        return (pa.nulls(len(array), pa.string()),)
 
-    def _string_text(self, array: pa.Array, flagged: Mask) -> pa.Array:
+    def _string_text(self, array: pa.Array, flagged: Mask) -> tuple[Any, ...]:
         breaks = r"[\x00]" if self._builder.allow_newlines else r"[\x00\r\n]"
         _flag(flagged, pc.match_substring_regex(array, breaks))
         _flag(flagged, pc.greater(pc.binary_length(array), MAX_STRING_FIELD_BYTES))
         escaped = _escape(array, (("\\", "\\\\"), ('"', '\\"')))  # backslashes first
         quote = pa.scalar('"')
-        return _concat(quote, escaped, quote)
+        return quote, escaped, quote
 
     # --- time ----------------------------------------------------------------------
 
