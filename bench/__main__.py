@@ -1,15 +1,24 @@
-"""``python -m bench [--quick] [--only NAME ...] [--[no-]spark]``.
+"""The bench's one command.
 
-Runs the metrics in order against scratch databases it creates (and drops),
-then writes ``bench/results/<UTC stamp>.json`` / ``.md`` / ``.png`` and
-prints the Markdown table. Exit status 0 whether or not targets hold (the
-results say); 2 when the servers or the schema are not there.
+``python -m bench [--quick] [--only METRIC ...] [--[no-]spark]`` runs the
+numbered metrics (``METRICS``) in order against scratch databases it creates
+(and drops), then writes ``bench/results/<UTC stamp>.json`` / ``.md`` /
+``.png`` and prints the Markdown table.
+
+``python -m bench PART [OPTIONS]`` runs one part alone (``PARTS``: a study, or
+a metric with options of its own), with the results file and options of that
+part (``python -m bench PART --help``); the part is ``bench/<PART>.py``'s
+``main``.
+
+Exit status 0 whether or not targets hold (the results say); 2 when the
+servers or the schema are not there.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import sys
 import time
 import traceback
@@ -55,10 +64,29 @@ METRICS: dict[str, Metric] = {
 }
 SPARK_METRICS = ("spark_e2e", "spark_raw", "freshness")  # run in full mode, or with --spark
 
+# ``python -m bench PART [OPTIONS]``: bench/<PART>.py's ``main(argv) -> int``, by itself.
+PARTS: dict[str, str] = {
+    "spark_raw": "metric 9 alone, on the links named (--link loopback --link slow)",
+    "freshness": "metric 12 alone (--link slow; --quick: smaller)",
+    "relay": "metric 13 alone (--points N --repeats N)",
+    "staging_scale": "metric 14 alone",
+    "steps": "one 1M-point epoch, step by step",
+    "fencing": "promotion with and without its fencing check",
+    "request_size": "promote request sizes (influx_batch_points): points/s, driver CPU",
+    "fanout": "two InfluxDB targets against one: 3-4.5 minutes",
+    "versions": "metric 2 of this checkout against another ref's (--old REF)",
+    "encode": "encoding on executors: row builder vs columnar, no servers",
+    "costs": "what exactly-once costs against a plain foreachBatch, one table: ~20 minutes",
+}
+
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m bench", description="twophase against a direct write, with targets"
+        prog="python -m bench",
+        usage="python -m bench [OPTIONS] | python -m bench PART [PART'S OPTIONS]",
+        description="twophase against a direct write, with targets",
+        epilog="parts, run alone with options of their own (python -m bench PART --help): "
+        + "; ".join(f"{name}: {what}" for name, what in PARTS.items()),
     )
     ap.add_argument("--quick", action="store_true", help="the under-two-minutes plan")
     ap.add_argument(
@@ -119,16 +147,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in PARTS:
+        part = importlib.import_module(f"bench.{argv[0]}")
+        return _setup_checked(f"bench {argv[0]}", lambda: int(part.main(argv[1:])))
+    return _setup_checked("bench", lambda: _run_metrics(parse(argv)))
+
+
+def _run_metrics(args: argparse.Namespace) -> int:
+    results = run(args)
+    return report.finish(report.markdown(results), report.write(results, args.out))
+
+
+def _setup_checked(prog: str, run_part: Callable[[], int]) -> int:
+    """``run_part()``; exit status 2, said on stderr, when the servers or the schema are
+    not there."""
     try:
-        results = run(args)
+        return run_part()
     except BenchSetupError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    paths = report.write(results, args.out)
-    print(report.markdown(results))
-    print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
-    return 0
 
 
 if __name__ == "__main__":

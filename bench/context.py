@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.lines import Seeds
 from bench.plan import Plan
-from bench.servers import BenchSetupError, Scratch, Servers, scratch
+from bench.servers import Scratch, Servers, scratch
 from bench.sides import DirectSide
 from twophase.protocol.runtime import TwoPhase
 
@@ -51,19 +51,14 @@ class Context:
             self._direct = None
 
 
-def run_alone(prog: str, plan: Plan, measure: Callable[[Context], dict[str, Any]]) -> int:
-    """One metric run by itself (``python -m bench.<metric>``), against scratch databases
-    of its own: its results printed as JSON; exit status 2 when the servers or the
-    schema are not there."""
-    try:
-        with scratch(Servers.from_env()) as made:
-            ctx = Context(plan, made)
-            try:
-                result = measure(ctx)
-            finally:
-                ctx.close()
-    except BenchSetupError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+def run_alone(plan: Plan, measure: Callable[[Context], dict[str, Any]]) -> int:
+    """One metric run by itself (``python -m bench <metric>``), against scratch databases
+    of its own: its results printed as JSON."""
+    with scratch(Servers.from_env()) as made:
+        ctx = Context(plan, made)
+        try:
+            result = measure(ctx)
+        finally:
+            ctx.close()
     print(json.dumps(result, indent=2))
     return 0

@@ -30,9 +30,9 @@ def process_cpu_s(pid: int) -> float:
 
 
 def influxd_pid() -> int | None:
-    """The development influxd (scripts/services.py), or None."""
+    """The development influxd (devkit's ``default_servers``), or None."""
     try:
-        from scripts.services import default_servers
+        from devkit import default_servers
     except ImportError:
         return None
     return default_servers()[1].pid()

@@ -1,4 +1,4 @@
-"""``python -m bench.encode [--rows N] [--repeats N] [--json FILE]``: encoding on executors.
+"""``python -m bench encode [--rows N] [--repeats N] [--json FILE]``: encoding on executors.
 
 CPU seconds per million points of turning one Arrow record batch into line protocol, as
 a staging task does it, two ways:
@@ -22,9 +22,7 @@ and prints a table. A micro-benchmark, not a test: nothing here has a target.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -35,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.lines import ISPS, MEASUREMENT, STREAMS
-from bench.report import RESULTS, machine, stamp
+from bench.report import RESULTS, command, finish, machine, stamp, write_json
 from twophase.points.builder import PointBuilder, PointSpec
 from twophase.points.columnar import ColumnarEncoder
 
@@ -126,8 +124,8 @@ def measure(rows: int, repeats: int) -> dict[str, Any]:
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.encode", description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench encode", description=__doc__)
     ap.add_argument("--rows", type=int, default=100_000, help="rows per batch")
     ap.add_argument("--repeats", type=int, default=5, help="timings per way and shape")
     ap.add_argument("--json", type=Path, help="results file (default: bench/results/encode-*)")
@@ -135,23 +133,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = stamp()
     results: dict[str, Any] = {
         "started": started,
-        "command": " ".join([Path(sys.executable).name, "-m", "bench.encode", *sys.argv[1:]]),
+        "command": command("encode", argv),
         "rows": args.rows,
         "repeats": args.repeats,
         "pyarrow": pa.__version__,
         "machine": machine(),
         "shapes": measure(args.rows, args.repeats),
     }
-    path = args.json or RESULTS / f"encode-{started}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print("shape   rows (CPU s / 1M points)   columnar   speed-up")
+    path = write_json(results, args.json or RESULTS / f"encode-{started}.json")
+    lines = ["shape   rows (CPU s / 1M points)   columnar   speed-up"]
     for shape, figures in results["shapes"].items():
         cpu = figures["cpu_s_per_million_points"]
-        print(f"{shape:7} {cpu['rows']:26.2f}   {cpu['columnar']:8.2f}   {figures['speedup']}x")
-    print(f"json: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        lines.append(
+            f"{shape:7} {cpu['rows']:26.2f}   {cpu['columnar']:8.2f}   {figures['speedup']}x"
+        )
+    return finish("\n".join(lines), {"json": path})

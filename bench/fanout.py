@@ -1,4 +1,4 @@
-"""``python -m bench.fanout [--quick] [--out DIR] [--dev-server]``: two targets against one.
+"""``python -m bench fanout [--quick] [--out DIR] [--dev-server]``: two targets against one.
 
 A sink with two InfluxDB targets (``targets``: a and b, ``min_targets = 1``)
 against a sink with one, at 100k-point epochs, each epoch staged off the clock
@@ -38,7 +38,6 @@ PostgreSQL is the dev server, as beside a Spark driver. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -53,7 +52,7 @@ from bench.context import MAIN
 from bench.fanout_cpu import Meter
 from bench.fanout_parts import Addresses, Influxes, Sink, addresses, influx_servers, points_in
 from bench.lines import Seeds
-from bench.servers import BenchSetupError, Scratch, Servers, admin_conninfo, scratch
+from bench.servers import Scratch, Servers, admin_conninfo, scratch
 from bench.sides import BenchError
 from bench.stats import compared
 from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig
@@ -288,12 +287,7 @@ def _setup(plan: Plan, dev_server: bool) -> dict[str, Any]:
 
 def write(results: dict[str, Any], folder: Path) -> dict[str, Path]:
     """``fanout-<stamp>.json`` and ``.md`` in ``folder``; their paths."""
-    folder.mkdir(parents=True, exist_ok=True)
-    base = folder / f"fanout-{results['started']}"
-    paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
-    paths["json"].write_text(json.dumps(results, indent=2) + "\n")
-    paths["md"].write_text(markdown(results))
-    return paths
+    return report.write_files(results, folder / f"fanout-{results['started']}", markdown)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -349,22 +343,11 @@ def _cpu_table(results: dict[str, Any]) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fanout", description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench fanout", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="2 outages x 3 epochs (default 4 x 5)")
     ap.add_argument("--out", type=Path, default=report.RESULTS, help="results folder")
     ap.add_argument("--dev-server", action="store_true", help="every database on the dev InfluxDB")
     args = ap.parse_args(argv)
-    try:
-        results = run(args)
-    except BenchSetupError as exc:
-        print(f"bench.fanout: {exc}", file=sys.stderr)
-        return 2
-    paths = write(results, args.out)
-    print(markdown(results))
-    print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    results = run(args)
+    return report.finish(markdown(results), write(results, args.out))

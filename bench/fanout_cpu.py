@@ -1,4 +1,4 @@
-"""Where the CPU of an epoch goes, for ``python -m bench.fanout``: this process, the
+"""Where the CPU of an epoch goes, for ``python -m bench fanout``: this process, the
 proxies, the influxd servers, the staging store's backends, and the whole machine.
 
 A ratio below target says little by itself on a two-core machine shared with

@@ -18,8 +18,8 @@ from bench.lines import Seeds, epoch_lines
 from bench.proxies import ProxyProcess
 from bench.servers import Scratch
 from bench.sides import QUERY_ID, BenchError
-from tests.integration.faultproxy import CUT, PASS
-from tests.support import start_own_influx
+from devkit.faultproxy import CUT, PASS
+from devkit.ports import start_own_influx
 from twophase.config import InfluxConfig, TargetConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease

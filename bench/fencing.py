@@ -1,4 +1,4 @@
-"""``python -m bench.fencing [--points N] [--repeats R]``: what promotion's fencing check costs.
+"""``python -m bench fencing [--points N] [--repeats R]``: what promotion's fencing check costs.
 
 A promotion reads the sink's fencing token before every request and every retry
 of one (``Ledger.check_lease``, I5). This times the same promotion with and
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -87,8 +86,8 @@ def compare(made: Scratch, lanes: int, points: int, repeats: int) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fencing", description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench fencing", description=__doc__)
     ap.add_argument("--points", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=7, help="sends per side and lane setting")
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 4])
@@ -97,7 +96,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         for lanes in args.lanes:
             print(compare(made, lanes, args.points, args.repeats), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,7 +33,7 @@ repeat's, for the spread). Target, per link: the better twophase mode's p99
 (lower, named in the results) at most ``P99_SLACK_MS`` over plain's; the
 other mode is reported.
 
-``python -m bench.freshness [--link loopback|slow ...] [--quick | --size ...]``
+``python -m bench freshness [--link loopback|slow ...] [--quick | --size ...]``
 runs the metric alone and prints its results.
 """
 
@@ -62,6 +62,7 @@ import urllib3
 from bench.context import Context, run_alone
 from bench.freshness_job import MEASUREMENT
 from bench.plan import FULL, QUICK
+from bench.report import best_of
 from bench.servers import REPO
 from bench.sides import BenchError
 from bench.spark_runs import (
@@ -432,12 +433,8 @@ def _result(
         for mode in MODES
         for q in (50, 99)
     }
-    headline = parts[f"{links[-1].key} {best[links[-1].key]} p99"]
     return {
-        **headline,
-        "holds": all(p["holds"] for p in parts.values() if p["holds"] is not None),
-        "best": best,
-        "parts": parts,
+        **best_of(parts, f"{links[-1].key} {best[links[-1].key]} p99", best),
         "batches": {
             link.key: {side: _batches(runs) for side, runs in samples[link.key].items()}
             for link in links
@@ -503,7 +500,7 @@ def _batches(runs: list[Sample]) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.freshness", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench freshness", description=__doc__)
     ap.add_argument(
         "--link",
         action="append",
@@ -522,13 +519,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
     links = [LINKS[key] for key in args.link] if args.link else list(DEFAULT_LINKS)
     size = None if args.size is None else Size(*args.size)
     plan = QUICK if args.quick else FULL
-    return run_alone("bench.freshness", plan, lambda ctx: measure_freshness(ctx, links, size))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_alone(plan, lambda ctx: measure_freshness(ctx, links, size))

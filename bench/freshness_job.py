@@ -40,8 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench.spark_plain import (
-    await_reported,
-    emit,
+    end_job,
     parser,
     plain_batch,
     report_progress,
@@ -110,21 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = windows(spark, args, WINDOW, WATERMARK)
     query = start_query(stats.writeStream.outputMode("update").foreachBatch(sink), QUERY, args)
     stop_on_eof(query)
-    try:
-        query.awaitTermination()  # returns once stopped; raises if the query failed
-        if writer is not None:  # with background promotion, the last epoch may be on its way
-            from twophase.spark import drain_query
-
-            drain_query(writer)
-    finally:
-        if writer is not None:
-            from twophase.spark import end_query
-
-            end_query(query, writer)
-    await_reported(query, listener)
-    emit("DONE", seconds=round(time.monotonic() - started, 3))
-    spark.stop()
-    return 0
+    return end_job(spark, query, listener, started, writer)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What purging retained points costs, for ``python -m bench.staging_scale``: today's
+"""What purging retained points costs, for ``python -m bench staging_scale``: today's
 GC (``DELETE`` of the epochs' chunk rows) against dropping partitions of a table
 partitioned by epoch.
 

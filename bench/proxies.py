@@ -1,4 +1,4 @@
-"""The test kit's fault proxy (``tests/integration/faultproxy.py``) in a process of its own.
+"""The dev kit's fault proxy (``devkit/faultproxy.py``) in a process of its own.
 
 On threads of the bench process, a proxy's relaying would share the bench's
 interpreter lock with the promotion threads it measures; a remote server's
@@ -17,7 +17,7 @@ import multiprocessing
 from multiprocessing.connection import Connection
 from types import TracebackType
 
-from tests.integration.faultproxy import FaultProxy
+from devkit.faultproxy import FaultProxy
 
 _START_TIMEOUT_S = 30.0
 

@@ -1,4 +1,4 @@
-"""``python -m bench.relay``: what relaying staged points from PostgreSQL to InfluxDB costs
+"""``python -m bench relay``: what relaying staged points from PostgreSQL to InfluxDB costs
 the driver, per staging compression.
 
 Promotion runs in one process, the driver's; this measures how far that one
@@ -38,8 +38,6 @@ import gzip
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 import urllib.parse
 import uuid
@@ -57,8 +55,8 @@ from bench.cpu import backend_pids, influxd_pid, process_cpu_s
 from bench.fanout_cpu import machine_busy_s
 from bench.lines import Seeds, epoch_lines
 from bench.plan import QUICK
-from bench.report import RESULTS, machine, stamp
-from bench.servers import REPO, Scratch, Servers, admin_conninfo, scratch
+from bench.report import RESULTS, checkout, command, finish, machine, stamp, write_json
+from bench.servers import Scratch, Servers, admin_conninfo, scratch
 from bench.stats import Summary, entry
 from bench.taskcpu import tasks_cpu_s
 from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
@@ -442,13 +440,8 @@ def summary_lines(per: dict[str, dict[str, Any]], alone: dict[str, Any]) -> Iter
     yield f"blackhole alone: {json.dumps(alone)}"
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    return done.stdout.strip()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.relay", description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench relay", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="one 100k-point epoch per route")
     ap.add_argument("--points", type=int, help="points per epoch (default: the plan's)")
     ap.add_argument("--repeats", type=int, help="epochs per route (default: the plan's)")
@@ -459,9 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = stamp()
     results: dict[str, Any] = {
         "started": started,
-        "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no"),
-        "command": " ".join([Path(sys.executable).name, "-m", "bench.relay", *sys.argv[1:]]),
+        **checkout(),
+        "command": command("relay", argv),
         "compressions": list(compressions()),
         "machine": machine(),
     }
@@ -472,13 +464,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["seconds"] = round(time.monotonic() - clock, 1)
     per = figures(raw)
     results.update(figures=per, raw=raw)
-    path = args.json or RESULTS / f"relay-{started}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print("\n".join(summary_lines(per, raw["blackhole_alone"])))
-    print(f"json: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    path = write_json(results, args.json or RESULTS / f"relay-{started}.json")
+    return finish("\n".join(summary_lines(per, raw["blackhole_alone"])), {"json": path})

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
 TITLES = {
     "throughput": "1 throughput",
     "fixed_cost": "2 fixed cost (10-point epochs)",
@@ -247,15 +250,8 @@ def _plot_side(
 
 def write(results: dict[str, Any], folder: Path = RESULTS) -> dict[str, Path]:
     """``<stamp>.json``, ``<stamp>.md`` and ``<stamp>.png`` in ``folder``; their paths."""
-    folder.mkdir(parents=True, exist_ok=True)
     base = folder / results["started"]
-    paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
-    tmp = base.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(paths["json"])
-    paths["md"].write_text(markdown(results))
-    if chart(results, base.with_suffix(".png")):
-        paths["png"] = base.with_suffix(".png")
+    paths = write_files(results, base, markdown, chart)
     spark = base.with_name(f"{base.name}-spark.png")
     if spark_chart(results, spark):
         paths["spark_png"] = spark
@@ -263,3 +259,69 @@ def write(results: dict[str, Any], folder: Path = RESULTS) -> dict[str, Path]:
     if link_chart(results, links):
         paths["links_png"] = links
     return paths
+
+
+# What every part of the bench writes and prints: the results files, then the ending.
+
+
+def write_json(results: dict[str, Any], path: Path) -> Path:
+    """``results`` as indented JSON at ``path`` (written whole: a reader never sees half
+    of it); ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_files(
+    results: dict[str, Any],
+    base: Path,
+    markdown: Callable[[dict[str, Any]], str],
+    chart: Callable[[dict[str, Any], Path], bool] | None = None,
+) -> dict[str, Path]:
+    """``base``.json, ``base``.md (``markdown(results)``) and ``base``.png when ``chart``
+    draws one; their paths by kind."""
+    paths = {"json": write_json(results, base.with_suffix(".json")), "md": base.with_suffix(".md")}
+    paths["md"].write_text(markdown(results))
+    if chart is not None and chart(results, base.with_suffix(".png")):
+        paths["png"] = base.with_suffix(".png")
+    return paths
+
+
+def finish(text: str, paths: dict[str, Path]) -> int:
+    """A part's ending: its summary, then ``kind: path`` per results file; exit status 0
+    (whether or not targets hold: the results say)."""
+    print(text)
+    print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
+    return 0
+
+
+def best_of(parts: dict[str, Any], headline: str, best: dict[str, str]) -> dict[str, Any]:
+    """A metric of parts whose target binds the better twophase mode of each link (metrics
+    9 and 12): the ``headline`` part's figures, then ``holds`` over every part held to a
+    target, ``best`` (the mode per link) and the ``parts``."""
+    return {
+        **parts[headline],
+        "holds": all(p["holds"] for p in parts.values() if p["holds"] is not None),
+        "best": best,
+        "parts": parts,
+    }
+
+
+def command(part: str, argv: Sequence[str]) -> str:
+    """How a part was run, for its results file: ``python -m bench PART ARGS...``."""
+    return " ".join([Path(sys.executable).name, "-m", "bench", part, *argv])
+
+
+def checkout() -> dict[str, str]:
+    """The commit measured and the tracked files changed against it."""
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no"),
+    }
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+    return done.stdout.strip()

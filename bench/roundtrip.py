@@ -1,7 +1,7 @@
 """Metric 10: promotion to an InfluxDB 20 ms away, on a fast and on a slow link.
 
 Every request to InfluxDB goes through the test kit's proxy
-(``tests/integration/faultproxy.py``) in a child process of its own
+(``devkit/faultproxy.py``) in a child process of its own
 (:class:`bench.proxies.ProxyProcess`, so that relaying does not take the
 bench's interpreter lock), over one of two links:
 

@@ -5,11 +5,13 @@
     python -m bench.spark_plain --input DIR --checkpoint DIR [--max-files-per-trigger N]
         [--available-now | --trigger-interval "1 second"] [--master local[2,4]] [--sink twophase]
 
-Written on purpose without any of twophase's or the job's code, the way the
-Spark and InfluxDB documentation suggest: Spark's JSON source with a schema,
-lines that do not parse dropped (``DROPMALFORMED``) and events that break the
-rules filtered out, 5-minute windows per stream and ISP with a 10-minute
-watermark in update mode, and a ``foreachBatch`` whose ``foreachPartition``
+Its reading and its writer are written on purpose without twophase's or the
+job's code, the way the Spark and InfluxDB documentation suggest: Spark's JSON
+source with a schema, lines that do not parse dropped (``DROPMALFORMED``) and
+events that break the rules filtered out; the aggregation is the job's own
+(``jobs/session_metrics.py``'s ``session_stats``, imported: both sides compute
+the same windows), 5-minute windows per stream and ISP with a 10-minute
+watermark in update mode; and a ``foreachBatch`` whose ``foreachPartition``
 formats line protocol with f-strings and POSTs it straight to InfluxDB's 1.x
 ``/write`` in requests of 5,000 lines (``urllib3``). At-least-once: a failed
 or replayed batch is written again; dropped lines are gone.
@@ -116,31 +118,15 @@ def read_events(spark: Any, args: argparse.Namespace) -> Any:
 def windows(
     spark: Any, args: argparse.Namespace, width: str = "5 minutes", watermark: str = "10 minutes"
 ) -> Any:
-    """Per window of ``width``, stream and ISP: events, approximate users, byte sums;
-    time = the window's end in seconds."""
-    from pyspark.sql import functions as F
+    """Per window of ``width``, stream and ISP: the job's aggregation
+    (``jobs/session_metrics.py``'s ``session_stats``: events, approximate users, byte
+    sums; time = the window's end in seconds), so both sides compute the same windows."""
+    from jobs.session_metrics import session_stats  # the repository root is on sys.path
 
-    events = read_events(spark, args)
-    timed = events.withColumn("event_time", F.timestamp_seconds("timestamp"))
-    stats = (
-        timed.withWatermark("event_time", watermark)
-        .groupBy(F.window("event_time", width), "stream_id", "isp")
-        .agg(
-            F.count(F.lit(1)).alias("events"),
-            F.approx_count_distinct("user_id").alias("users"),
-            F.sum("bytes_p2p").alias("bytes_p2p"),
-            F.sum("bytes_cdn").alias("bytes_cdn"),
-        )
-    )
-    return stats.select(
-        "stream_id",
-        "isp",
-        F.unix_seconds(F.col("window.end")).alias("window_end"),
-        "events",
-        "users",
-        "bytes_p2p",
-        "bytes_cdn",
-    )
+    stats = session_stats(read_events(spark, args), width, watermark)
+    # a sum past 64 bits is null (the job dead-letters the window); this writer has no
+    # dead letters and InfluxDB no integer for it: the window is not written
+    return stats.where("bytes_p2p IS NOT NULL AND bytes_cdn IS NOT NULL")
 
 
 def sink(args: argparse.Namespace) -> Callable[[Any, int], None]:
@@ -234,6 +220,37 @@ def await_reported(query: Any, listener: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def end_job(
+    spark: Any,
+    query: Any,
+    listener: Any,
+    started: float,
+    writer: Any = None,
+    records: Callable[[], None] | None = None,
+) -> int:
+    """Every bench job's ending: the query run out (raises if it failed); with a twophase
+    ``writer``, the last background promotion drained and the run's end recorded, as
+    users do; the last progress printed; ``records()`` (the job's other records); then
+    ``DONE`` and Spark stopped. Exit status 0."""
+    try:
+        query.awaitTermination()  # returns once stopped; raises if the query failed
+        if writer is not None:  # with background promotion, the last epoch may be on its way
+            from twophase.spark import drain_query
+
+            drain_query(writer)
+    finally:
+        if writer is not None:  # the run's end, recorded as users do
+            from twophase.spark import end_query
+
+            end_query(query, writer)
+    await_reported(query, listener)
+    if records is not None:
+        records()
+    emit("DONE", seconds=round(time.monotonic() - started, 3))
+    spark.stop()
+    return 0
+
+
 def start(writer: Any, name: str, args: argparse.Namespace) -> Any:
     """Start ``writer`` as query ``name`` with the checkpoint and trigger of ``args``."""
     writer = writer.option("checkpointLocation", args.checkpoint).queryName(name)
@@ -251,16 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = session(args, "plain-session-metrics")
-    report_progress(spark, started)
+    listener = report_progress(spark, started)
     query = start(
         windows(spark, args).writeStream.outputMode("update").foreachBatch(sink(args)),
         "stats",
         args,
     )
-    query.awaitTermination()
-    emit("DONE", seconds=round(time.monotonic() - started, 3))
-    spark.stop()
-    return 0
+    return end_job(spark, query, listener, started)
 
 
 if __name__ == "__main__":

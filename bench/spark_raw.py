@@ -31,7 +31,7 @@ warm-up batches) and the steady points per second. Sides rotate per repeat;
 medians. Target, per link: the better twophase mode (higher median steady
 points/s, named in the results) at least 1.0x plain; the other is reported.
 
-``python -m bench.spark_raw [--link loopback|slow ...]`` runs the metric alone
+``python -m bench spark_raw [--link loopback|slow ...]`` runs the metric alone
 (both links: ``--link loopback --link slow``) and prints its results.
 """
 
@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
@@ -50,6 +49,7 @@ from typing import Any
 
 from bench.context import Context, run_alone
 from bench.plan import FULL, QUICK
+from bench.report import best_of
 from bench.sides import BenchError
 from bench.spark_raw_job import FIELDS, MEASUREMENT, QUERY, TAGS
 from bench.spark_runs import (
@@ -114,12 +114,8 @@ def measure_spark_raw(
             side, runs[link.key], per_file * per_trigger, side == best[link.key], link
         ).items()
     }
-    headline = parts[f"{links[0].key} {best[links[0].key]} points/s"]
     return {
-        **headline,
-        "holds": all(p["holds"] for p in parts.values() if p["holds"] is not None),
-        "best": best,
-        "parts": parts,
+        **best_of(parts, f"{links[0].key} {best[links[0].key]} points/s", best),
         "input": {
             "events_per_file": per_file,
             "files_per_trigger": per_trigger,
@@ -231,7 +227,7 @@ def _entries(
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.spark_raw", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench spark_raw", description=__doc__)
     ap.add_argument(
         "--link",
         action="append",
@@ -250,14 +246,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
     plan = FULL if args.size is None else dataclasses.replace(QUICK, spark_raw=tuple(args.size))
     links = [LINKS[key] for key in args.link or [SLOW_LINK.key]]
-    return run_alone(
-        "bench.spark_raw", plan, lambda ctx: measure_spark_raw(ctx, links, args.repeats)
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_alone(plan, lambda ctx: measure_spark_raw(ctx, links, args.repeats))

@@ -41,8 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench.spark_plain import (
-    await_reported,
-    emit,
+    end_job,
     parser,
     post_lines,
     read_events,
@@ -142,21 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     listener = report_progress(spark, started)
     sink = plain_sink() if writer is None else writer
     query = start_query(points(spark, args).writeStream.foreachBatch(sink), QUERY, args)
-    try:
-        query.awaitTermination()  # raises if the query failed
-        if writer is not None:  # with background promotion, the last epoch may be on its way
-            from twophase.spark import drain_query
-
-            drain_query(writer)
-    finally:
-        if writer is not None:  # the run's end, recorded as users do
-            from twophase.spark import end_query
-
-            end_query(query, writer)
-    await_reported(query, listener)
-    emit("DONE", seconds=round(time.monotonic() - started, 3))
-    spark.stop()
-    return 0
+    return end_job(spark, query, listener, started, writer)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ TIMEOUT_S = 600
 QUERY = "stats"  # the query metric 6's jobs report progress under
 
 Progress = list[dict[str, Any]]
+_OTHER = frozenset({"CPU", "STAGES"})  # the record kinds a job may print besides progress
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ class Run:
     first_batch_s: float
     steady_ms: float
     steady_rows_per_s: float  # input rows of the steady batches over their summed time
+    # the job's other records by kind (a line ``KIND {json}`` other than PROGRESS,
+    # STARTED and DONE; the last of each kind), e.g. ``CPU`` from ``bench/costs_job.py``
+    records: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def compression() -> str:
@@ -170,7 +174,7 @@ def run_job(
         proc = subprocess.Popen(
             list(cmd), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
         )
-        batches, first = _follow(proc, started, query)
+        batches, first, records = _follow(proc, started, query)
         code = proc.wait()
         wall = time.monotonic() - started
         err.seek(0)
@@ -181,7 +185,8 @@ def run_job(
         raise BenchError(f"{label}: no batch with input after batch {steady_after}")
     rows = sum(b["input_rows"] for b in steady)
     seconds = sum(b["duration_ms"] for b in steady) / 1000
-    return Run(wall, first, statistics.median(b["duration_ms"] for b in steady), rows / seconds)
+    median = statistics.median(b["duration_ms"] for b in steady)
+    return Run(wall, first, median, rows / seconds, records)
 
 
 def rotated_runs(
@@ -204,20 +209,25 @@ def rotated_runs(
 
 def _follow(
     proc: subprocess.Popen[str], started: float, query: str
-) -> tuple[Progress, float | None]:
-    """The query's PROGRESS records, and the seconds to the first one."""
+) -> tuple[Progress, float | None, dict[str, Any]]:
+    """The query's PROGRESS records, the seconds to the first one, and the other
+    records by kind."""
     assert proc.stdout is not None
     batches: Progress = []
+    records: dict[str, Any] = {}
     first = None
     deadline = started + TIMEOUT_S
     for line in proc.stdout:
         if time.monotonic() > deadline:
             proc.kill()
             raise BenchError(f"a Spark job ran over {TIMEOUT_S} s")
-        if not line.startswith("PROGRESS "):
+        kind, _, text = line.partition(" ")
+        if kind in _OTHER and text.startswith("{"):
+            records[kind] = json.loads(text)
+        if kind != "PROGRESS":
             continue
-        record = json.loads(line.split(" ", 1)[1])
+        record = json.loads(text)
         if record.get("query") == query:
             first = first if first is not None else time.monotonic() - started
             batches.append(record)
-    return batches, first
+    return batches, first, records

@@ -1,4 +1,4 @@
-"""``python -m bench.staging_scale``: what one PostgreSQL takes as the staging store.
+"""``python -m bench staging_scale``: what one PostgreSQL takes as the staging store.
 
 1. **COPY rate**: N processes (1, 2, 4) each stage one write of P points through
    ``twophase.protocol.stager.Stager`` at once, as N executors' tasks of one epoch
@@ -42,7 +42,7 @@ from bench.gc_scale import GcPlan, measure_gc, wal_lsn, wal_since
 from bench.lines import epoch_lines
 from bench.plan import QUICK
 from bench.relay import TODAY, compressions
-from bench.report import RESULTS, machine, stamp
+from bench.report import RESULTS, checkout, command, finish, machine, stamp, write_json
 from bench.servers import REPO, Scratch, Servers, admin_conninfo, scratch
 from bench.stats import Summary, entry
 from bench.taskcpu import tasks_cpu_s
@@ -260,17 +260,9 @@ def summary_lines(raw: dict[str, Any]) -> Iterator[str]:
     yield f"  partitioned copy: {gc['partitioned_copy']}; bytes: {gc['bytes']}"
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    return done.stdout.strip()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["--child"]:
-        child(args[1], int(args[2]), int(args[3]), args[4])
-        return 0
-    ap = argparse.ArgumentParser(prog="python -m bench.staging_scale", description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    ap = argparse.ArgumentParser(prog="python -m bench staging_scale", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="the small plan")
     ap.add_argument("--json", type=Path, help="results file")
     parsed = ap.parse_args(args)
@@ -278,22 +270,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     started, clock = stamp(), time.monotonic()
     results: dict[str, Any] = {
         "started": started,
-        "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": _git("status", "--porcelain", "--untracked-files=no"),
-        "command": " ".join([Path(sys.executable).name, "-m", "bench.staging_scale", *args]),
+        **checkout(),
+        "command": command("staging_scale", args),
         "machine": machine(),
     }
     with scratch(Servers.from_env()) as made:
         raw = measure(made, plan, Context(QUICK, made).log)
     results.update(seconds=round(time.monotonic() - clock, 1), copy=copy_figures(raw["copy"]))
     results["raw"] = raw
-    path = parsed.json or RESULTS / f"staging_scale-{started}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print("\n".join(summary_lines(raw)))
-    print(f"json: {path}")
-    return 0
+    path = write_json(results, parsed.json or RESULTS / f"staging_scale-{started}.json")
+    return finish("\n".join(summary_lines(raw)), {"json": path})
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one staging process of the COPY measure (measure())
+    child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -1,4 +1,4 @@
-"""``python -m bench.steps [--points N] [--writes W] [--repeats R]``: where one epoch's time goes.
+"""``python -m bench steps [--points N] [--writes W] [--repeats R]``: where one epoch's time goes.
 
 Times each step of one twophase epoch of N points staged as W writes (as W
 Spark tasks would) on scratch databases -- stage (COPY), decide, a
@@ -11,7 +11,6 @@ repeat. The findings in ``bench/README.md`` quote it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 
@@ -46,8 +45,8 @@ def one_epoch(ctx: Context, points: int, writes: int, epoch: int) -> dict[str, f
     return {**spans, "chunks": chunks}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.steps", description=__doc__)
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench steps", description=__doc__)
     ap.add_argument("--points", type=int, default=1_000_000)
     ap.add_argument("--writes", type=int, default=1, help="staged writes (tasks) per epoch")
     ap.add_argument("--repeats", type=int, default=3)
@@ -67,7 +66,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             ctx.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ in one run, interleaved: did a change make the per-epoch cost grow?
 
 ::
 
-    python -m bench.versions --old REF [--rounds 8] [--epochs 100] [--warm 20]
+    python -m bench versions --old REF [--rounds 8] [--epochs 100] [--warm 20]
 
 The version checked out here is "new"; ``REF`` (a commit, a tag) is "old",
 checked out by ``git worktree add`` into a temporary directory and removed
@@ -27,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_json
 from bench.servers import REPO, Servers, scratch
 from bench.stats import Summary
 
@@ -37,14 +39,14 @@ CHILD = Path(__file__).with_name("version_child.py")
 FIXED_POINTS = 10
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench versions", description=__doc__)
     ap.add_argument("--old", required=True, help="the git ref of the old version")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--warm", type=int, default=20)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="twophase-old-") as tmp:
         old_tree = Path(tmp) / "old"
         _git("worktree", "add", "--detach", str(old_tree), args.old)
@@ -55,11 +57,11 @@ def main() -> None:
     result["old_ref"] = args.old
     result["new_ref"] = _git("rev-parse", "--short", "HEAD").strip()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stamp}-versions.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.out / f"{stamp}-versions.json")
     print(json.dumps({k: v for k, v in result.items() if k != "summary"}, indent=2))
     for version, summary in result["summary"].items():
         print(f"{version}: median {summary['median']} ms (min {summary['min']}, n {summary['n']})")
+    return 0
 
 
 def compare(trees: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
@@ -113,7 +115,3 @@ def _git(*args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-
-
-if __name__ == "__main__":
-    main()

@@ -127,7 +127,7 @@ ensure_venv() {
 }
 
 services() {
-    # services.py is stdlib-only; the venv python is not required for it.
+    # services.py (devkit) is stdlib-only; the venv python is not required for it.
     python3 "$SERVICES" "$@"
 }
 
@@ -155,7 +155,7 @@ run_step() {
 
 lint_steps() {
     local paths=() path
-    for path in twophase migrations tests scripts jobs bench; do
+    for path in twophase migrations tests scripts jobs bench devkit; do
         [ -e "$path" ] && paths+=("$path")
     done
     run_step "ruff" "$VENV/bin/ruff" check "${paths[@]}"

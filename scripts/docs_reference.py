@@ -532,7 +532,7 @@ def _module_path(module: str) -> Path:
 def words() -> str:
     """The design's "Words" section (``docs/concepts/design.md``), without its heading."""
     design = (DOCS / "concepts" / "design.md").read_text()
-    found = re.search(r"^## Words\n(.*?)(?=^## )", design, flags=re.M | re.S)
+    found = re.search(r"^## Words\n(.*?)(?=^## |\Z)", design, flags=re.M | re.S)
     if not found:
         raise ValueError("docs/concepts/design.md has no section 'Words'")
     return found.group(1).strip() + "\n"

@@ -2,7 +2,7 @@
 """A test CA and certificates (the ``openssl`` command), and private PostgreSQL and
 InfluxDB servers that speak only TLS with them, for the TLS tests.
 
-Stdlib and ``openssl`` only, like :mod:`scripts.services`, whose servers these extend.
+Stdlib and ``openssl`` only, like :mod:`devkit`, whose servers these extend.
 Everything is made fresh in a folder: a CA, a server certificate for ``localhost``
 and ``REMOTE_NAME`` (and for those names only: connecting by ``127.0.0.1`` is a host
 name mismatch), a client certificate for the PostgreSQL role ``twophase``, and an
@@ -27,13 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `scripts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.services import (
-    PG_SUPERUSER,
-    PG_USER,
-    InfluxServer,
-    PostgresServer,
-    ServiceError,
-)
+from devkit import PG_SUPERUSER, PG_USER, InfluxServer, PostgresServer, ServiceError
 
 DAYS = "30"
 # A name that is not loopback, as a server across a network has: tests reach the local

@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
 
+from twophase.points.builder import MAX_TIME_NS, MIN_TIME_NS, PointSpec
+
 _CI_EXAMPLES = 400
 settings.register_profile(
     "ci",
@@ -179,3 +181,46 @@ def plain_number(value: Any) -> Any:
     if isinstance(value, np.str_):
         return str(value)
     return value
+
+
+@st.composite
+def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any], bool, bool]:
+    """A spec (hostile measurement and column names included), a row for it, whether
+    the target takes unsigned integers, and whether string fields may hold raw line
+    breaks. ``plain``: values and names a point usually accepts, so that most rows
+    become lines."""
+    names_, values = (plain_names, plain_values) if plain else (names, any_value)
+    columns = draw(st.lists(names_, min_size=1, max_size=5, unique=True))
+    tags = columns[: draw(st.integers(0, len(columns) - 1))]
+    fields = columns[len(tags) :]
+    time_column = draw(st.none() | names_.filter(lambda n: n not in columns))
+    spec = PointSpec(
+        measurement=draw(names_),
+        tag_columns=tuple(tags),
+        field_columns=tuple(fields) if draw(st.booleans()) else None,
+        time_column=time_column,
+        precision=draw(st.sampled_from(["s", "ms", "us", "ns"])),
+        null_fields=draw(st.sampled_from(["reject", "omit"])),
+    )
+    row = {column: draw(plain_names if plain else tag_values) for column in tags}
+    row |= {column: draw(values) for column in fields}
+    if time_column is not None and draw(st.integers(0, 9)):  # sometimes missing
+        row[time_column] = draw(st.integers(0, 2**62) if plain else time_values)
+    return spec, row, draw(st.booleans()), draw(st.booleans())
+
+
+# Keys and tag values: plain ones and anything at all (the builder refuses what
+# InfluxDB would not give back unchanged; what it accepts must come back).
+point_keys = st.one_of(st.text(min_size=1, max_size=10), any_text.filter(bool))
+point_values = st.one_of(plain_values, any_text)
+
+
+@st.composite
+def points(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], int]:
+    tag_keys = draw(st.lists(point_keys, max_size=3, unique=True))
+    field_keys = draw(
+        st.lists(point_keys.filter(lambda k: k not in tag_keys), min_size=1, max_size=3)
+    )
+    tags = {key: draw(st.one_of(any_text, st.text(min_size=1))) for key in tag_keys}
+    fields = {key: draw(point_values) for key in dict.fromkeys(field_keys)}
+    return tags, fields, draw(st.integers(MIN_TIME_NS, MAX_TIME_NS))

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import os
-import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
-from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig, load_staging_config
+from tests.docs_examples import program
+from twophase.config import (
+    ExporterConfig,
+    InfluxConfig,
+    StagingConfig,
+    TwoPhaseConfig,
+    load_staging_config,
+)
 from twophase.errors import TwoPhaseError
 from twophase.influx.query import query_v1
+
+if TYPE_CHECKING:  # at run time two_phase() imports it, when first called
+    from twophase.model import Lease
+    from twophase.protocol.runtime import TwoPhase
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,7 +163,7 @@ def influx_count(config: InfluxConfig, measurement: str) -> int:
 
 
 @contextmanager
-def two_phase(staging: StagingConfig, influx: InfluxConfig, **parts: Any) -> Iterator[Any]:
+def two_phase(staging: StagingConfig, influx: InfluxConfig, **parts: Any) -> Iterator[TwoPhase]:
     from twophase.protocol.runtime import TwoPhase
 
     tp = TwoPhase.open(TwoPhaseConfig(staging, influx), **parts)
@@ -161,64 +177,110 @@ def staging_config_for(url: str, **overrides: Any) -> StagingConfig:
     return load_staging_config(env={}, staging_url=url, **overrides)
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port() -> int:
-    """A free port whose neighbour +2 is free too (influxd binds its RPC port there)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port_is_free(port + 2):
-            return port
-    raise RuntimeError("no free pair of ports")
-
-
 OWN_INFLUX_DB = "outage"  # the database of the integration tests' own InfluxDB server
 
 
-def start_own_influx(root: Path, database: str) -> Any:
-    """A dedicated InfluxDB 1.x server on free ports, with ``database``; retried on a new
-    port when another process grabbed the chosen one between the check and influxd's bind."""
-    from scripts.services import InfluxServer, ServiceError
-
-    for attempt in range(3):
-        server = InfluxServer(root / f"influxd-{attempt}", free_port())
-        try:
-            server.start()
-        except ServiceError:
-            server.kill()
-            continue
-        server.create_database(database)
-        return server
-    raise RuntimeError("influxd did not start on three pairs of free ports")
-
-
-def start_own_victoria_metrics(root: Path, dedup_interval: str | None) -> Any:
-    """A dedicated VictoriaMetrics on a free port, ``-dedup.minScrapeInterval`` set to
-    ``dedup_interval`` (None: deduplication off, every sample kept); retried on a new port
-    like ``start_own_influx``."""
-    from scripts.services import ServiceError, VictoriaMetricsServer
-
-    for attempt in range(3):
-        server = VictoriaMetricsServer(root / f"vm-{attempt}", free_port(), dedup_interval)
-        try:
-            server.start()
-        except ServiceError:
-            server.kill()
-            continue
-        return server
-    raise RuntimeError("victoria-metrics did not start on three free ports")
-
-
-def begin_run(tp: Any, sink_id: str, run_id: str, query_id: str | None) -> Any:
+def begin_run(tp: TwoPhase, sink_id: str, run_id: str, query_id: str | None) -> Lease:
     """A run's claim of the sink without its recovery (``Ledger.begin_run``), with the
     configured targets registered as a query's claim registers them."""
     return tp.begin_run(sink_id, run_id, query_id)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+NO_CACHE = ExporterConfig(cache_s=0)
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+# The proxy settings of the environment must not apply to a local test server.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+# What a point looks like when read back: time, tags, fields.
+Stored = tuple[int, dict[str, str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Influx:
+    """One scratch database on the server, through the plain 1.x HTTP API."""
+
+    url: str
+    database: str
+
+    def write(self, body: str) -> tuple[int, str]:
+        query = urllib.parse.urlencode({"db": self.database, "precision": "ns"})
+        request = urllib.request.Request(f"{self.url}/write?{query}", data=body.encode("utf-8"))
+        try:
+            with OPENER.open(request, timeout=30) as response:
+                return response.status, ""
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode("utf-8", "replace")
+
+    def query(self, statement: str) -> list[dict[str, Any]]:
+        params = {"db": self.database, "q": statement, "epoch": "ns"}
+        request = urllib.request.Request(
+            f"{self.url}/query", data=urllib.parse.urlencode(params).encode()
+        )
+        with OPENER.open(request, timeout=30) as response:
+            result = json.load(response)["results"][0]
+        assert "error" not in result, result
+        return list(result.get("series", []))
+
+    def points(self, source: str = "/.*/") -> dict[str, list[Stored]]:
+        """Every point of the database (or of ``source``, an InfluxQL FROM) by measurement
+        (GROUP BY * puts tags apart)."""
+        found: dict[str, list[Stored]] = {}
+        query = f"SELECT * FROM {source} GROUP BY *"  # noqa: S608 InfluxQL, the test's own names
+        for series in self.query(query):
+            # A series lists every tag key of its measurement; absent ones are "".
+            tags = {key: value for key, value in (series.get("tags") or {}).items() if value}
+            for values in series["values"]:
+                fields = dict(zip(series["columns"][1:], values[1:], strict=True))
+                fields = {key: value for key, value in fields.items() if value is not None}
+                found.setdefault(series["name"], []).append((values[0], tags, fields))
+        return found
+
+
+def run_page(page: Path, staging_url: str, influx_url: str, tmp_path: Path) -> str:
+    name = unique("docs")
+    url = create_migrated_database(staging_url, name)
+    create_influx_database(influx_url, name)
+    env = {
+        **os.environ,
+        "TWOPHASE_STAGING_URL": url,
+        "TWOPHASE_INFLUX_URL": influx_url,
+        "TWOPHASE_INFLUX_API": "v1",
+        "TWOPHASE_INFLUX_DB": name,
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    env.pop("TWOPHASE_CONFIG", None)
+    script = tmp_path / f"{page.stem}.py"
+    script.write_text(program(page) or "")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        drop_database(staging_url, name)
+        drop_influx_database(influx_url, name)
+    assert done.returncode == 0, f"{page.name}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout

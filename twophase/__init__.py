@@ -2,8 +2,8 @@
 
 A micro-batch (an *epoch*) is staged into PostgreSQL, decided (PRECOMMITTED),
 promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
-commit sink. ``docs/concepts/design.md`` in the repository holds the protocol, its
-invariants I1-I8, the contracts and the module map.
+commit sink. ``docs/concepts/design.md`` in the repository and the pages it lists hold
+the protocol, its invariants I1-I10, the contracts and the module map.
 
 The names in `__all__` are the Python API:
 
@@ -23,7 +23,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # output is the application's choice
 
 if TYPE_CHECKING:

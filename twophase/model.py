@@ -91,9 +91,8 @@ UNVERSIONED = 0  # a message pickled by a twophase from before the format field
 class CommitMessage:
     """What a task tells the driver about its write (picklable; Spark ships it).
 
-    ``format`` is [`COMMIT_MESSAGE_FORMAT`][twophase.model.COMMIT_MESSAGE_FORMAT] of the twophase
-    that made it;
-    the driver checks it (`check_format`).
+    ``format`` is [`COMMIT_MESSAGE_FORMAT`][twophase.model.COMMIT_MESSAGE_FORMAT] of the
+    twophase that made it; the driver checks it (`check_format`).
     """
 
     sink_id: str

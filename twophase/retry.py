@@ -149,8 +149,7 @@ class StagingRetry:
 
 class Progress:
     """What a long step wrapped by [`StagingRetry`][twophase.retry.StagingRetry] calls each time it
-    gets on
-    (a promotion: each request delivered), so that a failure after it begins a new
+    gets on (a promotion: each request delivered), so that a failure after it begins a new
     outage with the whole deadline ahead. Lanes call it from their threads."""
 
     def __init__(self) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from sqlalchemy.engine import URL, make_url
 
 from jobs.generate_events import expected
 from tests.support import REPO, admin_conninfo, influx_rows
@@ -419,3 +420,11 @@ def wait_idle(job: Job, url: str, sink: str, timeout: float = START_TIMEOUT_S) -
         )
 
     job.wait_for("the stats query to be idle", idle, timeout)
+
+
+def without_password(staging_url: str) -> str:
+    """The URL as a sink option may hold it (the password comes from PGPASSWORD)."""
+    url = make_url(staging_url)
+    return URL.create(
+        url.drivername, url.username, None, url.host, url.port, url.database
+    ).render_as_string()

@@ -23,7 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from scripts.services import SparkConnectServer
+from devkit import SparkConnectServer
+from devkit.ports import free_port
 from tests.e2e.harness import (
     MALFORMED,
     SINK,
@@ -42,7 +43,7 @@ from tests.e2e.harness import (
     wait_exact,
 )
 from tests.integration.cli_helpers import make_cli
-from tests.support import REPO, admin_conninfo, free_port
+from tests.support import REPO, admin_conninfo
 
 pytestmark = pytest.mark.timeout(900)
 

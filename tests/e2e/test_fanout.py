@@ -30,6 +30,8 @@ from urllib.parse import urlencode
 import pytest
 import urllib3
 
+from devkit.faultproxy import CUT, PASS, FaultProxy
+from devkit.ports import start_own_influx, start_own_victoria_metrics
 from tests.e2e.harness import (
     EXACT_FIELDS,
     KILL_TIMEOUT_S,
@@ -54,8 +56,7 @@ from tests.e2e.harness import (
 )
 from tests.e2e.harness import feed as copy_files
 from tests.integration.cli_helpers import make_cli
-from tests.integration.faultproxy import CUT, PASS, FaultProxy
-from tests.support import start_own_influx, start_own_victoria_metrics, unique
+from tests.support import unique
 from twophase.config import InfluxConfig
 
 NAMES = ("a", "b", "vm")

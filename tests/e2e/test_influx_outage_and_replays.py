@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
-from scripts.services import InfluxServer
+from devkit import InfluxServer
+from devkit.faultproxy import FaultProxy
+from devkit.ports import start_own_influx
 from tests.e2e.harness import (
     KILL_TIMEOUT_S,
     MALFORMED,
@@ -44,8 +46,6 @@ from tests.e2e.harness import (
     wait_idle,
 )
 from tests.e2e.harness import feed as copy_files
-from tests.integration.faultproxy import FaultProxy
-from tests.support import start_own_influx
 from twophase.config import InfluxConfig, default
 
 DATABASE = "e2e"

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 
-from tests.e2e.harness import epochs, feed, query
-from tests.support import free_port, influx_count, start_own_influx
+from devkit.ports import free_port, start_own_influx
+from tests.e2e.harness import epochs, feed, query, without_password
+from tests.support import influx_count
 from twophase.config import InfluxConfig
 from twophase.errors import ConfigError
 from twophase.spark import foreach_batch_writer, parse_options
@@ -48,14 +49,6 @@ def spark(base_staging_url: str) -> Iterator[Any]:
     twophase.spark.register(session)
     yield session
     session.stop()
-
-
-def without_password(staging_url: str) -> str:
-    """The URL as a sink option may hold it (the password comes from PGPASSWORD)."""
-    url = make_url(staging_url)
-    return URL.create(
-        url.drivername, url.username, None, url.host, url.port, url.database
-    ).render_as_string()
 
 
 def start(spark: Any, checkpoint: Path, mode: str = "append", **options: str) -> Any:

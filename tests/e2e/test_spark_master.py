@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.e2e.test_sink_options import without_password
+from tests.e2e.harness import without_password
 from twophase.config import InfluxConfig
 from twophase.spark import commit, master, parse_options, register
 

@@ -13,19 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts.services import PostgresServer
-from tests.e2e.harness import (
-    SINK,
-    Target,
-    arm,
-    disarm,
-    epochs,
-    fired,
-    mismatches,
-    start_job,
-)
-from tests.integration.test_staging_outages import terminate_others
-from tests.support import alembic, free_port, unique
+from devkit import PostgresServer
+from devkit.ports import free_port
+from tests.e2e.harness import SINK, Target, arm, disarm, epochs, fired, mismatches, start_job
+from tests.staging import terminate_others
+from tests.support import alembic, unique
 from twophase.config import InfluxConfig
 
 FILES = 12

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from scripts.services import SparkMasterServer, SparkWorkerServer
+from devkit import SparkMasterServer, SparkWorkerServer
+from devkit.ports import free_port
 from tests.e2e.harness import (
     MALFORMED,
     SINK,
@@ -45,7 +46,7 @@ from tests.e2e.harness import (
     wait_exact,
 )
 from tests.integration.cli_helpers import make_cli
-from tests.support import REPO, free_port
+from tests.support import REPO
 
 pytestmark = pytest.mark.timeout(1200)
 

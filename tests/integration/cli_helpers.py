@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_protocol import lines, stage
+from tests.staging import lines, stage
 from tests.support import REPO, admin_conninfo, begin_run
 from twophase.cli import main
 from twophase.config import InfluxConfig
 from twophase.points.builder import Rejected
+from twophase.protocol.runtime import TwoPhase
 
 SINK = "s"
 OTHER = "t"
@@ -111,7 +112,7 @@ def make_cli(staging_url: str, influx: InfluxConfig) -> Cli:
     return Cli(staging_url, influx)
 
 
-def known_store(tp: Any) -> None:
+def known_store(tp: TwoPhase) -> None:
     """Sink ``s``: epochs 0-2 COMMITTED (10 points each; epoch 1 has a row rejected at
     stage, epoch 2 a point InfluxDB rejects), epoch 3 PRECOMMITTED (a driver that died
     after the vote). Sink ``t``: epoch 0 COMMITTED (5 points)."""

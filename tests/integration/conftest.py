@@ -12,6 +12,10 @@ from typing import Any
 
 import pytest
 
+from devkit import InfluxServer
+from devkit.ports import start_own_influx
+from tests.integration.crash_driver import MEASUREMENT
+from tests.integration.crash_helpers import dead_letters, run_driver
 from tests.support import (
     OWN_INFLUX_DB,
     create_database,
@@ -19,13 +23,14 @@ from tests.support import (
     create_migrated_database,
     drop_database,
     drop_influx_database,
+    influx_rows,
     require_env,
     staging_config_for,
-    start_own_influx,
     two_phase,
     unique,
 )
 from twophase.config import InfluxConfig, StagingConfig
+from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture(scope="session")
@@ -82,15 +87,34 @@ def influx(influx_url: str) -> Iterator[InfluxConfig]:
 
 
 @pytest.fixture
-def tp(staging: StagingConfig, influx: InfluxConfig) -> Iterator[Any]:
+def tp(staging: StagingConfig, influx: InfluxConfig) -> Iterator[TwoPhase]:
     with two_phase(staging, influx) as parts:
         yield parts
 
 
 @pytest.fixture
-def own_influx(tmp_path: Path) -> Iterator[Any]:
+def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
     """An InfluxDB server of the test's own (database ``OWN_INFLUX_DB``), for tests that
     stop and start it."""
     server = start_own_influx(tmp_path, OWN_INFLUX_DB)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def crash_free(
+    base_staging_url: str,
+    template_db: str,
+    influx_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    """One crash-free run: what every crashed run must end up equal to."""
+    name, db = unique("tp_clean"), unique("clean")
+    url = create_database(base_staging_url, name, template=template_db)
+    create_influx_database(influx_url, db)
+    influx = InfluxConfig(url=influx_url, api="v1", database=db)
+    done = run_driver(url, influx, tmp_path_factory.mktemp("clean") / "log", "clean")
+    assert done.returncode == 0, done.stderr
+    yield {"rows": influx_rows(influx, MEASUREMENT), "dead": dead_letters(url)}
+    drop_database(base_staging_url, name)
+    drop_influx_database(influx_url, db)

@@ -1,5 +1,6 @@
 """Two InfluxDB targets for a sink, on the real InfluxDB: two databases, the second
-reached through a fault proxy so that a test can take it down."""
+reached through a fault proxy so that a test can take it down; and the points the
+two-target tests commit and check."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ from typing import Any
 
 import psycopg
 
-from tests.integration.faultproxy import FaultProxy
+from devkit.faultproxy import FaultProxy
+from tests.integration.cli_helpers import sql
+from tests.staging import M, lines
 from tests.support import (
     admin_conninfo,
     create_influx_database,
     drop_influx_database,
+    influx_count,
+    influx_query,
     unique,
 )
 from twophase.config import InfluxConfig, TargetConfig
+from twophase.influx.api import make_writer
 
 
 @dataclass(frozen=True)
@@ -79,3 +85,33 @@ def deliveries(url: str, sink: str, target: str) -> list[int]:
             (sink, target),
         ).fetchall()
     return [r[0] for r in rows]
+
+
+N = 20  # points per epoch, besides the one point every epoch rewrites
+
+
+def points(epoch: int) -> list[str]:
+    """N points of the epoch's own, and one point (series ``host=last``) every epoch
+    writes with its number: a target ends with the highest epoch's value only if it
+    got the epochs in order."""
+    return [*lines(epoch, N), f"{M},host=last v={epoch} 1700000000000000000"]
+
+
+def expect(target: InfluxConfig, epochs: list[int]) -> None:
+    """The target holds exactly these epochs' points, the last one's value last."""
+    assert influx_count(target, M) == N * len(epochs) + 1
+    series = influx_query(target, "SELECT v FROM proto WHERE host = 'last'")
+    assert series[0]["values"][0][1] == max(epochs)
+
+
+def write_points(influx: InfluxConfig, lines_: list[str]) -> None:
+    writer = make_writer(influx)
+    try:
+        writer.write("\n".join(lines_).encode())
+    finally:
+        writer.close()
+
+
+def dead_letter_targets(url: str) -> dict[str, int]:
+    rows = sql(url, "SELECT target, count(*) FROM twophase_dead_letters GROUP BY target")
+    return {target: count for target, count in rows}

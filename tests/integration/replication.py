@@ -1,5 +1,5 @@
 """A PostgreSQL primary and a streaming-replication standby made with ``pg_basebackup``,
-for failover tests. Both are private clusters (``scripts.services.PostgresServer``) on
+for failover tests. Both are private clusters (``devkit.PostgresServer``) on
 loopback; the standby follows the primary synchronously or asynchronously."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psycopg
 
-from scripts.services import PG_SUPERUSER, PostgresServer, _pg_bindir
-from tests.support import free_port
+from devkit import PG_SUPERUSER, PostgresServer
+from devkit.ports import free_port
+from devkit.postgres import pg_bindir
 
 REPLICATION_TIMEOUT_S = 60.0
 
@@ -63,7 +64,7 @@ class Standby(PostgresServer):
     def _base_backup(self) -> None:
         self._ensure_layout()
         backup = [
-            str(_pg_bindir() / "pg_basebackup"),
+            str(pg_bindir() / "pg_basebackup"),
             *("-h", str(self.primary.socket_dir), "-p", str(self.primary.port)),
             *("-U", PG_SUPERUSER, "-D", str(self.data_dir)),
             *("-R", "-X", "stream", "-c", "fast"),

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.services import PrometheusServer, ServiceError
-from tests.support import REPO, free_port
+from devkit import PrometheusServer, ServiceError
+from devkit.ports import free_port
+from tests.support import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +34,15 @@ def test_the_rules_are_valid() -> None:
     done = promtool("check", "rules", "alerts.yml")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 10 rules found" in done.stdout
+
+
+def test_the_scrape_configuration_the_metrics_page_shows_is_valid() -> None:
+    # docs/operations/metrics.md includes this file as it is; its rule file is alerts.yml.
+    done = promtool("check", "config", "prometheus.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 1 rule files found" in done.stdout
+    page = (RULES.parents[1] / "docs" / "operations" / "metrics.md").read_text()
+    assert '--8<-- "deploy/prometheus/prometheus.yml"' in page
 
 
 def test_every_alert_fires_and_stays_quiet_as_its_tests_say() -> None:

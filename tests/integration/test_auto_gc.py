@@ -13,13 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.fakes import FakeClock
 from tests.integration.cli_helpers import sql
-from tests.integration.test_protocol import STAGED_POINTS, lines, scalar, stage
+from tests.staging import INTERVAL_S, STAGED_POINTS, committer_of, lines, scalar, stage
 from tests.support import admin_conninfo, begin_run, staging_config_for, two_phase
 from twophase.config import InfluxConfig
 from twophase.model import EpochState
-from twophase.protocol.autogc import AutoGc
-from twophase.protocol.committer import Committer
+from twophase.protocol.runtime import TwoPhase
 
 PURGED = (
     "SELECT COALESCE(array_agg(epoch ORDER BY epoch), '{}') FROM twophase_epochs"
@@ -31,35 +31,13 @@ WAITING = (
     "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
     " WHERE NOT l.granted AND a.datname = current_database()"
 )
-INTERVAL_S = 60.0
-
-
-class Clock:
-    """The collector's clock, moved by the test: it alone decides when a collection is due."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def pass_interval(self) -> None:
-        self.now += INTERVAL_S
 
 
 @pytest.fixture
-def expiring(staging_url: str, influx: InfluxConfig) -> Iterator[Any]:
+def expiring(staging_url: str, influx: InfluxConfig) -> Iterator[TwoPhase]:
     """The parts over a store whose ended epochs expire at once (retention 0)."""
     with two_phase(staging_config_for(staging_url, retention="0s"), influx) as tp:
         yield tp
-
-
-def committer_of(tp: Any, clock: Clock, limit: int) -> tuple[Committer, AutoGc]:
-    """The parts' committer, with an automatic collector on the test's clock."""
-    auto = AutoGc(tp.gc, INTERVAL_S, limit=limit, clock=clock)
-    return Committer(
-        tp.ledger, tp.promoter, tp.gc, auto_gc=auto, roster=tp.roster, catch_up=tp.catch_up
-    ), auto
 
 
 def wait_until(what: str, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -89,7 +67,7 @@ def test_expired_epochs_and_orphans_go_without_an_operator(
 
 
 def test_one_collection_is_bounded_and_the_next_goes_on(expiring: Any, staging_url: str) -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     committer, auto = committer_of(expiring, clock, limit=2)
     try:
         lease = begin_run(expiring, "s", "r1", "q1")
@@ -97,7 +75,7 @@ def test_one_collection_is_bounded_and_the_next_goes_on(expiring: Any, staging_u
             stage(expiring, "s", epoch, [lines(epoch, 2)], attempt=1)  # orphans once decided
             committer.commit(lease, epoch, stage(expiring, "s", epoch, [lines(epoch, 2)]))
         assert scalar(staging_url, PURGED) == []  # not due within the interval
-        clock.pass_interval()
+        clock.sleep(INTERVAL_S)
         committer.commit(lease, 5, stage(expiring, "s", 5, [lines(5, 2)]))
         assert auto.wait(30)
         assert scalar(staging_url, PURGED) == [0, 1]  # 6 expired, 2 purged
@@ -112,7 +90,7 @@ def test_one_collection_is_bounded_and_the_next_goes_on(expiring: Any, staging_u
 
 
 def test_a_commit_does_not_wait_for_a_collection(expiring: Any, staging_url: str) -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     committer, auto = committer_of(expiring, clock, limit=100)
     lease = begin_run(expiring, "s", "r1", "q1")
     committer.commit(lease, 0, stage(expiring, "s", 0, [lines(0, 5)]))
@@ -124,10 +102,10 @@ def test_a_commit_does_not_wait_for_a_collection(expiring: Any, staging_url: str
                 "SELECT 1 FROM twophase_staged_chunks c JOIN twophase_epochs e"
                 " ON c.write_id = ANY(e.write_ids) WHERE e.epoch = 0 FOR UPDATE OF c"
             )
-            clock.pass_interval()
+            clock.sleep(INTERVAL_S)
             committer.commit(lease, 1, stage(expiring, "s", 1, [lines(1, 5)]))  # starts one
             wait_until("the collection to wait on the lock", lambda: scalar(staging_url, WAITING))
-            clock.pass_interval()
+            clock.sleep(INTERVAL_S)
             messages = stage(expiring, "s", 2, [lines(2, 5)])
             outcome = pool.submit(committer.commit, lease, 2, messages).result(timeout=30)
             assert outcome.state == EpochState.COMMITTED
@@ -155,7 +133,7 @@ def test_gc_interval_0_never_collects(staging_url: str, influx: InfluxConfig) ->
 
 
 def test_a_failing_discard_leaves_the_replay_to_gc(
-    tp: Any, staging_url: str, caplog: pytest.LogCaptureFixture
+    tp: TwoPhase, staging_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from scripts.services import InfluxServer
-from tests.integration.test_protocol import M, epoch_row, lines, stage
+from devkit import InfluxServer
+from tests.staging import M, epoch_row, lines, stage
 from tests.support import OWN_INFLUX_DB, begin_run, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError

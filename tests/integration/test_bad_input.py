@@ -14,6 +14,7 @@ import pytest
 from tests.encoders import ENCODERS, encode
 from tests.support import admin_conninfo, begin_run, influx_query, influx_rows
 from twophase.points.builder import PointBuilder, PointSpec
+from twophase.protocol.runtime import TwoPhase
 
 T = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SPEC = PointSpec(measurement="bad input", tag_columns=("host", "dc"), time_column="ts")
@@ -70,7 +71,7 @@ def encoder(request: pytest.FixtureRequest) -> str:
 
 
 def commit_rows(
-    tp: Any, lease: Any, epoch: int, rows: list[dict[str, Any]], encoder: str = "rows"
+    tp: TwoPhase, lease: Any, epoch: int, rows: list[dict[str, Any]], encoder: str = "rows"
 ) -> Any:
     items = encode(PointBuilder(SPEC), rows, encoder)
     message = tp.stager.stage("s", epoch, items, run_id="r1", query_id="q1")
@@ -78,7 +79,7 @@ def commit_rows(
 
 
 def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
-    tp: Any, staging_url: str, encoder: str
+    tp: TwoPhase, staging_url: str, encoder: str
 ) -> None:
     good = [row(i) for i in range(30, 40)]
     rows = good[:5] + [r for r, _ in BAD_ROWS] + ODD_ROWS + good[5:]
@@ -111,7 +112,7 @@ def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
 
 @pytest.mark.lanes(1)  # seq is the line's place in the task's order
 def test_field_type_change_between_epochs_is_a_promote_dead_letter(
-    tp: Any, staging_url: str, encoder: str
+    tp: TwoPhase, staging_url: str, encoder: str
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     commit_rows(tp, lease, 0, [row(i) for i in range(5)], encoder)  # v is a float

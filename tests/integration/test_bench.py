@@ -50,18 +50,26 @@ def run_bench(
     base_staging_url: str, influx_url: str, out: Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
     """``python -m bench --quick --out OUT ARGS...``; fails the test unless it exits 0."""
+    return run_command(base_staging_url, influx_url, "--quick", "--out", str(out), *args)
+
+
+def run_command(
+    base_staging_url: str, influx_url: str, *args: str, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS...`` against the test servers; fails the test unless it
+    exits 0."""
     env = {
         **os.environ,
         "TWOPHASE_STAGING_URL": base_staging_url,
         "TWOPHASE_INFLUX_URL": influx_url,
     }
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out), *args],
+        [sys.executable, "-m", "bench", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -130,3 +138,25 @@ def test_quick_mode_writes_every_metric_with_its_target(
     assert {link.name for link, *_ in roundtrip.ROWS} == {"20 ms", "20 ms, 100 Mbit/s"}
     assert found.stem in done.stdout and "| 5 recovery |" in done.stdout  # the table
     assert bench_databases(base_staging_url) == []  # scratch databases dropped
+
+
+def test_request_size_measures_each_size_on_both_links(
+    base_staging_url: str, influx_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "request-size.json"
+    chosen = ["--sizes", "500", "1000", "--json", str(out)]
+    done = run_command(
+        base_staging_url,
+        influx_url,
+        *["request_size", "--points", "3000", "--repeats", "1", *chosen],
+        timeout=300,
+    )
+    links = json.loads(out.read_text())["links"]
+    assert set(links) == {"loopback", "20 ms"}
+    for sizes in links.values():
+        assert set(sizes) == {"500", "1000"}
+        # 4 lanes: each sends its own share of the epoch's chunks in requests of the size
+        assert sizes["500"]["requests_per_send"] > sizes["1000"]["requests_per_send"] >= 3
+        for size in sizes.values():
+            assert size["points_per_s"] > 0 and size["driver_cpu_s_per_million_points"] > 0
+    assert "points/request" in done.stdout

@@ -13,12 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from scripts.services import InfluxServer
-from tests.integration.test_protocol import M, epoch_row, lines, stage
+from devkit import InfluxServer
+from tests.staging import M, epoch_row, lines, stage
 from tests.support import OWN_INFLUX_DB, admin_conninfo, begin_run, influx_count, two_phase
 from twophase.config import BACKGROUND, INLINE, InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.points.builder import Rejected
+from twophase.protocol.runtime import TwoPhase
 from twophase.spark import claim_query, commit
 from twophase.spark.options import SinkOptions, parse_options
 
@@ -37,7 +38,7 @@ def committed_by(staging_url: str, sink: str) -> dict[int, str]:
 
 
 def crashed_run(
-    tp: Any, sink: str, epochs: range, run: str = "r1", rows: list[Any] | None = None
+    tp: TwoPhase, sink: str, epochs: range, run: str = "r1", rows: list[Any] | None = None
 ) -> None:
     """A run that decided ``epochs`` (30 points each, or ``rows``) and died before
     promoting them."""
@@ -68,7 +69,9 @@ def test_a_claim_promotes_what_an_older_run_left_without_any_commit(
         assert restarted.claim("s", "r2", "q1") == lease  # the same run again: idempotent
 
 
-def test_a_claim_leaves_the_epochs_of_its_own_run_to_its_commits(tp: Any, staging_url: str) -> None:
+def test_a_claim_leaves_the_epochs_of_its_own_run_to_its_commits(
+    tp: TwoPhase, staging_url: str
+) -> None:
     """A run's epoch may be promoting on another thread of it (background promotion), or
     in the commit of another of its processes: a second claim of the run must not send it
     beside them. The run's next commit recovers it, as before."""
@@ -82,7 +85,7 @@ def test_a_claim_leaves_the_epochs_of_its_own_run_to_its_commits(tp: Any, stagin
 
 
 def test_a_recovery_waits_for_the_one_under_way_and_sends_nothing_twice(
-    tp: Any, staging: StagingConfig, influx: InfluxConfig, staging_url: str
+    tp: TwoPhase, staging: StagingConfig, influx: InfluxConfig, staging_url: str
 ) -> None:
     """The claim of a query's start (on the driver) and the first commit of the same run
     (in a Python worker, for the data source) may both find an epoch pending: one sends
@@ -210,3 +213,26 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
     finally:
         for opened in commit._parts.values():
             opened.close()
+
+
+def test_a_commits_log_line_says_where_the_epochs_time_went(
+    spark_sinks: dict[str, str], influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Staging (as the foreachBatch writer timed it), recovery, the decision and the
+    promotion, each in milliseconds, in the line and as ``steps_ms``."""
+    options = parse_options({k: v for k, v in spark_sinks.items() if k != "dead_letter_sink"})
+    messages = stage(commit.two_phase(options), "dash", 0, [lines(0, 20)], run="run-1")
+    with caplog.at_level("INFO", logger="twophase.spark"):
+        outcome = commit.commit_epoch(options, 0, messages, ("run-1", "q1"), staged_s=0.25)
+    assert outcome is not None and [step for step, _ in outcome.steps] == [
+        "recover",
+        "decide",
+        "promote",
+    ]
+    assert all(seconds >= 0 for _, seconds in outcome.steps)
+    (record,) = [r for r in caplog.records if "points delivered" in r.getMessage()]
+    assert "20 points delivered (stage 250 ms, recover " in record.getMessage()
+    steps_ms = record.__dict__["steps_ms"]
+    assert list(steps_ms) == ["stage", "recover", "decide", "promote"]
+    assert steps_ms["stage"] == 250.0
+    assert influx_count(influx, M) == 20

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from devkit.ports import free_port
 from tests.integration.cli_helpers import (
     SCRIPT,
     SINK,
@@ -24,11 +24,12 @@ from tests.integration.cli_helpers import (
     sql,
 )
 from tests.integration.crash_driver import MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
-from tests.integration.test_protocol import lines, stage
-from tests.support import REPO, begin_run, free_port, influx_count, influx_rows
+from tests.staging import lines, stage
+from tests.support import REPO, begin_run, influx_count, influx_rows
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError
 from twophase.influx.query import query_v1
+from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def states(staging_url: str, sink: str = SINK) -> dict[int, str]:
 
 
 def test_recover_is_refused_while_a_live_run_owns_the_sink(
-    tp: Any, cli: Cli, staging_url: str
+    tp: TwoPhase, cli: Cli, staging_url: str
 ) -> None:
     known_store(tp)
     token = sql(staging_url, "SELECT fencing_token FROM twophase_sinks WHERE sink_id = 's'")
@@ -54,7 +55,7 @@ def test_recover_is_refused_while_a_live_run_owns_the_sink(
     assert sql(staging_url, "SELECT fencing_token FROM twophase_sinks WHERE sink_id = 's'") == token
 
 
-def test_recover_promotes_in_order_and_reports(tp: Any, cli: Cli, staging_url: str) -> None:
+def test_recover_promotes_in_order_and_reports(tp: TwoPhase, cli: Cli, staging_url: str) -> None:
     known_store(tp)
     make_idle(staging_url)
     before = influx_count(tp.config.influx, M)
@@ -75,7 +76,7 @@ def test_recover_promotes_in_order_and_reports(tp: Any, cli: Cli, staging_url: s
     assert again.code == 0 and again.out == "nothing to recover: no PRECOMMITTED epochs\n"
 
 
-def test_recover_force_fences_the_live_run(tp: Any, cli: Cli, staging_url: str) -> None:
+def test_recover_force_fences_the_live_run(tp: TwoPhase, cli: Cli, staging_url: str) -> None:
     known_store(tp)
     lease = begin_run(tp, SINK, "r1", "q1")  # the same live run's lease
     forced = cli("recover", "--sink", SINK, "--force")
@@ -125,7 +126,7 @@ def test_recover_after_a_driver_crash_end_to_end(
     assert "OK: InfluxDB holds exactly the staged points" in check.out
 
 
-def test_resend_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> None:
+def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     tp.committer.recover(begin_run(tp, SINK, "r2", "q1"))
     committed = influx_rows(tp.config.influx, M)
@@ -184,7 +185,9 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: Any, cli: Cli) -> 
     assert sorted(letters) == [(1, "stage"), (2, "promote")]  # each rejection once
 
 
-def test_a_query_that_claims_the_sink_stops_a_resend(tp: Any, cli: Cli, tmp_path: Path) -> None:
+def test_a_query_that_claims_the_sink_stops_a_resend(
+    tp: TwoPhase, cli: Cli, tmp_path: Path
+) -> None:
     """A resend runs under a lease of its own: the query restarted meanwhile claims the
     sink, and the resend sends no request more, so an old value it would re-send can
     never land after the query's newer one."""
@@ -217,7 +220,7 @@ def test_a_query_that_claims_the_sink_stops_a_resend(tp: Any, cli: Cli, tmp_path
     assert 0 < sent < 40 and len(influx_rows(config, M)) == sent  # no request after it
 
 
-def test_resend_refuses_what_it_cannot_send(tp: Any, cli: Cli, staging_url: str) -> None:
+def test_resend_refuses_what_it_cannot_send(tp: TwoPhase, cli: Cli, staging_url: str) -> None:
     known_store(tp)
     make_idle(staging_url)
     pending = cli("resend", "--sink", SINK, "--from", "2")
@@ -239,7 +242,7 @@ def test_resend_refuses_what_it_cannot_send(tp: Any, cli: Cli, staging_url: str)
     assert "not re-sent" not in older.err  # epoch 3 is not COMMITTED: nothing later
 
 
-def test_verify_reports_changed_and_extra_points(tp: Any, cli: Cli) -> None:
+def test_verify_reports_changed_and_extra_points(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     config = tp.config.influx
     base = 1_700_000_000_000_000_000
@@ -264,7 +267,7 @@ def test_verify_reports_changed_and_extra_points(tp: Any, cli: Cli) -> None:
     assert config.database  # the per-test database, not the shared one
 
 
-def test_verify_of_an_old_epoch_accounts_for_later_rewrites(tp: Any, cli: Cli) -> None:
+def test_verify_of_an_old_epoch_accounts_for_later_rewrites(tp: TwoPhase, cli: Cli) -> None:
     """Update output mode: epoch 1 rewrites epoch 0's points; verifying epoch 0 alone
     expects the newer values InfluxDB rightly holds."""
     lease = begin_run(tp, SINK, "r1", "q1")
@@ -281,7 +284,7 @@ def test_verify_of_an_old_epoch_accounts_for_later_rewrites(tp: Any, cli: Cli) -
     assert cli("verify", "--sink", SINK, "--epoch", "0").code == 0
 
 
-def test_verify_with_the_v2_api_is_reported_unsupported(tp: Any, cli: Cli) -> None:
+def test_verify_with_the_v2_api_is_reported_unsupported(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     result = cli(
         "verify", "--sink", SINK, "--influx-api", "v2", "--influx-org", "o", "--influx-bucket", "b"
@@ -290,7 +293,7 @@ def test_verify_with_the_v2_api_is_reported_unsupported(tp: Any, cli: Cli) -> No
     assert "2.x API" in result.one_line_error()
 
 
-def test_verify_exits_as_diff_does(tp: Any, cli: Cli) -> None:
+def test_verify_exits_as_diff_does(tp: TwoPhase, cli: Cli) -> None:
     """0: InfluxDB holds the staged points; 1: it differs; 2: no answer (InfluxDB down)."""
     known_store(tp)
     same = cli.run("verify", "--sink", SINK)

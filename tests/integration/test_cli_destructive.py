@@ -18,16 +18,17 @@ from tests.integration.cli_helpers import (
     make_idle,
     sql,
 )
-from tests.integration.test_protocol import M, lines, stage
+from tests.staging import M, lines, stage
 from tests.support import REPO, begin_run, influx_rows
 from twophase.config import InfluxConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.points.builder import Rejected
+from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
-def cli(tp: Any, staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(tp: TwoPhase, staging_url: str, influx: InfluxConfig) -> Cli:
     known_store(tp)
     return make_cli(staging_url, influx)
 
@@ -131,7 +132,9 @@ def test_abort_checks(cli: Cli, staging_url: str) -> None:
     assert staged == [(0,)]
 
 
-def test_reset_is_the_way_out_of_a_checkpoint_reset(tp: Any, cli: Cli, staging_url: str) -> None:
+def test_reset_is_the_way_out_of_a_checkpoint_reset(
+    tp: TwoPhase, cli: Cli, staging_url: str
+) -> None:
     make_idle(staging_url)
     pending = cli("reset", "--sink", SINK, "--yes")
     assert pending.code == 1
@@ -162,7 +165,7 @@ def dead_letters_of(staging_url: str, sink: str = SINK) -> list[tuple[Any, ...]]
 
 
 def test_a_reset_and_the_gc_after_it_keep_the_dead_letters_of_decided_writes(
-    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
 ) -> None:
     """A reset forgets the epochs, which makes every write an orphan; the gc past the
     orphan grace removes them, but the dead letters of the writes the epochs had chosen
@@ -285,7 +288,7 @@ PURGED = "SELECT count(*) FROM twophase_epochs WHERE sink_id = %s AND purged_at 
 
 @pytest.mark.parametrize("point", sorted(KILLED_COMMANDS))
 def test_sigkill_in_gc_and_reset_then_again(
-    tp: Any, cli: Cli, staging_url: str, point: str
+    tp: TwoPhase, cli: Cli, staging_url: str, point: str
 ) -> None:
     """SIGKILLed inside a transaction, gc or reset leaves nothing of it; run again, it
     does what is left once: the purge and the orphan's removal, or the forgotten epochs

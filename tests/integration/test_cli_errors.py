@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from tests.integration.cli_helpers import SINK, Cli, known_store, make_cli, make_idle
 from tests.support import create_database, drop_database, unique
 from twophase.config import InfluxConfig
+from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_bad_arguments(cli: Cli, args: list[str], code: int, message: str) -> No
     assert result.out == ""
 
 
-def test_staging_only_commands_need_no_influxdb_settings(tp: Any, cli: Cli) -> None:
+def test_staging_only_commands_need_no_influxdb_settings(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     make_idle(cli.staging_url)
     env = staging_only_env(cli)
@@ -87,7 +87,7 @@ def test_store_without_schema(cli: Cli, staging_url: str) -> None:
         drop_database(staging_url, name)
 
 
-def test_influxdb_down_during_recover(tp: Any, cli: Cli) -> None:
+def test_influxdb_down_during_recover(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     make_idle(cli.staging_url)
     env = cli.env() | {
@@ -126,7 +126,7 @@ def test_password_in_a_flag_is_warned_about_once_and_never_printed(cli: Cli) -> 
     assert plain.code == 0 and "visible to other users" not in plain.err
 
 
-def test_with_json_every_error_is_one_json_line_on_stderr(tp: Any, cli: Cli) -> None:
+def test_with_json_every_error_is_one_json_line_on_stderr(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     bad_url = cli.run("--json", "--staging-url", "mysql://u@h/db", "status")
     assert (bad_url.code, bad_url.out) == (2, "")

@@ -6,7 +6,6 @@ import csv
 import json
 import stat
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from tests.integration.cli_helpers import (
 )
 from twophase.config import InfluxConfig
 from twophase.points.builder import Rejected
+from twophase.protocol.runtime import TwoPhase
 
 STATUS_KEYS = {
     "sink_id",
@@ -80,7 +80,7 @@ DEAD_LETTER_KEYS = {
 
 
 @pytest.fixture
-def cli(tp: Any, staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(tp: TwoPhase, staging_url: str, influx: InfluxConfig) -> Cli:
     known_store(tp)
     return make_cli(staging_url, influx)
 
@@ -168,7 +168,7 @@ def test_epochs_out_of_range_is_a_usage_error(cli: Cli, args: list[str], message
     assert message in result.one_line_error()
 
 
-def test_dead_letters_list(tp: Any, cli: Cli) -> None:
+def test_dead_letters_list(tp: TwoPhase, cli: Cli) -> None:
     # a failed task attempt rejected a row too; its write is an orphan: not listed or counted
     tp.stager.stage(SINK, 1, [Rejected(0, "from a failed attempt", "{}")], attempt=1)
     text = cli("dead-letters", "--sink", SINK)

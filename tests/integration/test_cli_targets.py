@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
+from devkit.faultproxy import CUT, PASS
 from tests.integration.cli_helpers import Cli, make_cli, sql
 from tests.integration.fanout_helpers import Pair, target_rows, two_targets
-from tests.integration.faultproxy import CUT, PASS
-from tests.integration.test_exporter import NO_CACHE, scrape, value
-from tests.integration.test_protocol import M, lines, stage
-from tests.support import influx_count, two_phase
+from tests.staging import M, lines, stage
+from tests.support import NO_CACHE, influx_count, scrape, two_phase, value
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease
 from twophase.operations import start_exporter
 from twophase.operations.exporter import metric_names
 from twophase.protocol.gc import GarbageCollector
+from twophase.protocol.runtime import TwoPhase
 
 SINK = "fan"
 N = 10  # points per epoch
@@ -54,7 +54,7 @@ def pair(influx_url: str) -> Iterator[Pair]:
 
 
 @pytest.fixture
-def fan(staging: StagingConfig, pair: Pair) -> Iterator[Any]:
+def fan(staging: StagingConfig, pair: Pair) -> Iterator[TwoPhase]:
     with two_phase(staging, pair.config) as tp:
         yield tp
 
@@ -73,12 +73,12 @@ def cli(staging_url: str, pair: Pair, monkeypatch: pytest.MonkeyPatch) -> Cli:
     return cli
 
 
-def commit(tp: Any, lease: Lease, epoch: int) -> None:
+def commit(tp: TwoPhase, lease: Lease, epoch: int) -> None:
     messages = stage(tp, lease.sink_id, epoch, [lines(epoch, N)], run=lease.run_id)
     assert tp.committer.commit(lease, epoch, messages).state == EpochState.COMMITTED
 
 
-def b_behind(fan: Any, pair: Pair, epochs: range) -> Lease:
+def b_behind(fan: TwoPhase, pair: Pair, epochs: range) -> Lease:
     """Commit ``epochs`` while b is down, with no catch-up: b lacks them (lagging)."""
     lease = fan.committer.claim(SINK, "r1", "q1")
     fan.catch_up.close()  # no catch-up worker: b stays behind
@@ -89,7 +89,7 @@ def b_behind(fan: Any, pair: Pair, epochs: range) -> Lease:
     return lease
 
 
-def quarantine_and_purge(fan: Any) -> None:
+def quarantine_and_purge(fan: TwoPhase) -> None:
     """GC a week on, with no lag allowed: b is quarantined and what it lacks is purged."""
     report = GarbageCollector(fan.db, 7 * 86400, 3600, max_lag_s=0.0).collect(SINK, ahead_s=WEEK)
     assert report.quarantined == ((SINK, "b"),)
@@ -114,7 +114,7 @@ def drop(target: InfluxConfig) -> None:
 
 
 def test_status_and_targets_show_a_lagging_target(
-    fan: Any, pair: Pair, cli: Cli, staging: StagingConfig, staging_url: str
+    fan: TwoPhase, pair: Pair, cli: Cli, staging: StagingConfig, staging_url: str
 ) -> None:
     b_behind(fan, pair, range(2))
     with two_phase(staging, pair.a) as one:  # a sink with one target: no target rows
@@ -163,8 +163,8 @@ def test_status_and_targets_show_a_lagging_target(
     rows = cli("targets", "--sink", SINK).out.splitlines()
     assert rows[0].split()[:3] == ["SINK", "TARGET", "STATE"] and "LAST ERROR" in rows[0]
     assert rows[2].split()[:5] == [SINK, "b", "lagging", "-", "2"]
-    one = cli("targets", "--sink", "one")
-    assert one.code == 0 and one.out.splitlines()[1].split()[:3] == ["one", "default", "live"]
+    of_one = cli("targets", "--sink", "one")
+    assert of_one.code == 0 and of_one.out.splitlines()[1].split()[:3] == ["one", "default", "live"]
 
     lagging = cli("verify", "--sink", SINK, "--target", "b", "--json")
     assert lagging.code == 1  # b lacks the epochs: it differs, and says why
@@ -174,7 +174,7 @@ def test_status_and_targets_show_a_lagging_target(
 
 
 def test_resync_after_a_quarantine_names_the_epochs_gc_purged(
-    fan: Any, pair: Pair, cli: Cli, staging_url: str
+    fan: TwoPhase, pair: Pair, cli: Cli, staging_url: str
 ) -> None:
     lease = b_behind(fan, pair, range(2))
     quarantine_and_purge(fan)  # epochs 0-1: past retention, b quarantined, purged
@@ -220,7 +220,7 @@ def test_resync_after_a_quarantine_names_the_epochs_gc_purged(
 
 
 def test_resync_from_an_epoch_re_delivers_what_a_target_lost(
-    fan: Any, pair: Pair, cli: Cli, staging_url: str
+    fan: TwoPhase, pair: Pair, cli: Cli, staging_url: str
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     for epoch in range(3):
@@ -248,7 +248,7 @@ def test_resync_from_an_epoch_re_delivers_what_a_target_lost(
 
 
 def test_verify_and_resend_act_on_the_target_named(
-    fan: Any, pair: Pair, cli: Cli, staging: StagingConfig
+    fan: TwoPhase, pair: Pair, cli: Cli, staging: StagingConfig
 ) -> None:
     only_a = dataclasses.replace(pair.config, targets=pair.config.targets[:1])
     with two_phase(staging, only_a) as one:  # epochs 0-1 before b was added
@@ -300,7 +300,7 @@ def test_verify_and_resend_act_on_the_target_named(
     assert every.code == 0 and pair.proxy.write_requests > 0
 
 
-def test_the_exporter_shows_each_target(fan: Any, pair: Pair, staging: StagingConfig) -> None:
+def test_the_exporter_shows_each_target(fan: TwoPhase, pair: Pair, staging: StagingConfig) -> None:
     exporter = start_exporter(staging, port=0, live_window_s=600, exporter=NO_CACHE)
     try:
         b_behind(fan, pair, range(2))
@@ -326,7 +326,7 @@ def test_the_exporter_shows_each_target(fan: Any, pair: Pair, staging: StagingCo
 
 
 def test_a_resend_never_puts_an_epoch_before_an_older_one_a_target_lacks(
-    fan: Any, pair: Pair, cli: Cli
+    fan: TwoPhase, pair: Pair, cli: Cli
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     fan.catch_up.close()  # no catch-up: b stays behind
@@ -345,7 +345,7 @@ def test_a_resend_never_puts_an_epoch_before_an_older_one_a_target_lacks(
 
 
 def test_twophase_gc_quarantines_a_target_lagging_past_target_max_lag(
-    fan: Any, pair: Pair, cli: Cli, staging_url: str, monkeypatch: pytest.MonkeyPatch
+    fan: TwoPhase, pair: Pair, cli: Cli, staging_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b_behind(fan, pair, range(2))
     kept = cli("gc", "--sink", SINK, "--retention", "0s", "--yes", "--json")  # 24 h allowed
@@ -361,7 +361,7 @@ def test_twophase_gc_quarantines_a_target_lagging_past_target_max_lag(
 
 
 def test_recover_exits_1_naming_a_target_it_could_not_catch_up(
-    fan: Any, pair: Pair, cli: Cli, monkeypatch: pytest.MonkeyPatch
+    fan: TwoPhase, pair: Pair, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b_behind(fan, pair, range(2))
     pair.proxy.set_mode(CUT)  # b still down

@@ -5,17 +5,17 @@ checkpoint is refused (I6), targets, dead letters and pending epochs keep theirs
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 
 from tests.integration.cli_helpers import BAD_POINT, make_cli, make_idle, sql
-from tests.integration.test_protocol import M, lines, scalar, stage
+from tests.staging import M, lines, scalar, stage
 from tests.support import begin_run, influx_rows
 from twophase.config import InfluxConfig
 from twophase.errors import CheckpointResetError
 from twophase.model import EpochState
 from twophase.protocol.gc import GarbageCollector
+from twophase.protocol.runtime import TwoPhase
 from twophase.store.views import Views
 
 # Seconds ahead of the database's clock: past retention (7 days) and history_retention
@@ -39,7 +39,7 @@ def records(staging_url: str, sink: str = "s") -> dict[str, list[int]]:
 
 
 def test_a_replay_of_a_compacted_epoch_is_skipped_and_a_reset_checkpoint_refused(
-    tp: Any, staging_url: str
+    tp: TwoPhase, staging_url: str
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in range(6):
@@ -80,7 +80,7 @@ def test_a_replay_of_a_compacted_epoch_is_skipped_and_a_reset_checkpoint_refused
 
 
 def test_the_floor_waits_for_targets_and_pending_epochs_and_letters_keep_their_epoch(
-    tp: Any, staging_url: str
+    tp: TwoPhase, staging_url: str
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in range(4):
@@ -109,7 +109,7 @@ def test_the_floor_waits_for_targets_and_pending_epochs_and_letters_keep_their_e
 
 
 def test_status_and_epochs_say_how_far_the_history_was_compacted(
-    tp: Any, staging_url: str, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
+    tp: TwoPhase, staging_url: str, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in range(4):

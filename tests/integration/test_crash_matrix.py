@@ -3,11 +3,9 @@ recovery InfluxDB holds exactly what a crash-free run writes."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from devkit.faultproxy import CUT, PASS, FaultProxy
 from tests.integration.cli_helpers import SCRIPT
 from tests.integration.crash_driver import (
     BAD_EPOCH,
@@ -24,14 +23,20 @@ from tests.integration.crash_driver import (
     POINTS_PER_PARTITION,
     read_log,
 )
-from tests.integration.faultproxy import CUT, PASS, FaultProxy
-from tests.integration.test_protocol import scalar
+from tests.integration.crash_helpers import (
+    EPOCHS,
+    SINK,
+    dead_letters,
+    every_epoch_committed,
+    run_driver,
+    staging_summary,
+    start_driver,
+)
+from tests.staging import scalar
 from tests.support import (
     REPO,
     admin_conninfo,
-    create_database,
     create_influx_database,
-    drop_database,
     drop_influx_database,
     influx_rows,
     staging_config_for,
@@ -40,9 +45,6 @@ from tests.support import (
 )
 from twophase.config import InfluxConfig
 from twophase.faults import CRASH_POINTS
-
-EPOCHS = 4
-SINK = "crash-sink"
 
 # (crash point, n-th time reached, points per InfluxDB request): each lands inside
 # epoch 1 or 2, mid-sequence. The chunks are compressed (the default) and of 20 lines
@@ -102,124 +104,6 @@ MATRIX_PARAMS = [
     )
     for m in MATRIX
 ]
-
-
-def run_driver(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """:func:`start_driver`, waited for."""
-    driver = start_driver(*args, **kwargs)
-    out, err = driver.communicate(timeout=300)
-    return subprocess.CompletedProcess(driver.args, driver.returncode, out, err)
-
-
-def start_driver(
-    staging_url: str,
-    influx: InfluxConfig,
-    log: Path,
-    run_id: str,
-    crash: str | None = None,
-    perturb: list[int] | None = None,
-    batch_points: int = 40,
-    promotion: str = "inline",
-    lanes: int = 1,
-    arm_last: tuple[Path, dict[str, Any]] | None = None,
-    extra: Sequence[str] = (),
-    layout: tuple[str, int | None] = ("gzip", None),
-    epochs: int = EPOCHS,
-    plan: Path | None = None,
-) -> subprocess.Popen[str]:
-    """The driver as a child process; ``arm_last``: a crash plan file and the plan the
-    driver arms there once every epoch but the last is promoted; ``extra``: more
-    arguments (``--gc-interval``, ``--retention``); ``layout``: the compression and
-    chunk size of staging (None: the default, one chunk per 100-line write); ``plan``: a
-    crash plan file the driver reads from the start."""
-    compression, chunk_points = layout
-    extra = [*extra, "--compression", compression]
-    if chunk_points is not None:
-        extra += ["--chunk-points", str(chunk_points)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
-    if crash:
-        env["TWOPHASE_CRASH_AT"] = crash
-    if plan is not None:
-        env["TWOPHASE_CRASH_PLAN"] = str(plan)
-    cmd = [
-        sys.executable,
-        "-m",
-        "tests.integration.crash_driver",
-        "--staging-url",
-        staging_url,
-        "--influx-url",
-        influx.url,
-        "--influx-db",
-        str(influx.database),
-        "--sink",
-        SINK,
-        "--epochs",
-        str(epochs),
-        "--spark-log",
-        str(log),
-        "--run-id",
-        run_id,
-        "--perturb",
-        ",".join(map(str, perturb or [])),
-        "--batch-points",
-        str(batch_points),
-        "--promotion",
-        promotion,
-        "--lanes",
-        str(lanes),
-        *extra,
-    ]
-    if arm_last is not None:
-        env["TWOPHASE_CRASH_PLAN"] = str(arm_last[0])
-        cmd += ["--arm-last", json.dumps(arm_last[1])]
-    return subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-@pytest.fixture(scope="module")
-def crash_free(
-    base_staging_url: str,
-    template_db: str,
-    influx_url: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, Any]]:
-    """One crash-free run: what every crashed run must end up equal to."""
-    name, db = unique("tp_clean"), unique("clean")
-    url = create_database(base_staging_url, name, template=template_db)
-    create_influx_database(influx_url, db)
-    influx = InfluxConfig(url=influx_url, api="v1", database=db)
-    done = run_driver(url, influx, tmp_path_factory.mktemp("clean") / "log", "clean")
-    assert done.returncode == 0, done.stderr
-    yield {"rows": influx_rows(influx, MEASUREMENT), "dead": dead_letters(url)}
-    drop_database(base_staging_url, name)
-    drop_influx_database(influx_url, db)
-
-
-def dead_letters(url: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        return conn.execute(
-            "SELECT epoch, phase, payload FROM twophase_dead_letters ORDER BY epoch, payload"
-        ).fetchall()
-
-
-def staging_summary(url: str) -> dict[str, Any]:
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        states = conn.execute(
-            "SELECT epoch, state, points_staged, points_delivered,"
-            " points_rejected_promote FROM twophase_epochs ORDER BY epoch"
-        )
-        return {"epochs": states.fetchall()}
-
-
-def every_epoch_committed() -> list[tuple[Any, ...]]:
-    """:func:`staging_summary`'s epochs once a run completed: each COMMITTED, the bad
-    point of its epoch rejected at promotion."""
-    per_epoch = PARTITIONS * POINTS_PER_PARTITION
-    return [
-        (e, "COMMITTED", per_epoch + (e == BAD_EPOCH), per_epoch, int(e == BAD_EPOCH))
-        for e in range(EPOCHS)
-    ]
 
 
 def test_the_matrices_cover_every_named_crash_point() -> None:

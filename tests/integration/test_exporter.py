@@ -6,7 +6,6 @@ import dataclasses
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -14,21 +13,22 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql as pgsql
 
+from devkit.faultproxy import CUT
+from devkit.ports import free_port, port_is_free
+from tests.fakes import FakeClock
 from tests.integration.cli_helpers import known_store, sql
 from tests.integration.fanout_helpers import two_targets
-from tests.integration.faultproxy import CUT
-from tests.integration.test_auto_gc import Clock, committer_of
-from tests.integration.test_protocol import lines, stage
+from tests.staging import INTERVAL_S, committer_of, lines, stage
 from tests.support import (
+    NO_CACHE,
     admin_conninfo,
     begin_run,
-    free_port,
-    port_is_free,
+    scrape,
     staging_config_for,
     two_phase,
+    value,
 )
 from twophase.config import ExporterConfig, InfluxConfig, StagingConfig
 from twophase.errors import FencedError, InfluxUnavailableError
@@ -37,24 +37,8 @@ from twophase.operations import exporter as exporter_module
 from twophase.operations import start_exporter
 from twophase.operations.exporter import Exporter, StoreCollector, metric_names
 from twophase.protocol import targets as targets_module
+from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-NO_CACHE = ExporterConfig(cache_s=0)
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 @pytest.fixture
@@ -66,7 +50,7 @@ def exporter(staging: StagingConfig) -> Iterator[Exporter]:
     running.close()
 
 
-def test_a_scrape_reports_every_sink(tp: Any, exporter: Exporter, staging_url: str) -> None:
+def test_a_scrape_reports_every_sink(tp: TwoPhase, exporter: Exporter, staging_url: str) -> None:
     known_store(tp)  # s: 0-2 committed (a row and a point rejected), 3 PRECOMMITTED
     got = scrape(exporter.port)
     s = {"sink": "s"}
@@ -106,7 +90,7 @@ def test_a_scrape_reports_every_sink(tp: Any, exporter: Exporter, staging_url: s
     assert value(got, "twophase_fenced_attempts_total", sink="t") == 1
 
 
-def test_the_histogram_counts_each_new_commit_once(tp: Any, exporter: Exporter) -> None:
+def test_the_histogram_counts_each_new_commit_once(tp: TwoPhase, exporter: Exporter) -> None:
     lease = begin_run(tp, "h", "r1", "q1")
     for epoch in range(3):
         tp.committer.commit(lease, epoch, stage(tp, "h", epoch, [lines(epoch, 5)]))
@@ -119,7 +103,7 @@ def test_the_histogram_counts_each_new_commit_once(tp: Any, exporter: Exporter) 
 
 
 def test_an_unreachable_store_is_store_up_zero_until_it_is_back(
-    tp: Any, exporter: Exporter, staging_url: str
+    tp: TwoPhase, exporter: Exporter, staging_url: str
 ) -> None:
     known_store(tp)
     name = staging_url.rsplit("/", 1)[1]
@@ -196,7 +180,7 @@ def test_the_driver_labels_its_requests_with_their_target(
     assert value(got, "twophase_influx_request_duration_seconds_count", **b) >= 1
 
 
-def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: Any, exporter: Exporter) -> None:
+def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: TwoPhase, exporter: Exporter) -> None:
     known_store(tp)
     tp.ledger.abort("s", 3, "test")
     assert value(scrape(exporter.port), "twophase_staged_bytes", sink="s") > 0
@@ -211,7 +195,7 @@ def test_automatic_gc_lowers_the_retained_bytes(
 ) -> None:
     retained_sql = "SELECT sum(octet_length(body_gz)) FROM twophase_staged_chunks"
     with two_phase(staging_config_for(staging_url, retention="0s"), influx) as tp:
-        clock = Clock()
+        clock = FakeClock(0.0)
         committer, auto = committer_of(tp, clock, limit=100)
         try:
             lease = begin_run(tp, "a", "r1", "q1")
@@ -219,7 +203,7 @@ def test_automatic_gc_lowers_the_retained_bytes(
                 committer.commit(lease, epoch, stage(tp, "a", epoch, [lines(epoch, 10)]))
             retained = value(scrape(exporter.port), "twophase_staged_bytes", sink="a")
             assert retained == sql(staging_url, retained_sql)[0][0] > 0
-            clock.pass_interval()  # due: the next commit starts a collection
+            clock.sleep(INTERVAL_S)  # due: the next commit starts a collection
             committer.commit(lease, 3, stage(tp, "a", 3, [lines(3, 10)]))
             assert auto.wait(30)
         finally:
@@ -243,7 +227,9 @@ class CountingDatabase(Database):
             yield cur
 
 
-def test_scrapes_within_the_cache_window_cost_one_read(tp: Any, staging: StagingConfig) -> None:
+def test_scrapes_within_the_cache_window_cost_one_read(
+    tp: TwoPhase, staging: StagingConfig
+) -> None:
     known_store(tp)
     db = CountingDatabase(staging, max_size=1)
     running = exporter_module.start(db, port=0, config=ExporterConfig(cache_s=60))

@@ -13,8 +13,7 @@ import psycopg
 import pytest
 
 from tests.integration.replication import Primary, Standby, failover_url, make_pair
-from tests.integration.test_protocol import M, lines, stage
-from tests.integration.test_staging_outages import in_thread, wait_for
+from tests.staging import M, in_thread, lines, stage, wait_for
 from tests.support import (
     admin_conninfo,
     alembic,

@@ -4,54 +4,36 @@ target that is down is left lagging and catches up from staging while the other 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.cli_helpers import sql
-from tests.integration.fanout_helpers import Pair, deliveries, target_rows, two_targets
-from tests.integration.faultproxy import CUT, PASS, wait_until
-from tests.integration.test_protocol import M, lines, scalar, stage
+from devkit.faultproxy import CUT, PASS, wait_until
+from tests.integration.fanout_helpers import (
+    N,
+    Pair,
+    dead_letter_targets,
+    deliveries,
+    expect,
+    points,
+    target_rows,
+    two_targets,
+    write_points,
+)
+from tests.staging import M, scalar, stage
 from tests.support import influx_count, influx_query, two_phase
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig
+from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import InfluxUnavailableError
-from twophase.influx.api import make_writer
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.requeue import RequeueFilter, Requeuer
+from twophase.protocol.runtime import TwoPhase
 
 SINK = "fan"
-N = 20  # points per epoch, besides the one point every epoch rewrites
 
 
-def points(epoch: int) -> list[str]:
-    """N points of the epoch's own, and one point (series ``host=last``) every epoch
-    writes with its number: a target ends with the highest epoch's value only if it
-    got the epochs in order."""
-    return [*lines(epoch, N), f"{M},host=last v={epoch} 1700000000000000000"]
-
-
-def expect(target: InfluxConfig, epochs: list[int]) -> None:
-    """The target holds exactly these epochs' points, the last one's value last."""
-    assert influx_count(target, M) == N * len(epochs) + 1
-    series = influx_query(target, "SELECT v FROM proto WHERE host = 'last'")
-    assert series[0]["values"][0][1] == max(epochs)
-
-
-def write_points(influx: InfluxConfig, lines_: list[str]) -> None:
-    writer = make_writer(influx)
-    try:
-        writer.write("\n".join(lines_).encode())
-    finally:
-        writer.close()
-
-
-def dead_letter_targets(url: str) -> dict[str, int]:
-    rows = sql(url, "SELECT target, count(*) FROM twophase_dead_letters GROUP BY target")
-    return {target: count for target, count in rows}
-
-
-def commit(tp: Any, lease: Lease, epoch: int) -> Any:
+def commit(tp: TwoPhase, lease: Lease, epoch: int) -> Any:
     messages = stage(tp, SINK, epoch, [points(epoch)], run=lease.run_id)
     return tp.committer.commit(lease, epoch, messages)
 
@@ -64,12 +46,12 @@ def pair(influx_url: str, request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def fan(staging: StagingConfig, pair: Pair) -> Any:
+def fan(staging: StagingConfig, pair: Pair) -> Iterator[TwoPhase]:
     with two_phase(staging, pair.config) as tp:
         yield tp
 
 
-def test_each_epoch_reaches_both_targets_once(fan: Any, pair: Pair, staging_url: str) -> None:
+def test_each_epoch_reaches_both_targets_once(fan: TwoPhase, pair: Pair, staging_url: str) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     for epoch in range(3):
         assert commit(fan, lease, epoch).state == EpochState.COMMITTED
@@ -84,7 +66,7 @@ def test_each_epoch_reaches_both_targets_once(fan: Any, pair: Pair, staging_url:
 
 
 def test_a_target_down_is_left_lagging_and_catches_up_in_epoch_order(
-    fan: Any, pair: Pair, staging_url: str
+    fan: TwoPhase, pair: Pair, staging_url: str
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     pair.proxy.set_mode(CUT)
@@ -108,7 +90,7 @@ def test_a_target_down_is_left_lagging_and_catches_up_in_epoch_order(
 
 @pytest.mark.targets(min_targets=2, retry_deadline_s=3)
 def test_fewer_than_min_targets_fail_the_commit_and_recovery_completes_it(
-    fan: Any, pair: Pair, staging_url: str
+    fan: TwoPhase, pair: Pair, staging_url: str
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     pair.proxy.set_mode(CUT)
@@ -126,7 +108,7 @@ def test_fewer_than_min_targets_fail_the_commit_and_recovery_completes_it(
 
 
 @pytest.mark.targets(retry_deadline_s=3)
-def test_no_target_up_fails_the_commit(fan: Any, pair: Pair, staging_url: str) -> None:
+def test_no_target_up_fails_the_commit(fan: TwoPhase, pair: Pair, staging_url: str) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     pair.proxy.set_mode(CUT)
     assert commit(fan, lease, 0).state == EpochState.COMMITTED  # b left lagging
@@ -166,7 +148,7 @@ def test_a_target_added_to_a_sink_starts_at_the_next_epoch(
 
 @pytest.mark.targets(target_max_lag_s=3600)
 def test_a_lagging_target_holds_retention_until_quarantined(
-    fan: Any, pair: Pair, staging_url: str
+    fan: TwoPhase, pair: Pair, staging_url: str
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     fan.catch_up.close()  # no catch-up: b stays behind
@@ -189,7 +171,7 @@ def test_a_lagging_target_holds_retention_until_quarantined(
 
 
 def test_after_a_reset_both_targets_start_again_at_the_new_querys_first_epoch(
-    fan: Any, pair: Pair, staging_url: str
+    fan: TwoPhase, pair: Pair, staging_url: str
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     for epoch in range(2):
@@ -206,7 +188,7 @@ def test_after_a_reset_both_targets_start_again_at_the_new_querys_first_epoch(
 
 
 def test_a_point_one_target_refuses_is_its_dead_letter_and_requeued_to_it_only(
-    fan: Any, pair: Pair, staging_url: str
+    fan: TwoPhase, pair: Pair, staging_url: str
 ) -> None:
     # b's shard holds field v of "clash" as a string: b refuses the float points, a takes them
     write_points(pair.b_direct, ['clash,host=z v="text" 1700000000000000001'])

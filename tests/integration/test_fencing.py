@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.faultproxy import CUT, PASS, FaultProxy, wait_until
-from tests.integration.test_protocol import M, epoch_row, lines, stage
+from devkit.faultproxy import CUT, PASS, FaultProxy, wait_until
+from tests.staging import M, epoch_row, lines, stage
 from tests.support import begin_run, influx_count, influx_query, two_phase
 from twophase.config import BACKGROUND, INLINE, InfluxConfig, StagingConfig
 from twophase.errors import FencedError

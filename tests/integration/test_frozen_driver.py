@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from tests.integration.crash_driver import read_log
-from tests.integration.test_crash_matrix import (
+from tests.integration.crash_helpers import (
     EPOCHS,
-    crash_free,
     dead_letters,
     every_epoch_committed,
     run_driver,
@@ -26,8 +25,6 @@ from tests.integration.test_crash_matrix import (
 )
 from tests.support import influx_rows
 from twophase.config import InfluxConfig
-
-__all__ = ["crash_free"]  # the module's fixture, shared
 
 SESSION = ("--session-timeout", "3s")  # staging_session_timeout of every driver here
 # Where the first driver is frozen, and what it holds there:

@@ -9,29 +9,15 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 
-from tests.fuzz import any_text, examples, plain_number, plain_values
-from tests.integration.test_points_roundtrip import Influx
+from tests.fuzz import examples, plain_number, points
+from tests.support import Influx
 from twophase.config import InfluxConfig
 from twophase.errors import ConfigError, PointError
-from twophase.points.builder import MAX_TIME_NS, MIN_TIME_NS, PointBuilder, PointSpec
+from twophase.points.builder import PointBuilder, PointSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 _numbers = itertools.count()
-# Keys and tag values: plain ones and anything at all (the builder refuses what
-# InfluxDB would not give back unchanged; what it accepts must come back).
-keys = st.one_of(st.text(min_size=1, max_size=10), any_text.filter(bool))
-values = st.one_of(plain_values, any_text)
-
-
-@st.composite
-def points(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], int]:
-    tag_keys = draw(st.lists(keys, max_size=3, unique=True))
-    field_keys = draw(st.lists(keys.filter(lambda k: k not in tag_keys), min_size=1, max_size=3))
-    tags = {key: draw(st.one_of(any_text, st.text(min_size=1))) for key in tag_keys}
-    fields = {key: draw(values) for key in dict.fromkeys(field_keys)}
-    return tags, fields, draw(st.integers(MIN_TIME_NS, MAX_TIME_NS))
 
 
 def line_of(measurement: str, point: tuple[dict[str, Any], dict[str, Any], int]) -> str | None:

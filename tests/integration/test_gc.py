@@ -15,9 +15,10 @@ import pytest
 
 import twophase.protocol.gc as gc_module
 from tests.integration.cli_helpers import sql
-from tests.integration.test_protocol import STAGED_POINTS, M, lines, scalar, stage
+from tests.staging import STAGED_POINTS, M, lines, scalar, stage
 from tests.support import REPO, begin_run, influx_count
 from twophase.model import EpochState
+from twophase.protocol.runtime import TwoPhase
 
 # Seconds ahead of the database's clock: past the points' retention (7 days), within
 # history_retention (30 days), so the epochs' records stay.
@@ -29,7 +30,7 @@ PURGED = (
 WRITES = "SELECT count(*) FROM twophase_writes"
 
 
-def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> None:
+def test_retention_purges_committed_epochs_only(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
     tp.ledger.decide(lease, 1, stage(tp, "s", 1, [lines(1, 5)]))  # PRECOMMITTED: kept
@@ -48,7 +49,7 @@ def test_retention_purges_committed_epochs_only(tp: Any, staging_url: str) -> No
     assert scalar(staging_url, "SELECT points_delivered FROM twophase_epochs WHERE epoch = 1") == 5
 
 
-def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> None:
+def test_orphans_removed_after_decision_or_grace(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     chosen = stage(tp, "s", 0, [lines(0, 3)])
     loser = stage(tp, "s", 0, [lines(0, 3)], attempt=1)  # speculative duplicate attempt
@@ -80,7 +81,7 @@ def test_orphans_removed_after_decision_or_grace(tp: Any, staging_url: str) -> N
     assert scalar(staging_url, "SELECT state FROM twophase_epochs WHERE epoch = 0") == "COMMITTED"
 
 
-def test_a_limit_bounds_one_collection(tp: Any, staging_url: str) -> None:
+def test_a_limit_bounds_one_collection(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in range(5):
         stage(tp, "s", epoch, [lines(epoch, 2)], attempt=1)  # an orphan once epoch is decided
@@ -112,7 +113,7 @@ def _host_clock(offset: timedelta) -> type[datetime]:
 
 
 def test_ages_are_measured_by_the_database_clock(
-    tp: Any, staging_url: str, monkeypatch: pytest.MonkeyPatch
+    tp: TwoPhase, staging_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in (0, 1):
@@ -160,7 +161,7 @@ abort_epoch(parse_options(options), epoch, messages)
 
 
 def test_sigkill_in_sparks_abort_then_gc(
-    tp: Any, staging_url: str, influx: Any, tmp_path: Path
+    tp: TwoPhase, staging_url: str, influx: Any, tmp_path: Path
 ) -> None:
     """A failed micro-batch's abort is killed while it deletes the finished tasks' writes:
     nothing of it is committed, the re-run of the batch is delivered once, and GC removes

@@ -4,8 +4,6 @@ PostgreSQL cannot hold is refused with an error naming what is wrong."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,12 +12,12 @@ from hypothesis import strategies as st
 from tests.encoders import ENCODERS, encode
 from tests.fuzz import HOSTILE, any_text, examples
 from tests.integration.cli_helpers import make_cli
-from tests.integration.test_points_roundtrip import Influx
-from tests.support import admin_conninfo, begin_run
+from tests.support import Influx, admin_conninfo, begin_run
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import ConfigError
 from twophase.model import EpochState
 from twophase.points.builder import PointBuilder, PointSpec
+from twophase.protocol.runtime import TwoPhase
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 TABLES = ("twophase_sinks", "twophase_epochs", "twophase_writes", "twophase_staged_chunks")
@@ -34,7 +32,7 @@ def table_counts(url: str) -> dict[str, int]:
 
 
 def deliver(
-    tp: Any, sink_id: str, measurement: str, column: str, epoch: int = 0, encoder: str = "rows"
+    tp: TwoPhase, sink_id: str, measurement: str, column: str, epoch: int = 0, encoder: str = "rows"
 ) -> list[str]:
     """One epoch of three points under these names, through the whole protocol."""
     spec = PointSpec(measurement, (column,), (column + "_f",), "t")
@@ -50,7 +48,7 @@ def deliver(
 @pytest.mark.parametrize("encoder", ENCODERS)
 @pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
 def test_hostile_names_are_stored_and_shown_as_data(
-    name: str, encoder: str, tp: Any, staging: StagingConfig, influx: InfluxConfig
+    name: str, encoder: str, tp: TwoPhase, staging: StagingConfig, influx: InfluxConfig
 ) -> None:
     url = staging.url.reveal()
     measurement, column = "m" + name, "c" + name
@@ -78,7 +76,7 @@ def test_hostile_names_are_stored_and_shown_as_data(
     [("a\x00b", "contains a NUL character"), ("a\ud800", "lone surrogate"), ("", "non-empty")],
 )
 def test_sink_ids_postgresql_cannot_hold_are_refused_clearly(
-    sink_id: str, words: str, tp: Any
+    sink_id: str, words: str, tp: TwoPhase
 ) -> None:
     with pytest.raises(ConfigError, match=words) as claim:
         begin_run(tp, sink_id, "r1", "q1")
@@ -92,7 +90,7 @@ def test_sink_ids_postgresql_cannot_hold_are_refused_clearly(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(sink_id=st.one_of(any_text, st.sampled_from(HOSTILE)))
-def test_any_sink_id_is_data_or_refused(tp: Any, staging: StagingConfig, sink_id: str) -> None:
+def test_any_sink_id_is_data_or_refused(tp: TwoPhase, staging: StagingConfig, sink_id: str) -> None:
     before = table_counts(staging.url.reveal())
     unstorable = not sink_id or "\x00" in sink_id or any(0xD800 <= ord(c) < 0xE000 for c in sink_id)
     try:

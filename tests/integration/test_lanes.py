@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.integration.faultproxy import FaultProxy, wait_until
-from tests.integration.test_protocol import epoch_row, stage
+from devkit.faultproxy import FaultProxy, wait_until
+from tests.staging import epoch_row, stage
 from tests.support import admin_conninfo, begin_run, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
 from twophase.errors import FencedError

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any
 
 import psycopg
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from tests.support import admin_conninfo, begin_run
 from twophase.config import StagingConfig
 from twophase.errors import FencedError, LockLostError, StagingUnavailableError
+from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
 from twophase.store.locks import LockOwner
 
@@ -63,7 +63,7 @@ def test_a_held_lock_knows_when_its_session_ended(staging: StagingConfig, stagin
             held.check()
 
 
-def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: Any) -> None:
+def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: TwoPhase) -> None:
     """A frozen driver's lock session answers TCP and never ends by itself: the run that
     fenced it ends it (pg_terminate_backend) and takes the lock, and the old holder
     learns it lost the lock."""
@@ -78,7 +78,7 @@ def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: An
                 held.check()
 
 
-def test_a_live_runs_holder_is_waited_for_never_ended(tp: Any) -> None:
+def test_a_live_runs_holder_is_waited_for_never_ended(tp: TwoPhase) -> None:
     """A holder of the same run, or of a newer one, is never ended: the waiter waits while
     its between-tries check lets it, and a fenced waiter gives up with FencedError."""
     old = begin_run(tp, "s", "r1", "q1")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.cli_helpers import sql
-from tests.integration.test_protocol import lines, stage
+from tests.staging import lines, stage
 from tests.support import (
     alembic,
     create_migrated_database,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.integration.cli_helpers import sql
-from tests.integration.test_protocol import M, lines, stage
+from tests.staging import M, lines, stage
 from tests.support import (
     admin_conninfo,
     alembic,

@@ -11,19 +11,13 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import text_of
 from tests.integration.cli_helpers import OTHER, SINK, known_store, make_idle
-from tests.integration.test_protocol import lines
+from tests.staging import lines
 from tests.support import begin_run, influx_rows
-from tests.unit.test_sender import text_of
 from twophase import operations as ops
 from twophase.config import StagingConfig
-from twophase.errors import (
-    EpochRangeError,
-    RefusedError,
-    StateError,
-    UnknownSinkError,
-    UsageError,
-)
+from twophase.errors import EpochRangeError, RefusedError, StateError, UnknownSinkError, UsageError
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.operations import Guard, Hooks, Progress
@@ -54,7 +48,7 @@ class Recorder:
         return Hooks(self.progress.append, self.warnings.append, self.confirm)
 
 
-def test_status_and_epochs_return_data(tp: Any) -> None:
+def test_status_and_epochs_return_data(tp: TwoPhase) -> None:
     known_store(tp)
     staging = tp.config.staging
     rows = {s.sink_id: s for s in ops.status(staging)}
@@ -77,7 +71,7 @@ def test_status_and_epochs_return_data(tp: Any) -> None:
         ops.epochs(staging, SINK, EpochRange(9, 9))
 
 
-def test_recover_refuses_a_live_owner_then_reports_progress_when_forced(tp: Any) -> None:
+def test_recover_refuses_a_live_owner_then_reports_progress_when_forced(tp: TwoPhase) -> None:
     known_store(tp)
     with pytest.raises(RefusedError, match="owned by run r1"):
         ops.recover(tp.config, SINK)
@@ -89,7 +83,7 @@ def test_recover_refuses_a_live_owner_then_reports_progress_when_forced(tp: Any)
     assert ops.recover(tp.config, SINK, Guard(force=True)).recovered == ()
 
 
-def test_verify_and_resend_after_a_loss(tp: Any, staging_url: str) -> None:
+def test_verify_and_resend_after_a_loss(tp: TwoPhase, staging_url: str) -> None:
     known_store(tp)
     ops.recover(tp.config, SINK, Guard(force=True))
     ((default, checked),) = [(r.target, r.report) for r in ops.verify(tp.config, SINK)]
@@ -111,7 +105,7 @@ def test_verify_and_resend_after_a_loss(tp: Any, staging_url: str) -> None:
     assert all(r.report.ok for r in ops.verify(tp.config, SINK, EpochRange(0, 3)))
 
 
-def test_abort_asks_and_a_declined_question_changes_nothing(tp: Any, staging_url: str) -> None:
+def test_abort_asks_and_a_declined_question_changes_nothing(tp: TwoPhase, staging_url: str) -> None:
     known_store(tp)
     make_idle(staging_url)
     staging = tp.config.staging
@@ -124,7 +118,7 @@ def test_abort_asks_and_a_declined_question_changes_nothing(tp: Any, staging_url
     assert (done.state, done.points_discarded, done.reason) == (EpochState.ABORTED, 10, "bad data")
 
 
-def test_gc_reset_and_dead_letters(tp: Any, staging_url: str, tmp_path: Path) -> None:
+def test_gc_reset_and_dead_letters(tp: TwoPhase, staging_url: str, tmp_path: Path) -> None:
     known_store(tp)
     staging = tp.config.staging
     listing = ops.dead_letters(staging, SINK)
@@ -146,7 +140,7 @@ def test_gc_reset_and_dead_letters(tp: Any, staging_url: str, tmp_path: Path) ->
 
 
 @pytest.mark.lanes(1)  # the order over one connection (per lane: test_lanes.py)
-def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> None:
+def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: TwoPhase) -> None:
     """One function gives an epoch's writes in promotion order: promotion, an
     operator's resend and verify's rebuilt state all read the same sequence. Two tasks
     write the same point keys with different values: the write promoted last wins, the
@@ -188,7 +182,9 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: Any) -> N
     assert [values[base + i] for i in range(12)] == [i + 0.5 for i in range(12)]
 
 
-def test_an_ended_run_is_not_live_and_a_silent_one_is_unknown(tp: Any, staging_url: str) -> None:
+def test_an_ended_run_is_not_live_and_a_silent_one_is_unknown(
+    tp: TwoPhase, staging_url: str
+) -> None:
     """A run that recorded its end needs no --force; one that went silent without an end
     (a SIGKILLed driver) is live within the window, then unknown."""
     known_store(tp)

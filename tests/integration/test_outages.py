@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from scripts.services import InfluxServer, PostgresServer
-from tests.integration.test_protocol import M, lines, stage
+from devkit import InfluxServer, PostgresServer
+from devkit.ports import free_port
+from tests.staging import M, lines, stage
 from tests.support import (
     OWN_INFLUX_DB,
     alembic,
     begin_run,
-    free_port,
     influx_count,
     staging_config_for,
     two_phase,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +20,7 @@ import numpy as np
 import pytest
 from influxdb_client import Point, WritePrecision
 
-from tests.support import create_influx_database, drop_influx_database
+from tests.support import Influx, Stored, create_influx_database, drop_influx_database
 from twophase.errors import ConfigError, PointError
 from twophase.points.builder import (
     MAX_SERIES_KEY_BYTES,
@@ -32,53 +29,6 @@ from twophase.points.builder import (
     PointBuilder,
     PointSpec,
 )
-
-# The proxy settings of the environment must not apply to a local test server.
-OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-# What a point looks like when read back: time, tags, fields.
-Stored = tuple[int, dict[str, str], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Influx:
-    """One scratch database on the server, through the plain 1.x HTTP API."""
-
-    url: str
-    database: str
-
-    def write(self, body: str) -> tuple[int, str]:
-        query = urllib.parse.urlencode({"db": self.database, "precision": "ns"})
-        request = urllib.request.Request(f"{self.url}/write?{query}", data=body.encode("utf-8"))
-        try:
-            with OPENER.open(request, timeout=30) as response:
-                return response.status, ""
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode("utf-8", "replace")
-
-    def query(self, statement: str) -> list[dict[str, Any]]:
-        params = {"db": self.database, "q": statement, "epoch": "ns"}
-        request = urllib.request.Request(
-            f"{self.url}/query", data=urllib.parse.urlencode(params).encode()
-        )
-        with OPENER.open(request, timeout=30) as response:
-            result = json.load(response)["results"][0]
-        assert "error" not in result, result
-        return list(result.get("series", []))
-
-    def points(self, source: str = "/.*/") -> dict[str, list[Stored]]:
-        """Every point of the database (or of ``source``, an InfluxQL FROM) by measurement
-        (GROUP BY * puts tags apart)."""
-        found: dict[str, list[Stored]] = {}
-        query = f"SELECT * FROM {source} GROUP BY *"  # noqa: S608 InfluxQL, the test's own names
-        for series in self.query(query):
-            # A series lists every tag key of its measurement; absent ones are "".
-            tags = {key: value for key, value in (series.get("tags") or {}).items() if value}
-            for values in series["values"]:
-                fields = dict(zip(series["columns"][1:], values[1:], strict=True))
-                fields = {key: value for key, value in fields.items() if value is not None}
-                found.setdefault(series["name"], []).append((values[0], tags, fields))
-        return found
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,17 +14,17 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from tests.integration.cli_helpers import BAD_POINT, Cli, Result
-from tests.integration.test_protocol import lines
+from tests.staging import lines
 from tests.support import (
     admin_conninfo,
     create_database,
     drop_database,
     influx_count,
+    scrape,
     staging_config_for,
     two_phase,
     unique,
@@ -151,16 +150,6 @@ def _refused(url: str, statement: str) -> str:
     return str(refusal.value)
 
 
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def test_the_job_and_the_exporter_run_under_roles_of_least_privilege(
     roles: Roles, influx: InfluxConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -227,7 +216,7 @@ def _reader(roles: Roles, influx: InfluxConfig, tmp_path: Path) -> None:
     """The exporter, verify and every command that only reads."""
     exporter = start_exporter(roles.staging("reader"), port=0, host="127.0.0.1")
     try:
-        got = _scrape(exporter.port)
+        got = scrape(exporter.port)
     finally:
         exporter.close()
     assert got[("twophase_store_up", ())] == 1

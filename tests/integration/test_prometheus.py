@@ -24,12 +24,14 @@ from typing import Any
 
 import pytest
 
-from scripts.services import InfluxServer, PrometheusServer, ServiceError
-from tests.integration.test_protocol import lines, stage
-from tests.support import OWN_INFLUX_DB, begin_run, free_port, two_phase
+from devkit import InfluxServer, PrometheusServer, ServiceError
+from devkit.ports import free_port
+from tests.staging import lines, stage
+from tests.support import OWN_INFLUX_DB, begin_run, two_phase
 from twophase.config import ExporterConfig, InfluxConfig, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.operations import exporter
+from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
 
 pytestmark = pytest.mark.integration
@@ -54,7 +56,7 @@ class Workload:
     it is promoted, and goes on with the next epoch.
     """
 
-    tp: Any
+    tp: TwoPhase
     stop: threading.Event = field(default_factory=threading.Event)
     last_committed: int = -1
     failures: int = 0

@@ -8,70 +8,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.staging import STAGED_POINTS, M, epoch_row, lines, scalar, stage
 from tests.support import admin_conninfo, begin_run, influx_count, influx_rows
 from twophase.config import UNCOMPRESSED
 from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
-from twophase.model import CommitMessage, EpochState, StagedChunk
-
-M = "proto"
-STAGED_POINTS = "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks"
+from twophase.model import EpochState, StagedChunk
+from twophase.protocol.runtime import TwoPhase
 
 
-def lines(epoch: int, n: int, value_offset: float = 0.0, host: str = "a") -> list[str]:
-    """n distinct points of epoch ``epoch`` (timestamps fixed: deterministic)."""
-    base = 1_700_000_000_000_000_000 + epoch * 1_000_000_000_000
-    return [
-        f"{M},host={host},n={i % 3} v={i + value_offset},e={epoch}i {base + i}" for i in range(n)
-    ]
-
-
-def stage(
-    tp: Any,
-    sink: str,
-    epoch: int,
-    parts: list[list[str]],
-    attempt: int = 0,
-    run: str = "r1",
-    query: str = "q1",
-) -> list[CommitMessage]:
-    return [
-        tp.stager.stage(
-            sink, epoch, part, partition_id=i, attempt=attempt, run_id=run, query_id=query
-        )
-        for i, part in enumerate(parts)
-    ]
-
-
-def epoch_row(url: str, sink: str, epoch: int) -> dict[str, Any]:
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        cur = conn.execute(
-            "SELECT state, points_staged, points_delivered, points_rejected_stage,"
-            " points_rejected_promote, replays, promote_attempts, cardinality(write_ids)"
-            " FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
-            (sink, epoch),
-        )
-        row = cur.fetchone()
-        assert row is not None, f"epoch {epoch} not recorded"
-        keys = (
-            "state",
-            "staged",
-            "delivered",
-            "rejected_stage",
-            "rejected_promote",
-            "replays",
-            "attempts",
-            "writes",
-        )
-        return dict(zip(keys, row, strict=True))
-
-
-def scalar(url: str, sql: str, *params: Any) -> Any:
-    with psycopg.connect(admin_conninfo(url)) as conn:
-        row = conn.execute(sql, params).fetchone()
-        return row[0] if row else None
-
-
-def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
+def test_stage_decide_promote_commit(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     messages = stage(tp, "s", 0, [lines(0, 30)[:10], lines(0, 30)[10:]])
     assert [m.points for m in messages] == [10, 20]
@@ -102,7 +47,7 @@ def test_stage_decide_promote_commit(tp: Any, staging_url: str) -> None:
     assert scalar(staging_url, "SELECT last_committed_epoch FROM twophase_sinks") == 0
 
 
-def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url: str) -> None:
+def test_commit_runs_the_whole_protocol_and_records_history(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 5)]))
     assert (outcome.state, outcome.replay, outcome.promoted.delivered) == (
@@ -116,7 +61,7 @@ def test_commit_runs_the_whole_protocol_and_records_history(tp: Any, staging_url
     assert events == "run_started,target_added,decided,committed"
 
 
-def test_failed_stage_leaves_nothing(tp: Any, staging_url: str) -> None:
+def test_failed_stage_leaves_nothing(tp: TwoPhase, staging_url: str) -> None:
     def rows_then_failure() -> Any:
         yield from lines(0, 5)
         raise RuntimeError("task died mid-partition")
@@ -127,7 +72,7 @@ def test_failed_stage_leaves_nothing(tp: Any, staging_url: str) -> None:
     assert scalar(staging_url, "SELECT count(*) FROM twophase_writes") == 0
 
 
-def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None:
+def test_discard_removes_only_unchosen_writes(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     chosen = stage(tp, "s", 0, [lines(0, 4)])
     failed_attempt = stage(tp, "s", 0, [lines(0, 4)], attempt=1)
@@ -140,7 +85,7 @@ def test_discard_removes_only_unchosen_writes(tp: Any, staging_url: str) -> None
     assert influx_count(tp.config.influx, M) == 4
 
 
-def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: str) -> None:
+def test_replay_of_committed_epoch_is_skipped_and_counted(tp: TwoPhase, staging_url: str) -> None:
     """I4: a re-run with different content changes nothing in InfluxDB."""
     lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)]))
@@ -162,7 +107,7 @@ def test_replay_of_committed_epoch_is_skipped_and_counted(tp: Any, staging_url: 
     )
 
 
-def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) -> None:
+def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: TwoPhase) -> None:
     """I1: once PRECOMMITTED, the point set is the original one, whatever a replay stages."""
     lease = begin_run(tp, "s", "r1", "q1")
     original = lines(0, 10)
@@ -177,7 +122,7 @@ def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: Any) ->
     assert sorted(dict(r[2])["v"] for r in got) == [float(i) for i in range(10)]
 
 
-def test_epochs_are_promoted_in_order(tp: Any, staging_url: str) -> None:
+def test_epochs_are_promoted_in_order(tp: TwoPhase, staging_url: str) -> None:
     """I3: pending epochs are promoted oldest first, before a new epoch."""
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in (0, 1):
@@ -194,7 +139,7 @@ def test_epochs_are_promoted_in_order(tp: Any, staging_url: str) -> None:
     assert tp.ledger.pending("s") == []
 
 
-def test_newer_run_fences_older_run(tp: Any, staging_url: str) -> None:
+def test_newer_run_fences_older_run(tp: TwoPhase, staging_url: str) -> None:
     """I5: a zombie driver can neither decide nor mark, and writes nothing."""
     zombie = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(zombie, 0, stage(tp, "s", 0, [lines(0, 3)]))
@@ -215,7 +160,7 @@ def test_newer_run_fences_older_run(tp: Any, staging_url: str) -> None:
     assert influx_count(tp.config.influx, M) == 3
 
 
-def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: Any) -> None:
+def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: TwoPhase) -> None:
     """I6: a new query id restarting at epoch 0 is refused, never taken for replays."""
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in (0, 1):
@@ -231,21 +176,21 @@ def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: Any) -> None:
     assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
 
 
-def test_unknown_epoch_below_last_is_refused(tp: Any) -> None:
+def test_unknown_epoch_below_last_is_refused(tp: TwoPhase) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 5, stage(tp, "s", 5, [lines(5, 2)]))
     with pytest.raises(StateError, match="does not match"):
         tp.ledger.decide(lease, 3, stage(tp, "s", 3, [lines(3, 2)]))
 
 
-def test_decide_refuses_writes_that_are_not_staged(tp: Any) -> None:
+def test_decide_refuses_writes_that_are_not_staged(tp: TwoPhase) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     other_epoch = stage(tp, "s", 1, [lines(1, 2)])
     with pytest.raises(PermanentError, match="not staged"):
         tp.ledger.decide(lease, 0, other_epoch)
 
 
-def test_operator_abort(tp: Any, staging_url: str) -> None:
+def test_operator_abort(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     tp.ledger.abort("s", 0, "bad data upstream")
@@ -261,7 +206,7 @@ def test_operator_abort(tp: Any, staging_url: str) -> None:
     assert influx_count(tp.config.influx, M) == 0
 
 
-def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> None:
+def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: TwoPhase) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     tp.ledger.mark_committed(lease, 0, 3, 0)  # again: no error
@@ -290,7 +235,7 @@ def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: Any) -> No
 @pytest.mark.lanes(1)  # the tampering rewrites a chunk of three lines
 @pytest.mark.compression(UNCOMPRESSED)
 def test_changed_staged_points_are_detected_before_commit(
-    tp: Any, staging_url: str, tamper: str, error: str
+    tp: TwoPhase, staging_url: str, tamper: str, error: str
 ) -> None:
     """I1 is also checked: a tampered point set is refused, the epoch stays PRECOMMITTED."""
     lease = begin_run(tp, "s", "r1", "q1")
@@ -323,7 +268,7 @@ def test_changed_staged_points_are_detected_before_commit(
 )
 @pytest.mark.lanes(1)
 def test_changed_compressed_chunks_are_detected_before_commit(
-    tp: Any, staging_url: str, tamper: str, error: str
+    tp: TwoPhase, staging_url: str, tamper: str, error: str
 ) -> None:
     """I1 over the stored bytes: a tampered gzip member is refused, the epoch stays
     PRECOMMITTED (what is no gzip member at all, as it is read)."""
@@ -337,7 +282,7 @@ def test_changed_compressed_chunks_are_detected_before_commit(
     assert epoch_row(staging_url, "s", 0)["state"] == EpochState.PRECOMMITTED
 
 
-def test_promotion_is_repeatable(tp: Any) -> None:
+def test_promotion_is_repeatable(tp: TwoPhase) -> None:
     """Promoting the same fixed point set twice leaves InfluxDB as once (I4, I8)."""
     lease = begin_run(tp, "s", "r1", "q1")
     tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 20)]))
@@ -352,7 +297,7 @@ def test_promotion_is_repeatable(tp: Any) -> None:
     assert influx_rows(tp.config.influx, M) == first
 
 
-def test_fenced_run_cannot_claim_the_sink_back(tp: Any) -> None:
+def test_fenced_run_cannot_claim_the_sink_back(tp: TwoPhase) -> None:
     """I5 across processes: a zombie driver's fresh process may not re-fence the newer run."""
     begin_run(tp, "s", "r1", "q1")
     newer = begin_run(tp, "s", "r2", "q1")
@@ -362,7 +307,7 @@ def test_fenced_run_cannot_claim_the_sink_back(tp: Any) -> None:
     tp.committer.commit(newer, 0, stage(tp, "s", 0, [lines(0, 2)], run="r2"))
 
 
-def test_partition_writes_take_one_write_per_partition_of_the_run(tp: Any) -> None:
+def test_partition_writes_take_one_write_per_partition_of_the_run(tp: TwoPhase) -> None:
     """A decision without task results (dead letters split upstream) takes each
     partition's first attempt of this run, never another run's or a second attempt."""
     first = stage(tp, "s", 4, [lines(4, 2), lines(4, 3, host="b")])
@@ -381,7 +326,7 @@ def test_partition_writes_take_one_write_per_partition_of_the_run(tp: Any) -> No
     assert influx_count(tp.config.influx, M) == 5
 
 
-def test_writes_staged_into_another_store_are_named_as_such(tp: Any) -> None:
+def test_writes_staged_into_another_store_are_named_as_such(tp: TwoPhase) -> None:
     """Executors with another TWOPHASE_STAGING_URL than the driver's (a cluster whose
     workers carry their own environment): the vote says so, not just "not staged"."""
     import dataclasses

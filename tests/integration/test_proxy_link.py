@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 import pytest
 import urllib3
 
-from tests.integration.faultproxy import BURST_BYTES, FaultProxy
+from devkit.faultproxy import BURST_BYTES, FaultProxy
 from tests.support import influx_count
 from twophase.config import InfluxConfig
 

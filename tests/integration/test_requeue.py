@@ -16,75 +16,25 @@ from typing import Any
 import pytest
 
 from tests.integration.cli_helpers import Cli, make_cli, sql
-from tests.integration.test_protocol import stage
-from tests.support import begin_run, influx_rows
+from tests.integration.requeue_helpers import (
+    CONFLICTED,
+    GOOD,
+    SINK,
+    drop_conflicting,
+    epoch_lines,
+    expected,
+    held,
+    rejected_store,
+)
+from tests.staging import stage
+from tests.support import begin_run
 from twophase.config import InfluxConfig
-from twophase.influx.query import query_v1
-
-SINK = "rq-sink"
-GOOD, CONFLICTED = "ok", "rq"
-BASE = 1_700_000_000_000_000_000
-EPOCHS, GOOD_PER_EPOCH, BAD_PER_EPOCH = 3, 6, 3
-LEGACY = f'{CONFLICTED},e=legacy,n=0 v="text" {BASE + 999}'
-
-
-def epoch_lines(epoch: int) -> list[str]:
-    base = BASE + epoch * 1_000_000
-    good = [
-        f"{GOOD},e={epoch},n={i} v={epoch * 10 + i}.5 {base + i}" for i in range(GOOD_PER_EPOCH)
-    ]
-    bad = [
-        f"{CONFLICTED},e={epoch},n={i} v={epoch * 10 + i}.25 {base + i}"
-        for i in range(BAD_PER_EPOCH)
-    ]
-    return good + bad
-
-
-def expected(measurement: str) -> list[tuple[Any, ...]]:
-    rows = []
-    for epoch in range(EPOCHS):
-        count = GOOD_PER_EPOCH if measurement == GOOD else BAD_PER_EPOCH
-        offset = 0.5 if measurement == GOOD else 0.25
-        rows += [(epoch, i, epoch * 10 + i + offset) for i in range(count)]
-    return sorted(rows)
-
-
-def held(influx: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
-    """(epoch, n, v) of every point InfluxDB holds, duplicates included (none may be)."""
-    out = []
-    for _, tags, fields in influx_rows(influx, measurement):
-        tag = dict(tags)
-        if tag["e"] != "legacy":
-            out.append((int(tag["e"]), int(tag["n"]), dict(fields)["v"]))
-    return sorted(out)
+from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
 def cli(staging_url: str, influx: InfluxConfig) -> Cli:
     return make_cli(staging_url, influx)
-
-
-def rejected_store(tp: Any, influx: InfluxConfig) -> int:
-    """Commit the epochs after the conflicting write: their ``rq`` points are dead letters."""
-    influx_write(influx, LEGACY)
-    lease = begin_run(tp, SINK, "r1", "q1")
-    for epoch in range(EPOCHS):
-        lines = epoch_lines(epoch)
-        tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [lines[:4], lines[4:]]))
-    tp.runs.end(SINK, "r1", "stopped")
-    return EPOCHS * BAD_PER_EPOCH
-
-
-def influx_write(influx: InfluxConfig, line: str) -> None:
-    import urllib.request
-
-    url = f"{influx.url}/write?db={influx.database}&precision=ns"
-    urllib.request.urlopen(urllib.request.Request(url, data=line.encode(), method="POST"))
-
-
-def drop_conflicting(influx: InfluxConfig) -> None:
-    """The operator's fix: the measurement holding the conflicting field goes."""
-    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{CONFLICTED}"', method="POST")
 
 
 def letters(staging_url: str) -> list[tuple[Any, ...]]:
@@ -97,7 +47,7 @@ def letters(staging_url: str) -> list[tuple[Any, ...]]:
 
 
 def test_rejected_again_stay_dead_letters_once(
-    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
 ) -> None:
     rejected = rejected_store(tp, influx)
     dry = cli("dead-letters", "--sink", SINK, "--requeue", "--dry-run", "--json")
@@ -133,7 +83,7 @@ def test_rejected_again_stay_dead_letters_once(
 
 
 def test_an_aborted_correction_gives_its_dead_letters_back(
-    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
 ) -> None:
     rejected = rejected_store(tp, influx)
     drop_conflicting(influx)
@@ -157,7 +107,7 @@ def test_an_aborted_correction_gives_its_dead_letters_back(
 
 
 def test_stage_time_dead_letters_are_not_requeued(
-    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
 ) -> None:
     from twophase.points.builder import Rejected
 
@@ -171,7 +121,9 @@ def test_stage_time_dead_letters_are_not_requeued(
     assert f"no dead letters of sink {SINK!r} to requeue" in done.out
 
 
-def test_requeue_refuses_a_live_run_and_bad_flags(tp: Any, cli: Cli, influx: InfluxConfig) -> None:
+def test_requeue_refuses_a_live_run_and_bad_flags(
+    tp: TwoPhase, cli: Cli, influx: InfluxConfig
+) -> None:
     rejected_store(tp, influx)
     begin_run(tp, SINK, "r2", "q1")  # a new run of the query, live
     refused = cli("dead-letters", "--sink", SINK, "--requeue")
@@ -196,7 +148,7 @@ UNDECIDED = ("after_stage", "in_requeue")  # the letters are still the sink's to
 
 @pytest.mark.parametrize("crash_at", CRASH_STEPS)
 def test_sigkill_at_each_step_of_a_requeue_then_recover(
-    tp: Any, cli: Cli, staging_url: str, influx: InfluxConfig, crash_at: str
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig, crash_at: str
 ) -> None:
     rejected = rejected_store(tp, influx)
     drop_conflicting(influx)

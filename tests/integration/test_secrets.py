@@ -33,10 +33,11 @@ import pytest
 from prometheus_client import generate_latest
 from psycopg import sql
 
-from scripts.services import InfluxServer, PostgresServer
+from devkit import InfluxServer, PostgresServer
+from devkit.ports import free_port
 from scripts.tlskit import REMOTE_NAME
-from tests.integration.test_protocol import lines
-from tests.support import REPO, begin_run, free_port, two_phase
+from tests.staging import lines
+from tests.support import REPO, begin_run, two_phase
 from twophase import operations as ops
 from twophase.config import TwoPhaseConfig, load_config
 from twophase.errors import ConfigError, InfluxAuthError

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from devkit.ports import free_port
 from scripts.tlskit import Kit, make_kit
 from tests.integration.cli_helpers import SCRIPT
-from tests.support import REPO, free_port, two_phase
+from tests.support import REPO, two_phase
 from twophase.config import ExporterConfig, InfluxConfig, StagingConfig, load_exporter_config
 from twophase.errors import ConfigError
 from twophase.operations import start_exporter

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.test_protocol import STAGED_POINTS, epoch_row, lines, scalar, stage
+from tests.staging import STAGED_POINTS, epoch_row, lines, scalar, stage
 from tests.support import (
     admin_conninfo,
     alembic,
@@ -26,6 +26,7 @@ from twophase.config import GZIP, UNCOMPRESSED, InfluxConfig, StagingConfig
 from twophase.model import EpochPlan, LineChecksum, StagedChunk, WriteRef
 from twophase.points.builder import Rejected
 from twophase.protocol.reader import StagedReader
+from twophase.protocol.runtime import TwoPhase
 from twophase.protocol.stager import Stager
 from twophase.store.database import Database
 
@@ -51,7 +52,9 @@ def chunk_rows(url: str) -> list[tuple[int, int, int]]:
         return [tuple(r) for r in rows]
 
 
-def test_a_large_write_is_staged_in_chunks_and_promoted_whole(tp: Any, staging_url: str) -> None:
+def test_a_large_write_is_staged_in_chunks_and_promoted_whole(
+    tp: TwoPhase, staging_url: str
+) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     points = lines(0, 12_001)
     (message,) = stage(tp, "s", 0, [points])
@@ -76,7 +79,7 @@ def stored_digest(url: str) -> str:
 
 @pytest.mark.parametrize("compression", [GZIP, UNCOMPRESSED])
 def test_chunks_are_cut_by_characters_and_rows_rejected_at_conversion_take_no_seq(
-    tp: Any, staging: StagingConfig, staging_url: str, compression: str
+    tp: TwoPhase, staging: StagingConfig, staging_url: str, compression: str
 ) -> None:
     """Lines keep consecutive seqs around rejected rows; a line longer than the chunk
     limit is a chunk of its own; what is read back is what was staged; the write's
@@ -106,7 +109,7 @@ def test_chunks_are_cut_by_characters_and_rows_rejected_at_conversion_take_no_se
 
 
 def test_point_rejected_inside_a_coalesced_request_is_addressed_by_seq(
-    tp: Any, staging_url: str
+    tp: TwoPhase, staging_url: str
 ) -> None:
     """Three writes' chunks go out as one request; InfluxDB refuses one point of the
     second write (a field type conflict): exactly that point is dead-lettered, with
@@ -232,7 +235,7 @@ def test_migration_of_an_empty_store(db_at_0001: str) -> None:
 
 
 def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
-    tp: Any, staging_url: str
+    tp: TwoPhase, staging_url: str
 ) -> None:
     """30 writes (empty ones, multi-chunk ones): chunks come back write by write in the
     plan's order and seq by seq, so promotion sends the same sequence every time."""

@@ -19,25 +19,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from scripts.services import PostgresServer
-from tests.integration.test_protocol import M, epoch_row, lines, scalar, stage
-from tests.integration.test_requeue import (
+from devkit import PostgresServer
+from devkit.ports import free_port
+from tests.integration.requeue_helpers import (
     CONFLICTED,
     drop_conflicting,
     expected,
     held,
     rejected_store,
 )
-from tests.integration.test_requeue import SINK as RQ_SINK
-from tests.support import (
-    admin_conninfo,
-    alembic,
-    begin_run,
-    free_port,
-    influx_count,
-    two_phase,
-    unique,
-)
+from tests.integration.requeue_helpers import SINK as RQ_SINK
+from tests.staging import M, epoch_row, in_thread, lines, scalar, stage, terminate_others, wait_for
+from tests.support import admin_conninfo, alembic, begin_run, influx_count, two_phase, unique
 from twophase import faults
 from twophase.config import InfluxConfig, StagingConfig, load_staging_config
 from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
@@ -81,13 +74,6 @@ def backend_waiting_for_lock(url: str) -> bool:
     return bool(row and row[0])
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 @contextmanager
 def sink_locked(url: str, sink_id: str) -> Iterator[psycopg.Connection[Any]]:
     """Hold the sink's row lock from another connection: a decide of the sink waits."""
@@ -97,20 +83,6 @@ def sink_locked(url: str, sink_id: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
     finally:
         conn.close()
-
-
-def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = call()
-        except BaseException as exc:  # handed to the test's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, box
 
 
 def replays(url: str, sink_id: str) -> int:
@@ -369,17 +341,6 @@ def test_staging_waits_for_a_store_that_is_down_before_it_reads_its_input(
         restarter.join()
         assert tp.committer.commit(lease, 0, messages).state == EpochState.COMMITTED
     assert influx_count(influx, M) == 15
-
-
-def terminate_others(url: str) -> int:
-    """End every other connection to the database (the pool's and a step's under way)."""
-    return int(
-        scalar(
-            url,
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()",
-        )
-    )
 
 
 def pause_at(monkeypatch: pytest.MonkeyPatch, folder: Path, at: str) -> Path:

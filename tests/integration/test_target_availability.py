@@ -18,11 +18,17 @@ from typing import Any
 import psycopg
 import pytest
 
+from devkit.faultproxy import CUT, PASS, FaultProxy
 from tests.integration.cli_helpers import sql
-from tests.integration.fanout_helpers import deliveries, target_rows
-from tests.integration.faultproxy import CUT, PASS, FaultProxy
-from tests.integration.test_fanout import M, N, expect, points, write_points
-from tests.integration.test_protocol import lines, stage
+from tests.integration.fanout_helpers import (
+    N,
+    deliveries,
+    expect,
+    points,
+    target_rows,
+    write_points,
+)
+from tests.staging import M, lines, stage
 from tests.support import (
     admin_conninfo,
     create_influx_database,
@@ -45,6 +51,7 @@ from twophase.errors import (
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.requeue import RequeueFilter, Requeuer
+from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
 
 SINK = "avail"
@@ -108,7 +115,9 @@ def two(influx_url: str) -> Iterator[Targets]:
 
 
 @contextmanager
-def without_worker(staging: StagingConfig, config: InfluxConfig) -> Iterator[tuple[Any, Lease]]:
+def without_worker(
+    staging: StagingConfig, config: InfluxConfig
+) -> Iterator[tuple[TwoPhase, Lease]]:
     """The sink claimed with no catch-up worker: a lagging target stays behind until
     the test, or the availability rule, delivers its backlog."""
     with two_phase(staging, config) as tp:
@@ -117,7 +126,7 @@ def without_worker(staging: StagingConfig, config: InfluxConfig) -> Iterator[tup
         yield tp, lease
 
 
-def commit(tp: Any, lease: Lease, epoch: int) -> Any:
+def commit(tp: TwoPhase, lease: Lease, epoch: int) -> Any:
     messages = stage(tp, SINK, epoch, [points(epoch)], run=lease.run_id)
     return tp.committer.commit(lease, epoch, messages)
 
@@ -215,7 +224,7 @@ def test_every_target_down_names_both_deadlines(staging: StagingConfig, two: Tar
 # -- resync, quarantine and the lag clock -----------------------------------------------
 
 
-def quarantine_b(tp: Any, two: Targets, lease: Lease, epochs: int) -> None:
+def quarantine_b(tp: TwoPhase, two: Targets, lease: Lease, epochs: int) -> None:
     tp.catch_up.close()
     two.down("b")
     for epoch in range(epochs):
@@ -401,7 +410,7 @@ def test_recover_catches_up_every_reachable_target_not_just_the_first(
 # -- corrections ------------------------------------------------------------------------
 
 
-def refused_by_b(tp: Any, two: Targets, lease: Lease) -> None:
+def refused_by_b(tp: TwoPhase, two: Targets, lease: Lease) -> None:
     """Epoch 0, whose three "clash" points b refuses (a takes them): b's dead letters."""
     write_points(two.direct["b"], ['clash,host=z v="text" 1700000000000000001'])
     clash = [f"clash,host=h{i} v={i}.5 {1700000000000000000 + i}" for i in range(3)]
@@ -479,7 +488,7 @@ def test_an_untargeted_correction_is_in_every_targets_backlog_and_resync_resends
 def test_the_catch_up_worker_outlives_a_failure_of_its_own_bookkeeping(
     staging: StagingConfig, two: Targets, staging_url: str
 ) -> None:
-    from tests.integration.faultproxy import wait_until
+    from devkit.faultproxy import wait_until
 
     with two_phase(staging, dataclasses.replace(two.config)) as tp:
         lease = tp.committer.claim(SINK, "r1", "q1")

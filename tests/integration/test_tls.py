@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from devkit.ports import free_port
 from scripts.tlskit import REMOTE_NAME, HttpsInflux, Kit, TlsPostgres, make_kit
-from tests.integration.test_protocol import lines
-from tests.support import REPO, begin_run, free_port, two_phase
+from tests.staging import lines
+from tests.support import REPO, begin_run, two_phase
 from twophase.config import (
     InfluxConfig,
     StagingConfig,
@@ -33,6 +34,7 @@ from twophase.config import (
 from twophase.errors import ConfigError
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
+from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
 
 PASSWORD = "Tls-Pg-Secret-31337"  # the staging role's password: must appear nowhere
@@ -127,7 +129,7 @@ def no_secret(*texts: str) -> bool:
     return not any(secret in text for text in texts for secret in (PASSWORD, INFLUX_PASSWORD))
 
 
-def epoch(tp: Any, number: int) -> Any:
+def epoch(tp: TwoPhase, number: int) -> Any:
     lease = begin_run(tp, SINK, "r1", "q1")
     message = tp.stager.stage(SINK, number, lines(number, 25), run_id="r1", query_id="q1")
     return lease, message

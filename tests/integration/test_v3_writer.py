@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.influx3 import Influx3, serve
-from tests.integration.test_protocol import stage
+from tests.staging import stage
 from tests.support import two_phase
 from twophase.config import InfluxConfig, Secret, StagingConfig
 from twophase.errors import ConfigError, InfluxAuthError

@@ -1,6 +1,6 @@
 """The writers, the sender and API detection against real InfluxDB 1.x and VictoriaMetrics.
 
-Faults are real too: a TCP proxy (faultproxy.py) in front of InfluxDB cuts,
+Faults are real too: a TCP proxy (devkit/faultproxy.py) in front of InfluxDB cuts,
 stalls or drops replies, and InfluxDB itself rejects points, databases and
 credentials. Every test uses its own database (the ``influx`` fixture) and
 bounds its waits.
@@ -25,20 +25,16 @@ from typing import Any
 import pytest
 import urllib3
 
-from tests.integration.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_until
-from tests.support import (
-    begin_run,
-    create_influx_database,
-    drop_influx_database,
-    start_own_victoria_metrics,
-    two_phase,
-)
-from tests.unit.test_sender import LineSender
+from devkit.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_until
+from devkit.ports import start_own_victoria_metrics
+from tests.fakes import LineSender
+from tests.support import begin_run, create_influx_database, drop_influx_database, two_phase
 from twophase.config import InfluxConfig, Secret, StagingConfig
 from twophase.errors import (
     ConfigError,
     InfluxAuthError,
     InfluxNotFoundError,
+    InfluxRequestError,
     InfluxUnavailableError,
     TransientWriteError,
 )
@@ -359,7 +355,7 @@ def test_resolve_api_on_victoria_metrics_asks_for_an_explicit_api(vm_url: str) -
 # --- a re-sent body on VictoriaMetrics -------------------------------------------------
 # A point re-sent to InfluxDB overwrites itself; VictoriaMetrics stores every sample it
 # is sent unless started with -dedup.minScrapeInterval, then keeps one per series and
-# interval. The dev server runs with 1ms (scripts/services.py), its timestamps' precision.
+# interval. The dev server runs with 1ms (devkit/servers.py), its timestamps' precision.
 
 
 def vm_flags(vm_url: str) -> dict[str, str]:
@@ -373,7 +369,7 @@ def require_dedup(vm_url: str) -> None:
     if vm_flags(vm_url).get("dedup.minScrapeInterval", "0s") in ("0s", "0"):
         pytest.fail(
             f"VictoriaMetrics at {vm_url} runs without -dedup.minScrapeInterval (started "
-            "before scripts/services.py set it?): restart it, `scripts/dev.sh stop` then "
+            "before devkit set it?): restart it, `scripts/dev.sh stop` then "
             "`scripts/dev.sh start`",
             pytrace=False,
         )
@@ -568,6 +564,34 @@ def test_proxy_counts_the_lines_it_forwards(proxy: FaultProxy, influx: InfluxCon
     assert (proxy.lines, proxy.write_requests) == (25, 3)
     query_v1(proxy.url, influx.database, 'SELECT * FROM "m"')  # reads are not counted
     assert proxy.lines == 25 and len(values(influx)) == 25
+
+
+def test_a_writer_keeps_one_connection_and_opens_another_after_close(
+    proxy: FaultProxy, influx: InfluxConfig
+) -> None:
+    writer = _through(proxy, influx)
+    for i in range(5):  # its pool, made at the first write, is kept for the others
+        writer.write(gzip_members(points(10, start=T0 + i), 2), gzipped=True)
+    assert (proxy.write_requests, proxy.connections) == (5, 1)
+    writer.close()
+    writer.write(b"m,host=h0 f=0i 1")  # a write after close opens a new pool, as before
+    writer.close()
+    assert (proxy.write_requests, proxy.connections) == (6, 2)
+    assert len(values(influx)) == 51
+
+
+def test_a_url_with_a_path_keeps_it_and_an_unusable_url_fails_at_the_first_write(
+    proxy: FaultProxy, influx: InfluxConfig
+) -> None:
+    under = V1Writer(dataclasses.replace(influx, url=f"{proxy.url}/under"))
+    with pytest.raises(InfluxNotFoundError):  # /under/write: InfluxDB has no such path
+        under.write(b"m f=1i 1")
+    under.close()
+    bad = V1Writer(dataclasses.replace(influx, url="http://[::1"))  # made: the URL is not read
+    with pytest.raises(InfluxRequestError, match="bad InfluxDB URL"):
+        bad.write(b"m f=1i 1")
+    bad.close()
+    assert not values(influx)
 
 
 @pytest.mark.parametrize("fault", [CUT, STALL, DROP_REPLY])

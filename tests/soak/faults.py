@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psycopg
 
-from scripts.services import PG_SUPERUSER, InfluxServer, PostgresServer
+from devkit import PG_SUPERUSER, InfluxServer, PostgresServer
+from devkit.faultproxy import CUT, PASS, STALL, FaultProxy
 from tests.e2e.harness import Job, session_members
-from tests.integration.faultproxy import CUT, PASS, STALL, FaultProxy
 from tests.soak.schedule import (
     DRIVER_KILL,
     EXECUTOR_KILL,

@@ -26,8 +26,10 @@ from typing import Any
 
 import psycopg
 
+from devkit import InfluxServer, PostgresServer
+from devkit.faultproxy import FaultProxy
+from devkit.ports import free_port
 from jobs.generate_events import expected, generate
-from scripts.services import InfluxServer, PostgresServer
 from tests.e2e.harness import (
     Job,
     Target,
@@ -39,10 +41,9 @@ from tests.e2e.harness import (
     query,
     start_job,
 )
-from tests.integration.faultproxy import FaultProxy
 from tests.soak.faults import Injector
 from tests.soak.schedule import DEADLINE_S, Fault, describe, make_schedule
-from tests.support import alembic, create_influx_database, free_port
+from tests.support import alembic, create_influx_database
 from twophase.config import InfluxConfig
 
 PG_PASSWORD = "Soak-Pg-Secret-8086"  # distinctive: grepped for in every output

@@ -3,49 +3,23 @@
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import pytest
 
+from tests.fakes import FakeClock, FakeGc
 from twophase.protocol.autogc import AutoGc
-from twophase.protocol.gc import GcReport
 
 pytestmark = pytest.mark.unit
 
 
-class FakeGc:
-    """Records each collection; ``hold`` keeps one running until set; ``error`` fails it."""
-
-    def __init__(self, error: Exception | None = None) -> None:
-        self.calls: list[tuple[str | None, int | None]] = []
-        self.hold = threading.Event()
-        self.hold.set()
-        self.error = error
-
-    def collect(self, sink_id: str | None = None, *, limit: int | None = None) -> GcReport:
-        self.calls.append((sink_id, limit))
-        self.hold.wait(10)
-        if self.error is not None:
-            raise self.error
-        return GcReport(sink_id, 1, 10, 0, False)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def auto_gc(gc: FakeGc, clock: Clock, interval_s: float = 60) -> AutoGc:
+def auto_gc(gc: FakeGc, clock: FakeClock, interval_s: float = 60) -> AutoGc:
     fake: Any = gc
     return AutoGc(fake, interval_s, limit=7, clock=clock)
 
 
 def test_a_sink_is_due_an_interval_after_its_first_commit_then_every_interval() -> None:
-    gc, clock = FakeGc(), Clock()
+    gc, clock = FakeGc(), FakeClock(100.0)
     auto = auto_gc(gc, clock)
     assert not auto.poke("s")  # the first commit starts the interval
     clock.now += 59
@@ -62,7 +36,7 @@ def test_a_sink_is_due_an_interval_after_its_first_commit_then_every_interval() 
 
 
 def test_a_collection_stopped_at_its_bound_is_followed_at_the_next_commit() -> None:
-    gc, clock = FakeGc(), Clock()
+    gc, clock = FakeGc(), FakeClock(100.0)
     fake: Any = gc
     auto = AutoGc(fake, 60, limit=1, clock=clock)  # FakeGc purges 1 epoch: the bound
     auto.poke("s")
@@ -78,7 +52,7 @@ def test_a_collection_stopped_at_its_bound_is_followed_at_the_next_commit() -> N
 
 
 def test_never_two_collections_at_once() -> None:
-    gc, clock = FakeGc(), Clock()
+    gc, clock = FakeGc(), FakeClock(100.0)
     auto = auto_gc(gc, clock)
     auto.poke("s")
     auto.poke("t")
@@ -94,7 +68,7 @@ def test_never_two_collections_at_once() -> None:
 
 
 def test_interval_0_never_collects() -> None:
-    gc, clock = FakeGc(), Clock()
+    gc, clock = FakeGc(), FakeClock(100.0)
     auto = auto_gc(gc, clock, interval_s=0)
     for _ in range(3):
         clock.now += 3600
@@ -105,7 +79,7 @@ def test_interval_0_never_collects() -> None:
 def test_a_failed_collection_is_a_warning_and_the_next_one_tries_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gc, clock = FakeGc(error=RuntimeError("store away")), Clock()
+    gc, clock = FakeGc(error=RuntimeError("store away")), FakeClock(100.0)
     auto = auto_gc(gc, clock)
     auto.poke("s")
     clock.now += 60
@@ -118,7 +92,7 @@ def test_a_failed_collection_is_a_warning_and_the_next_one_tries_again(
 
 
 def test_close_starts_no_more_and_waits_a_bounded_time(caplog: pytest.LogCaptureFixture) -> None:
-    gc, clock = FakeGc(), Clock()
+    gc, clock = FakeGc(), FakeClock(100.0)
     auto = auto_gc(gc, clock)
     auto.poke("s")
     clock.now += 60

@@ -1,6 +1,6 @@
 """The performance page of the documentation site (docs/performance.md) quotes the latest
-quick benchmark run: the command, the run's table (checked against its results file), its
-chart, its date and machine."""
+full run of ``python -m bench costs``: its command, its chart and its figures, checked
+against its results file; and the bench's README has a row for every metric."""
 
 from __future__ import annotations
 
@@ -14,59 +14,33 @@ RESULTS = REPO / "bench" / "results"
 PERFORMANCE = REPO / "docs" / "performance.md"
 
 
-def benchmark_section() -> str:
-    text = PERFORMANCE.read_text()
-    return text[text.index("## Benchmarks") :]
+def costs_runs() -> list[Path]:
+    runs = RESULTS.glob("costs-*.json")
+    return sorted(p for p in runs if json.loads(p.read_text()).get("plan") == "costs-full")
 
 
-def quick_runs() -> list[Path]:
-    runs = RESULTS.glob("*.json")  # the soak's reports (no plan) sit beside them
-    return sorted(p for p in runs if json.loads(p.read_text()).get("plan") == "quick")
-
-
-def test_readme_quotes_the_quick_command_and_the_latest_quick_run() -> None:
-    section = benchmark_section()
-    assert "python -m bench --quick" in section
-    stamps = set(re.findall(r"\d{8}T\d{6}Z", section))
-    latest = quick_runs()[-1]
-    assert latest.stem in stamps, f"the page does not quote the latest quick run {latest.stem}"
-    assert f"](bench/results/{latest.stem}.png)" in section
+def test_the_page_quotes_the_command_and_the_latest_full_costs_run() -> None:
+    page = PERFORMANCE.read_text()
+    assert "python -m bench costs" in page
+    latest = costs_runs()[-1]
+    assert f"bench/results/{latest.stem}.json" in page
+    assert f"](bench/results/{latest.stem}.png)" in page
     assert (RESULTS / f"{latest.stem}.png").is_file()
-    results = json.loads(latest.read_text())
-    day = f"{latest.stem[:4]}-{latest.stem[4:6]}-{latest.stem[6:8]}"
-    assert day in section and f"{results['machine']['cpus']}-core" in section
+    cores = json.loads(latest.read_text())["machine"]["cpus"]
+    assert f"{cores} cores" in page
 
 
-def test_readme_table_matches_the_results_file() -> None:
-    section = benchmark_section()
-    metrics = json.loads(quick_runs()[-1].read_text())["metrics"]
-    rows = {
-        "throughput, 100k-point epochs": metrics["throughput"]["by_size"]["100000"],
-        "throughput, 1M-point epochs": metrics["throughput"]["by_size"]["1000000"],
-        "flat with history": metrics["history"],
-        "recovery": metrics["recovery"],
-    }
-    for label, metric in rows.items():
-        line = next(x for x in section.splitlines() if x.startswith(f"| {label}"))
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[3] == f"{metric['ratio']:.2f}", (label, cells)
-        assert cells[5] == ("yes" if metric["holds"] else "no"), (label, cells)
-
-
-def test_readme_shows_the_spark_chart_drawn_from_the_quoted_full_run(tmp_path: Path) -> None:
-    """Metric 6's chart is drawn from the results file the README quotes; a run without
-    Spark figures draws none."""
-    from bench import report
-
-    text = PERFORMANCE.read_text()
-    (stamp,) = set(re.findall(r"\(bench/results/(\d{8}T\d{6}Z)-spark\.png\)", text))
-    results = json.loads((RESULTS / f"{stamp}.json").read_text())
-    assert results["metrics"]["spark_e2e"]["parts"]
-    assert report.spark_chart(results, tmp_path / "spark.png")
-    assert (tmp_path / "spark.png").read_bytes()[:4] == b"\x89PNG"
-    assert (RESULTS / f"{stamp}-spark.png").is_file()
-    quick = json.loads(quick_runs()[-1].read_text())
-    assert not report.spark_chart(quick, tmp_path / "none.png")
+def test_the_pages_ratios_are_the_runs() -> None:
+    """Each ratio the run measured, as the page rounds it (``1.02x``), is on the page, and
+    so are the figures of each row's first clause (``14.3``, ``326,884``)."""
+    page = PERFORMANCE.read_text()
+    rows = json.loads(costs_runs()[-1].read_text())["rows"]
+    for row in rows:
+        if row["ratio"] is not None and "CPU" not in row["metric"]:
+            assert f"{row['ratio']:.2f}x" in page, row["metric"]
+        first = row["figure"].split(";")[0]
+        for figure in re.findall(r"\d{1,3}(?:,\d{3})+|\d+\.\d+", first):
+            assert figure in page, (row["metric"], figure)
 
 
 def test_every_metric_has_a_title_and_a_readme_row() -> None:
@@ -81,3 +55,18 @@ def test_every_metric_has_a_title_and_a_readme_row() -> None:
     for name in bench_main.METRICS:
         number = report.TITLES[name].split()[0]
         assert any(row.startswith(f"| {number} | ") for row in rows), (name, number)
+
+
+def test_every_part_runs_through_the_one_command() -> None:
+    """No servers: each part of ``python -m bench PART`` is a module with a ``main``, and
+    the pages show it run that one way (not as ``python -m bench.PART``)."""
+    import importlib
+
+    from bench import __main__ as bench_main
+
+    pages = [REPO / "README.md", REPO / "bench" / "README.md", *(REPO / "docs").rglob("*.md")]
+    text = "\n".join(page.read_text() for page in pages)
+    for name in bench_main.PARTS:
+        assert callable(importlib.import_module(f"bench.{name}").main), name
+        assert f"python -m bench {name}" in text, name
+        assert not re.search(rf"python -m bench\.{name}\b", text), name

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_influx_classify import stub  # noqa: F401 - a fixture
 from twophase.bounded import ENTRY_BYTES, Inflater, SizedCache, inflate
 from twophase.errors import BadPointsError, InflateLimitError, InfluxRequestError
 from twophase.influx.classify import Target, classify_status, influx1_refusal
@@ -184,7 +183,7 @@ def test_an_inflater_reads_members_end_to_end_in_bounded_pieces(bomb: bytes) -> 
 
 
 def test_an_error_answer_is_read_within_its_bound_even_compressed(
-    stub: Any,  # noqa: F811 - the fixture
+    stub: Any,
     bomb: bytes,
 ) -> None:
     """A 400 whose text is a GiB once inflated: classified from its first MiB."""
@@ -203,7 +202,7 @@ def test_an_error_answer_is_read_within_its_bound_even_compressed(
 
 
 def test_a_streamed_answer_refuses_a_line_past_its_bound(
-    stub: Any,  # noqa: F811 - the fixture
+    stub: Any,
     bomb: bytes,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

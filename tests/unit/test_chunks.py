@@ -8,17 +8,15 @@ paths against PostgreSQL and InfluxDB.
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import random
-from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
+from tests.fakes import FakeClock, FakeInflux, FakeReader, lines_of, make_sender, staged
 from twophase.config import InfluxConfig
 from twophase.errors import PermanentError
-from twophase.model import DeadLetter, EpochPlan, LineChecksum, StagedChunk, WriteRef
+from twophase.model import LineChecksum, StagedChunk
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.lanes import LaneChooser
 
@@ -138,53 +136,6 @@ def test_a_compressed_chunk_larger_than_a_request_is_cut_into_text() -> None:
 
 
 # --- TargetDelivery.send over chunks ----------------------------------------------------------
-
-
-class FakeReader:
-    """The promoter's reader (chunks held in memory) and its dead-letter log in one."""
-
-    def __init__(self, chunks: dict[str, list[StagedChunk]]) -> None:
-        self._chunks = chunks
-        self.letters: dict[tuple[str, int], DeadLetter] = {}
-
-    def chunks_of(
-        self, write_ids: Sequence[str], small: bool = False
-    ) -> Iterator[tuple[int, StagedChunk]]:
-        for index, write_id in enumerate(write_ids):
-            for chunk in self._chunks[write_id]:
-                yield index, chunk
-
-    def record(self, letters: Sequence[DeadLetter]) -> None:
-        for letter in letters:
-            self.letters.setdefault((letter.write_id, letter.seq), letter)
-
-
-def staged(
-    writes: list[list[str]],
-    chunk_points: int,
-    lanes: int = 1,
-    compressed: Callable[[], bool] = lambda: False,
-) -> tuple[EpochPlan, FakeReader]:
-    """A plan of ``writes`` (lists of lines) staged as the stager does: blocks of
-    ``chunk_points`` lines, each cut into a chunk per lane, compressed when
-    ``compressed()`` says so (asked per chunk: an epoch may mix both, as one staged
-    before and after an upgrade does)."""
-    refs: list[WriteRef] = []
-    chunks: dict[str, list[StagedChunk]] = {}
-    chooser = LaneChooser(lanes)
-    for number, lines in enumerate(writes):
-        write_id = f"w{number}"
-        digest, seq, chunks[write_id] = LineChecksum(), 0, []
-        for start in range(0, len(lines), chunk_points):
-            for lane, part in enumerate(chooser.split(lines[start : start + chunk_points])):
-                if part:
-                    chunk = StagedChunk.of_lines(write_id, seq, part, compressed=compressed())
-                    chunks[write_id].append(dataclasses.replace(chunk, lane=lane))
-                    seq += len(part)
-                    digest.add_joined(chunk.stored)
-        refs.append(WriteRef(write_id, len(lines), digest.hexdigest()))
-    plan = EpochPlan("s", 3, tuple(refs))
-    return plan, FakeReader(chunks)
 
 
 def bad_if_marked(line: str) -> str | None:

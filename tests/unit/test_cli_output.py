@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import FakeClock
 from twophase.cli import _Formatter, build_parser, main
 from twophase.cli.commands import selection_of
 from twophase.cli.console import Console, ProgressBar, printable
@@ -24,14 +25,6 @@ from twophase.model import DeadLetter, Phase
 from twophase.operations.store import DeadLetterListing, _export, csv_cell, export_format
 from twophase.store.views import EpochRange
 from twophase.wording import age, compact_ranges, epochs_are
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_table_aligns_and_shows_nothing_as_dash() -> None:
@@ -80,7 +73,7 @@ def test_compact_ranges_and_epochs_are() -> None:
 
 
 def test_progress_off_a_terminal_prints_plain_lines_now_and_then() -> None:
-    out, clock = io.StringIO(), Clock()
+    out, clock = io.StringIO(), FakeClock(0.0)
     bar = ProgressBar(out, "resend", 100, "points", tty=False, interval=2.0, clock=clock)
     bar.update(10, "epoch 0")
     clock.now = 1.0
@@ -99,7 +92,7 @@ def test_progress_off_a_terminal_prints_plain_lines_now_and_then() -> None:
 
 
 def test_progress_on_a_terminal_redraws_one_line() -> None:
-    out, clock = io.StringIO(), Clock()
+    out, clock = io.StringIO(), FakeClock(0.0)
     bar = ProgressBar(out, "gc", 4, "sinks", tty=True, clock=clock)
     bar.update(1)
     clock.now = 1.0

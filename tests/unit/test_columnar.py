@@ -13,10 +13,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
+from influxdb_client import Point, WritePrecision
 
 from tests.fuzz import HOSTILE, any_text, examples, names, plain_names
-from tests.integration.test_fuzz_roundtrip import points as roundtrip_points
-from tests.unit.test_fuzz_points import rows as fuzz_rows
+from tests.fuzz import points as roundtrip_points
+from tests.fuzz import rows as fuzz_rows
 from twophase.errors import ConfigError
 from twophase.points.builder import MAX_TIME_NS, PointBuilder, PointSpec, Rejected
 from twophase.points.columnar import ColumnarEncoder
@@ -246,3 +247,49 @@ def test_rows_and_mappings_mixed_with_batches_keep_their_indexes() -> None:
     items = list(ColumnarEncoder(builder).convert([{"t": None, "f": 1}, batch, {"t": 3, "f": 1}]))
     assert [item.index for item in items if isinstance(item, Rejected)] == [0, 2]
     assert items[1] == "m f=1.5 1" and items[3] == "m f=1i 3"
+
+
+@settings(max_examples=examples(1000))
+@given(st.lists(floats.filter(math.isfinite), min_size=1, max_size=8))
+def test_float_fields_are_written_as_influxdb_clients_point_writes_them(
+    values: list[float],
+) -> None:
+    # The row builder is held to Point for every value (tests/unit/test_points.py); the
+    # columnar encoder formats floats itself (Arrow's text or repr, by magnitude), so it
+    # is held to Point directly too.
+    encoder = ColumnarEncoder(PointBuilder(PointSpec("m"), clock_ns=lambda: T0))
+    got = encoder.convert([pa.record_batch({"f": pa.array(values, pa.float64())})])
+    expected = [
+        Point("m").field("f", value).time(T0 + index, WritePrecision.NS).to_line_protocol()
+        for index, value in enumerate(values)  # a clock standing still: one ns a row
+    ]
+    assert list(got) == expected
+
+
+def test_the_seeds_jobs_output_encodes_as_the_row_builder_encodes_it() -> None:
+    # jobs/session_metrics.py's sink: its columns, types and options as the job writes
+    # them, an overflowed sum (try_sum's null) among them, 20,000 rows in two batches.
+    spec = PointSpec("session_stats", ("stream_id", "isp"), None, "window_end", "s")
+    size = 10_000
+
+    def batch(first: int) -> pa.RecordBatch:
+        rows = range(first, first + size)
+        return pa.record_batch(
+            {
+                "stream_id": pa.array([f"s{i % 100}" for i in rows]),
+                "isp": pa.array([("Orange", "Free", "SFR")[i % 3] for i in rows]),
+                "window_end": pa.array([1_764_000_000 + i // 300 * 10 for i in rows]),
+                "events": pa.array([i % 500 + 1 for i in rows]),
+                "users": pa.array([i % 97 + 1 for i in rows]),
+                "bytes_p2p": pa.array([None if i % 1000 == 7 else i * 13 for i in rows]),
+                "bytes_cdn": pa.array([i * 7 for i in rows]),
+            }
+        )
+
+    data = [batch(0), batch(size)]
+    rows = [row for part in data for row in part.to_pylist()]
+    expected = list(PointBuilder(spec, clock_ns=lambda: T0).convert(rows))
+    got = list(ColumnarEncoder(PointBuilder(spec, clock_ns=lambda: T0)).convert(data))
+    assert got == expected
+    rejected = [item for item in got if isinstance(item, Rejected)]
+    assert len(rejected) == 20 and "bytes_p2p" in rejected[0].reason

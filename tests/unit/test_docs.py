@@ -9,7 +9,7 @@ import re
 import pytest
 
 from scripts import docs_reference
-from tests.docs_examples import EXAMPLE_PAGES, blocks, twophase_commands
+from tests.docs_examples import DOCS, EXAMPLE_PAGES, SITE_PAGES, blocks, twophase_commands
 from tests.support import REPO
 from twophase.cli import build_parser
 from twophase.config import SETTINGS
@@ -47,7 +47,7 @@ def test_every_setting_has_its_row() -> None:
 
 
 def test_every_marker_names_a_generator() -> None:
-    for page in REPO.joinpath("docs").rglob("*.md"):
+    for page in SITE_PAGES:
         for name in docs_reference.MARKER.findall(page.read_text()):
             assert name in docs_reference.GENERATORS, (page, name)
 
@@ -60,9 +60,9 @@ def test_every_generator_runs() -> None:
 def test_every_page_in_the_navigation_exists() -> None:
     pages = re.findall(r":\s+([\w/.-]+\.md)\s*$", MKDOCS, flags=re.M)
     generated = {"bench/index.md"}
-    missing = [p for p in pages if p not in generated and not (REPO / "docs" / p).is_file()]
+    missing = [p for p in pages if p not in generated and not (DOCS / p).is_file()]
     assert missing == []
-    written = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
+    written = {str(p.relative_to(DOCS)) for p in SITE_PAGES}
     assert written <= set(pages), sorted(written - set(pages))
 
 
@@ -90,7 +90,7 @@ def test_the_pages_name_this_versions_wheel() -> None:
     """An install command names the wheel the build makes: this version's."""
     import twophase
 
-    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    pages = [REPO / "README.md", *SITE_PAGES]
     named = {
         m for page in pages for m in re.findall(r"twophase-(\d+\.\d+\.\d+)-py3", page.read_text())
     }

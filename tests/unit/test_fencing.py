@@ -4,46 +4,16 @@ real servers, a zombie and a new run: tests/integration/test_fencing.py)."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from tests.unit.test_chunks import FakeReader, staged
-from tests.unit.test_sender import FakeClock, FakeInflux, lines_of, make_sender
+from tests.fakes import FakeClock, FakeInflux, FakeLedger, FakeReader, lines_of, make_sender, staged
 from twophase.config import InfluxConfig
 from twophase.errors import FencedError, InfluxUnavailableError
-from twophase.model import EpochPlan, Lease
+from twophase.model import Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
 
 LEASE = Lease("s", "r1", "q1", 1)
-
-
-class FakeLedger:
-    """The promoter's ledger: the lease holds for ``holds`` checks, then is fenced."""
-
-    def __init__(self, plan: EpochPlan, holds: int) -> None:
-        self.plan, self.holds = plan, holds
-        self.checks = self.passed = 0
-        self.marked: list[int] = []
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-
-    def plan_promotion(self, lease: Lease, epoch: int) -> EpochPlan:
-        return self.plan
-
-    def check_lease(self, lease: Lease) -> None:
-        with self._lock:
-            self.checks += 1
-            if self.checks > self.holds:
-                raise FencedError(f"run {lease.run_id} was fenced by a newer run")
-            self.passed += 1
-
-    def mark_committed(self, lease: Lease, epoch: int, delivered: int, rejected: int) -> None:
-        self.marked.append(epoch)
-
-    def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
-        self.errors.append(message)
 
 
 def deliver(

@@ -12,47 +12,12 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from influxdb_client import Point
 
-from tests.fuzz import (
-    any_value,
-    examples,
-    names,
-    plain_names,
-    plain_number,
-    plain_values,
-    tag_values,
-    time_values,
-)
+from tests.fuzz import examples, plain_number, rows
 from twophase.errors import ConfigError
 from twophase.points.builder import PointBuilder, PointSpec, Rejected
 from twophase.points.lineproto import field_text, is_null, parse_line
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
-
-
-@st.composite
-def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any], bool, bool]:
-    """A spec (hostile measurement and column names included), a row for it, whether
-    the target takes unsigned integers, and whether string fields may hold raw line
-    breaks. ``plain``: values and names a point usually accepts, so that most rows
-    become lines."""
-    names_, values = (plain_names, plain_values) if plain else (names, any_value)
-    columns = draw(st.lists(names_, min_size=1, max_size=5, unique=True))
-    tags = columns[: draw(st.integers(0, len(columns) - 1))]
-    fields = columns[len(tags) :]
-    time_column = draw(st.none() | names_.filter(lambda n: n not in columns))
-    spec = PointSpec(
-        measurement=draw(names_),
-        tag_columns=tuple(tags),
-        field_columns=tuple(fields) if draw(st.booleans()) else None,
-        time_column=time_column,
-        precision=draw(st.sampled_from(["s", "ms", "us", "ns"])),
-        null_fields=draw(st.sampled_from(["reject", "omit"])),
-    )
-    row = {column: draw(plain_names if plain else tag_values) for column in tags}
-    row |= {column: draw(values) for column in fields}
-    if time_column is not None and draw(st.integers(0, 9)):  # sometimes missing
-        row[time_column] = draw(st.integers(0, 2**62) if plain else time_values)
-    return spec, row, draw(st.booleans()), draw(st.booleans())
 
 
 def builder_for(spec: PointSpec, unsigned: bool, newlines: bool = False) -> PointBuilder | None:

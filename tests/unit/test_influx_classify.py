@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import urllib.parse
-from collections.abc import Iterator
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -222,41 +219,6 @@ def test_tls_failures_are_permanent_naming_the_setting(message: str, option: str
 # --- API detection --------------------------------------------------------------------
 
 
-class Stub(BaseHTTPRequestHandler):
-    """Answers every request with ``server.reply`` and records what it got."""
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        server: Any = self.server
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        server.seen.append((self.command, self.path, headers, body))
-        status, reply_headers, reply = server.reply
-        self.send_response(status)
-        for name, value in reply_headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def stub() -> Iterator[Any]:
-    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    server.seen, server.reply = [], (204, {}, b"")
-    server.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.mark.parametrize(
     ("version", "api"),
     [
@@ -319,6 +281,34 @@ def _assert_secret_free(error: BaseException) -> None:
     for text in (str(error), repr(error), str(getattr(error, "reason", ""))):
         assert PASSWORD not in text and TOKEN not in text
         assert base64.b64encode(f"writer:{PASSWORD}".encode()).decode() not in text
+
+
+@pytest.mark.parametrize("status", [301, 307, 308])
+def test_a_redirect_is_not_followed_and_fails_as_a_request_error(stub: Any, status: int) -> None:
+    """A redirect would carry the credentials to wherever it points; it is refused at
+    once, never retried (a URL to fix), with the request sent once."""
+    stub.reply = (status, {"Location": "http://127.0.0.1:1/write"}, b"moved")
+    writer = V1Writer(
+        InfluxConfig(url=stub.url, api="v1", database="d", username="writer", password=None)
+    )
+    with pytest.raises(InfluxRequestError, match=str(status)) as caught:
+        writer.write(b"m f=1i 1")
+    writer.close()
+    assert not isinstance(caught.value, InfluxUnavailableError)
+    assert [seen[:2] for seen in stub.seen] == [("POST", "/write?db=d&precision=ns")]
+
+
+def test_the_writer_sends_its_fixed_headers_and_query_on_every_request(stub: Any) -> None:
+    config = InfluxConfig(url=stub.url, api="v1", database="d b", retention_policy="r&p")
+    writer = V1Writer(config)
+    writer.write(b"m f=1i 1", gzipped=True)
+    writer.write(b"m f=1i 2")
+    writer.close()
+    (_, first, gzipped, _), (_, second, plain, _) = stub.seen
+    assert first == second == "/write?db=d+b&precision=ns&rp=r%26p"
+    assert gzipped["content-encoding"] == "gzip" and "content-encoding" not in plain
+    assert gzipped["content-type"] == plain["content-type"] == "text/plain; charset=utf-8"
+    assert "authorization" not in plain
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 500, 503, 418])

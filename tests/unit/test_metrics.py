@@ -4,6 +4,7 @@ and how corrections are named."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -131,6 +132,31 @@ def test_the_driver_labels_each_request_with_its_target() -> None:
 
 
 TARGET = Target("v1", "http://influx:8086", "db")
+
+
+def test_a_metered_writer_counts_every_request_by_its_answer_and_no_class_it_never_saw() -> None:
+    class Flaky:
+        def __init__(self) -> None:
+            self.errors: list[Exception | None] = [None, classify_status(503, b"", None, TARGET)]
+
+        def write(self, body: bytes, gzipped: bool = False) -> None:
+            error = self.errors.pop(0) if self.errors else None
+            if error is not None:
+                raise error
+
+    def value(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"target": "unit-c", **labels})
+
+    writer = MeteredWriter(Flaky(), "unit-c")  # type: ignore[arg-type]
+    for _ in range(3):
+        with contextlib.suppress(TransientWriteError):  # counted all the same
+            writer.write(b"m v=1 1", gzipped=True)
+    responses = "twophase_influx_responses_total"
+    assert value(responses, status_class="2xx") == 2
+    assert value(responses, status_class="5xx") == 1
+    assert value(responses, status_class="4xx") is None  # no series before its first answer
+    assert value("twophase_influx_request_duration_seconds_count") == 3
+    assert value("twophase_influx_sent_bytes_total") == 21
 
 
 @pytest.mark.parametrize(

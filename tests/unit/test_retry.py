@@ -6,21 +6,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from tests.unit.test_chunks import FakeReader, staged
-from tests.unit.test_sender import FakeClock as Clock
-from tests.unit.test_sender import FakeInflux, lines_of, make_sender
+from tests.fakes import FakeClock, FakeInflux, FakeReader, lines_of, make_sender, staged
 from twophase.config import InfluxConfig
-from twophase.errors import (
-    FencedError,
-    StagingDeadlineError,
-    StagingUnavailableError,
-)
+from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
 from twophase.model import DeadLetter, StagedChunk
 from twophase.protocol.delivery import TargetDelivery
 from twophase.retry import Progress, RetryPolicy, StagingRetry
 
 
-def retry(clock: Clock, deadline_s: float = 10.0) -> StagingRetry:
+def retry(clock: FakeClock, deadline_s: float = 10.0) -> StagingRetry:
     policy = RetryPolicy(initial_s=0.5, max_s=2.0, deadline_s=deadline_s, jitter=0.0)
     return StagingRetry(policy, sleep=clock.sleep, clock=clock)
 
@@ -38,13 +32,13 @@ def failing(times: int, result: str = "done") -> Callable[[], str]:
 
 
 def test_a_step_is_repeated_with_backoff_until_the_store_answers() -> None:
-    clock = Clock()
+    clock = FakeClock()
     assert retry(clock)("decide", failing(3)) == "done"
     assert clock.sleeps == [0.5, 1.0, 2.0]
 
 
 def test_the_repeat_is_the_again_call() -> None:
-    clock, seen = Clock(), []
+    clock, seen = FakeClock(), []
 
     def first() -> str:
         seen.append("first")
@@ -59,7 +53,7 @@ def test_the_repeat_is_the_again_call() -> None:
 
 
 def test_past_the_deadline_the_step_fails_retryable_naming_the_step() -> None:
-    clock = Clock()
+    clock = FakeClock()
     with pytest.raises(StagingDeadlineError, match=r"mark: .*unavailable for 4s.*down") as err:
         retry(clock, deadline_s=4.0)("mark", failing(100))
     assert isinstance(err.value, StagingUnavailableError)
@@ -67,7 +61,7 @@ def test_past_the_deadline_the_step_fails_retryable_naming_the_step() -> None:
 
 
 def test_an_inner_step_past_its_deadline_is_not_retried_again() -> None:
-    clock, calls = Clock(), []
+    clock, calls = FakeClock(), []
 
     def inner() -> str:
         calls.append(1)
@@ -79,14 +73,14 @@ def test_an_inner_step_past_its_deadline_is_not_retried_again() -> None:
 
 
 def test_a_step_that_consumed_its_input_is_not_repeated() -> None:
-    clock = Clock()
+    clock = FakeClock()
     with pytest.raises(StagingUnavailableError, match="down"):
         retry(clock)("stage", failing(1), repeatable=lambda: False)
     assert clock.sleeps == []
 
 
 def test_other_errors_are_never_retried() -> None:
-    clock = Clock()
+    clock = FakeClock()
 
     def fenced() -> str:
         raise FencedError("a newer run owns the sink")
@@ -97,13 +91,13 @@ def test_other_errors_are_never_retried() -> None:
 
 
 def test_a_zero_deadline_means_one_attempt() -> None:
-    clock = Clock()
+    clock = FakeClock()
     with pytest.raises(StagingDeadlineError):
         retry(clock, deadline_s=0)("claim", failing(1))
     assert clock.sleeps == []
 
 
-def working_then_failing(clock: Clock, work_s: float, failures: int) -> Callable[[], str]:
+def working_then_failing(clock: FakeClock, work_s: float, failures: int) -> Callable[[], str]:
     """A step that works for ``work_s`` seconds, then loses its connection; its next
     ``failures - 1`` attempts fail at once, and the one after succeeds."""
     calls = {"n": 0}
@@ -120,13 +114,13 @@ def working_then_failing(clock: Clock, work_s: float, failures: int) -> Callable
 
 
 def test_a_step_that_worked_past_the_deadline_then_failed_once_is_repeated() -> None:
-    clock = Clock()
+    clock = FakeClock()
     assert retry(clock, deadline_s=10)("promote", working_then_failing(clock, 120, 1)) == "done"
     assert clock.sleeps == [0.5]
 
 
 def test_the_deadline_error_names_the_outage_not_the_step() -> None:
-    clock = Clock()
+    clock = FakeClock()
     with pytest.raises(StagingDeadlineError) as err:
         retry(clock, deadline_s=10)("promote", working_then_failing(clock, 120, 100))
     assert "stayed unavailable for 10s" in str(err.value)
@@ -137,7 +131,7 @@ def test_the_deadline_error_names_the_outage_not_the_step() -> None:
 def test_progress_reported_begins_a_new_outage() -> None:
     """An early blip, then minutes of progress, then a dropped connection: the second
     outage gets the whole deadline, and its backoff starts over."""
-    clock, calls = Clock(), []
+    clock, calls = FakeClock(), []
     progress = Progress()
 
     def step() -> str:
@@ -156,7 +150,7 @@ def test_progress_reported_begins_a_new_outage() -> None:
 
 
 def test_without_progress_an_outage_runs_from_its_first_failure() -> None:
-    clock, calls = Clock(), []
+    clock, calls = FakeClock(), []
 
     def step() -> str:
         calls.append(1)
@@ -191,7 +185,7 @@ class DroppingReader:
 def test_a_promotion_that_delivered_since_the_last_failure_gets_the_whole_deadline() -> None:
     """A blip at the start, then 2 minutes of requests (InfluxDB takes 2 s each), then
     a dropped read: the requests were progress, so the promotion starts over."""
-    clock = Clock()
+    clock = FakeClock()
     plan, staged_reader = staged([lines_of(100)], chunk_points=1)
     reader = DroppingReader(staged_reader, after=60)
     sender = make_sender(FakeInflux(clock, request_s=2.0), clock).sender

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import random
 import re
-from collections.abc import Callable
 
 import pytest
 
+from tests.fakes import FakeClock, FakeInflux, fake_config, lines_of, make_sender, text_of
 from twophase.config import InfluxConfig
 from twophase.errors import (
     BadPointsError,
@@ -21,117 +20,6 @@ from twophase.errors import (
 )
 from twophase.influx.sender import SPLIT_REQUESTS, BatchSender, RetryEvent, RetryPolicy
 from twophase.points.batching import batches
-
-
-class FakeClock:
-    """time.monotonic and time.sleep in one: sleeping advances the clock, instantly."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-def text_of(body: bytes, gzipped: bool) -> str:
-    """A request body's lines joined by newlines (gzip members hold each chunk's last
-    newline: the stream's final one is dropped)."""
-    if gzipped:
-        return gzip.decompress(body).decode()[:-1]
-    return body.decode()
-
-
-class FakeInflux:
-    """An InfluxDB 1.x stand-in: stores good lines, refuses bad ones like a partial write.
-
-    ``fail`` decides per attempt whether the attempt fails before anything is
-    stored (returning the exception to raise) -- the transient faults.
-    """
-
-    def __init__(
-        self,
-        clock: FakeClock,
-        bad: Callable[[str], str | None] = lambda _: None,
-        fail: Callable[[int, list[str]], Exception | None] = lambda _n, _l: None,
-        max_lines: int | None = None,
-        request_s: float = 0.01,
-    ) -> None:
-        self.clock, self.bad, self.fail = clock, bad, fail
-        self.max_lines, self.request_s = max_lines, request_s
-        self.stored: dict[str, int] = {}  # line -> times written
-        self.bodies: list[list[str]] = []
-        self.gzipped: list[bool] = []
-
-    def write(self, body: bytes, gzipped: bool = False) -> None:
-        lines = text_of(body, gzipped).split("\n")
-        self.gzipped.append(gzipped)
-        self.bodies.append(lines)
-        self.clock.now += self.request_s
-        error = self.fail(len(self.bodies), lines)
-        if error is not None:
-            raise error
-        if self.max_lines is not None and len(lines) > self.max_lines:
-            raise BatchTooLargeError("request too large (413)")
-        reasons = [r for r in map(self.bad, lines) if r]
-        for line in lines:
-            if not self.bad(line):
-                self.stored[line] = self.stored.get(line, 0) + 1
-        if reasons:  # like 1.x: the first problem named, the good points kept
-            raise BadPointsError(f"refused (400): {reasons[0]}", f"partial write: {reasons[0]}")
-
-    def close(self) -> None:
-        pass
-
-
-class LineSender:
-    """Lines sent the simple way over a BatchSender: in order, in batches of at most
-    ``max_points`` lines and ``max_bytes`` bytes, each batch one body; rejections are
-    indexes into ``lines``."""
-
-    def __init__(self, sender: BatchSender, max_points: int = 5000, max_bytes: int = 4 << 20):
-        self.sender, self.max_points, self.max_bytes = sender, max_points, max_bytes
-
-    def send(self, lines: list[str]) -> list[tuple[int, str]]:
-        encoded = [line.encode() for line in lines]
-        rejected: list[tuple[int, str]] = []
-        for batch in batches(
-            range(len(lines)), self.max_points, self.max_bytes, lambda i: len(encoded[i]) + 1
-        ):
-            body = b"\n".join(encoded[i] for i in batch)
-            part = [lines[i] for i in batch]
-            sent = self.sender.send(body, len(batch), lambda part=part: part)  # type: ignore[misc]
-            rejected += [(batch[0] + i, reason) for i, reason in sent]
-        return rejected
-
-
-def fake_config(deadline_s: float = 60.0) -> InfluxConfig:
-    return InfluxConfig(
-        url="http://fake", retry_initial_s=0.5, retry_max_s=4.0, retry_deadline_s=deadline_s
-    )
-
-
-def make_sender(
-    writer: FakeInflux,
-    clock: FakeClock,
-    deadline_s: float = 60.0,
-    max_points: int = 5000,
-    max_bytes: int = 4 << 20,
-    **kwargs: object,
-) -> LineSender:
-    config = fake_config(deadline_s)
-    sender = BatchSender(writer, config, sleep=clock.sleep, clock=clock, **kwargs)  # type: ignore[arg-type]
-    return LineSender(sender, max_points, max_bytes)
-
-
-def lines_of(n: int) -> list[str]:
-    return [f"m,host=h{i % 3} v={i}i {1_700_000_000_000_000_000 + i}" for i in range(n)]
-
 
 # --- RetryPolicy ----------------------------------------------------------------------
 

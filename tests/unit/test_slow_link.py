@@ -7,23 +7,14 @@ import gzip
 
 import pytest
 
-from tests.integration.faultproxy import TokenBucket, WriteCounter
+from devkit.faultproxy import TokenBucket, WriteCounter
+from tests.fakes import FakeClock
 
 MBIT = 1_000_000
 
 
-class FakeClock:
-    """A clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def bucket(rate_bps: float, burst_bits: float) -> tuple[TokenBucket, FakeClock]:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     return TokenBucket(rate_bps, burst_bits, clock=clock), clock
 
 

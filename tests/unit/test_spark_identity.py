@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fakes import FakeTaskContext
 from twophase.errors import PermanentError
 from twophase.spark import stage
 from twophase.spark.ends import run_of
@@ -16,20 +17,6 @@ CONNECT_TAGS = (
     "SparkConnect_SessionTag_User__Session_5f_Tag_{tag},"
     "spark-session-26-execution-root-id-6,spark-session-26"
 )
-
-
-class FakeTaskContext:
-    def __init__(self, **properties: str) -> None:
-        self.properties = properties
-
-    def getLocalProperty(self, key: str) -> str | None:
-        return self.properties.get(key)
-
-    def partitionId(self) -> int:
-        return 3
-
-    def attemptNumber(self) -> int:
-        return 1
 
 
 def in_task(monkeypatch: pytest.MonkeyPatch, **properties: str) -> None:

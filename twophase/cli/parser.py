@@ -1,11 +1,10 @@
 """The ``twophase`` command line: commands, flags and argument types.
 
 The connection flags are the settings marked ``flag`` in
-[`twophase.config.SETTINGS`][twophase.config.settings.SETTINGS]; each overrides its ``TWOPHASE_*``
-variable. All of
-them are accepted before the command; after it, a command takes the flags of the
-servers it talks to: the staging store's, and InfluxDB's for those that send to or read
-from InfluxDB.
+[`twophase.config.SETTINGS`][twophase.config.settings.SETTINGS]; each overrides its
+``TWOPHASE_*`` variable. All of them are accepted before the command; after it, a command
+takes the flags of the servers it talks to: the staging store's, and InfluxDB's for those
+that send to or read from InfluxDB.
 """
 
 from __future__ import annotations

@@ -90,8 +90,7 @@ class _Source:
 
     def lookup(self, setting: Setting) -> tuple[Any, str]:
         """The raw value (None when unset; a secret as [`Secret`][twophase.config.values.Secret])
-        and the name it
-        was given under (the variable's when unset)."""
+        and the name it was given under (the variable's when unset)."""
         option = setting.name
         if option in self._explicit:
             return _wrap(setting, self._explicit[option]), option

@@ -1,12 +1,11 @@
 """Reading one value of each kind of setting: text, secrets, durations, integers, choices,
 URLs, lists of named InfluxDB targets and file paths.
 
-Each parser takes the [`Setting`][twophase.config.settings.Setting], the raw value and
-the name it was given under (the option, or its environment variable), and raises
+Each parser takes the [`Setting`][twophase.config.settings.Setting], the raw value and the
+name it was given under (the option, or its environment variable), and raises
 [`ConfigError`][twophase.errors.ConfigError] naming that name. Secrets are wrapped in
-[`Secret`][twophase.config.values.Secret], which never shows its value in ``repr``/``str``; URLs are
-shown
-with the password masked.
+[`Secret`][twophase.config.values.Secret], which never shows its value in ``repr``/``str``;
+URLs are shown with the password masked.
 """
 
 from __future__ import annotations

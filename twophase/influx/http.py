@@ -1,10 +1,9 @@
 """One HTTP request to InfluxDB, with credentials only in headers, and its answer read
 within a bound.
 
-Credentials never go into a URL, so they cannot reach logs or error messages
-through it; [`credential_forms`][twophase.influx.http.credential_forms] lists every form a
-credential takes on
-the wire, for scrubbing messages.
+Credentials never go into a URL, so they cannot reach logs or error messages through it;
+[`credential_forms`][twophase.influx.http.credential_forms] lists every form a credential
+takes on the wire, for scrubbing messages.
 
 An answer is never read whole into memory on the server's word: an error's text
 ([`answer`][twophase.influx.http.answer]) is read up to ``ANSWER_BYTES`` and the rest

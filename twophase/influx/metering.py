@@ -1,24 +1,21 @@
 """In-process metrics of the process that promotes (the Spark driver): its InfluxDB requests.
 
-Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink
-option): then [`serve`][twophase.influx.metering.serve] starts one Prometheus endpoint per process
-(on ``metrics_host``, loopback unless told; https with ``metrics_tls_cert``
-and ``metrics_tls_key``, mutual TLS with ``metrics_tls_client_ca``:
-[`twophase.serving`][twophase.serving]),
-and
-[`MeteredWriter`][twophase.influx.metering.MeteredWriter] wraps each target's writer so that every
-request is
-measured, labelled with the target (``target``: its name in ``targets``, or
-``default`` for the one ``influx_url`` names): its latency, its answer by
-status class (``2xx``, ``4xx``, ``5xx``, or ``transport`` when none came), the
-bytes sent; and the retries the sender makes by reason (``throttled``: 429;
-``unavailable``: 5xx; ``transport``), over all targets.
+Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink option): then
+[`serve`][twophase.influx.metering.serve] starts one Prometheus endpoint per process (on
+``metrics_host``, loopback unless told; https with ``metrics_tls_cert`` and
+``metrics_tls_key``, mutual TLS with ``metrics_tls_client_ca``:
+[`twophase.serving`][twophase.serving]), and
+[`MeteredWriter`][twophase.influx.metering.MeteredWriter] wraps each target's writer so that
+every request is measured, labelled with the target (``target``: its name in ``targets``, or
+``default`` for the one ``influx_url`` names): its latency, its answer by status class
+(``2xx``, ``4xx``, ``5xx``, or ``transport`` when none came), the bytes sent; and the
+retries the sender makes by reason (``throttled``: 429; ``unavailable``: 5xx;
+``transport``), over all targets.
 
-The metrics live in [`REGISTRY`][twophase.influx.metering.REGISTRY], not in prometheus-client's
-global
-one, so that importing twophase adds nothing to an application's own
-``/metrics``; embed them with ``REGISTRY`` where wanted. What the store
-knows (epochs, points, dead letters) comes from the exporter
+The metrics live in [`REGISTRY`][twophase.influx.metering.REGISTRY], not in
+prometheus-client's global one, so that importing twophase adds nothing to an application's
+own ``/metrics``; embed them with ``REGISTRY`` where wanted. What the store knows (epochs,
+points, dead letters) comes from the exporter
 ([`twophase.operations.exporter`][twophase.operations.exporter]), which any process can run.
 """
 
@@ -91,8 +88,7 @@ def retry_reason(error: BaseException) -> str:
 
 class MeteredWriter:
     """An [`InfluxWriter`][twophase.influx.writers.InfluxWriter] that measures each request of the
-    one it wraps, the
-    writer of ``target``.
+    one it wraps, the writer of ``target``.
 
     Same contract as the wrapped writer (one attempt, classified errors, a
     re-sent body as the server keeps it): it only observes.
@@ -101,6 +97,12 @@ class MeteredWriter:
     def __init__(self, inner: InfluxWriter, target: str = DEFAULT_TARGET) -> None:
         self._inner = inner
         self._target = target
+        # The target's series, looked up once (a ``labels`` call per metric and request
+        # cost more than the rest of the metering); a status class's when first seen,
+        # so that no series shows before its first request.
+        self._seconds = REQUEST_SECONDS.labels(target=target)
+        self._bytes = SENT_BYTES.labels(target=target)
+        self._responses: dict[str, Counter] = {}
 
     def write(self, body: bytes, gzipped: bool = False) -> None:
         started = time.perf_counter()
@@ -111,10 +113,17 @@ class MeteredWriter:
             error = exc
             raise
         finally:
-            target = self._target
-            REQUEST_SECONDS.labels(target=target).observe(time.perf_counter() - started)
-            RESPONSES.labels(target=target, status_class=status_class(error)).inc()
-            SENT_BYTES.labels(target=target).inc(len(body))
+            self._seconds.observe(time.perf_counter() - started)
+            self._response(status_class(error)).inc()
+            self._bytes.inc(len(body))
+
+    def _response(self, status: str) -> Counter:
+        counter = self._responses.get(status)
+        if counter is None:
+            counter = self._responses[status] = RESPONSES.labels(
+                target=self._target, status_class=status
+            )
+        return counter
 
     def read(self, statement: str) -> Iterable[dict[str, Any]]:
         return self._inner.read(statement)  # a read back is not a delivery: not metered

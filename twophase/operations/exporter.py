@@ -1,12 +1,11 @@
 """The Prometheus exporter of the staging store: every sink's state, read on each scrape.
 
-``twophase metrics serve`` runs it (on ``exporter_host``:``exporter_port``,
-loopback unless told; https and mutual TLS with the ``exporter_tls_*``
-settings, [`twophase.serving`][twophase.serving]);
-[`StoreCollector`][twophase.operations.exporter.StoreCollector] embeds
-it in any ``prometheus_client`` registry, and [`start`][twophase.operations.exporter.start] serves
-it from a
-thread of the calling process.
+``twophase metrics serve`` runs it (on ``exporter_host``:``exporter_port``, loopback unless
+told; https and mutual TLS with the ``exporter_tls_*`` settings,
+[`twophase.serving`][twophase.serving]);
+[`StoreCollector`][twophase.operations.exporter.StoreCollector] embeds it in any
+``prometheus_client`` registry, and [`start`][twophase.operations.exporter.start] serves it
+from a thread of the calling process.
 
 A read of the store costs three indexed queries, whatever the history's
 length: one row per sink (the running totals the ledger keeps in

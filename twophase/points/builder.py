@@ -1,11 +1,9 @@
 """Rows to InfluxDB line protocol, validated at stage time.
 
-A [`PointBuilder`][twophase.points.builder.PointBuilder] turns one row (a mapping of column name to
-value) into
-one line-protocol line with a nanosecond timestamp, or explains in a
-[`Rejected`][twophase.points.builder.Rejected] why the row cannot become a point. Nothing is ever
-dropped
-silently: every input row yields exactly one line or one rejection, so staged
+A [`PointBuilder`][twophase.points.builder.PointBuilder] turns one row (a mapping of column
+name to value) into one line-protocol line with a nanosecond timestamp, or explains in a
+[`Rejected`][twophase.points.builder.Rejected] why the row cannot become a point. Nothing is
+ever dropped silently: every input row yields exactly one line or one rejection, so staged
 points plus dead letters always add up to the input.
 
 Arrow record batches, what Spark hands a staging task, are encoded a column at a time

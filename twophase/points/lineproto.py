@@ -1,17 +1,14 @@
 """InfluxDB line protocol: writing it (escaping, checks on keys and values) and reading it.
 
-The helpers [`twophase.points.builder`][twophase.points.builder] builds its lines with: the escape
-tables of
-``influxdb_client`` (so lines match ``Point.to_line_protocol()`` byte for
-byte), the checks that refuse names and values InfluxDB 1.x would not store
-or read back unchanged (why each is refused is in the
-[`twophase.points.builder`][twophase.points.builder]
-docstring), and the formatting of field values. A bad value raises
-[`PointError`][twophase.errors.PointError].
+The helpers [`twophase.points.builder`][twophase.points.builder] builds its lines with: the
+escape tables of ``influxdb_client`` (so lines match ``Point.to_line_protocol()`` byte for
+byte), the checks that refuse names and values InfluxDB 1.x would not store or read back
+unchanged (why each is refused is in the
+[`twophase.points.builder`][twophase.points.builder] docstring), and the formatting of field
+values. A bad value raises [`PointError`][twophase.errors.PointError].
 
-[`parse_line`][twophase.points.lineproto.parse_line] reads a line back (``twophase verify`` rebuilds
-what
-InfluxDB should hold from staged lines); it raises
+[`parse_line`][twophase.points.lineproto.parse_line] reads a line back (``twophase verify``
+rebuilds what InfluxDB should hold from staged lines); it raises
 [`LineProtocolError`][twophase.errors.LineProtocolError] for text that is not a line.
 """
 
@@ -193,9 +190,8 @@ def field_text(
 def _converted_field_text(column: str, value: Any, unsigned: bool, newlines: bool) -> str | None:
     """A value of no plain type (numpy scalars, Decimal, subclasses), converted first.
 
-    Kept out of [`field_text`][twophase.points.lineproto.field_text], whose plain types are the
-    common case and are
-    tested first, without a call.
+    Kept out of [`field_text`][twophase.points.lineproto.field_text], whose plain types are
+    the common case and are tested first, without a call.
     """
     if isinstance(value, float):  # numpy's float64 (a float subclass): the common numpy case
         return field_text(column, float(value))

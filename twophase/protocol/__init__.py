@@ -12,7 +12,8 @@ the sink's runs in [`twophase.protocol.ledger`][twophase.protocol.ledger] and
 [`twophase.protocol.readahead`][twophase.protocol.readahead],
 [`twophase.protocol.promoter`][twophase.protocol.promoter] (an epoch to the sink's targets, one
 or several, then COMMITTED) through each target's
-[`twophase.protocol.delivery`][twophase.protocol.delivery] (read back, check, send) with
+[`twophase.protocol.delivery`][twophase.protocol.delivery] (read back, check, send; one read
+for several targets through [`twophase.protocol.broadcast`][twophase.protocol.broadcast]) with
 [`twophase.protocol.deadletters`][twophase.protocol.deadletters], background promotion in
 [`twophase.protocol.handoff`][twophase.protocol.handoff];
 [`twophase.protocol.catchup`][twophase.protocol.catchup] (a lagging

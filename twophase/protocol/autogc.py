@@ -1,11 +1,9 @@
 """Automatic GC: the process that commits a sink collects the sink's garbage by itself.
 
-Without it nothing purges staged points past retention or orphaned writes
-unless an operator runs ``twophase gc``, and the staging store grows until
-PostgreSQL's disk is full and every step stalls. The committer calls
-[`AutoGc.poke`][twophase.protocol.autogc.AutoGc.poke] as each commit returns; a collection of that
-sink starts
-when one is due.
+Without it nothing purges staged points past retention or orphaned writes unless an operator
+runs ``twophase gc``, and the staging store grows until PostgreSQL's disk is full and every
+step stalls. The committer calls [`AutoGc.poke`][twophase.protocol.autogc.AutoGc.poke] as
+each commit returns; a collection of that sink starts when one is due.
 
 Contracts:
 

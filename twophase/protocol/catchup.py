@@ -170,14 +170,12 @@ class CatchUp:
         progress: Callable[[int], None] | None = None,
     ) -> bool:
         """Deliver target ``name``'s backlog below ``epoch``, in order, now: a commit
-        whose caught-up targets cannot make ``min_targets`` catches a reachable
-        lagging one up before it sends it the epoch. Each epoch within
-        ``target_deadline`` (a commit's round; ``round_only`` False: within
-        ``influx_retry_deadline``); stops once ``enough()`` (the others made it, or
-        the commit gave up)
-        (the others made it meanwhile), and waits for the target's lock (another
-        process catching it up) only while not ``enough()``. True once the target holds
-        every epoch below ``epoch``; False when stopped."""
+        whose caught-up targets cannot make ``min_targets`` catches a reachable lagging one
+        up before it sends it the epoch. Each epoch within ``target_deadline`` (a commit's
+        round; ``round_only`` False: within ``influx_retry_deadline``); stops once
+        ``enough()`` (the others made it meanwhile, or the commit gave up), and waits for
+        the target's lock (another process catching it up) only while not ``enough()``.
+        True once the target holds every epoch below ``epoch``; False when stopped."""
 
         def stop() -> None:
             if enough():

@@ -13,6 +13,7 @@ recovery does not wait for a commit that may never come.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ class CommitOutcome:
     replay: bool
     recovered: tuple[int, ...]
     promoted: PromoteResult | None
+    # Seconds each step took, in order: ("recover", s), ("decide", s), ("promote", s)
+    # (promote: inline only; a handed-off epoch's promotion is not in its commit).
+    steps: tuple[tuple[str, float], ...] = ()
 
 
 class Committer:
@@ -158,21 +162,27 @@ class Committer:
         self._settled.discard(lease)
         if self._handoff is not None:  # the previous epoch first; raises its failure
             self._handoff.wait(lease.sink_id)
+        clock = _Steps()
         recovered = () if settled else tuple(r.epoch for r in self.recover(lease))
+        clock.lap("recover")
         decision = self._ledger.decide(lease, epoch, messages, start_promotion=True)
         crash_point("after_decide", lease.sink_id)
         if decision.replay:
             self._discard_replayed(lease, epoch, decision.state, messages)
+        clock.lap("decide")
         promoted = None
         if decision.state == EpochState.PRECOMMITTED and self._handoff is not None:
             self._handoff.hand_off(lease, epoch, decision.plan)
         elif decision.state == EpochState.PRECOMMITTED:
             promoted = self._promoter.promote(lease, epoch, decision.plan)
+            clock.lap("promote")
         self._settled.add(lease)
         if self._auto_gc is not None:  # starts a thread when due; never waits, never raises
             self._auto_gc.poke(lease.sink_id)
         state = EpochState.COMMITTED if promoted else decision.state
-        return CommitOutcome(lease.sink_id, epoch, state, decision.replay, recovered, promoted)
+        return CommitOutcome(
+            lease.sink_id, epoch, state, decision.replay, recovered, promoted, clock.steps
+        )
 
     def _discard_replayed(
         self, lease: Lease, epoch: int, state: EpochState, messages: Sequence[CommitMessage]
@@ -216,3 +226,17 @@ class Committer:
                     self._auto_gc.close()
             finally:
                 self._catch_up.close()
+
+
+class _Steps:
+    """The time each step of a commit took, for its log line (where an epoch's time goes,
+    without a profiler)."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self.steps: tuple[tuple[str, float], ...] = ()
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps += ((step, now - self._last),)
+        self._last = now

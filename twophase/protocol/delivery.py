@@ -31,16 +31,25 @@ from twophase.faults import crash_point
 from twophase.influx.sender import BatchSender
 from twophase.model import DeadLetter, EpochPlan, LineChecksum, Phase, StagedChunk
 from twophase.points.batching import batches
+from twophase.protocol.broadcast import Bounds, Broadcast
 from twophase.protocol.deadletters import DeadLetterLog
 from twophase.protocol.lanes import fan_out
 from twophase.protocol.readahead import read_ahead
 from twophase.protocol.reader import StagedReader
 from twophase.retry import Progress, RetryPolicy, StagingRetry
 
-__all__ = ["TargetDelivery"]
+__all__ = ["Chunks", "SharedRead", "TargetDelivery", "shared_read"]
 
 log = logging.getLogger("twophase.protocol.delivery")
-_READ_AHEAD = 4  # pieces read from PostgreSQL while InfluxDB takes the current request
+_READ_AHEAD = 4  # chunks read from PostgreSQL while InfluxDB takes the current request
+# A read shared by several targets buffers 16 chunks, and about 8 MiB as stored, past
+# the slowest target still taking; a target that took them all waits half a second for
+# the next (about as long as a caught-up epoch takes) before the slowest reads on its own.
+_SHARED = Bounds(depth=16, max_bytes=8 * 1024 * 1024, patience_s=0.5)
+
+# An epoch's staged chunks as read: (the write's index in the plan, the chunk)
+Chunks = Generator[tuple[int, StagedChunk], None, None]
+SharedRead = Broadcast[tuple[int, StagedChunk]]
 
 
 class TargetDelivery:
@@ -83,10 +92,14 @@ class TargetDelivery:
         *,
         round_only: bool = False,
         on_batch: Callable[[int], None] | None = None,
+        shared: Chunks | None = None,
     ) -> tuple[int, int]:
         """Send the plan ([`send`][twophase.protocol.delivery.TargetDelivery.send]), the whole
         send repeated through a staging outage; ``check`` runs before every request and
         retry, and stops the delivery by raising. Returns (delivered, rejected).
+        ``shared``: the plan's chunks read and checked once for several targets
+        ([`shared_read`][twophase.protocol.delivery.shared_read]), taken by the first try;
+        a repeat reads on its own.
 
         InfluxUnavailableError once the server gave no answer for
         ``influx_retry_deadline`` (``round_only``: for ``target_deadline``, a
@@ -102,9 +115,10 @@ class TargetDelivery:
                 on_batch(points)
 
         sender = self._round_sender if round_only else self._sender
+        first = [shared] if shared is not None else []
         return self._retry(
             "promote",
-            lambda: self._send(plan, sender, sent, check),
+            lambda: self._send(plan, sender, sent, check, first.pop() if first else None),
             progress=progress,
         )
 
@@ -139,6 +153,7 @@ class TargetDelivery:
         sender: BatchSender,
         on_batch: Callable[[int], None] | None,
         before_request: Callable[[], None] | None,
+        shared: Chunks | None = None,
     ) -> tuple[int, int]:
         tally = _Tally(plan)
         small = tally.points <= self._batch_points
@@ -150,18 +165,21 @@ class TargetDelivery:
             on_batch=on_batch,
             check=before_request,
         )
-        with contextlib.closing(self._read(plan, small)) as pieces:
-            read = tally.reading(pieces)  # checksums in the order read, whatever the lanes
+        chunks = self._read(plan, small) if shared is None else shared
+        changed: list[PermanentError] = []
+        with contextlib.closing(chunks):
+            pieces = self._pieces(_sent_first(chunks, changed))
             if small or self._lanes == 1:
-                lane(read)
+                lane(pieces)
             else:
                 fan_out(
-                    read,
+                    pieces,
                     lambda piece: piece.chunk.lane % self._lanes,
                     self._lanes,
                     lambda _, pieces: lane(pieces),
                 )
-        tally.check_unchanged()
+        if changed:
+            raise changed[0]
         return tally.delivered, tally.rejected
 
     def _send_lane(
@@ -189,19 +207,64 @@ class TargetDelivery:
             tally.sent(request, len(rejects), on_batch)
             crash_point("promote_batch", plan.sink_id)
 
-    def _read(self, plan: EpochPlan, small: bool) -> Generator[_Piece, None, None]:
-        """The plan's pieces: nothing to read for an epoch without points; an epoch within
-        one request (``small``) read at once (one round trip); a larger one through a
-        server-side cursor, read ahead in a thread while InfluxDB takes the requests."""
+    def _read(self, plan: EpochPlan, small: bool) -> Chunks:
+        """The plan's chunks, checked: an epoch within one request (``small``) read at
+        once (one round trip); a larger one through a server-side cursor, read ahead in
+        a thread while InfluxDB takes the requests."""
+        chunks = self._checked(plan, small)
+        yield from (chunks if small else read_ahead(chunks, _READ_AHEAD))
+
+    def _checked(self, plan: EpochPlan, small: bool) -> Chunks:
+        """The plan's chunks, read from the staging store and checked against the
+        decision (I1) as they pass: PermanentError at the end if they changed. Nothing
+        to read for an epoch without points."""
         if not any(w.points for w in plan.writes):
             return
-        pieces = self._pieces(plan, small)
-        yield from (pieces if small else read_ahead(pieces, _READ_AHEAD))
+        check = _Check(plan)
+        yield from check.reading(
+            self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
+        )
+        check.unchanged()
 
-    def _pieces(self, plan: EpochPlan, small: bool) -> Iterator[_Piece]:
-        chunks = self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
+    def _pieces(self, chunks: Iterable[tuple[int, StagedChunk]]) -> Iterator[_Piece]:
         for index, chunk in chunks:
             yield from _pieces_of(index, chunk, self._batch_points, self._batch_bytes)
+
+
+def shared_read(plan: EpochPlan, targets: Sequence[TargetDelivery]) -> SharedRead:
+    """The plan's chunks read and checked once (by the first target's reader: every
+    target of a sink reads the same staging store), for every one of ``targets`` to
+    take ([`Broadcast.take`][twophase.protocol.broadcast.Broadcast.take]) by its name.
+    A target left behind reads again on its own, checked as well, and read ahead."""
+    reader = targets[0]
+    small = _points(plan) <= reader._batch_points
+    return Broadcast(
+        reader._checked(plan, small),
+        [t.name for t in targets],
+        _SHARED,
+        size=lambda chunk: len(chunk[1].stored),
+        again=lambda: reader._read(plan, small),
+    )
+
+
+class _ChangedError(PermanentError):
+    """I1 broken, found at the end of a read: raised once what was read is sent."""
+
+
+def _sent_first(
+    chunks: Iterable[tuple[int, StagedChunk]], changed: list[PermanentError]
+) -> Iterator[tuple[int, StagedChunk]]:
+    """``chunks``; an epoch found changed at the end of the read put in ``changed``,
+    raised once the lanes sent what was read: a damaged member a request carries is
+    found by the sender (refused, then taken apart), which names it."""
+    try:
+        yield from chunks
+    except _ChangedError as exc:
+        changed.append(PermanentError(str(exc)))
+
+
+def _points(plan: EpochPlan) -> int:
+    return sum(w.points for w in plan.writes)
 
 
 @dataclass(frozen=True)
@@ -296,26 +359,12 @@ def _dead_letters(
 
 
 class _Tally:
-    """What a send read back (counts and checksums per write) and its outcome; lanes
-    report what they sent from their threads."""
+    """A send's outcome; lanes report what they sent from their threads."""
 
     def __init__(self, plan: EpochPlan) -> None:
-        self._plan = plan
-        self._sums = [LineChecksum() for _ in plan.writes]
-        self._counts = [0] * len(plan.writes)
         self._lock = threading.Lock()
-        self.points = sum(w.points for w in plan.writes)
+        self.points = _points(plan)
         self.delivered = self.rejected = 0
-
-    def reading(self, pieces: Iterable[_Piece]) -> Iterator[_Piece]:
-        """``pieces``, each counted as it is read; each chunk hashed as stored (I1)."""
-        for piece in pieces:
-            if piece.whole:  # the usual case: the piece is the chunk as stored
-                self._sums[piece.index].add_joined(piece.data)
-            elif piece.start == 0:  # a cut chunk's first piece: the chunk as stored
-                self._sums[piece.index].add_joined(piece.chunk.stored)
-            self._counts[piece.index] += piece.points
-            yield piece
 
     def sent(
         self, request: Sequence[_Piece], rejected: int, progress: Callable[[int], None] | None
@@ -328,12 +377,30 @@ class _Tally:
             if progress is not None:
                 progress(self.delivered + self.rejected)
 
-    def check_unchanged(self) -> None:
+
+class _Check:
+    """What a read gave back, counts and checksums per write, against the decision."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self._plan = plan
+        self._sums = [LineChecksum() for _ in plan.writes]
+        self._counts = [0] * len(plan.writes)
+
+    def reading(
+        self, chunks: Iterable[tuple[int, StagedChunk]]
+    ) -> Iterator[tuple[int, StagedChunk]]:
+        """``chunks``, each counted and hashed as stored (I1) as it is read."""
+        for index, chunk in chunks:
+            self._sums[index].add_joined(chunk.stored)
+            self._counts[index] += chunk.points
+            yield index, chunk
+
+    def unchanged(self) -> None:
         """I1: what was read back is exactly what was staged and decided."""
         plan = self._plan
         for write, digest, count in zip(plan.writes, self._sums, self._counts, strict=True):
             if count != write.points or digest.hexdigest() != write.checksum:
-                raise PermanentError(
+                raise _ChangedError(
                     f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
                     f"{write.write_id} changed after the decision ({count} read, "
                     f"{write.points} staged); the epoch's state is left as it was for an "

@@ -3,12 +3,11 @@
 * Staged points of COMMITTED or ABORTED epochs are kept ``retention`` after
   the epoch ended (so they can be re-sent, e.g. after an InfluxDB restore),
   then deleted; the epoch keeps its row and is marked ``purged_at``.
-* With several targets, a COMMITTED epoch's points are kept, past retention too,
-  until every target that is not quarantined holds it (each target's backlog,
-  [`twophase.protocol.targets`][twophase.protocol.targets]); a collection first quarantines the
-  targets behind by more than
-  ``target_max_lag``, logging each, so that a dead target holds staging only so
-  long.
+* With several targets, a COMMITTED epoch's points are kept, past retention too, until every
+  target that is not quarantined holds it (each target's backlog,
+  [`twophase.protocol.targets`][twophase.protocol.targets]); a collection first quarantines
+  the targets behind by more than ``target_max_lag``, logging each, so that a dead target
+  holds staging only so long.
 * A write no decision names is an orphan (a failed, speculative or replayed
   task attempt). It is removed once its epoch is decided, or after
   ``orphan_grace`` if its epoch never is (a run that crashed before voting),

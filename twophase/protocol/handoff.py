@@ -1,14 +1,12 @@
 """Background promotion: a decided epoch is promoted on a thread while the caller goes on.
 
-Flink's two-phase commit sink pre-commits at the checkpoint barrier and
-commits once the checkpoint is complete, while the job goes on; committables
-still pending are committed again on restart. twophase has the durable half
-already: a decided epoch is PRECOMMITTED in PostgreSQL, and every commit and
-``twophase recover`` promotes PRECOMMITTED epochs first (I3). With
-``promotion = background`` the committer hands a decided epoch to a
-[`Handoff`][twophase.protocol.handoff.Handoff] and returns, so Spark computes the next micro-batch
-while
-this one travels to InfluxDB.
+Flink's two-phase commit sink pre-commits at the checkpoint barrier and commits once the
+checkpoint is complete, while the job goes on; committables still pending are committed
+again on restart. twophase has the durable half already: a decided epoch is PRECOMMITTED in
+PostgreSQL, and every commit and ``twophase recover`` promotes PRECOMMITTED epochs first
+(I3). With ``promotion = background`` the committer hands a decided epoch to a
+[`Handoff`][twophase.protocol.handoff.Handoff] and returns, so Spark computes the next
+micro-batch while this one travels to InfluxDB.
 
 Contracts:
 

@@ -1,13 +1,12 @@
 """Lanes: an epoch promoted over several InfluxDB connections at once, series by series.
 
-With ``promote_connections = N`` a line's *lane* (0..N-1) is chosen when it
-is staged ([`LaneChooser`][twophase.protocol.lanes.LaneChooser]), from a stable hash of its
-measurement and
-tag set, and stored with its chunk; promotion sends each lane over its own
-connection ([`fan_out`][twophase.protocol.lanes.fan_out]) and never parses a line. Every point of a
-series takes the same lane, and a lane keeps the epoch's fixed order, so
-two writes of one point key within an epoch always land in the same order
-(I4), however many lanes there are and however often the epoch is promoted.
+With ``promote_connections = N`` a line's *lane* (0..N-1) is chosen when it is staged
+([`LaneChooser`][twophase.protocol.lanes.LaneChooser]), from a stable hash of its
+measurement and tag set, and stored with its chunk; promotion sends each lane over its own
+connection ([`fan_out`][twophase.protocol.lanes.fan_out]) and never parses a line. Every
+point of a series takes the same lane, and a lane keeps the epoch's fixed order, so two
+writes of one point key within an epoch always land in the same order (I4), however many
+lanes there are and however often the epoch is promoted.
 
 The hash is CRC-32 of the measurement and the sorted tags as written (the
 order of the tags in a line does not name another series), so every process

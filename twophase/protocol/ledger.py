@@ -45,6 +45,7 @@ from twophase.protocol.transitions import (
     state_of,
 )
 from twophase.store.database import Database
+from twophase.store.fencing import FenceReader
 from twophase.store.locks import LockOwner
 
 __all__ = ["Decision", "Forgotten", "Ledger"]
@@ -70,6 +71,12 @@ class Ledger:
 
     def __init__(self, db: Database):
         self._db = db
+        # the fencing reads' own session, shared by the lanes (opened at the first read)
+        self._fence = FenceReader(db.session, db.config.display_url)
+
+    def close(self) -> None:
+        """End the fencing reads' session (the pool is the caller's). Idempotent."""
+        self._fence.close()
 
     @contextmanager
     def _fenced_counted(self, sink_id: str) -> Iterator[None]:
@@ -180,9 +187,10 @@ class Ledger:
                 )
             ids = [m.write_id for m in messages]
             decision = (read_back and own_decision(cur, lease.sink_id, epoch, ids)) or _vote(
-                cur, sink, lease, epoch, messages, self._db.config.display_url
+                cur, sink, lease, epoch, messages, self._db.config.display_url, start_promotion
             )
-            if start_promotion and decision.state == EpochState.PRECOMMITTED:
+            started = decision.plan is not None  # a new decision counted its attempt already
+            if start_promotion and decision.state == EpochState.PRECOMMITTED and not started:
                 decision = replace(decision, plan=start_attempt(cur, lease, epoch))
             crash_point("in_decide", lease.sink_id)
             return decision
@@ -209,20 +217,19 @@ class Ledger:
         One single-row read without the sink's lock: a promoter asks before
         every request and every retry of one, so that a fenced run starts no
         request more. (InfluxDB cannot refuse a fenced writer; a request already
-        under way still lands, and the mark that follows is refused.)
+        under way still lands, and the mark that follows is refused.) Read on a
+        session of its own, shared by the lanes
+        ([`FenceReader`][twophase.store.fencing.FenceReader]), never from a cache;
+        repeated through an outage like every step.
         """
         self._db.retry("check lease", lambda: self._check_lease(lease))
 
     def _check_lease(self, lease: Lease) -> None:
-        with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
-            cur.execute(
-                "SELECT fencing_token, owner_run_id FROM twophase_sinks WHERE sink_id = %s",
-                (lease.sink_id,),
-            )
-            row = cur.fetchone()
-            if row is None:
+        with self._fenced_counted(lease.sink_id):
+            sink = self._fence.read(lease.sink_id)
+            if sink is None:
                 raise StateError(f"unknown sink {lease.sink_id!r}")
-            check_fence({"fencing_token": row[0], "owner_run_id": row[1]}, lease)
+            check_fence(sink, lease)
 
     def watch(self, lease: Lease) -> Callable[[], None]:
         """A check to run before each request of a delivery under ``lease``: FencedError
@@ -472,6 +479,7 @@ def _vote(
     epoch: int,
     messages: Sequence[CommitMessage],
     store: str,
+    start_promotion: bool,
 ) -> Decision:
     existing = epoch_row(cur, lease.sink_id, epoch)
     if existing is not None:
@@ -490,7 +498,7 @@ def _vote(
             f"store: {_reset_hint(lease.sink_id)}"
         )
     refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
-    return insert_decision(cur, lease, epoch, refs)
+    return insert_decision(cur, lease, epoch, refs, start_promotion=start_promotion)
 
 
 def _count_replay(

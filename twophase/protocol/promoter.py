@@ -6,7 +6,9 @@ Every sink has targets: one (``influx_url``, named ``default``) or several
 [`Promoter.promote`][twophase.protocol.promoter.Promoter.promote] sends the
 epoch's fixed point set (I1) to every target it is owed, each through its
 [`TargetDelivery`][twophase.protocol.delivery.TargetDelivery] on a thread of
-its own. A caught-up target gets it at once. A lagging target is caught up
+its own. A caught-up target gets it at once; several caught-up ones share one
+read of it, checked once ([`shared_read`][twophase.protocol.delivery.shared_read]),
+each taking it at its own pace. A lagging target is caught up
 first, in epoch order ([`CatchUp.below`][twophase.protocol.catchup.CatchUp.below]),
 but only while the caught-up ones cannot make ``min_targets`` by themselves:
 the sink makes progress whenever ``min_targets`` targets are reachable,
@@ -57,7 +59,7 @@ from twophase.faults import crash_point
 from twophase.logs import lease_fields
 from twophase.model import EpochPlan, Lease
 from twophase.protocol.catchup import CatchUp
-from twophase.protocol.delivery import TargetDelivery
+from twophase.protocol.delivery import SharedRead, TargetDelivery, shared_read
 from twophase.protocol.ledger import Ledger
 from twophase.protocol.targets import LIVE, QUARANTINED, Place, TargetLedger
 
@@ -118,7 +120,7 @@ class Promoter:
         places = self._places(lease, epoch)
         race = _Race.of(places, self._min, epoch, self._deadline_s)
         due = [d for d in self._deliveries if race.is_due(d.name)]
-        outcomes = self._send_all(lease, plan, due, race)
+        outcomes = self._send_all(lease, plan, due, race, _shared(plan, due, race))
         new = {n: out for n, out in outcomes.items() if isinstance(out, tuple)}
         held = race.held | new
         failed = {n: out for n, out in outcomes.items() if isinstance(out, TwoPhaseError)}
@@ -220,7 +222,12 @@ class Promoter:
                 )
 
     def _send_all(
-        self, lease: Lease, plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race
+        self,
+        lease: Lease,
+        plan: EpochPlan,
+        due: Sequence[TargetDelivery],
+        race: _Race,
+        shared: SharedRead | None,
     ) -> dict[str, tuple[int, int] | TwoPhaseError]:
         """Each due target's outcome: its counts, or the failure that left it (or
         nothing: a lagging target the others made do without). Raises the first
@@ -230,7 +237,7 @@ class Promoter:
 
         def run(target: TargetDelivery) -> None:
             try:
-                outcome = self._send_one(lease, plan, target, race)
+                outcome = self._send_one(lease, plan, target, race, shared)
             except BaseException as exc:  # raised below, on the committing thread
                 errors[target.name] = exc
                 race.stop()
@@ -241,30 +248,40 @@ class Promoter:
         threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in due[1:]]
         for thread in threads:
             thread.start()
-        if due:
-            run(due[0])  # the first target on the caller's thread
-        for thread in threads:
-            thread.join()
+        try:
+            if due:
+                run(due[0])  # the first target on the caller's thread
+            for thread in threads:
+                thread.join()
+        finally:
+            if shared is not None:
+                shared.close()
         for name in self._names:
             if name in errors:
                 raise errors[name]
         return outcomes
 
     def _send_one(
-        self, lease: Lease, plan: EpochPlan, target: TargetDelivery, race: _Race
+        self,
+        lease: Lease,
+        plan: EpochPlan,
+        target: TargetDelivery,
+        race: _Race,
+        shared: SharedRead | None,
     ) -> tuple[int, int] | TwoPhaseError | None:
         """Deliver the plan to one target, round after round (where it stands read
         again each round): caught up, it gets the epoch; lagging, it is caught up
         first while the others cannot make ``min_targets`` without it (None once they
         have). Given up once enough targets hold the epoch or its server stayed
-        silent past the retry deadline."""
+        silent past the retry deadline. A caught-up target's first round takes the
+        read ``shared`` with the others; a later one reads on its own."""
         check = race.stoppable(self._ledger.watch(lease))
         rounds = race.rounds_for(target.name)
         while True:
             try:
                 if not self._caught_up(lease, plan.epoch, target.name, race, rounds):
                     return None
-                counts = target.deliver(plan, check, round_only=rounds, on_batch=race.progress)
+                counts = _deliver(target, plan, check, rounds, race, shared)
             except TARGET_FAILURES as exc:
                 # Without rounds the target had the whole retry deadline: its failure is
                 # the commit's, at once (a refused credential fails fast, as it should).
@@ -290,6 +307,33 @@ class Promoter:
         return self._catch_up.below(
             lease, name, epoch, race.over, round_only=rounds, progress=race.progress
         )
+
+
+def _shared(plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race) -> SharedRead | None:
+    """One read of the epoch for the targets that take it at once (caught up), when
+    there are several; None for one (it reads on its own, as a lagging one does)."""
+    caught_up = [d for d in due if race.was_caught_up(d.name)]
+    return shared_read(plan, caught_up) if len(caught_up) > 1 else None
+
+
+def _deliver(
+    target: TargetDelivery,
+    plan: EpochPlan,
+    check: Callable[[], None],
+    rounds: bool,
+    race: _Race,
+    shared: SharedRead | None,
+) -> tuple[int, int]:
+    """One round of ``target``: the shared read if it has not taken it yet, its own
+    read otherwise. Dropped from the shared read after it, however it ended, so that
+    the others never wait for it."""
+    if shared is None:
+        return target.deliver(plan, check, round_only=rounds, on_batch=race.progress)
+    try:
+        chunks = shared.take(target.name)
+        return target.deliver(plan, check, round_only=rounds, on_batch=race.progress, shared=chunks)
+    finally:
+        shared.drop(target.name)
 
 
 class _Race:

@@ -1,10 +1,9 @@
 """Consume an iterator in a background thread, a bounded number of items ahead.
 
-Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB;
-done in turn, the read (0.33 s per million points here) adds to the send.
-[`read_ahead`][twophase.protocol.readahead.read_ahead] overlaps them: both mostly wait on sockets,
-where Python
-releases the GIL.
+Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB; done in turn, the
+read (0.33 s per million points here) adds to the send.
+[`read_ahead`][twophase.protocol.readahead.read_ahead] overlaps them: both mostly wait on
+sockets, where Python releases the GIL.
 """
 
 from __future__ import annotations

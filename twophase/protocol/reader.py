@@ -1,11 +1,10 @@
 """Driver side: reading decided epochs back from the staging store, in promotion order.
 
-[`decided_writes`][twophase.protocol.reader.decided_writes] is the one place where the order of an
-epoch's writes
-is written down. Promotion, resend and verify all read an epoch through it,
-so they send (or rebuild) its points in the same order every time (I4: two
-writes of the same point within an epoch always land in the same order).
-Within a write, lines keep their staged order (seq).
+[`decided_writes`][twophase.protocol.reader.decided_writes] is the one place where the order
+of an epoch's writes is written down. Promotion, resend and verify all read an epoch through
+it, so they send (or rebuild) its points in the same order every time (I4: two writes of the
+same point within an epoch always land in the same order). Within a write, lines keep their
+staged order (seq).
 
 Read-only: nothing here changes the store.
 """

@@ -11,15 +11,13 @@ protocol as any epoch:
    letters (not requeued yet, of decided writes, filtered by epoch and reason; at most
    ``REQUEUE_LETTERS`` of them and ``REQUEUE_BYTES`` of lines, oldest first) and the
    correction's number.
-2. [`Requeuer.decide`][twophase.protocol.requeue.Requeuer.decide] stages their lines as one write of
-epoch ``-n``
-   ([`Stager`][twophase.protocol.stager.Stager]), then, in one transaction under the
-   sink's lock and the caller's fencing token, records the correction
-   PRECOMMITTED and marks exactly those letters ``requeued_in = -n``. That
-   transaction is repeated through an outage; a repeat first reads back a
-   correction whose commit landed but was not acknowledged. A crash before
-   that transaction leaves an orphan write (GC removes it) and the letters
-   as they were; after it, the correction is an ordinary
+2. [`Requeuer.decide`][twophase.protocol.requeue.Requeuer.decide] stages their lines as one
+   write of epoch ``-n`` ([`Stager`][twophase.protocol.stager.Stager]), then, in one
+   transaction under the sink's lock and the caller's fencing token, records the correction
+   PRECOMMITTED and marks exactly those letters ``requeued_in = -n``. That transaction is
+   repeated through an outage; a repeat first reads back a correction whose commit landed
+   but was not acknowledged. A crash before that transaction leaves an orphan write (GC
+   removes it) and the letters as they were; after it, the correction is an ordinary
    PRECOMMITTED epoch that ``twophase recover`` promotes (I3).
 3. The caller promotes it ([`recover`][twophase.protocol.committer.Committer.recover]).
    Points InfluxDB refuses again become dead letters of the correction --

@@ -71,13 +71,12 @@ class TwoPhase:
     ) -> TwoPhase:
         """Connect, check the schema (SchemaError when behind) and wire the parts.
 
-        ``db`` and ``writer`` default to ones made from ``config``; passing them
-        shares a pool, or wraps the writer (fault injection in tests). With
-        ``serve_metrics`` (the Spark driver) and ``metrics_port`` set, the
-        writer is metered and this process serves its metrics there
-        ([`twophase.influx.metering`][twophase.influx.metering]); the CLI never does, so an
-        operator's
-        shell holding the job's environment does not take the driver's port.
+        ``db`` and ``writer`` default to ones made from ``config``; passing them shares a
+        pool, or wraps the writer (fault injection in tests). With ``serve_metrics`` (the
+        Spark driver) and ``metrics_port`` set, the writer is metered and this process
+        serves its metrics there ([`twophase.influx.metering`][twophase.influx.metering]);
+        the CLI never does, so an operator's shell holding the job's environment does not
+        take the driver's port.
         """
         influx = config.influx
         # every target promotes at once: a reader and its lanes' checks each
@@ -157,6 +156,7 @@ class TwoPhase:
         finally:
             for writer in self.writers.values():
                 writer.close()
+            self.ledger.close()
             self.db.close()
 
     def __enter__(self) -> TwoPhase:

@@ -105,59 +105,71 @@ def count_pending(cur: Cursor, sink_id: str) -> int:
     return int(row[0]) if row else 0
 
 
-_INSERT_DECISION = (
-    "INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id, write_ids,"
-    " checksum, points_staged, points_rejected_stage, staged_bytes) VALUES (%s, %s, %s, %s,"
-    " %s, %s, %s, %s, %s, (SELECT COALESCE(sum(COALESCE(octet_length(body_gz),"
-    " octet_length(body))), 0)"
-    " FROM twophase_staged_chunks WHERE write_id = ANY(%s))) RETURNING staged_bytes"
-)
-# Bytes as stored and sent: a gzip member's, or a text body's (octet_length of text
-# TOASTed with lz4 is read from its header: no decompression).
-
-# A correction (negative epoch) leaves the sink's last decided epoch and query alone.
-_COUNT_DECISION = (
-    "UPDATE twophase_sinks SET"
+# The decision, the sink's totals and the epoch's event in one statement (one round
+# trip). Bytes as stored and sent: a gzip member's, or a text body's (octet_length of
+# text TOASTed with lz4 is read from its header: no decompression). A correction
+# (negative epoch) leaves the sink's last decided epoch and query alone. ``a`` is 1
+# when the caller promotes next: the first promotion attempt is counted here, as
+# `start_attempt` would count it in a statement of its own.
+_DECIDE = (
+    "WITH d AS (INSERT INTO twophase_epochs (sink_id, epoch, state, run_id, query_id,"
+    " write_ids, checksum, points_staged, points_rejected_stage, promote_attempts,"
+    " staged_bytes) VALUES (%(s)s, %(e)s, %(state)s, %(run)s, %(q)s, %(ids)s, %(sum)s,"
+    " %(n)s, %(r)s, %(a)s, (SELECT COALESCE(sum(COALESCE(octet_length(body_gz),"
+    " octet_length(body))), 0) FROM twophase_staged_chunks WHERE write_id = ANY(%(ids)s)))"
+    " RETURNING staged_bytes),"
+    " t AS (UPDATE twophase_sinks SET"
     " last_decided_epoch = CASE WHEN %(e)s >= 0 THEN %(e)s ELSE last_decided_epoch END,"
     " query_id = CASE WHEN %(e)s >= 0 THEN COALESCE(query_id, %(q)s) ELSE query_id END,"
     " points_staged = points_staged + %(n)s,"
     " points_rejected_stage = points_rejected_stage + %(r)s,"
-    " staged_bytes = staged_bytes + %(b)s,"
+    " staged_bytes = staged_bytes + (SELECT staged_bytes FROM d),"
+    " promote_attempts = promote_attempts + %(a)s,"
     " updated_at = now()"
-    " WHERE sink_id = %(s)s"
+    " WHERE sink_id = %(s)s),"
+    " ev AS (INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+    " VALUES (%(s)s, %(e)s, 'decided', %(run)s, %(detail)s))"
+    " SELECT staged_bytes FROM d"
 )
 
 
 def insert_decision(
-    cur: Cursor, lease: Lease, epoch: int, refs: Sequence[WriteRow], detail: str = ""
+    cur: Cursor,
+    lease: Lease,
+    epoch: int,
+    refs: Sequence[WriteRow],
+    detail: str = "",
+    *,
+    start_promotion: bool = False,
 ) -> Decision:
     """Record ``epoch`` PRECOMMITTED with exactly these writes (I1) and count it.
 
     A Spark epoch (``epoch >= 0``) also becomes the sink's last decided one; a
-    correction (negative) does not, so Spark's sequence is untouched.
+    correction (negative) does not, so Spark's sequence is untouched. With
+    ``start_promotion`` the first promotion attempt is counted too and the
+    decision carries the plan (what `start_attempt` does, without its statements).
     """
     points = sum(r[1] for r in refs)
     rejected = sum(r[2] for r in refs)
     ids = [r[0] for r in refs]
-    checksum = _combine_checksums(sorted(r[3] for r in refs))
     state = EpochState.PRECOMMITTED
-    row = (lease.sink_id, epoch, state, lease.run_id, lease.query_id, ids, checksum, points)
-    cur.execute(_INSERT_DECISION, (*row, rejected, ids))
-    staged_bytes = cur.fetchone()[0]  # type: ignore[index]
-    cur.execute(
-        _COUNT_DECISION,
-        {
-            "e": epoch,
-            "q": lease.query_id,
-            "n": points,
-            "r": rejected,
-            "b": staged_bytes,
-            "s": lease.sink_id,
-        },
-    )
     what = f"{len(refs)} writes, {points} points, {rejected} rejected at stage{detail}"
-    event(cur, lease.sink_id, epoch, "decided", lease.run_id, what)
-    return Decision(lease.sink_id, epoch, state, False, points)
+    params = {
+        "s": lease.sink_id,
+        "e": epoch,
+        "state": state,
+        "run": lease.run_id,
+        "q": lease.query_id,
+        "ids": ids,
+        "sum": _combine_checksums(sorted(r[3] for r in refs)),
+        "n": points,
+        "r": rejected,
+        "a": int(start_promotion),
+        "detail": what,
+    }
+    cur.execute(_DECIDE, params)
+    plan = _plan(cur, lease, epoch) if start_promotion else None
+    return Decision(lease.sink_id, epoch, state, False, points, plan)
 
 
 def own_decision(
@@ -193,6 +205,10 @@ def start_attempt(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:
         " promote_retries = promote_retries + %s WHERE sink_id = %s",
         (int(row[0] > 1), lease.sink_id),
     )
+    return _plan(cur, lease, epoch)
+
+
+def _plan(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:
     return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
 
 

@@ -1,27 +1,23 @@
 """Spark Structured Streaming integration: a streaming sink and a foreachBatch adapter.
 
-* [`register`][twophase.spark.source.register] makes ``df.writeStream.format("twophase-influx")``
-  available
-  (a PySpark 4 Python data source: stage in ``write``, decide and promote in
-  ``commit``, discard in ``abort``).
-* [`foreach_batch_writer`][twophase.spark.foreach.foreach_batch_writer] gives the same protocol to
-  ``foreachBatch``
-  pipelines.
-* [`split_dead_letters`][twophase.spark.split.split_dead_letters] sends the rows a job classified as
-  bad to the
-  dead-letter table from the tasks that read them, decided with the sink's
-  epochs (no second query over the input).
+* [`register`][twophase.spark.source.register] makes
+  ``df.writeStream.format("twophase-influx")`` available (a PySpark 4 Python data source:
+  stage in ``write``, decide and promote in ``commit``, discard in ``abort``).
+* [`foreach_batch_writer`][twophase.spark.foreach.foreach_batch_writer] gives the same
+  protocol to ``foreachBatch`` pipelines.
+* [`split_dead_letters`][twophase.spark.split.split_dead_letters] sends the rows a job
+  classified as bad to the dead-letter table from the tasks that read them, decided with the
+  sink's epochs (no second query over the input).
 * [`claim_query`][twophase.spark.claim_query] lets a driver claim the sink right after ``start()``,
   so a second query or a reset checkpoint is refused before it computes and
   what a crashed run left PRECOMMITTED is delivered even if no batch comes
   (under Spark Connect, a foreachBatch writer needs it: see
   [`twophase.spark.foreach`][twophase.spark.foreach]).
 * [`end_query`][twophase.spark.ends.end_query] (after the query stopped) or
-  [`watch_query`][twophase.spark.ends.watch_query] (a
-  listener) records that the query's run ended, so operators' commands tell
-  a stopped query from a live one; [`drain_query`][twophase.spark.ends.drain_query] waits for the
-  last
-  background promotion (``promotion = background``).
+  [`watch_query`][twophase.spark.ends.watch_query] (a listener) records that the query's run
+  ended, so operators' commands tell a stopped query from a live one;
+  [`drain_query`][twophase.spark.ends.drain_query] waits for the last background promotion
+  (``promotion = background``).
 * [`ship_package`][twophase.spark.ship.ship_package] adds a zip of ``twophase`` to the executors'
   path.
 

@@ -8,10 +8,9 @@ parts are opened once per configuration and a run claims its sink once
 
 Contracts:
 
-* [`commit_epoch`][twophase.spark.commit.commit_epoch] is idempotent per epoch: a replayed epoch is
-  detected
-  by the core and skipped (COMMITTED) or completed from its original writes
-  (PRECOMMITTED); older PRECOMMITTED epochs are promoted first (I3).
+* [`commit_epoch`][twophase.spark.commit.commit_epoch] is idempotent per epoch: a replayed
+  epoch is detected by the core and skipped (COMMITTED) or completed from its original
+  writes (PRECOMMITTED); older PRECOMMITTED epochs are promoted first (I3).
 * [`claim`][twophase.spark.commit.claim] recovers: a run's first claim in a process promotes the
   epochs older runs left PRECOMMITTED, whether it comes from
   [`twophase.spark.claim_query`][twophase.spark.claim_query] at the query's start or from a commit.
@@ -19,9 +18,8 @@ Contracts:
   FencedError for a zombie run, CheckpointResetError for a reset checkpoint
   or a second query on the sink, InfluxUnavailableError past the retry
   deadline (the epoch stays PRECOMMITTED; a restart recovers it).
-* [`abort_epoch`][twophase.spark.commit.abort_epoch] never raises for a staging problem: what it
-  cannot
-  delete now, GC removes later.
+* [`abort_epoch`][twophase.spark.commit.abort_epoch] never raises for a staging problem:
+  what it cannot delete now, GC removes later.
 """
 
 from __future__ import annotations
@@ -70,10 +68,9 @@ def open_in_background(sink: SinkOptions) -> None:
     """Start opening the sink's parts (connection pool, schema check, InfluxDB writer)
     in a thread, so that the first micro-batch finds them ready.
 
-    Idempotent: [`two_phase`][twophase.spark.commit.two_phase] opens them once per process, and a
-    caller that
-    needs them first waits for the opening. A failure is left to that caller,
-    which meets it again with its message.
+    Idempotent: [`two_phase`][twophase.spark.commit.two_phase] opens them once per process,
+    and a caller that needs them first waits for the opening. A failure is left to that
+    caller, which meets it again with its message.
     """
 
     def opening() -> None:
@@ -155,8 +152,11 @@ def commit_epoch(
     epoch: int,
     messages: Sequence[CommitMessage],
     identity: tuple[str, str | None] | None = None,
+    staged_s: float | None = None,
 ) -> CommitOutcome | None:
     """Decide and promote ``epoch`` from its tasks' messages; None if it had no task.
+    ``staged_s`` is how long the staging job took, when the caller ran it (foreachBatch):
+    the commit's log line gives it beside the commit's own steps.
 
     With a ``dead_letter_sink``, the rows split off upstream
     ([`twophase.spark.split`][twophase.spark.split]) are decided next, as that sink's epoch.
@@ -193,15 +193,20 @@ def commit_epoch(
         _commit_split(sink.dead_letters(), epoch, *identity)
     if outcome is None:
         return None
+    steps = ((("stage", staged_s),) if staged_s is not None else ()) + outcome.steps
     log.info(
-        "sink %s epoch %d: %s%s, recovered %s, %d points delivered",
+        "sink %s epoch %d: %s%s, recovered %s, %d points delivered (%s)",
         sink.sink_id,
         epoch,
         outcome.state,
         " (replay)" if outcome.replay else "",
         list(outcome.recovered) or "none",
         outcome.promoted.delivered if outcome.promoted else 0,
-        extra=fields(sink.sink_id, epoch, identity[0]),
+        ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in steps),
+        extra={
+            **fields(sink.sink_id, epoch, identity[0]),
+            "steps_ms": {step: round(seconds * 1000, 1) for step, seconds in steps},
+        },
     )
     return outcome
 

@@ -4,9 +4,8 @@ Two ways, for the ``twophase-influx`` data source and the foreachBatch adapter
 alike (both run on the driver, where the query object is):
 
 * [`end_query`][twophase.spark.ends.end_query] after the query stopped (``awaitTermination``
-  returned
-  or raised): synchronous, so a script that exits right after it has
-  recorded the end. ``jobs/session_metrics.py`` does this.
+  returned or raised): synchronous, so a script that exits right after it has recorded the
+  end. ``jobs/session_metrics.py`` does this.
 * [`watch_query`][twophase.spark.ends.watch_query] right after ``start()``: a
   ``StreamingQueryListener``
   records the end when Spark reports the query terminated (clean stop,

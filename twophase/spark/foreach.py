@@ -39,6 +39,7 @@ import contextlib
 import functools
 import logging
 import pickle
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -78,13 +79,12 @@ def foreach_batch_writer(
 ) -> ForeachBatchWriter:
     """A ``foreachBatch`` function writing each micro-batch exactly once.
 
-    Arguments mean what the data source's options mean; ``settings`` are the
-    ``TWOPHASE_*`` settings by lower-case name (secrets refused). With
-    ``dead_letter_sink``, rows split off upstream through the writer's
-    [`split_dead_letters`][twophase.spark.foreach.ForeachBatchWriter.split_dead_letters] are decided
-    under that sink
-    in the same micro-batch. Validates everything now, on the driver: raises
-    ConfigError naming the argument.
+    Arguments mean what the data source's options mean; ``settings`` are the ``TWOPHASE_*``
+    settings by lower-case name (secrets refused). With ``dead_letter_sink``, rows split off
+    upstream through the writer's
+    [`split_dead_letters`][twophase.spark.foreach.ForeachBatchWriter.split_dead_letters] are
+    decided under that sink in the same micro-batch. Validates everything now, on the
+    driver: raises ConfigError naming the argument.
     """
     spec = None
     if mode == POINTS:
@@ -150,10 +150,12 @@ def _write_batch(
     if driver.remote and driver.query_id is None:  # the client claims with the query id
         driver = replace(driver, query_id=await_claim(sink, driver.run_id))
     stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
+    started = time.perf_counter()
     with driver.tagged(df, batch_id):
         rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
     messages = [message_of(row.message) for row in rows]
-    commit_epoch(sink, batch_id, messages, (driver.run_id, driver.query_id))
+    identity = (driver.run_id, driver.query_id)
+    commit_epoch(sink, batch_id, messages, identity, time.perf_counter() - started)
 
 
 def message_of(data: bytes) -> CommitMessage:

@@ -1,14 +1,12 @@
 """The sink's options: parsed and validated once on the driver, shipped as plain data.
 
-A [`SinkOptions`][twophase.spark.options.SinkOptions] is what every side of the Spark sink works
-from: the
-driver builds it from ``.option(...)`` values (or the ``foreachBatch``
-adapter's keyword arguments) and checks everything it can before a single
-row is computed; executors receive it pickled inside the writer. It never
-holds a secret: the InfluxDB password and token (``SECRET_OPTIONS``), and a
-password inside ``staging_url``, are refused as options, because Spark logs
-option values and shows them in its UI. Secrets come from the environment
-(``TWOPHASE_*`` or ``TWOPHASE_*_FILE``, ``PGPASSWORD``/``~/.pgpass`` for
+A [`SinkOptions`][twophase.spark.options.SinkOptions] is what every side of the Spark sink
+works from: the driver builds it from ``.option(...)`` values (or the ``foreachBatch``
+adapter's keyword arguments) and checks everything it can before a single row is computed;
+executors receive it pickled inside the writer. It never holds a secret: the InfluxDB
+password and token (``SECRET_OPTIONS``), and a password inside ``staging_url``, are refused
+as options, because Spark logs option values and shows them in its UI. Secrets come from the
+environment (``TWOPHASE_*`` or ``TWOPHASE_*_FILE``, ``PGPASSWORD``/``~/.pgpass`` for
 PostgreSQL), where each process reads them itself.
 """
 

@@ -1,13 +1,11 @@
 """Shipping the ``twophase`` package to executors, as Spark users expect.
 
-Executors import ``twophase`` to stage rows. On a cluster whose Python has
-it installed (the same virtualenv everywhere, or ``--archives`` of a packed
-one) nothing is needed. Otherwise [`ship_package`][twophase.spark.ship.ship_package] zips the
-package the
-driver runs from and adds it with ``SparkContext.addPyFile``, which is what
-``spark-submit --py-files twophase.zip`` does. Its dependencies (psycopg,
-SQLAlchemy, influxdb-client, pyarrow) must be installed on the executors:
-they contain compiled code that a zip cannot carry.
+Executors import ``twophase`` to stage rows. On a cluster whose Python has it installed (the
+same virtualenv everywhere, or ``--archives`` of a packed one) nothing is needed. Otherwise
+[`ship_package`][twophase.spark.ship.ship_package] zips the package the driver runs from and
+adds it with ``SparkContext.addPyFile``, which is what ``spark-submit --py-files
+twophase.zip`` does. Its dependencies (psycopg, SQLAlchemy, influxdb-client, pyarrow) must
+be installed on the executors: they contain compiled code that a zip cannot carry.
 """
 
 from __future__ import annotations

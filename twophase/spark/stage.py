@@ -60,9 +60,8 @@ def current_task(
 ) -> TaskIdentity:
     """The identity of the running task; explicit values win over local properties.
 
-    Raises [`PermanentError`][twophase.errors.PermanentError] outside a Spark task, or when no epoch
-    is
-    given and the task is not part of a streaming micro-batch.
+    Raises [`PermanentError`][twophase.errors.PermanentError] outside a Spark task, or when
+    no epoch is given and the task is not part of a streaming micro-batch.
     """
     ctx = TaskContext.get()
     if ctx is None:

@@ -63,8 +63,8 @@ class Database:
         self._pool = ConnectionPool(
             conninfo,
             min_size=1,
-            # default: a promotion's reader and its lanes' fence checks and dead letters,
-            # beside the caller's own steps
+            # default: a promotion's reader and its lanes' dead letters, beside the
+            # caller's own steps (the fencing reads have a session of their own)
             max_size=max_size or 3 + config.lanes,
             timeout=config.connect_timeout_s,
             check=ConnectionPool.check_connection,
@@ -158,16 +158,35 @@ class Database:
         self, name: str, owner: LockOwner, between_tries: Callable[[], None] | None
     ) -> psycopg.Connection:
         """A new session that holds the lock (StagingUnavailableError when it cannot)."""
+        conn = self.session(owner.application_name)
+        try:
+            locks.take(conn, name, owner, between_tries, self.config.retry_deadline_s)
+        except psycopg.OperationalError as exc:
+            conn.close()
+            raise StagingUnavailableError(
+                f"staging database {self.config.display_url}: {first_line(exc)}"
+            ) from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def session(self, application_name: str | None = None) -> psycopg.Connection:
+        """A new autocommit session outside the pool, with the pooled sessions' settings
+        (``_configure``): the caller's own, to close. StagingUnavailableError (with
+        libpq's reason, never the URL's password) when it cannot be opened."""
+        named: dict[str, object] = (
+            {} if application_name is None else {"application_name": application_name}
+        )
         try:
             conn = psycopg.connect(
                 self._conninfo,
                 autocommit=True,
-                application_name=owner.application_name,
+                **named,  # type: ignore[arg-type]
                 **self._connect_kwargs,  # type: ignore[arg-type]
             )
             try:
-                locks.apply_settings(conn, self.config)
-                locks.take(conn, name, owner, between_tries, self.config.retry_deadline_s)
+                _configure(conn, self.config)
             except BaseException:
                 conn.close()
                 raise

@@ -8,10 +8,9 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   of which that was decided is COMMITTED and delivered).
 * ``twophase_runs``: every start of a query against a sink (audit of fencing), and
   when and how it ended (``ended_at``, ``end_reason``) if it said so.
-* ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED).
-  Spark's batch ids are epochs 0, 1, 2...; an operator's *correction* (dead
-  letters requeued, [`twophase.protocol.requeue`][twophase.protocol.requeue]) is epoch ``-n`` for
-  the sink's
+* ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED). Spark's
+  batch ids are epochs 0, 1, 2...; an operator's *correction* (dead letters requeued,
+  [`twophase.protocol.requeue`][twophase.protocol.requeue]) is epoch ``-n`` for the sink's
   n-th correction, so the two sequences never collide.
 * ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
 * ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of

@@ -46,6 +46,21 @@ import zlib
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from devkit.daemon import wait_until
+
+__all__ = [
+    "BURST_BYTES",
+    "CUT",
+    "DROP_REPLY",
+    "MODES",
+    "PASS",
+    "STALL",
+    "FaultProxy",
+    "TokenBucket",
+    "WriteCounter",
+    "wait_until",
+]
+
 PASS, CUT, STALL, DROP_REPLY = "pass", "cut", "stall", "drop_reply"
 MODES = (PASS, CUT, STALL, DROP_REPLY)
 WRITE_PATHS = ("/write", "/api/v2/write")
@@ -388,13 +403,3 @@ def _close(*socks: socket.socket) -> None:
     for sock in socks:
         with contextlib.suppress(OSError):
             sock.close()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout_s`` passes; its last answer."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
