@@ -1,4 +1,4 @@
-"""``bench.costs``'s table: one row per figure of the issue, from the parts' results;
+"""``bench.costs``'s table: one row per figure of the comparison, from the parts' results;
 the stage, CPU and profile tables under it; the chart."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def rows(parts: dict[str, Any]) -> list[Row]:
         out.extend([failed] if failed else make(parts[name]))
         if name == "csv":
             out.extend(_stage_rows(parts))
-    return sorted(out, key=lambda r: int(r["metric"].split()[0]))  # stable: the issue's order
+    return sorted(out, key=lambda r: int(r["metric"].split()[0]))  # stable: by row number
 
 
 def _wall(runs: Sequence[dict[str, Any]]) -> float:

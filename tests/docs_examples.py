@@ -21,10 +21,10 @@ EXAMPLE_PAGES = sorted(
     [*DOCS.glob("getting-started/*.md"), *DOCS.glob("guides/*.md")]
 )  # the examples run
 SITE_PAGES = sorted(DOCS.rglob("*.md"))  # every page of the site
-# the pages whose commands are checked: the examples', the failures', the runbooks'
+# the pages whose commands are checked: the examples', the concepts', the operations'
 COMMAND_PAGES = [
     *EXAMPLE_PAGES,
-    DOCS / "concepts" / "failures.md",
+    *sorted(DOCS.glob("concepts/*.md")),
     *sorted(DOCS.glob("operations/**/*.md")),
 ]
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", flags=re.M | re.S)
