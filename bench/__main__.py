@@ -72,11 +72,12 @@ PARTS: dict[str, str] = {
     "staging_scale": "metric 14 alone",
     "steps": "one 1M-point epoch, step by step",
     "fencing": "promotion with and without its fencing check",
-    "request_size": "promote request sizes (influx_batch_points): points/s, driver CPU",
+    "request_size": "promote request sizes (target_batch_points): points/s, driver CPU",
     "fanout": "two InfluxDB targets against one: 3-4.5 minutes",
     "versions": "metric 2 of this checkout against another ref's (--old REF)",
     "encode": "encoding on executors: row builder vs columnar, no servers",
     "costs": "what exactly-once costs against a plain foreachBatch, one table: ~20 minutes",
+    "pg_target": "twophase into a PostgreSQL target against a plain foreachBatch upsert",
 }
 
 

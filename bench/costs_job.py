@@ -76,7 +76,7 @@ def rows(spark: Any, args: argparse.Namespace) -> Any:
 
 def plain_sink(spark: Any) -> tuple[Callable[[Any, int], None], Callable[[], dict[str, Any]]]:
     """The plain ``foreachBatch`` function, and what its accumulators add up to."""
-    url, db = os.environ["TWOPHASE_INFLUX_URL"], os.environ["TWOPHASE_INFLUX_DB"]
+    url, db = os.environ["TWOPHASE_TARGET_URL"], os.environ["TWOPHASE_INFLUX_DB"]
     target = f"{url}/write?db={db}&precision=ms"
     spent, posting = spark.sparkContext.accumulator(0.0), spark.sparkContext.accumulator(0.0)
 

@@ -27,7 +27,7 @@ from twophase.protocol.runtime import TwoPhase
 
 # While b is down, the catch-up worker of the committing process retries it in the
 # background, holding b's lock (a PostgreSQL advisory lock) for a whole round. With
-# the default round (influx_retry_deadline, 300 s) it would still hold the lock
+# the default round (target_retry_deadline, 300 s) it would still hold the lock
 # when the bench closes that process and catches b up from another one; a round
 # of 1 s lets it go at once. The commits give up on b after target_deadline either way.
 DOWN_ROUND_S = 1.0

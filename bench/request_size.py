@@ -1,7 +1,7 @@
 """``python -m bench request_size [--points N] [--repeats R] [--sizes ...]``: promote
 request size.
 
-What ``influx_batch_points`` (and ``influx_batch_bytes``, kept out of the way here:
+What ``target_batch_points`` (and ``target_batch_bytes``, kept out of the way here:
 ``--bytes-per-point`` bytes a point) costs and gives. One epoch of N points is
 staged once with the defaults (``compression = gzip``, 5,000-line chunks, 4 lanes)
 and decided; then, per link, it is sent R times per request size through

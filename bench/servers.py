@@ -34,18 +34,22 @@ class BenchSetupError(RuntimeError):
 
 @dataclass(frozen=True)
 class Servers:
-    """Where the servers are (from TWOPHASE_STAGING_URL and TWOPHASE_INFLUX_URL)."""
+    """Where the servers are (from TWOPHASE_STAGING_URL and TWOPHASE_TARGET_URL)."""
 
     staging_url: str
     influx_url: str
 
     @classmethod
     def from_env(cls) -> Servers:
-        names = ("TWOPHASE_STAGING_URL", "TWOPHASE_INFLUX_URL")
-        missing = [n for n in names if not os.environ.get(n)]
+        names = ("TWOPHASE_STAGING_URL", "TWOPHASE_TARGET_URL")
+        # A shell set up before the rename has the URL under its former name.
+        found = {n: os.environ.get(n) for n in names} | {
+            names[1]: os.environ.get(names[1]) or os.environ.get("TWOPHASE_INFLUX_URL")
+        }
+        missing = [n for n in names if not found[n]]
         if missing:
             raise BenchSetupError(f"{', '.join(missing)} not set: {_ENV_HINT}")
-        return cls(os.environ[names[0]], os.environ[names[1]].rstrip("/"))
+        return cls(str(found[names[0]]), str(found[names[1]]).rstrip("/"))
 
 
 def admin_conninfo(url: str) -> str:

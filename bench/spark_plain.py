@@ -19,7 +19,7 @@ or replayed batch is written again; dropped lines are gone.
 ``--sink twophase`` keeps this pipeline and swaps only its sink for
 ``twophase.spark.foreach_batch_writer``: the diagnostic that separates the
 sink's cost from the job's. The InfluxDB settings come from the
-``TWOPHASE_INFLUX_URL`` / ``TWOPHASE_INFLUX_DB`` variables, so both sides
+``TWOPHASE_TARGET_URL`` / ``TWOPHASE_INFLUX_DB`` variables, so both sides
 are pointed the same way. Prints ``STARTED``, one ``PROGRESS`` line per
 micro-batch and ``DONE``, like the job.
 """
@@ -145,7 +145,7 @@ def sink(args: argparse.Namespace) -> Callable[[Any, int], None]:
 
 def plain_batch() -> Callable[[Any, int], None]:
     """The plain ``foreachBatch`` function: every partition POSTs its windows itself."""
-    write = write_partition(os.environ["TWOPHASE_INFLUX_URL"], os.environ["TWOPHASE_INFLUX_DB"])
+    write = write_partition(os.environ["TWOPHASE_TARGET_URL"], os.environ["TWOPHASE_INFLUX_DB"])
 
     def each_batch(df: Any, batch_id: int) -> None:
         df.foreachPartition(write)

@@ -105,7 +105,7 @@ def write_partition(url: str, database: str) -> Callable[[Iterable[Any]], None]:
 
 
 def plain_sink() -> Callable[[Any, int], None]:
-    write = write_partition(os.environ["TWOPHASE_INFLUX_URL"], os.environ["TWOPHASE_INFLUX_DB"])
+    write = write_partition(os.environ["TWOPHASE_TARGET_URL"], os.environ["TWOPHASE_INFLUX_DB"])
 
     def each_batch(df: Any, batch_id: int) -> None:
         df.foreachPartition(write)

@@ -34,7 +34,7 @@ from bench.proxies import ProxyProcess
 from bench.servers import REPO
 from bench.sides import BenchError
 from bench.stats import rotated
-from twophase.config import InfluxConfig
+from twophase.config import ALIASES, InfluxConfig, env_name
 
 MASTER = "local[2,4]"  # local[2] would run each task once: one failed task fails the query
 TIMEOUT_S = 600
@@ -100,7 +100,7 @@ class Run:
 def compression() -> str:
     """The compression twophase's sides stage with: the environment's setting (the jobs
     inherit it), else the default."""
-    from twophase.config import default, env_name
+    from twophase.config import default
 
     return os.environ.get(env_name("compression")) or str(default("compression"))
 
@@ -120,15 +120,16 @@ def missing(job: Path | None = None) -> str | None:
 def job_env(staging_url: str | None, influx: InfluxConfig) -> dict[str, str]:
     """The job's environment: the scratch staging database (None: none, for a job that
     does not stage) and InfluxDB database."""
+    former = {env_name(alias) for alias in ALIASES}  # the current names are set below
     inherited = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("TWOPHASE_CRASH") and k != "TWOPHASE_STAGING_URL"
+        if not k.startswith("TWOPHASE_CRASH") and k != "TWOPHASE_STAGING_URL" and k not in former
     }
     return {
         **inherited,
         **({} if staging_url is None else {"TWOPHASE_STAGING_URL": staging_url}),
-        "TWOPHASE_INFLUX_URL": influx.url,
+        "TWOPHASE_TARGET_URL": influx.url,
         "TWOPHASE_INFLUX_API": "v1",
         "TWOPHASE_INFLUX_DB": str(influx.database),
         "PYSPARK_PYTHON": sys.executable,

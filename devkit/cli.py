@@ -48,7 +48,7 @@ def env_lines() -> list[str]:
     pg, influx, vm = default_servers()
     values = {
         "TWOPHASE_STAGING_URL": pg.url,
-        "TWOPHASE_INFLUX_URL": influx.url,
+        "TWOPHASE_TARGET_URL": influx.url,
         "TWOPHASE_INFLUX_API": "v1",
         "TWOPHASE_INFLUX_DB": INFLUX_DATABASE,
         "TWOPHASE_TEST_VM_URL": vm.url,

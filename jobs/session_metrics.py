@@ -4,7 +4,8 @@
 
     spark-submit jobs/session_metrics.py --input DIR --checkpoint DIR --sink-id NAME \
         [--available-now | --trigger-interval 10s] [--max-files-per-trigger N] \
-        [--window "5 minutes"] [--watermark "10 minutes"] [--log-format text|json]
+        [--window "5 minutes"] [--watermark "10 minutes"] [--log-format text|json] \
+        [--measurement-per-metric]
 
     python jobs/session_metrics.py ...        # the same, Spark started from this Python
                                               # (master local[*,4] unless --master)
@@ -17,10 +18,16 @@ windows per ``stream_id`` and ``isp`` with a watermark in update mode, and
 writes measurement ``stream_stats`` (tags ``stream_id``, ``isp``; integer
 fields ``events``, ``users`` (approximate distinct ``user_id``),
 ``bytes_p2p``, ``bytes_cdn``; time = window end, in seconds) exactly once
-under sink ``--sink-id``. PySpark's Python data sources cannot run in update
-mode, so the stats go through ``twophase.spark.foreach_batch_writer`` (the
-same protocol); ``--stats-writer data-source`` uses the ``twophase-influx``
-format in complete mode instead.
+under sink ``--sink-id``. With ``--measurement-per-metric`` each aggregate is a
+measurement of its own instead, ``stream_stats_events``, ``stream_stats_users``,
+``stream_stats_bytes_p2p`` and ``stream_stats_bytes_cdn`` (same tags and time, one
+integer field ``value``), all from the same DataFrame through the sink's
+``measurement_column``: each window's row becomes one row per metric, whose
+``metric`` column names its measurement (an overflowed sum then dead-letters that
+metric's row alone). PySpark's Python data sources cannot run in update mode, so the
+stats go through ``twophase.spark.foreach_batch_writer`` (the same protocol);
+``--stats-writer data-source`` uses the ``twophase-influx`` format in complete mode
+instead.
 
 One query reads and parses each line once, with Spark's JSON source and a
 schema. Malformed lines neither stop the job nor vanish: each line is
@@ -63,6 +70,11 @@ from twophase import logs
 from twophase.errors import ConfigError
 
 MEASUREMENT = "stream_stats"
+# --measurement-per-metric: the column naming each row's measurement, the metrics
+# (each written as measurement stream_stats_<metric>) and their one field.
+METRIC_COLUMN = "metric"
+METRICS = ("events", "users", "bytes_p2p", "bytes_cdn")
+VALUE_FIELD = "value"
 MALFORMED_SUFFIX = ".malformed"
 CORRUPT = "_corrupt_record"
 BYTES = ("bytes_p2p", "bytes_cdn")
@@ -145,7 +157,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="NAME=URL,...",
         help="deliver to several InfluxDB servers, each exactly once (the sinks' option "
-        "targets; default: TWOPHASE_TARGETS, else TWOPHASE_INFLUX_URL's one server)",
+        "targets; default: TWOPHASE_TARGETS, else TWOPHASE_TARGET_URL's one server)",
+    )
+    ap.add_argument(
+        "--measurement-per-metric",
+        action="store_true",
+        help=f"write each aggregate as a measurement of its own ({MEASUREMENT}_events, "
+        f"{MEASUREMENT}_users, ...; field {VALUE_FIELD}) from one DataFrame, through the "
+        f"sink's measurement_column (default: one measurement, {MEASUREMENT})",
     )
     ap.add_argument(
         "--log-format",
@@ -261,12 +280,27 @@ def session_stats(events: Any, window: str, watermark: str) -> Any:
     )
 
 
+def per_metric(stats: Any) -> Any:
+    """``--measurement-per-metric``: each row of ``session_stats`` as one row per metric,
+    its ``metric`` column the measurement's name and its value in ``value``."""
+    from pyspark.sql import functions as F
+
+    pairs = ", ".join(f"'{MEASUREMENT}_{name}', {name}" for name in METRICS)
+    stacked = F.expr(f"stack({len(METRICS)}, {pairs}) AS ({METRIC_COLUMN}, {VALUE_FIELD})")
+    return stats.select("stream_id", "isp", "window_end", stacked)
+
+
 def sink_options(args: argparse.Namespace) -> dict[str, str]:
     """The twophase-influx options of the stats sink (settings come from TWOPHASE_*,
     the targets from ``--targets`` when given)."""
+    measurement = (
+        {"measurement_column": METRIC_COLUMN}
+        if args.measurement_per_metric
+        else {"measurement": MEASUREMENT}
+    )
     options = {
         "sink_id": args.sink_id,
-        "measurement": MEASUREMENT,
+        **measurement,
         "tags": "stream_id,isp",
         "time": "window_end",
         "precision": "s",
@@ -284,17 +318,22 @@ def start_query(spark: Any, args: argparse.Namespace) -> tuple[Any, Any]:
         import twophase.spark as tps
 
         events = tps.split_dead_letters(lines, options)
-        stats = session_stats(events, args.window, args.watermark)
+        stats = output(session_stats(events, args.window, args.watermark), args)
         # The sink's commit runs in a Python worker of its own: it sets up its logging there.
         options |= {"log_format": args.log_format}
         writer = stats.writeStream.format(FORMAT).outputMode("complete").options(**options)
         return start_writer(writer, "stats", args), options
     write = foreach_batch(options)
     events = write.split_dead_letters(lines)
-    stats = session_stats(events, args.window, args.watermark)
+    stats = output(session_stats(events, args.window, args.watermark), args)
     writer = stats.writeStream.outputMode("update").foreachBatch(write)
     # Under Spark Connect the writer's batches run under its own run id: it names the sink.
     return start_writer(writer, "stats", args), write
+
+
+def output(stats: Any, args: argparse.Namespace) -> Any:
+    """What the sink writes: the stats as they are, or a row per metric."""
+    return per_metric(stats) if args.measurement_per_metric else stats
 
 
 def start_writer(writer: Any, name: str, args: argparse.Namespace) -> Any:
@@ -325,7 +364,8 @@ def foreach_batch(options: dict[str, str]) -> Any:
 
     return foreach_batch_writer(
         options["sink_id"],
-        measurement=options["measurement"],
+        measurement=options.get("measurement"),
+        measurement_column=options.get("measurement_column"),
         tags=options["tags"].split(","),
         time=options["time"],
         precision=options["precision"],

@@ -97,7 +97,16 @@ def _setting_meaning(setting: Any) -> str:
         extra.append(f"a secret: from the environment, `{setting.env}_FILE` or the file only")
     if setting.flag:
         extra.append(f"CLI flag `{setting.cli_flag}`")
+    if setting.aliases:
+        extra.append("former name, still read: " + ", ".join(_alias(a) for a in setting.aliases))
     return meaning + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def _alias(alias: str) -> str:
+    """A former option name with its variable (``influx_url``, ``TWOPHASE_INFLUX_URL``)."""
+    from twophase.config import env_name
+
+    return f"`{alias}` (`{env_name(alias)}`)"
 
 
 KINDS = {
@@ -147,11 +156,15 @@ def per_target() -> str:
     from twophase.config import PER_TARGET, SETTINGS, target_env_name
 
     rows = [
-        (f"`{s.name}`", f"`{target_env_name('NAME', s.name)}`")
+        (
+            f"`{s.name}`",
+            f"`{target_env_name('NAME', s.name)}`",
+            ", ".join(f"`{target_env_name('NAME', a)}`" for a in s.aliases),
+        )
         for s in SETTINGS
         if s.name in PER_TARGET
     ]
-    return _table(("option", "one target's variable (target `NAME`)"), rows)
+    return _table(("option", "one target's variable (target `NAME`)", "former name"), rows)
 
 
 # --- the command line -------------------------------------------------------------------
@@ -193,12 +206,14 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 
 def _connection_dests() -> set[str]:
-    from twophase.config import BY_NAME, CLI_FLAGS
+    from twophase.config import BY_NAME, CLI_ALIASES, CLI_FLAGS
 
-    return {BY_NAME[name].name for name in CLI_FLAGS}
+    return {BY_NAME[name].name for name in CLI_FLAGS} | set(CLI_ALIASES)
 
 
 def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
+    from twophase.config import BY_NAME, INFLUX
+
     connection = _connection_dests()
     common = {"help", "json", "debug", "log_format"}
     depth = "##" if path.count(" ") == 1 else "###"
@@ -214,7 +229,7 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
             rows.append(("`ACTION`", f"one of {names}"))
             continue
         if action.dest in connection:
-            talks_to.add("InfluxDB" if action.dest.startswith("influx") else "staging")
+            talks_to.add("InfluxDB" if BY_NAME[action.dest].section == INFLUX else "staging")
             continue
         if action.dest in common:
             continue
@@ -256,9 +271,11 @@ def _flag_of(row: tuple[str, ...]) -> str:
 
 
 def _cli_flags() -> set[str]:
-    from twophase.config import BY_NAME, CLI_FLAGS
+    from twophase.config import BY_NAME, CLI_ALIASES, CLI_FLAGS
 
-    return {BY_NAME[name].cli_flag for name in CLI_FLAGS}
+    return {BY_NAME[name].cli_flag for name in CLI_FLAGS} | {
+        "--" + alias.replace("_", "-") for alias in CLI_ALIASES
+    }
 
 
 # --- the staging schema -----------------------------------------------------------------

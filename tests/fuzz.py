@@ -155,6 +155,13 @@ time_values = st.one_of(
     any_value,
 )
 tag_values = st.one_of(any_text, st.integers(), st.floats(), st.none(), any_value)
+# A measurement column's values: names, hostile text, what is refused, anything at all.
+measurement_values = st.one_of(
+    names,
+    st.sampled_from(["", "#cpu", "cpu\\", "a\\ b", "a,b c=d", "x" * 70_000]),
+    st.none(),
+    any_value,
+)
 # Values and names a point usually accepts: most rows of these become lines.
 plain_names = st.text(st.characters(exclude_characters="\n\r\t\x00"), min_size=1, max_size=12)
 plain_values = st.one_of(
@@ -194,16 +201,23 @@ def rows(draw: st.DrawFn, plain: bool = False) -> tuple[PointSpec, dict[str, Any
     tags = columns[: draw(st.integers(0, len(columns) - 1))]
     fields = columns[len(tags) :]
     time_column = draw(st.none() | names_.filter(lambda n: n not in columns))
+    # Sometimes each row's measurement comes from a column (a hostile name too).
+    measurement_column = None
+    if draw(st.integers(0, 3)) == 0:
+        measurement_column = draw(names_.filter(lambda n: n not in (*columns, time_column)))
     spec = PointSpec(
-        measurement=draw(names_),
+        measurement="" if measurement_column else draw(names_),
         tag_columns=tuple(tags),
         field_columns=tuple(fields) if draw(st.booleans()) else None,
         time_column=time_column,
         precision=draw(st.sampled_from(["s", "ms", "us", "ns"])),
         null_fields=draw(st.sampled_from(["reject", "omit"])),
+        measurement_column=measurement_column,
     )
     row = {column: draw(plain_names if plain else tag_values) for column in tags}
     row |= {column: draw(values) for column in fields}
+    if measurement_column is not None and draw(st.integers(0, 9)):  # sometimes missing
+        row[measurement_column] = draw(names_ if plain else measurement_values)
     if time_column is not None and draw(st.integers(0, 9)):  # sometimes missing
         row[time_column] = draw(st.integers(0, 2**62) if plain else time_values)
     return spec, row, draw(st.booleans()), draw(st.booleans())

@@ -262,7 +262,7 @@ def run_page(page: Path, staging_url: str, influx_url: str, tmp_path: Path) -> s
     env = {
         **os.environ,
         "TWOPHASE_STAGING_URL": url,
-        "TWOPHASE_INFLUX_URL": influx_url,
+        "TWOPHASE_TARGET_URL": influx_url,
         "TWOPHASE_INFLUX_API": "v1",
         "TWOPHASE_INFLUX_DB": name,
         "PYSPARK_PYTHON": sys.executable,

@@ -167,6 +167,13 @@ class BatchTooLargeError(InfluxRequestError):
     """413: the body exceeds the server's limit; smaller bodies may pass."""
 
 
+class TransactionLostError(RetryableError):
+    """A transactional target lost the transaction an epoch was being delivered in (its
+    connection dropped, the server restarted): nothing of the epoch was committed, and
+    the delivery starts the epoch over in a new transaction. Never retried request by
+    request, which would commit an epoch missing the requests sent before the loss."""
+
+
 class BadPointsError(InfluxRequestError):
     """400/422: some points were refused; ``reason`` is InfluxDB's own message.
 
@@ -211,3 +218,11 @@ TARGET_FAILURES: tuple[type[TwoPhaseError], ...] = (
     InfluxNotFoundError,
     InfluxRequestError,
 )
+
+
+# Kind-neutral names of the target errors: every kind of target raises these (the
+# InfluxDB names came first and stay, the same classes).
+TargetUnavailableError = InfluxUnavailableError
+TargetAuthError = InfluxAuthError
+TargetNotFoundError = InfluxNotFoundError
+TargetRequestError = InfluxRequestError

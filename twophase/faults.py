@@ -82,6 +82,8 @@ CRASH_POINTS = (
     "before_dead_letters",
     "after_promote",
     "in_deliver",
+    "before_target_commit",
+    "after_target_commit",
     "in_mark",
     "after_mark",
     "drain",

@@ -58,11 +58,11 @@ class Target:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH")}
         env.update(
             TWOPHASE_STAGING_URL=self.staging_url,
-            TWOPHASE_INFLUX_URL=self.influx.url,
+            TWOPHASE_TARGET_URL=self.influx.url,
             TWOPHASE_INFLUX_API="v1",
             TWOPHASE_INFLUX_DB=str(self.influx.database),
-            TWOPHASE_INFLUX_BATCH_POINTS="5",  # several InfluxDB requests per epoch
-            TWOPHASE_INFLUX_RETRY_DEADLINE="60s",
+            TWOPHASE_TARGET_BATCH_POINTS="5",  # several InfluxDB requests per epoch
+            TWOPHASE_TARGET_RETRY_DEADLINE="60s",
             PYSPARK_PYTHON=sys.executable,
             PYTHONFAULTHANDLER="1",
         )
@@ -299,9 +299,15 @@ def expected_stats(files: Iterable[Path]) -> dict[Key, dict[str, int]]:
     }
 
 
-def mismatches(influx: InfluxConfig, files: Sequence[Path]) -> list[str]:
-    """Differences between InfluxDB and the expected aggregates (empty: exact)."""
-    want, got = expected_stats(files), influx_stats(influx)
+Reader = Callable[[InfluxConfig], dict[Key, dict[str, Any]]]
+
+
+def mismatches(
+    influx: InfluxConfig, files: Sequence[Path], read: Reader = influx_stats
+) -> list[str]:
+    """Differences between InfluxDB and the expected aggregates (empty: exact); ``read``
+    gives what InfluxDB holds by key (the job's default measurement unless told)."""
+    want, got = expected_stats(files), read(influx)
     problems = [f"missing {key}" for key in sorted(set(want) - set(got))]
     problems += [f"extra {key}: {got[key]}" for key in sorted(set(got) - set(want))]
     for key in sorted(set(want) & set(got)):
@@ -319,6 +325,7 @@ def wait_exact(
     files: Sequence[Path],
     malformed_sink: str,
     timeout: float = START_TIMEOUT_S,
+    read: Reader = influx_stats,
 ) -> None:
     """Wait until the running job has made InfluxDB and the dead letters exact."""
     want_malformed = expected(files).malformed
@@ -326,7 +333,7 @@ def wait_exact(
 
     def exact() -> bool:
         nonlocal problems
-        problems = mismatches(target.influx, files)
+        problems = mismatches(target.influx, files, read)
         dead = decided_dead_letters(target.staging_url, malformed_sink)
         if dead != want_malformed:
             problems.append(f"{dead} malformed lines dead-lettered, expected {want_malformed}")

@@ -69,14 +69,14 @@ SLOW_ANSWER_S = 1.0  # b's delay per answer once back: its catch-up takes ~10 s
 
 @dataclass(frozen=True)
 class FanTarget(Target):
-    """The job's servers as targets: TWOPHASE_TARGETS replaces TWOPHASE_INFLUX_URL
+    """The job's servers as targets: TWOPHASE_TARGETS replaces TWOPHASE_TARGET_URL
     (setting both is refused); ``influx`` is target a's, the shared settings'."""
 
     fan: tuple[tuple[str, str], ...] = ()
 
     def env(self, **extra: str) -> dict[str, str]:
         env = super().env()
-        del env["TWOPHASE_INFLUX_URL"]
+        del env["TWOPHASE_TARGET_URL"]
         return env | dict(self.fan) | extra
 
 
@@ -102,7 +102,7 @@ def fan(staging_url: str, influx: InfluxConfig, tmp_path: Path) -> Iterator[Fan]
         "TWOPHASE_TARGET_VM_INFLUX_DB": vm_db,
         "TWOPHASE_TARGET_DEADLINE": "2s",
         "TWOPHASE_MIN_TARGETS": "1",
-        "TWOPHASE_INFLUX_RETRY_MAX": "1s",  # b's catch-up resumes within a second of its return
+        "TWOPHASE_TARGET_RETRY_MAX": "1s",  # b's catch-up resumes within a second of its return
     }
     b = InfluxConfig(url=server.url, api="v1", database=B_DATABASE)
     try:

@@ -264,8 +264,8 @@ def test_influx_outages_past_and_within_the_retry_deadline(
     job = start(
         target,
         work,
-        TWOPHASE_INFLUX_RETRY_DEADLINE=LONG_DEADLINE,
-        TWOPHASE_INFLUX_RETRY_MAX=RETRY_MAX,
+        TWOPHASE_TARGET_RETRY_DEADLINE=LONG_DEADLINE,
+        TWOPHASE_TARGET_RETRY_MAX=RETRY_MAX,
     )
     wait_exact(job, target, inputs.fed, MALFORMED, EXACT_TIMEOUT_S)
     row = by_epoch(epochs(staging_url, SINK))[stuck]
@@ -283,8 +283,8 @@ def outage_past_the_deadline_fails_the_query(
     job = start(
         target,
         work,
-        TWOPHASE_INFLUX_RETRY_DEADLINE=SHORT_DEADLINE,
-        TWOPHASE_INFLUX_RETRY_MAX=RETRY_MAX,
+        TWOPHASE_TARGET_RETRY_DEADLINE=SHORT_DEADLINE,
+        TWOPHASE_TARGET_RETRY_MAX=RETRY_MAX,
     )
     inputs.feed()
     wait_exact(job, target, inputs.fed, MALFORMED, EXACT_TIMEOUT_S)

@@ -71,7 +71,7 @@ def failure(spark: Any, checkpoint: Path, mode: str = "append", **options: str) 
     return str(caught.value)
 
 
-@pytest.mark.parametrize("option", ["influx_password", "influx_token"])
+@pytest.mark.parametrize("option", ["target_password", "influx_token"])
 def test_secret_option_is_refused_without_showing_it(
     spark: Any, tmp_path: Path, option: str
 ) -> None:
@@ -210,7 +210,7 @@ def test_a_watched_query_records_the_end_of_its_run(
         "staging_url": without_password(staging_url),
         "influx_db": str(influx.database),
         "influx_api": "v1",
-        "influx_url": influx.url,
+        "target_url": influx.url,
     }
     write = foreach_batch_writer("watched", measurement="m", tags=["k"], **settings)
     frame = spark.readStream.format("rate").option("rowsPerSecond", "5").load()

@@ -56,7 +56,7 @@ def test_a_local_master_without_task_retries_is_warned_of_once(
             "staging_url": without_password(staging_url),
             "influx_db": str(influx.database),
             "influx_api": "v1",
-            "influx_url": influx.url,
+            "target_url": influx.url,
         }
     )
     try:

@@ -56,7 +56,7 @@ class Cli:
     def __init__(self, staging_url: str, influx: InfluxConfig):
         self.staging_url = staging_url
         self.influx = influx
-        self.flags = ["--staging-url", staging_url, "--influx-url", influx.url]
+        self.flags = ["--staging-url", staging_url, "--target-url", influx.url]
         self.flags += ["--influx-api", "v1", "--influx-db", influx.database or ""]
 
     def __call__(self, *args: str, stdin: str = "") -> Result:
@@ -76,10 +76,10 @@ class Cli:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_")}
         return env | {
             "TWOPHASE_STAGING_URL": self.staging_url,
-            "TWOPHASE_INFLUX_URL": self.influx.url,
+            "TWOPHASE_TARGET_URL": self.influx.url,
             "TWOPHASE_INFLUX_API": "v1",
             "TWOPHASE_INFLUX_DB": self.influx.database or "",
-            "TWOPHASE_INFLUX_RETRY_DEADLINE": "20s",
+            "TWOPHASE_TARGET_RETRY_DEADLINE": "20s",
         }
 
     def run(self, *args: str, stdin: str = "", env: dict[str, str] | None = None) -> Result:

@@ -16,6 +16,7 @@ from devkit import InfluxServer
 from devkit.ports import start_own_influx
 from tests.integration.crash_driver import MEASUREMENT
 from tests.integration.crash_helpers import dead_letters, run_driver
+from tests.integration.fanout_helpers import Targets, proxied_targets
 from tests.support import (
     OWN_INFLUX_DB,
     create_database,
@@ -68,7 +69,7 @@ def staging(staging_url: str, request: pytest.FixtureRequest) -> StagingConfig:
 
 @pytest.fixture(scope="session")
 def influx_url() -> str:
-    return require_env("TWOPHASE_INFLUX_URL")
+    return require_env("TWOPHASE_TARGET_URL")
 
 
 @pytest.fixture
@@ -118,3 +119,10 @@ def crash_free(
     yield {"rows": influx_rows(influx, MEASUREMENT), "dead": dead_letters(url)}
     drop_database(base_staging_url, name)
     drop_influx_database(influx_url, db)
+
+
+@pytest.fixture
+def two(influx_url: str) -> Iterator[Targets]:
+    """Targets a and b of the real InfluxDB, each behind a fault proxy of its own."""
+    with proxied_targets(influx_url) as targets:
+        yield targets

@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--retention", default="1h", help="retention of delivered points")
     ap.add_argument("--influx-url-b", default=None, help="a second target, b (a: --influx-url)")
     ap.add_argument("--influx-db-b", default=None, help="target b's database")
-    ap.add_argument("--retry-deadline", type=float, default=30, help="influx_retry_deadline (s)")
+    ap.add_argument("--retry-deadline", type=float, default=30, help="target_retry_deadline (s)")
     ap.add_argument("--session-timeout", default="30s", help="staging_session_timeout")
     args = ap.parse_args()
 
@@ -133,6 +133,8 @@ def influx_config(args: argparse.Namespace) -> InfluxConfig:
     if args.influx_url_b is None:
         return config
     b = dataclasses.replace(config, url=args.influx_url_b, database=args.influx_db_b)
+    if args.influx_url_b.startswith("postgresql:"):  # its tables made from what it is sent
+        b = dataclasses.replace(b, database=None, create_tables=True)
     targets = (TargetConfig("a", config), TargetConfig("b", b))
     return dataclasses.replace(config, targets=targets, target_deadline_s=1.0)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from devkit.faultproxy import FaultProxy
+from devkit.faultproxy import CUT, PASS, FaultProxy
 from tests.integration.cli_helpers import sql
 from tests.staging import M, lines
 from tests.support import (
@@ -21,10 +21,13 @@ from tests.support import (
     drop_influx_database,
     influx_count,
     influx_query,
+    two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, TargetConfig
+from twophase.config import InfluxConfig, StagingConfig, TargetConfig
 from twophase.influx.api import make_writer
+from twophase.model import Lease
+from twophase.protocol.runtime import TwoPhase
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,8 @@ def two_targets(influx_url: str, **settings: Any) -> Iterator[Pair]:
     # a target's own retry deadline is the sink's unless the test sets one for both
     deadline = settings.get("retry_deadline_s", 20)
     shared = dict(api="v1", retry_deadline_s=deadline, retry_initial_s=0.05, retry_max_s=0.5)
-    a = InfluxConfig(url=influx_url, database=names[0], **shared)  # type: ignore[arg-type]
-    b_direct = InfluxConfig(url=influx_url, database=names[1], **shared)  # type: ignore[arg-type]
+    a = InfluxConfig(url=influx_url, database=names[0], **shared)
+    b_direct = InfluxConfig(url=influx_url, database=names[1], **shared)
     b = dataclasses.replace(b_direct, url=proxy.url)
     config = dataclasses.replace(
         a,
@@ -115,3 +118,66 @@ def write_points(influx: InfluxConfig, lines_: list[str]) -> None:
 def dead_letter_targets(url: str) -> dict[str, int]:
     rows = sql(url, "SELECT target, count(*) FROM twophase_dead_letters GROUP BY target")
     return {target: count for target, count in rows}
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Targets a and b, each behind its proxy; ``direct``: each database without it."""
+
+    config: InfluxConfig
+    proxies: dict[str, FaultProxy]
+    direct: dict[str, InfluxConfig]
+
+    def down(self, *names: str) -> None:
+        for name in names:
+            self.proxies[name].set_mode(CUT)
+
+    def up(self, *names: str) -> None:
+        for name in names:
+            self.proxies[name].set_mode(PASS)
+
+    def with_targets(self, *names: str, **settings: Any) -> InfluxConfig:
+        """The sink's configuration naming only ``names`` (others removed from it)."""
+        chosen = tuple(t for t in self.config.targets if t.name in names)
+        return dataclasses.replace(self.config, targets=chosen, **settings)
+
+
+@contextmanager
+def proxied_targets(
+    influx_url: str, names: tuple[str, ...] = ("a", "b"), **settings: Any
+) -> Iterator[Targets]:
+    databases = {name: unique(f"tp{name}") for name in names}
+    for database in databases.values():
+        create_influx_database(influx_url, database)
+    proxies = {name: FaultProxy.for_url(influx_url).start() for name in names}
+    shared = dict(api="v1", retry_deadline_s=4, retry_initial_s=0.05, retry_max_s=0.3)
+    direct = {
+        name: InfluxConfig(url=influx_url, database=db, **shared)  # type: ignore[arg-type]
+        for name, db in databases.items()
+    }
+    targets = tuple(
+        TargetConfig(name, dataclasses.replace(direct[name], url=proxies[name].url))
+        for name in names
+    )
+    config = dataclasses.replace(
+        direct[names[0]], targets=targets, **{"target_deadline_s": 1.0, **settings}
+    )
+    try:
+        yield Targets(config, proxies, direct)
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+        for database in databases.values():
+            drop_influx_database(influx_url, database)
+
+
+@contextmanager
+def without_worker(
+    staging: StagingConfig, config: InfluxConfig, sink: str
+) -> Iterator[tuple[TwoPhase, Lease]]:
+    """The sink claimed with no catch-up worker: a lagging target stays behind until
+    the test, or the availability rule, delivers its backlog."""
+    with two_phase(staging, config) as tp:
+        lease = tp.committer.claim(sink, "r1", "q1")
+        tp.catch_up.close()
+        yield tp, lease

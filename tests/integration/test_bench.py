@@ -61,7 +61,7 @@ def run_command(
     env = {
         **os.environ,
         "TWOPHASE_STAGING_URL": base_staging_url,
-        "TWOPHASE_INFLUX_URL": influx_url,
+        "TWOPHASE_TARGET_URL": influx_url,
     }
     done = subprocess.run(
         [sys.executable, "-m", "bench", *args],

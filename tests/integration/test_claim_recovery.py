@@ -143,7 +143,7 @@ def spark_sinks(
     """The data source's options of sink ``dash`` (its dead letters: ``dash.malformed``),
     in a driver process of their own (fresh per-process parts and leases)."""
     monkeypatch.setenv("TWOPHASE_STAGING_URL", staging_url)
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", influx.url)
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.database))
     monkeypatch.setattr(commit, "_parts", {})
@@ -188,12 +188,12 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
     after the retry deadline, the epoch left PRECOMMITTED; the run keeps the sink, and
     the next claim of it (its first commit, or a restart's) recovers."""
     monkeypatch.setenv("TWOPHASE_STAGING_URL", staging_url)
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", own_influx.url)
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", own_influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", OWN_INFLUX_DB)
     monkeypatch.setattr(commit, "_parts", {})
     monkeypatch.setattr(commit, "_leases", {})
-    retries = {"influx_retry_deadline": "2s", "influx_retry_initial": "0.1s"}
+    retries = {"target_retry_deadline": "2s", "target_retry_initial": "0.1s"}
     sink: SinkOptions = parse_options({"sink_id": "dash", "measurement": M, **retries})
     try:
         parts = commit.two_phase(sink)

@@ -198,7 +198,7 @@ def test_a_query_that_claims_the_sink_stops_a_resend(
     make_idle(cli.staging_url)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"at": "promote_batch:1", "pause_s": 5}))
-    env = cli.env() | {"TWOPHASE_CRASH_PLAN": str(plan), "TWOPHASE_INFLUX_BATCH_POINTS": "5"}
+    env = cli.env() | {"TWOPHASE_CRASH_PLAN": str(plan), "TWOPHASE_TARGET_BATCH_POINTS": "5"}
     resend = subprocess.Popen(
         [str(SCRIPT), "resend", "--sink", SINK, "--all"],
         env=env,
@@ -299,7 +299,7 @@ def test_verify_exits_as_diff_does(tp: TwoPhase, cli: Cli) -> None:
     same = cli.run("verify", "--sink", SINK)
     assert same.code == 0, same.out + same.err
 
-    closed = cli.env() | {"TWOPHASE_INFLUX_URL": f"http://127.0.0.1:{free_port()}"}
+    closed = cli.env() | {"TWOPHASE_TARGET_URL": f"http://127.0.0.1:{free_port()}"}
     down = cli.run("verify", "--sink", SINK, env=closed)
     assert (down.code, down.out) == (2, "")
     last = down.err.splitlines()[-1]  # after the progress lines of reading the store

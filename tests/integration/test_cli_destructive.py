@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from typing import Any
 
@@ -13,6 +14,7 @@ from tests.integration.cli_helpers import (
     SCRIPT,
     SINK,
     Cli,
+    Result,
     known_store,
     make_cli,
     make_idle,
@@ -138,7 +140,7 @@ def test_reset_is_the_way_out_of_a_checkpoint_reset(
     make_idle(staging_url)
     pending = cli("reset", "--sink", SINK, "--yes")
     assert pending.code == 1
-    assert "run `twophase recover --sink s` before resetting it" in pending.one_line_error()
+    assert "run `twophase recover --sink s` before resetting it" in the_error(pending)
     assert cli("recover", "--sink", SINK).code == 0
     done = cli("reset", "--sink", SINK, "--yes", "--json")
     assert done.code == 0, done.err
@@ -153,6 +155,30 @@ def test_reset_is_the_way_out_of_a_checkpoint_reset(
     outcome = tp.committer.commit(lease, 0, stage(tp, SINK, 0, [lines(0, 2, host="z")]))
     assert (outcome.state, outcome.replay) == (EpochState.COMMITTED, False)
     assert cli("reset", "--sink", "nope", "--yes").code == 2
+
+
+# The warnings a failed command may print beside its error line. The console's, once:
+# the in-process ``cli`` passes the staging URL, password included, as a flag. The
+# staging retry logger's (twophase.retry), any number: a step the store failed for a
+# moment (a lock wait, a connection lost under load) and that was repeated; they
+# change nothing about the command's outcome.
+PASSWORD_WARNING = "twophase: warning: the password in --staging-url is visible to other users"
+RETRY_WARNING = re.compile(
+    r"twophase: warning: .+ failed \(attempt \d+\); retrying in \d+\.\d{2}s: .+"
+)
+
+
+def the_error(result: Result) -> str:
+    """The error line of a failed command's stderr: exactly one, no traceback, and no
+    other line but the password warning (once) and the retry logger's warnings."""
+    assert "Traceback" not in result.err, result.err
+    lines = result.err.splitlines()
+    errors = [line for line in lines if line.startswith("twophase: error: ")]
+    password = [line for line in lines if line.startswith(PASSWORD_WARNING)]
+    retries = [line for line in lines if RETRY_WARNING.fullmatch(line)]
+    assert len(errors) == 1 and len(password) <= 1, result.err
+    assert len(errors) + len(password) + len(retries) == len(lines), result.err
+    return errors[0]
 
 
 def dead_letters_of(staging_url: str, sink: str = SINK) -> list[tuple[Any, ...]]:

@@ -18,7 +18,11 @@ def cli(staging_url: str, influx: InfluxConfig) -> Cli:
 
 
 def staging_only_env(cli: Cli) -> dict[str, str]:
-    return {k: v for k, v in cli.env().items() if not k.startswith("TWOPHASE_INFLUX")}
+    return {
+        k: v
+        for k, v in cli.env().items()
+        if not k.startswith(("TWOPHASE_INFLUX", "TWOPHASE_TARGET"))
+    }
 
 
 @pytest.mark.parametrize(
@@ -62,7 +66,7 @@ def test_staging_only_commands_need_no_influxdb_settings(tp: TwoPhase, cli: Cli)
         assert result.code == 0, (args, result.err)
     missing = cli.run("recover", env=env)
     assert missing.code == 1
-    assert "TWOPHASE_INFLUX_URL: is required but not set" in missing.one_line_error()
+    assert "TWOPHASE_TARGET_URL: is required but not set" in missing.one_line_error()
 
 
 def test_unreachable_staging_store(cli: Cli) -> None:
@@ -91,9 +95,9 @@ def test_influxdb_down_during_recover(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     make_idle(cli.staging_url)
     env = cli.env() | {
-        "TWOPHASE_INFLUX_URL": "http://127.0.0.1:1",
-        "TWOPHASE_INFLUX_RETRY_DEADLINE": "1s",
-        "TWOPHASE_INFLUX_RETRY_INITIAL": "100ms",
+        "TWOPHASE_TARGET_URL": "http://127.0.0.1:1",
+        "TWOPHASE_TARGET_RETRY_DEADLINE": "1s",
+        "TWOPHASE_TARGET_RETRY_INITIAL": "100ms",
     }
     result = cli.run("recover", env=env)
     assert result.code == 1
@@ -145,7 +149,7 @@ def test_with_json_every_error_is_one_json_line_on_stderr(tp: TwoPhase, cli: Cli
     ghost = cli.run("epochs", "--sink", "ghost", "--json")
     assert ghost.code == 2 and "unknown sink 'ghost'" in json.loads(ghost.err)["error"]
     missing = cli.run("recover", "--json", env=staging_only_env(cli))
-    assert (missing.code, json.loads(missing.err)["setting"]) == (1, "influx_url")
+    assert (missing.code, json.loads(missing.err)["setting"]) == (1, "target_url")
     plain = cli.run("epochs", "--sink", "ghost")  # without --json: the line as ever
     assert plain.err.startswith("twophase: error: unknown sink 'ghost'")
 

@@ -64,7 +64,7 @@ def cli(staging_url: str, pair: Pair, monkeypatch: pytest.MonkeyPatch) -> Cli:
     """``twophase`` configured as the sink's job is: TWOPHASE_TARGETS a and b, b's own
     database in TWOPHASE_TARGET_B_INFLUX_DB."""
     monkeypatch.setenv("TWOPHASE_TARGET_B_INFLUX_DB", pair.b.database or "")
-    monkeypatch.setenv("TWOPHASE_INFLUX_RETRY_DEADLINE", "20s")
+    monkeypatch.setenv("TWOPHASE_TARGET_RETRY_DEADLINE", "20s")
     cli = make_cli(staging_url, pair.a)
     cli.flags = [
         *("--staging-url", staging_url, "--influx-api", "v1"),
@@ -365,7 +365,7 @@ def test_recover_exits_1_naming_a_target_it_could_not_catch_up(
 ) -> None:
     b_behind(fan, pair, range(2))
     pair.proxy.set_mode(CUT)  # b still down
-    monkeypatch.setenv("TWOPHASE_INFLUX_RETRY_DEADLINE", "2s")
+    monkeypatch.setenv("TWOPHASE_TARGET_RETRY_DEADLINE", "2s")
     done = cli("recover", "--sink", SINK, "--force")
     assert done.code == 1
     assert f"sink {SINK}: target b is still behind" in done.err

@@ -23,7 +23,7 @@ def sink(
     staging_url: str, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[SinkOptions]:
     monkeypatch.setenv("TWOPHASE_STAGING_URL", staging_url)
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", influx.url)
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.database))
     # The per-process parts and leases are keyed by explicit settings, not the environment:

@@ -304,6 +304,11 @@ ELSEWHERE = {
     "test_sigkill_in_gc_and_reset_then_again",
     "in_requeue": "tests/integration/test_requeue.py::"
     "test_sigkill_at_each_step_of_a_requeue_then_recover",
+    # a transactional target's own steps: its bodies sent, uncommitted; committed on it
+    "before_target_commit": "tests/integration/test_crash_matrix_postgresql.py::"
+    "test_sigkill_at_each_step_with_a_postgresql_target",
+    "after_target_commit": "tests/integration/test_crash_matrix_postgresql.py::"
+    "test_sigkill_at_each_step_with_a_postgresql_target",
 }
 
 
@@ -416,9 +421,9 @@ def recover_command(
         "TWOPHASE_TARGET_A_INFLUX_DB": str(a[0].database),
         "TWOPHASE_TARGET_B_INFLUX_DB": str(b[0].database),
         "TWOPHASE_INFLUX_API": "v1",
-        "TWOPHASE_INFLUX_BATCH_POINTS": "40",
+        "TWOPHASE_TARGET_BATCH_POINTS": "40",
     }
-    env.pop("TWOPHASE_INFLUX_URL", None)
+    env.pop("TWOPHASE_TARGET_URL", None)
     return [str(SCRIPT), "recover", "--sink", SINK, "--force"], env
 
 

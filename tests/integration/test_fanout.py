@@ -126,7 +126,7 @@ def test_no_target_up_fails_the_commit(fan: TwoPhase, pair: Pair, staging_url: s
 def test_a_target_added_to_a_sink_starts_at_the_next_epoch(
     staging: StagingConfig, pair: Pair, staging_url: str
 ) -> None:
-    """One server (``influx_url``: target ``default``), then targets ``default`` (the same
+    """One server (``target_url``: target ``default``), then targets ``default`` (the same
     server, carried over) and b: default goes on, b starts at the next epoch."""
     with two_phase(staging, pair.a) as one:
         lease = one.committer.claim(SINK, "r1", "q1")

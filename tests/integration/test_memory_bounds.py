@@ -18,6 +18,7 @@ from tests.support import admin_conninfo, begin_run, influx_count, influx_query
 from twophase import operations as ops
 from twophase.config import InfluxConfig
 from twophase.errors import InflateLimitError
+from twophase.influx.kind import InfluxReadback
 from twophase.influx.writers import V1Writer
 from twophase.operations.hooks import Guard
 from twophase.operations.verify import Verifier
@@ -61,8 +62,9 @@ def committed_epoch(tp: TwoPhase) -> None:
 
 
 def verifier(tp: TwoPhase, influx: InfluxConfig, pass_points: int) -> Verifier:
-    query = V1Writer(influx).read
-    return Verifier(Views(tp.db), StagedReader(tp.db), query, pass_points=pass_points)
+    return Verifier(
+        Views(tp.db), StagedReader(tp.db), InfluxReadback(influx), pass_points=pass_points
+    )
 
 
 def test_verify_of_a_large_epoch_holds_one_pass_at_a_time(

@@ -1,6 +1,6 @@
 """Lines from PointBuilder, written to a real InfluxDB 1.x and read back intact.
 
-Needs TWOPHASE_INFLUX_URL (the 1.x HTTP API). Every test uses its own
+Needs TWOPHASE_TARGET_URL (the 1.x HTTP API). Every test uses its own
 database. Besides "what we accept arrives unchanged", the rejection rules are
 checked for tightness: text we reject as unrepresentable really does not
 survive the trip when written anyway (through influxdb_client.Point).

@@ -152,7 +152,7 @@ def test_sigkill_at_each_step_of_a_requeue_then_recover(
 ) -> None:
     rejected = rejected_store(tp, influx)
     drop_conflicting(influx)
-    env = cli.env() | {"TWOPHASE_CRASH_AT": crash_at, "TWOPHASE_INFLUX_BATCH_POINTS": "2"}
+    env = cli.env() | {"TWOPHASE_CRASH_AT": crash_at, "TWOPHASE_TARGET_BATCH_POINTS": "2"}
     killed = cli.run("dead-letters", "--sink", SINK, "--requeue", env=env)
     assert killed.code == -9, (killed.code, killed.err)
 

@@ -107,14 +107,14 @@ class Servers:
             "TWOPHASE_STAGING_URL_FILE": self.file("staging-url", self.staging_url()),
             "TWOPHASE_TARGETS": f"a={self.influx.url},b={self.influx.url}",
             "TWOPHASE_INFLUX_API": "v1",
-            "TWOPHASE_INFLUX_USER": USER,
-            "TWOPHASE_INFLUX_PASSWORD_FILE": self.file("influx-password", PLAIN),
+            "TWOPHASE_TARGET_USERNAME": USER,
+            "TWOPHASE_TARGET_PASSWORD_FILE": self.file("influx-password", PLAIN),
             "TWOPHASE_TARGET_A_INFLUX_DB": f"{DB}_a",
-            "TWOPHASE_TARGET_A_INFLUX_PASSWORD": WRONG,
+            "TWOPHASE_TARGET_A_TARGET_PASSWORD": WRONG,
             "TWOPHASE_TARGET_B_INFLUX_DB": f"{DB}_b",
-            "TWOPHASE_TARGET_B_INFLUX_PASSWORD_FILE": self.file("b-password", PLAIN),
+            "TWOPHASE_TARGET_B_TARGET_PASSWORD_FILE": self.file("b-password", PLAIN),
             "TWOPHASE_TARGET_DEADLINE": "1s",
-            "TWOPHASE_INFLUX_RETRY_DEADLINE": "2s",
+            "TWOPHASE_TARGET_RETRY_DEADLINE": "2s",
         }
 
 
@@ -219,10 +219,10 @@ def refused_at_load(servers: Servers, seen: Seen) -> None:
     toml = {"TWOPHASE_CONFIG": servers.toml()}
     influx = servers.influx.url.replace("//", f"//{USER}:{quote(PLAIN, safe='')}@")
     refused = [
-        toml | {"TWOPHASE_INFLUX_PASSWORD": PLAIN + "\nsecond line"},
+        toml | {"TWOPHASE_TARGET_PASSWORD": PLAIN + "\nsecond line"},
         toml | {"TWOPHASE_STAGING_URL": servers.staging_url() + "\r"},
-        toml | {"TWOPHASE_INFLUX_URL": influx},
-        toml | {"TWOPHASE_INFLUX_URL": f"{servers.influx.url}?p={ODD}"},
+        toml | {"TWOPHASE_TARGET_URL": influx},
+        toml | {"TWOPHASE_TARGET_URL": f"{servers.influx.url}?p={ODD}"},
         {"TWOPHASE_STAGING_URL": servers.staging_url(), "TWOPHASE_TARGETS": influx},
         {"TWOPHASE_STAGING_URL": servers.staging_url(), "TWOPHASE_TARGETS": f"a={influx}"},
     ]
@@ -238,7 +238,7 @@ def commits(servers: Servers, seen: Seen) -> None:
     good = load_config(env={"TWOPHASE_CONFIG": servers.toml()})
     seen.add("config repr", repr(good))
     epoch(good, 0, seen)
-    bad = load_config(env={"TWOPHASE_CONFIG": servers.toml(), "TWOPHASE_INFLUX_PASSWORD": WRONG})
+    bad = load_config(env={"TWOPHASE_CONFIG": servers.toml(), "TWOPHASE_TARGET_PASSWORD": WRONG})
     with pytest.raises(InfluxAuthError) as refused:
         epoch(bad, 1, seen)
     seen.add("refused commit", f"{refused.value!s} {refused.value!r} {refused.value.__cause__!r}")
@@ -274,13 +274,13 @@ def cli_on_influx(servers: Servers, seen: Seen) -> None:
         ("verify, TOML", toml, ("verify", "--sink", SINK, "--epoch", "0"), 0),
         (
             "verify, wrong",
-            toml | {"TWOPHASE_INFLUX_PASSWORD": WRONG},
+            toml | {"TWOPHASE_TARGET_PASSWORD": WRONG},
             ("--debug", "verify", "--sink", SINK),
             2,
         ),
         (
             "recover, wrong",
-            toml | {"TWOPHASE_INFLUX_PASSWORD": WRONG},
+            toml | {"TWOPHASE_TARGET_PASSWORD": WRONG},
             ("recover", "--force", "--json"),
             1,
         ),
@@ -299,7 +299,7 @@ def spark_options(servers: Servers, seen: Seen, monkeypatch: pytest.MonkeyPatch)
     given = [
         {"staging_url": servers.staging_url()},
         {"staging_url": servers.query_url()},
-        {"influx_password": PLAIN},
+        {"target_password": PLAIN},
         {"INFLUX_TOKEN": PLAIN},
     ]
     for options in given:

@@ -62,14 +62,14 @@ class Servers:
 
     def influx_config(self, host: str = "localhost", **settings: str) -> InfluxConfig:
         url = self.influx.url.replace("localhost", host)
-        given = {"influx_tls_ca": str(self.kit.ca), "influx_retry_deadline": "60s", **settings}
+        given = {"target_tls_ca": str(self.kit.ca), "target_retry_deadline": "60s", **settings}
         return load_influx_config(
             env={},
-            influx_url=url,
+            target_url=url,
             influx_api="v1",
             influx_db=DATABASE,
-            influx_user="writer",
-            influx_password=INFLUX_PASSWORD,
+            target_username="writer",
+            target_password=INFLUX_PASSWORD,
             **given,
         )
 
@@ -82,12 +82,12 @@ class Servers:
             "TWOPHASE_STAGING_TLS_CA": str(self.kit.ca),
             "TWOPHASE_STAGING_TLS_CERT": str(self.kit.client_cert),
             "TWOPHASE_STAGING_TLS_KEY": str(self.kit.client_key),
-            "TWOPHASE_INFLUX_URL": influx.url,
+            "TWOPHASE_TARGET_URL": influx.url,
             "TWOPHASE_INFLUX_API": "v1",
             "TWOPHASE_INFLUX_DB": DATABASE,
-            "TWOPHASE_INFLUX_USER": "writer",
-            "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
-            "TWOPHASE_INFLUX_TLS_CA": str(self.kit.ca),
+            "TWOPHASE_TARGET_USERNAME": "writer",
+            "TWOPHASE_TARGET_PASSWORD": INFLUX_PASSWORD,
+            "TWOPHASE_TARGET_TLS_CA": str(self.kit.ca),
         }
 
 
@@ -174,13 +174,13 @@ def test_a_staging_certificate_problem_fails_at_once_naming_the_setting(
 
 @pytest.mark.parametrize(
     ("host", "wrong_ca", "option"),
-    [("localhost", True, "TWOPHASE_INFLUX_TLS_CA"), ("127.0.0.1", False, "TWOPHASE_INFLUX_URL")],
+    [("localhost", True, "TWOPHASE_TARGET_TLS_CA"), ("127.0.0.1", False, "TWOPHASE_TARGET_URL")],
     ids=["wrong CA", "host name mismatch"],
 )
 def test_an_influx_certificate_problem_fails_the_promotion_at_once(
     servers: Servers, host: str, wrong_ca: bool, option: str
 ) -> None:
-    settings = {"influx_tls_ca": str(servers.kit.wrong_ca)} if wrong_ca else {}
+    settings = {"target_tls_ca": str(servers.kit.wrong_ca)} if wrong_ca else {}
     with two_phase(servers.staging(), servers.influx_config(host, **settings)) as tp:
         lease, message = epoch(tp, 1 if wrong_ca else 2)
         started = time.monotonic()
@@ -199,7 +199,7 @@ def test_an_influx_certificate_problem_fails_the_promotion_at_once(
     ("variable", "wrong", "option"),
     [
         ("TWOPHASE_STAGING_TLS_CA", "wrong_ca", "TWOPHASE_STAGING_TLS_CA"),
-        ("TWOPHASE_INFLUX_TLS_CA", "wrong_ca", "TWOPHASE_INFLUX_TLS_CA"),
+        ("TWOPHASE_TARGET_TLS_CA", "wrong_ca", "TWOPHASE_TARGET_TLS_CA"),
         ("TWOPHASE_STAGING_TLS_CA", "/nonexistent/ca.crt", "TWOPHASE_STAGING_TLS_CA"),
         ("TWOPHASE_STAGING_TLS_KEY", "", "TWOPHASE_STAGING_TLS_KEY"),
     ],
@@ -210,7 +210,7 @@ def test_the_cli_names_the_setting_in_one_line_without_secrets(
 ) -> None:
     env = servers.env()
     env[variable] = str(servers.kit.wrong_ca) if wrong == "wrong_ca" else wrong
-    command = ("verify", "--sink", SINK) if "INFLUX" in variable else ("status",)
+    command = ("verify", "--sink", SINK) if "TARGET" in variable else ("status",)
     done = twophase_cli(env, *command)
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
@@ -228,8 +228,8 @@ def test_a_ca_file_that_holds_no_certificate_is_refused_naming_it(
         two_phase(servers.staging(staging_tls_ca=str(garbage)), servers.influx_config()).__enter__()
     assert refused.value.option == "TWOPHASE_STAGING_TLS_CA"
     with pytest.raises(ConfigError, match="is not a readable file") as missing:
-        load_setting("influx_tls_ca", {"TWOPHASE_INFLUX_TLS_CA": str(tmp_path / "none.pem")})
-    assert missing.value.option == "TWOPHASE_INFLUX_TLS_CA"
+        load_setting("target_tls_ca", {"TWOPHASE_TARGET_TLS_CA": str(tmp_path / "none.pem")})
+    assert missing.value.option == "TWOPHASE_TARGET_TLS_CA"
 
 
 # --- a host that is not loopback: verified TLS unless its URL says otherwise ------------

@@ -269,7 +269,7 @@ def test_wrong_password_is_401_auth_error_without_the_password(auth_influx: str)
         V1Writer(_secured(auth_influx, "admin", wrong)).write(b"m f=1i 1")
     message = str(caught.value)
     assert "401" in message and "authorization failed" in message
-    assert "TWOPHASE_INFLUX_USER" in message and "TWOPHASE_INFLUX_PASSWORD" in message
+    assert "TWOPHASE_TARGET_USERNAME" in message and "TWOPHASE_TARGET_PASSWORD" in message
     assert wrong not in message and wrong not in repr(caught.value)
 
 

@@ -60,9 +60,9 @@ RETENTION_S = 30
 # The jobs' retry deadlines: the schedule's short outages are ridden out inside the
 # batch, its long ones fail the query (and a restart recovers it).
 DEADLINES = {
-    "TWOPHASE_INFLUX_RETRY_DEADLINE": f"{DEADLINE_S:g}s",
+    "TWOPHASE_TARGET_RETRY_DEADLINE": f"{DEADLINE_S:g}s",
     "TWOPHASE_STAGING_RETRY_DEADLINE": f"{DEADLINE_S:g}s",
-    "TWOPHASE_INFLUX_RETRY_MAX": "2s",  # back within 2 s of the server's return
+    "TWOPHASE_TARGET_RETRY_MAX": "2s",  # back within 2 s of the server's return
 }
 # Staged chunks of epochs decided before the gc started minus retention: gc's job.
 _STALE_CHUNKS = (
@@ -184,8 +184,8 @@ class Soak:
                 env
                 | DEADLINES
                 | {
-                    "TWOPHASE_INFLUX_USER": "soak",
-                    "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
+                    "TWOPHASE_TARGET_USERNAME": "soak",
+                    "TWOPHASE_TARGET_PASSWORD": INFLUX_PASSWORD,
                 }
             )
             runs.append(SinkRun(number, f"soak{number}", files, writer, env))

@@ -88,16 +88,16 @@ def test_a_command_shows_the_connection_flags_it_uses(command: str) -> None:
 
 def test_the_help_of_db_upgrade_and_verify() -> None:
     upgrade, verify = PARSERS["db upgrade"].format_help(), PARSERS["verify"].format_help()
-    assert "--staging-url" in upgrade and "--influx-url" not in upgrade
-    assert "--staging-url" in verify and "--influx-url" in verify
+    assert "--staging-url" in upgrade and "--target-url" not in upgrade
+    assert "--staging-url" in verify and "--target-url" in verify
     assert "1 it differs" in " ".join(verify.split())  # the exit status, in the epilog
 
 
 def test_every_connection_flag_is_accepted_before_any_command() -> None:
-    args = build_parser().parse_args(["--influx-url", "http://i:8086", "db", "current"])
-    assert args.influx_url == "http://i:8086"
-    refused = PARSERS["db current"].parse_known_args(["--influx-url", "http://i:8086"])
-    assert refused[1] == ["--influx-url", "http://i:8086"]  # not one of its flags after it
+    args = build_parser().parse_args(["--target-url", "http://i:8086", "db", "current"])
+    assert args.target_url == "http://i:8086"
+    refused = PARSERS["db current"].parse_known_args(["--target-url", "http://i:8086"])
+    assert refused[1] == ["--target-url", "http://i:8086"]  # not one of its flags after it
 
 
 def test_a_usage_error_with_json_is_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,7 +220,7 @@ TWO = ["--targets", "a=http://127.0.0.1:1,b=http://127.0.0.1:2"]
     ("argv", "message"),
     [
         (
-            ["targets", "resync", "b", "--sink", "s", "--influx-url", "http://127.0.0.1:1"],
+            ["targets", "resync", "b", "--sink", "s", "--target-url", "http://127.0.0.1:1"],
             "unknown target 'b': this configuration names one InfluxDB server",
         ),
         (
@@ -230,8 +230,8 @@ TWO = ["--targets", "a=http://127.0.0.1:1,b=http://127.0.0.1:2"]
         ([*TWO, "verify", "--sink", "s", "--target", "c"], "unknown target 'c'"),
         ([*TWO, "resend", "--sink", "s", "--all", "--target", "c"], "unknown target 'c'"),
         (
-            ["--influx-url", "http://127.0.0.1:1", "verify", "--sink", "s", "--target", "b"],
-            "names one InfluxDB server (TWOPHASE_INFLUX_URL, target 'default')",
+            ["--target-url", "http://127.0.0.1:1", "verify", "--sink", "s", "--target", "b"],
+            "names one InfluxDB server (TWOPHASE_TARGET_URL, target 'default')",
         ),
     ],
 )

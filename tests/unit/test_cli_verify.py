@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from twophase.errors import StateError
+from twophase.influx.query import quote_ident, window_query
 from twophase.operations.verify import (
     Comparison,
     Expected,
@@ -17,11 +18,9 @@ from twophase.operations.verify import (
     choose_epochs,
     compare,
     compare_series,
-    quote_ident,
     read_back,
     same_value,
     when,
-    window_query,
     windows,
 )
 from twophase.protocol.resend import plan_resend
@@ -84,7 +83,7 @@ def test_windows_cover_every_span_contiguously() -> None:
 
 
 def test_queries_quote_names() -> None:
-    query = window_query(Window('we"ird\\', 1, 2), "r p")
+    query = window_query('we"ird\\', 1, 2, "r p")
     assert query == 'SELECT * FROM "r p"."we\\"ird\\\\" WHERE time >= 1 AND time <= 2 GROUP BY *'
     assert quote_ident("plain") == '"plain"'
 
@@ -107,14 +106,19 @@ def test_read_back_compares_only_expected_series_as_the_answer_streams() -> None
         {"name": "m", "tags": {"host": "z"}, "columns": ["time", "v"], "values": [[10, 1]]},
         {"name": "m", "tags": {"host": "a"}, "columns": ["time", "v"], "values": [[20, 2]]},
     ]
-    seen: list[str] = []
+    seen: list[tuple[str, int, int]] = []
 
-    def query(statement: str) -> Any:
-        seen.append(statement)
-        yield from answer  # a chunk at a time: a series may come in several
+    class Answer:
+        def window(self, measurement: str, start: int, end: int) -> Any:
+            seen.append((measurement, start, end))
+            yield from answer  # a chunk at a time: a series may come in several
+
+        def probe(self) -> None: ...
+
+        def close(self) -> None: ...
 
     comparison = Comparison({A: {10: {"v": 1.0}, 20: {"v": 3.0}}})
-    read_back(query, [Window("m", 0, 99)], comparison, None)
+    read_back(Answer(), [Window("m", 0, 99)], comparison)
     [diff] = comparison.differences()
     assert (diff.points_influx, diff.different, diff.missing, diff.extra) == (2, 1, 0, 0)
     assert len(seen) == 1

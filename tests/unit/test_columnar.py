@@ -83,6 +83,21 @@ TIME_TYPES: list[tuple[pa.DataType, st.SearchStrategy[Any]]] = [
     (pa.float64(), floats),
 ]
 
+# A measurement column's types: text above all (hostile names, what is refused), and
+# others, whose every row is a dead letter.
+MEASUREMENT_TYPES: list[tuple[pa.DataType, st.SearchStrategy[Any]]] = [
+    (
+        pa.string(),
+        column_names
+        | texts
+        | st.sampled_from(["", "#cpu", "a\\", "a\\ b", "a\\b", "cpu load,x=1", *HOSTILE]),
+    ),
+    (pa.string(), st.sampled_from(["cpu", "mem", "disk io", "ü"])),  # a few names, repeated
+    (pa.large_string(), texts),
+    (pa.int64(), st.integers(-5, 5)),
+    (pa.binary(), st.binary(max_size=4)),
+]
+
 
 @st.composite
 def batches(draw: st.DrawFn) -> tuple[PointSpec, list[pa.RecordBatch], bool, bool]:
@@ -93,20 +108,28 @@ def batches(draw: st.DrawFn) -> tuple[PointSpec, list[pa.RecordBatch], bool, boo
     rest = columns[len(tags) :]
     time_column = draw(st.none() | st.sampled_from(rest)) if len(rest) > 1 else None
     fields = [column for column in rest if column != time_column]
+    # Sometimes each row's measurement comes from a column of its own.
+    by_column = draw(st.integers(0, 2)) == 0
+    measurement_column = (
+        draw(column_names.filter(lambda n: n not in columns)) if by_column else None
+    )
     spec = PointSpec(
-        measurement=draw(column_names),
+        measurement="" if by_column else draw(column_names),
         tag_columns=tuple(tags),
         field_columns=tuple(draw(st.permutations(fields))) if draw(st.booleans()) else None,
         time_column=time_column,
         precision=draw(st.sampled_from(["s", "ms", "us", "ns"])),
         null_fields=draw(st.sampled_from(["reject", "omit"])),
+        measurement_column=measurement_column,
     )
     kinds = {
         column: draw(st.sampled_from(TIME_TYPES if column == time_column else VALUE_TYPES))
         for column in columns
     }
+    if measurement_column is not None:
+        kinds[measurement_column] = draw(st.sampled_from(MEASUREMENT_TYPES))
     if draw(st.integers(0, 19)) == 0:  # a column the spec names is missing
-        del kinds[draw(st.sampled_from(columns))]
+        del kinds[draw(st.sampled_from(list(kinds)))]
     sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=2))
     made = [_batch(draw, kinds, size) for size in sizes]
     return spec, made, draw(st.booleans()), draw(st.booleans())
@@ -172,6 +195,18 @@ def assert_same(
     )
 )
 @example((PointSpec("m"), [pa.record_batch({"f": ["x\ny", 'q"\\']})], False, True))
+@example(
+    (
+        PointSpec(tag_columns=("h",), measurement_column="m"),
+        [
+            pa.record_batch(
+                {"m": ["a b", None, "", "#x", "a,b", "é\\"], "h": ["x"] * 6, "f": [1] * 6}
+            )
+        ],
+        False,
+        False,
+    )
+)
 def test_columnar_output_is_the_row_builders_item_for_item(
     case: tuple[PointSpec, list[pa.RecordBatch], bool, bool],
 ) -> None:

@@ -37,7 +37,7 @@ SAME_VERSION = "run the same twophase version on the driver and the executors"
 def no_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """The servers named by the sink are not there: the check comes before any use."""
     monkeypatch.setenv("TWOPHASE_STAGING_URL", "postgresql+psycopg://u@localhost/db")
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", "http://localhost:8086")
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", "http://localhost:8086")
 
     def reached(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the commit reached the store")

@@ -13,10 +13,10 @@ from twophase.errors import ConfigError
 
 BASE = {
     "TWOPHASE_STAGING_URL": "postgresql+psycopg://tp:pg-s3cret@db.example:5432/tp",
-    "TWOPHASE_INFLUX_URL": "https://influx.example:8086",
+    "TWOPHASE_TARGET_URL": "https://influx.example:8086",
     "TWOPHASE_INFLUX_API": "v1",
     "TWOPHASE_INFLUX_DB": "metrics",
-    "TWOPHASE_INFLUX_PASSWORD": "influx-s3cret",
+    "TWOPHASE_TARGET_PASSWORD": "influx-s3cret",
 }
 
 
@@ -29,7 +29,7 @@ def test_loads_from_environment() -> None:
 
 
 def test_explicit_arguments_win_over_environment() -> None:
-    config = load_config(env=BASE, influx_db="other", influx_batch_points=10)
+    config = load_config(env=BASE, influx_db="other", target_batch_points=10)
     assert (config.influx.database, config.influx.batch_points) == ("other", 10)
 
 
@@ -50,13 +50,14 @@ def test_secrets_never_in_repr_str_or_logs(caplog: pytest.LogCaptureFixture) -> 
         ({"TWOPHASE_STAGING_URL": None}, "TWOPHASE_STAGING_URL"),
         ({"TWOPHASE_STAGING_URL": "mysql://x@y/z"}, "TWOPHASE_STAGING_URL"),
         ({"TWOPHASE_STAGING_URL": "not a url"}, "TWOPHASE_STAGING_URL"),
-        ({"TWOPHASE_INFLUX_URL": None}, "TWOPHASE_INFLUX_URL"),
-        ({"TWOPHASE_INFLUX_URL": "ftp://x"}, "TWOPHASE_INFLUX_URL"),
+        ({"TWOPHASE_TARGET_URL": None}, "TWOPHASE_TARGET_URL"),
+        ({"TWOPHASE_TARGET_URL": "ftp//x"}, "TWOPHASE_TARGET_URL"),
+        ({"TWOPHASE_TARGET_URL": "postgresql://u:secret@h/db"}, "TWOPHASE_TARGET_URL"),
         ({"TWOPHASE_INFLUX_API": "v9"}, "TWOPHASE_INFLUX_API"),
         ({"TWOPHASE_INFLUX_DB": None}, "TWOPHASE_INFLUX_DB"),
-        ({"TWOPHASE_INFLUX_BATCH_POINTS": "many"}, "TWOPHASE_INFLUX_BATCH_POINTS"),
-        ({"TWOPHASE_INFLUX_BATCH_POINTS": "0"}, "TWOPHASE_INFLUX_BATCH_POINTS"),
-        ({"TWOPHASE_INFLUX_RETRY_DEADLINE": "soon"}, "TWOPHASE_INFLUX_RETRY_DEADLINE"),
+        ({"TWOPHASE_TARGET_BATCH_POINTS": "many"}, "TWOPHASE_TARGET_BATCH_POINTS"),
+        ({"TWOPHASE_TARGET_BATCH_POINTS": "0"}, "TWOPHASE_TARGET_BATCH_POINTS"),
+        ({"TWOPHASE_TARGET_RETRY_DEADLINE": "soon"}, "TWOPHASE_TARGET_RETRY_DEADLINE"),
         ({"TWOPHASE_RETENTION": "7 fortnights"}, "TWOPHASE_RETENTION"),
         ({"TWOPHASE_INFLUX_API": "v2"}, "TWOPHASE_INFLUX_BUCKET"),
         ({"TWOPHASE_INFLUX_API": "v2", "TWOPHASE_INFLUX_BUCKET": "b"}, "TWOPHASE_INFLUX_ORG"),
@@ -82,7 +83,7 @@ def test_explicit_option_errors_name_the_option() -> None:
 
 def test_password_in_influx_url_is_refused_without_echoing_it() -> None:
     with pytest.raises(ConfigError) as info:
-        load_influx_config(env={**BASE, "TWOPHASE_INFLUX_URL": "http://u:hunter2@h:8086"})
+        load_influx_config(env={**BASE, "TWOPHASE_TARGET_URL": "http://u:hunter2@h:8086"})
     assert "hunter2" not in str(info.value)
 
 
@@ -156,7 +157,7 @@ def test_an_empty_secret_file_is_refused_naming_its_variable(tmp_path: Path, con
     [
         ("TWOPHASE_INFLUX_TOKEN_FILE", "tok-s3cret\nsecond-s3cret-line\n"),
         ("TWOPHASE_INFLUX_TOKEN_FILE", "tok-s3cret\r\nx"),
-        ("TWOPHASE_INFLUX_PASSWORD_FILE", "pw\x00-s3cret"),
+        ("TWOPHASE_TARGET_PASSWORD_FILE", "pw\x00-s3cret"),
         ("TWOPHASE_STAGING_URL_FILE", "postgresql+psycopg://u:s3cret@h/db\nx"),
     ],
 )
@@ -177,16 +178,16 @@ def test_a_target_s_secret_file_is_checked_the_same(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_text("\n")
     env = {**BASE, "TWOPHASE_TARGETS": "a=https://h1:8086,b=https://h2:8086"}
-    del env["TWOPHASE_INFLUX_URL"]
+    del env["TWOPHASE_TARGET_URL"]
     with pytest.raises(ConfigError) as refused:
-        load_config(env={**env, "TWOPHASE_TARGET_B_INFLUX_PASSWORD_FILE": str(empty)})
-    assert refused.value.option == "TWOPHASE_TARGET_B_INFLUX_PASSWORD_FILE"
+        load_config(env={**env, "TWOPHASE_TARGET_B_TARGET_PASSWORD_FILE": str(empty)})
+    assert refused.value.option == "TWOPHASE_TARGET_B_TARGET_PASSWORD_FILE"
 
 
 @pytest.mark.parametrize(
     ("option", "value"),
     [
-        ("TWOPHASE_INFLUX_PASSWORD", "pa-s3cret\nx"),
+        ("TWOPHASE_TARGET_PASSWORD", "pa-s3cret\nx"),
         ("TWOPHASE_INFLUX_TOKEN", "tok-s3cret\r"),
         ("TWOPHASE_STAGING_URL", "postgresql+psycopg://u:s3cret@h/db\n"),
     ],
@@ -203,14 +204,14 @@ def test_a_secret_with_a_line_break_is_refused_from_anywhere(option: str, value:
 
 # --- credentials over plain http --------------------------------------------------------
 
-PLAIN = {**BASE, "TWOPHASE_INFLUX_URL": "http://influx.example:8086"}
+PLAIN = {**BASE, "TWOPHASE_TARGET_URL": "http://influx.example:8086"}
 
 
 @pytest.mark.parametrize(
     "credentials",
     [
-        {"TWOPHASE_INFLUX_PASSWORD": "influx-s3cret"},
-        {"TWOPHASE_INFLUX_PASSWORD": None, "TWOPHASE_INFLUX_TOKEN": "tok-s3cret"},
+        {"TWOPHASE_TARGET_PASSWORD": "influx-s3cret"},
+        {"TWOPHASE_TARGET_PASSWORD": None, "TWOPHASE_INFLUX_TOKEN": "tok-s3cret"},
     ],
     ids=["password", "token"],
 )
@@ -218,7 +219,7 @@ def test_credentials_over_plain_http_are_refused(credentials: dict[str, str | No
     env = {k: v for k, v in {**PLAIN, **credentials}.items() if v is not None}
     with pytest.raises(ConfigError) as refused:
         load_config(env=env)
-    assert refused.value.option == "TWOPHASE_INFLUX_URL"
+    assert refused.value.option == "TWOPHASE_TARGET_URL"
     problem = refused.value.problem
     assert "TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS" in problem
     assert "http://influx.example:8086" in problem
@@ -264,18 +265,18 @@ def test_allow_plaintext_credentials_must_be_a_boolean() -> None:
     ],
 )
 def test_loopback_and_https_take_credentials(url: str) -> None:
-    config = load_config(env={**BASE, "TWOPHASE_INFLUX_URL": url, "TWOPHASE_INFLUX_TOKEN": "t0k"})
+    config = load_config(env={**BASE, "TWOPHASE_TARGET_URL": url, "TWOPHASE_INFLUX_TOKEN": "t0k"})
     assert config.influx.password is not None and config.influx.token is not None
 
 
 def test_plain_http_without_credentials_is_fine() -> None:
-    env = {k: v for k, v in PLAIN.items() if k != "TWOPHASE_INFLUX_PASSWORD"}
-    config = load_config(env={**env, "TWOPHASE_INFLUX_USER": "reader"})
+    env = {k: v for k, v in PLAIN.items() if k != "TWOPHASE_TARGET_PASSWORD"}
+    config = load_config(env={**env, "TWOPHASE_TARGET_USERNAME": "reader"})
     assert config.influx.url == "http://influx.example:8086"
 
 
 def test_a_plain_http_target_is_refused_naming_it_and_its_own_setting() -> None:
-    env = {k: v for k, v in BASE.items() if k != "TWOPHASE_INFLUX_URL"}
+    env = {k: v for k, v in BASE.items() if k != "TWOPHASE_TARGET_URL"}
     env["TWOPHASE_TARGETS"] = "a=https://influx-a:8086,b=http://influx-b:8086"
     with pytest.raises(ConfigError) as refused:
         load_config(env=env)

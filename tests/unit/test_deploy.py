@@ -85,7 +85,7 @@ def test_the_dashboard_shows_lag_throughput_rejects_and_retries() -> None:
 def test_every_alert_queries_exported_metrics() -> None:
     known = metric_names() | PROMETHEUS_SERIES
     rules = alert_rules()
-    assert len(rules) == 10
+    assert len(rules) == 11
     for rule in rules:
         found = names_in(rule["expr"])
         assert found and found <= known, (rule["alert"], sorted(found - known))

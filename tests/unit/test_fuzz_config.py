@@ -23,11 +23,11 @@ URL_PASSWORD = "url-Secret-9"  # in URLs the test writes into the URL settings
 SECRETS = (STAGING_PASSWORD, INFLUX_PASSWORD, TOKEN, URL_PASSWORD)
 VALID = {
     "TWOPHASE_STAGING_URL": f"postgresql+psycopg://tp:{STAGING_PASSWORD}@db.example:5432/tp",
-    "TWOPHASE_INFLUX_URL": "https://influx.example:8086",  # credentials: not plain http
+    "TWOPHASE_TARGET_URL": "https://influx.example:8086",  # credentials: not plain http
     "TWOPHASE_INFLUX_API": "v1",
     "TWOPHASE_INFLUX_DB": "metrics",
-    "TWOPHASE_INFLUX_USER": "writer",
-    "TWOPHASE_INFLUX_PASSWORD": INFLUX_PASSWORD,
+    "TWOPHASE_TARGET_USERNAME": "writer",
+    "TWOPHASE_TARGET_PASSWORD": INFLUX_PASSWORD,
     "TWOPHASE_INFLUX_TOKEN": TOKEN,
 }
 # Text that looks like the values settings take, wrong in small ways, and anything at all.
@@ -46,9 +46,9 @@ near_values = st.one_of(
 @settings(max_examples=examples(600))
 @given(st.sampled_from(SETTINGS), near_values)
 @example(BY_NAME["staging_url"], f"mysql://u:{URL_PASSWORD}@h/d")
-@example(BY_NAME["influx_url"], f"http://u:{URL_PASSWORD}@h:8086")
+@example(BY_NAME["target_url"], f"http://u:{URL_PASSWORD}@h:8086")
 @example(BY_NAME["promote_connections"], "33")
-@example(BY_NAME["influx_url"], "A://[")  # found by the long profile
+@example(BY_NAME["target_url"], "A://[")  # found by the long profile
 def test_a_malformed_setting_fails_naming_it_and_no_secret(setting: object, value: str) -> None:
     env = {**VALID, setting.env: value}  # type: ignore[attr-defined]
     try:
@@ -71,7 +71,7 @@ def test_several_malformed_settings_fail_naming_one_of_them(changes: dict[str, s
         assert not any(secret in str(exc) for secret in SECRETS[:3]), str(exc)
 
 
-FLAGS = ("staging_url", "influx_url", "influx_api")  # the flags whose values are checked
+FLAGS = ("staging_url", "target_url", "influx_api")  # the flags whose values are checked
 
 
 def refused(name: str, value: str) -> bool:

@@ -29,7 +29,7 @@ def builder_for(spec: PointSpec, unsigned: bool, newlines: bool = False) -> Poin
             allow_newlines=newlines,
         )
     except ConfigError as exc:  # a bad measurement or column name: the sink's definition
-        assert exc.option in ("measurement", "tags", "fields", "time"), exc
+        assert exc.option in ("measurement", "measurement_column", "tags", "fields", "time"), exc
         event("spec refused")
         return None
 
@@ -43,6 +43,8 @@ def builder_for(spec: PointSpec, unsigned: bool, newlines: bool = False) -> Poin
 @example((PointSpec("m"), {"f": np.uint64(2**64 - 1)}, False, False))
 @example((PointSpec("m"), {"f": "x\nm2 g=1 1\n"}, False, False))  # a point inside a value
 @example((PointSpec("m"), {"f": "x\r\nm2 g=1 1"}, False, True))
+@example((PointSpec(measurement_column="m"), {"m": "a b,c", "f": 1}, False, False))
+@example((PointSpec(measurement_column="m"), {"m": np.str_("cpu"), "f": 1}, False, False))
 def test_a_row_becomes_a_line_or_a_rejection_with_a_reason(
     case: tuple[PointSpec, dict[str, Any], bool, bool],
 ) -> None:
@@ -64,10 +66,11 @@ def test_a_row_becomes_a_line_or_a_rejection_with_a_reason(
 
 def check_reads_back(spec: PointSpec, row: dict[str, Any], line: str) -> None:
     parsed = parse_line(line)
-    assert parsed.measurement == spec.measurement
+    column = spec.measurement_column
+    assert parsed.measurement == (spec.measurement if column is None else row[column])
     tags = {c: row[c] for c in spec.tag_columns if not is_null(row.get(c))}
     assert dict(parsed.tags) == {c: v if isinstance(v, str) else str(v) for c, v in tags.items()}
-    taken = set(spec.field_columns or set(row) - set(spec.tag_columns) - {spec.time_column})
+    taken = set(spec.field_columns or set(row) - spec.not_fields())
     for column, value in parsed.fields.items():
         assert column in taken
         assert same_value(value, row[column]), (column, value, row[column])

@@ -99,7 +99,7 @@ def test_422_is_bad_points_too() -> None:
 def test_auth_errors_name_the_settings_to_fix(status: int) -> None:
     v1 = classify_status(status, b'{"error":"authorization failed"}', {}, V1)
     assert type(v1) is InfluxAuthError
-    assert "TWOPHASE_INFLUX_USER" in str(v1) and "TWOPHASE_INFLUX_PASSWORD" in str(v1)
+    assert "TWOPHASE_TARGET_USERNAME" in str(v1) and "TWOPHASE_TARGET_PASSWORD" in str(v1)
     assert "'writer'" in str(v1) and "authorization failed" in str(v1)
     v2 = classify_status(status, b'{"code":"unauthorized","message":"unauthorized access"}', {}, V2)
     assert type(v2) is InfluxAuthError and "TWOPHASE_INFLUX_TOKEN" in str(v2)
@@ -198,17 +198,17 @@ def test_transport_errors_are_transient() -> None:
 @pytest.mark.parametrize(
     ("message", "option"),
     [
-        ("[SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate", "TWOPHASE_INFLUX_TLS_CA"),
+        ("[SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate", "TWOPHASE_TARGET_TLS_CA"),
         (
             "[SSL: CERTIFICATE_VERIFY_FAILED] Hostname mismatch, certificate is not valid for "
             "'127.0.0.1'",
-            "TWOPHASE_INFLUX_URL",
+            "TWOPHASE_TARGET_URL",
         ),
         (
             "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required",
-            "TWOPHASE_INFLUX_TLS_CERT",
+            "TWOPHASE_TARGET_TLS_CERT",
         ),
-        ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_INFLUX_URL"),
+        ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_TARGET_URL"),
     ],
 )
 def test_tls_failures_are_permanent_naming_the_setting(message: str, option: str) -> None:

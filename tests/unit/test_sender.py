@@ -220,7 +220,7 @@ def test_the_deadline_error_names_the_outage_not_the_send() -> None:
         make_sender(writer, clock, deadline_s=30).send(lines_of(64))
     assert clock.now - start > 80  # the send lasted far longer than the outage
     message = str(caught.value)
-    assert re.search(r"after \d+ attempt\(s\) over 3[01]s \(influx_retry_deadline 30s", message)
+    assert re.search(r"after \d+ attempt\(s\) over 3[01]s \(target_retry_deadline 30s", message)
     assert message.endswith(": down")
 
 

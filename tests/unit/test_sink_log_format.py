@@ -14,7 +14,7 @@ OPTIONS = {"sink_id": "dash", "measurement": "m", "dead_letter_sink": "dash_bad"
 @pytest.fixture(autouse=True)
 def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TWOPHASE_STAGING_URL", "postgresql+psycopg://u@localhost/db")
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", "http://localhost:8086")
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", "http://localhost:8086")
 
 
 def test_the_format_is_read_in_any_case_and_kept_by_the_dead_letter_sink() -> None:

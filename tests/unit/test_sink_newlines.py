@@ -24,7 +24,7 @@ ROWS = [
 @pytest.fixture(autouse=True)
 def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TWOPHASE_STAGING_URL", "postgresql+psycopg://u@localhost/db")
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", "http://localhost:8086")
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", "http://localhost:8086")
     monkeypatch.delenv(VARIABLE, raising=False)
     monkeypatch.delenv("TWOPHASE_CONFIG", raising=False)
 

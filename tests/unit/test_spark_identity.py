@@ -92,7 +92,7 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> ForeachBatchWriter:
     monkeypatch.setattr("twophase.spark.foreach.open_in_background", lambda sink: None)
     # validated, never reached: nothing here connects
     monkeypatch.setenv("TWOPHASE_STAGING_URL", "postgresql+psycopg://twophase@127.0.0.1:9/twophase")
-    monkeypatch.setenv("TWOPHASE_INFLUX_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("TWOPHASE_TARGET_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", "db")
     return foreach_batch_writer("dash", measurement="m", tags=["t"], time="ts")

@@ -65,7 +65,7 @@ def test_the_new_settings_have_their_defaults_and_read_durations() -> None:
 
 
 def test_without_targets_named_targets_is_one_default_target_equal_to_the_config() -> None:
-    influx = load_influx_config(env={**SHARED, "TWOPHASE_INFLUX_URL": "http://one:8086"})
+    influx = load_influx_config(env={**SHARED, "TWOPHASE_TARGET_URL": "http://one:8086"})
     assert influx.targets == ()
     assert influx.named_targets() == (TargetConfig(DEFAULT_TARGET, influx),)
     assert DEFAULT_TARGET == "default"
@@ -90,7 +90,7 @@ def test_targets_given_explicitly_as_text_or_mapping() -> None:
             "eu-west=http://h,eu_west=http://g",
             "would share the variables TWOPHASE_TARGET_EU_WEST_*",
         ),
-        ("a=ftp://h:8086", "target 'a': 'ftp://h:8086' is not an http(s) URL"),
+        ("a=ftp//h:8086", "target 'a': 'ftp//h:8086' is not an http(s) URL"),
         ("a=http://", "is not an http(s) URL"),
         ("a=http://h:8086,", "entry 2 (empty) is not name="),
         (" , ", "entry 1 (empty)"),
@@ -124,30 +124,30 @@ def test_a_password_in_a_target_url_is_never_shown(targets: str) -> None:
 
 def test_a_password_in_a_target_url_points_at_the_targets_password_variable() -> None:
     error = refused({**SHARED, "TWOPHASE_TARGETS": "b=http://u:hunter2@h:8086"})
-    assert "use TWOPHASE_TARGET_B_INFLUX_PASSWORD" in error.problem
+    assert "use TWOPHASE_TARGET_B_TARGET_PASSWORD" in error.problem
 
 
 def test_neither_url_nor_targets_is_required_naming_the_url() -> None:
     error = refused(SHARED)
-    assert error.option == "TWOPHASE_INFLUX_URL"
-    assert str(error).startswith("TWOPHASE_INFLUX_URL: is required but not set")
+    assert error.option == "TWOPHASE_TARGET_URL"
+    assert str(error).startswith("TWOPHASE_TARGET_URL: is required but not set")
     assert "TWOPHASE_TARGETS" in error.problem
 
 
 def test_both_url_and_targets_name_both() -> None:
-    error = refused({**TWO, "TWOPHASE_INFLUX_URL": "http://one:8086"})
+    error = refused({**TWO, "TWOPHASE_TARGET_URL": "http://one:8086"})
     assert error.option == "TWOPHASE_TARGETS"
-    assert "TWOPHASE_INFLUX_URL" in error.problem
-    error = refused(SHARED, influx_url="http://one:8086", targets="a=http://h")
-    assert (error.option, "influx_url" in error.problem) == ("targets", True)
+    assert "TWOPHASE_TARGET_URL" in error.problem
+    error = refused(SHARED, target_url="http://one:8086", targets="a=http://h")
+    assert (error.option, "target_url" in error.problem) == ("targets", True)
 
 
 def test_an_explicit_url_replaces_targets_from_the_environment() -> None:
     """The first source that names the servers decides, as for any one setting."""
-    influx = load_influx_config(env=TWO, influx_url="http://one:8086")
+    influx = load_influx_config(env=TWO, target_url="http://one:8086")
     assert (influx.url, influx.targets) == ("http://one:8086", ())
     influx = load_influx_config(
-        env={**SHARED, "TWOPHASE_INFLUX_URL": "http://one"}, targets="c=http://c"
+        env={**SHARED, "TWOPHASE_TARGET_URL": "http://one"}, targets="c=http://c"
     )
     assert [t.name for t in influx.targets] == ["c"]
 
@@ -156,7 +156,7 @@ def test_an_explicit_url_replaces_targets_from_the_environment() -> None:
     ("env", "count"),
     [
         ({**TWO, "TWOPHASE_MIN_TARGETS": "3"}, "2 target(s)"),
-        ({**SHARED, "TWOPHASE_INFLUX_URL": "http://one", "TWOPHASE_MIN_TARGETS": "2"}, "1 target"),
+        ({**SHARED, "TWOPHASE_TARGET_URL": "http://one", "TWOPHASE_MIN_TARGETS": "2"}, "1 target"),
     ],
 )
 def test_min_targets_above_the_number_of_targets_is_refused(
@@ -290,8 +290,8 @@ def test_the_same_server_message_holds_no_credentials() -> None:
     env = {
         **SHARED,
         "TWOPHASE_TARGETS": "a=http://alice@h:8086,b=http://h:8086",
-        "TWOPHASE_INFLUX_USER": "bob",
-        "TWOPHASE_INFLUX_PASSWORD": "hunter2",
+        "TWOPHASE_TARGET_USERNAME": "bob",
+        "TWOPHASE_TARGET_PASSWORD": "hunter2",
         "TWOPHASE_INFLUX_TOKEN": "tok-s3cret",
     }
     error = refused(env)
@@ -304,8 +304,8 @@ def test_overrides_from_the_environment_apply_to_their_target_only() -> None:
     env = {
         **TWO,
         "TWOPHASE_TARGET_B_INFLUX_DB": "metrics_b",
-        "TWOPHASE_TARGET_B_INFLUX_TIMEOUT": "30s",
-        "TWOPHASE_TARGET_B_INFLUX_PASSWORD": "b-s3cret",
+        "TWOPHASE_TARGET_B_TARGET_TIMEOUT": "30s",
+        "TWOPHASE_TARGET_B_TARGET_PASSWORD": "b-s3cret",
         "TWOPHASE_TARGET_OTHER_INFLUX_DB": "x",  # another sink's target: left alone
     }
     a, b = load_influx_config(env=env).targets
@@ -337,10 +337,10 @@ def test_a_secret_override_from_a_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("var", "value"),
     [
-        ("TWOPHASE_TARGET_B_INFLUX_BATCH_POINTS", "0"),
+        ("TWOPHASE_TARGET_B_TARGET_BATCH_POINTS", "0"),
         ("TWOPHASE_TARGET_B_INFLUX_API", "v9"),
-        ("TWOPHASE_TARGET_B_INFLUX_TIMEOUT", "soon"),
-        ("TWOPHASE_TARGET_B_INFLUX_TLS_CA", "/no/such/ca.pem"),
+        ("TWOPHASE_TARGET_B_TARGET_TIMEOUT", "soon"),
+        ("TWOPHASE_TARGET_B_TARGET_TLS_CA", "/no/such/ca.pem"),
     ],
 )
 def test_a_bad_override_names_its_variable(var: str, value: str) -> None:
@@ -361,7 +361,7 @@ def test_each_target_is_checked_for_its_api_naming_its_variable() -> None:
     "var",
     [
         "TWOPHASE_TARGET_B_INFLUX_DATABASE",  # misspelt
-        "TWOPHASE_TARGET_B_INFLUX_URL",  # the URL is in TWOPHASE_TARGETS
+        "TWOPHASE_TARGET_B_TARGET_URL",  # the URL is in TWOPHASE_TARGETS
         "TWOPHASE_TARGET_B_PROMOTION",  # the sink's, not one server's
         "TWOPHASE_TARGET_B_MIN_TARGETS",
         "TWOPHASE_TARGET_B_INFLUX_DB_FILE",  # _FILE is for secrets
@@ -374,8 +374,8 @@ def test_a_target_variable_that_sets_nothing_is_refused(var: str) -> None:
 
 
 def test_per_target_settings_are_the_influx_ones_but_the_sinks() -> None:
-    assert {"influx_db", "influx_password", "influx_token", "influx_api"} <= set(PER_TARGET)
-    sink_wide = {"influx_url", "targets", "min_targets", "target_deadline", "target_max_lag"}
+    assert {"influx_db", "target_password", "influx_token", "influx_api"} <= set(PER_TARGET)
+    sink_wide = {"target_url", "targets", "min_targets", "target_deadline", "target_max_lag"}
     assert not (sink_wide | {"promotion", "metrics_port", "staging_url"}) & set(PER_TARGET)
 
 
@@ -387,7 +387,7 @@ TOML = """
 staging_url = "postgresql+psycopg://tp:pg-s3cret@db.example:5432/tp"
 influx_api = "v1"
 influx_db = "metrics"
-influx_batch_points = 100
+target_batch_points = 100
 min_targets = 2
 target_deadline = "2s"
 
@@ -397,7 +397,7 @@ url = "http://influx-a:8086"
 [targets.b]
 url = "https://influx-b:8086"
 influx_db = "metrics_b"
-influx_password = "file-s3cret"
+target_password = "file-s3cret"
 """
 
 
@@ -420,7 +420,7 @@ def test_a_toml_file_gives_settings_targets_and_overrides(tmp_path: Path) -> Non
 
 
 def test_the_environment_and_explicit_values_win_over_the_file(tmp_path: Path) -> None:
-    env = {**write(tmp_path, TOML), "TWOPHASE_INFLUX_BATCH_POINTS": "7"}
+    env = {**write(tmp_path, TOML), "TWOPHASE_TARGET_BATCH_POINTS": "7"}
     influx = load_config(env=env, min_targets=1).influx
     assert (influx.batch_points, influx.min_targets) == (7, 1)
     assert influx.targets[1].influx.database == "metrics_b"
@@ -436,12 +436,12 @@ def test_targets_from_the_environment_replace_the_files_list_not_its_overrides(
     b, c = load_influx_config(env=env).targets
     assert (b.name, b.influx.url, b.influx.database) == ("b", "https://other-b:8086", "metrics_b")
     assert (c.name, c.influx.database) == ("c", "metrics")
-    one = load_influx_config(env={**env, "TWOPHASE_MIN_TARGETS": "1"}, influx_url="http://one")
+    one = load_influx_config(env={**env, "TWOPHASE_MIN_TARGETS": "1"}, target_url="http://one")
     assert (one.url, one.targets) == ("http://one", ())
 
 
 def test_targets_may_be_a_string_in_the_file(tmp_path: Path) -> None:
-    env = write(tmp_path, 'influx_url = "http://one:8086"\ninflux_db = "m"\n')
+    env = write(tmp_path, 'target_url = "http://one:8086"\ninflux_db = "m"\n')
     assert load_influx_config(env=env).url == "http://one:8086"
     env = write(tmp_path, 'targets = "a=http://h1,b=http://h2"\ninflux_db = "m"\n')
     assert [t.name for t in load_influx_config(env=env).targets] == ["a", "b"]
@@ -455,7 +455,7 @@ def test_targets_may_be_a_string_in_the_file(tmp_path: Path) -> None:
         ('[targets.a]\nurl = "http://h"\npromotion = "inline"\n', "targets.a.promotion"),
         ("[targets.a]\ninflux_db = 'x'\n", "targets.a.url"),
         ("influx_db = ['a', 'b']\n", "influx_db"),
-        ("influx_timeout = true\n", "influx_timeout"),
+        ("target_timeout = true\n", "target_timeout"),
         ("targets = 3\n", "targets"),
     ],
 )
@@ -468,17 +468,17 @@ def test_a_wrong_key_in_the_file_names_the_key_and_the_file(
 
 
 def test_a_bad_value_in_the_file_names_the_key_and_the_file(tmp_path: Path) -> None:
-    env = {**SHARED, **write(tmp_path, 'influx_url = "http://u:hunter2@h"\n')}
+    env = {**SHARED, **write(tmp_path, 'target_url = "http://u:hunter2@h"\n')}
     error = refused(env)
-    assert error.option.startswith("influx_url in ") and "hunter2" not in str(error)
-    env = {**STAGING, **write(tmp_path, 'influx_url = "http://h"\ninflux_api = "v1"\n')}
+    assert error.option.startswith("target_url in ") and "hunter2" not in str(error)
+    env = {**STAGING, **write(tmp_path, 'target_url = "http://h"\ninflux_api = "v1"\n')}
     assert refused(env).option == "TWOPHASE_INFLUX_DB"  # the check of the API, as ever
 
 
 def test_url_and_targets_both_in_the_file_are_refused(tmp_path: Path) -> None:
-    env = {**SHARED, **write(tmp_path, 'influx_url = "http://h"\ntargets = "a=http://g"\n')}
+    env = {**SHARED, **write(tmp_path, 'target_url = "http://h"\ntargets = "a=http://g"\n')}
     error = refused(env)
-    assert error.option.startswith("targets in ") and "influx_url in " in error.problem
+    assert error.option.startswith("targets in ") and "target_url in " in error.problem
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from twophase.errors import ConfigError
 from twophase.influx.http import tls_of
 
 URL = "postgresql+psycopg://tp:pg-s3cret@h1:5432,h2:5433/tp?target_session_attrs=read-write"
-INFLUX = {"TWOPHASE_INFLUX_URL": "https://influx.example:8086", "TWOPHASE_INFLUX_DB": "m"}
+INFLUX = {"TWOPHASE_TARGET_URL": "https://influx.example:8086", "TWOPHASE_INFLUX_DB": "m"}
 
 
 @pytest.fixture
@@ -60,14 +60,14 @@ def test_a_missing_file_is_refused_naming_the_variable(tmp_path: Path) -> None:
 
 
 def test_a_client_certificate_needs_its_key(pem: Path) -> None:
-    env = {**INFLUX, "TWOPHASE_INFLUX_TLS_CERT": str(pem)}
+    env = {**INFLUX, "TWOPHASE_TARGET_TLS_CERT": str(pem)}
     with pytest.raises(ConfigError) as caught:
         load_influx_config(env=env)
-    assert caught.value.option == "TWOPHASE_INFLUX_TLS_KEY"
+    assert caught.value.option == "TWOPHASE_TARGET_TLS_KEY"
 
 
 def test_influx_tls_files_become_urllib3_arguments(pem: Path) -> None:
-    config = load_influx_config(env={**INFLUX, "TWOPHASE_INFLUX_TLS_CA": str(pem)})
+    config = load_influx_config(env={**INFLUX, "TWOPHASE_TARGET_TLS_CA": str(pem)})
     assert tls_of(config)["ca_certs"] == str(pem)
     assert "cert_file" not in tls_of(config)
 
@@ -99,14 +99,14 @@ def test_libpq_tls_messages_name_the_setting(message: str, option: str) -> None:
         (
             "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local "
             "issuer certificate (_ssl.c:1006)",
-            "TWOPHASE_INFLUX_TLS_CA",
+            "TWOPHASE_TARGET_TLS_CA",
         ),
         (
             "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: Hostname mismatch, "
             "certificate is not valid for '127.0.0.2'",
-            "TWOPHASE_INFLUX_URL",
+            "TWOPHASE_TARGET_URL",
         ),
-        ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_INFLUX_URL"),
+        ("[SSL: WRONG_VERSION_NUMBER] wrong version number", "TWOPHASE_TARGET_URL"),
     ],
 )
 def test_openssl_messages_name_the_influx_setting(message: str, option: str) -> None:

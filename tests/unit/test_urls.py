@@ -149,7 +149,7 @@ def test_a_spark_option_with_a_password_in_the_query_is_refused() -> None:
 )
 def test_an_influx_url_with_a_secret_in_the_query_is_refused_without_it(url: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        load_setting("influx_url", {"TWOPHASE_INFLUX_URL": url})
-    assert refused.value.option == "TWOPHASE_INFLUX_URL"
-    assert "TWOPHASE_INFLUX_PASSWORD" in refused.value.problem
+        load_setting("target_url", {"TWOPHASE_TARGET_URL": url})
+    assert refused.value.option == "TWOPHASE_TARGET_URL"
+    assert "TWOPHASE_TARGET_PASSWORD" in refused.value.problem
     assert "s3cret" not in str(refused.value)

@@ -73,7 +73,7 @@ from twophase import logs
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console, printable
 from twophase.cli.parser import build_parser
-from twophase.config import CLI_FLAGS, CONFIG_FILE_ENV, OPTIONS, env_name
+from twophase.config import ALIASES, CLI_ALIASES, CLI_FLAGS, CONFIG_FILE_ENV, OPTIONS, env_name
 from twophase.config.urls import has_password
 from twophase.errors import (
     ConfigError,
@@ -142,11 +142,12 @@ class _Failure:
 
 
 # The names a ConfigError gives a setting under: the option, its variable, the
-# variable of a file that holds a secret.
+# variable of a file that holds a secret; its aliases' too (told as the option).
+_NAMES = {name: name for name in OPTIONS} | ALIASES
 _SETTINGS = (
-    {name: name for name in OPTIONS}
-    | {env_name(name): name for name in OPTIONS}
-    | {env_name(name) + "_FILE": name for name in OPTIONS}
+    _NAMES
+    | {env_name(name): option for name, option in _NAMES.items()}
+    | {env_name(name) + "_FILE": option for name, option in _NAMES.items()}
 )
 
 
@@ -157,7 +158,7 @@ def _failure(exc: Exception, failed: int) -> _Failure:
         return _Failure(cmd.EXIT_USAGE, str(exc))
     if isinstance(exc, ConfigError):
         setting = _SETTINGS.get(exc.option, exc.option)
-        if exc.option in CLI_FLAGS:  # given as a flag: wrong usage
+        if exc.option in (*CLI_FLAGS, *CLI_ALIASES):  # given as a flag: wrong usage
             flag = "--" + exc.option.replace("_", "-")
             return _Failure(cmd.EXIT_USAGE, f"{flag}: {exc.problem}", setting)
         return _Failure(failed, str(exc), setting)

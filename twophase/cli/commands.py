@@ -17,6 +17,7 @@ from twophase import operations as ops
 from twophase.cli import render
 from twophase.cli.console import Console, printable
 from twophase.config import (
+    CLI_ALIASES,
     CLI_FLAGS,
     StagingConfig,
     TwoPhaseConfig,
@@ -35,12 +36,12 @@ EXIT_DIFFERS, EXIT_NO_ANSWER = 1, 2
 
 
 def full_config(args: argparse.Namespace) -> TwoPhaseConfig:
-    return load_config(**{name: getattr(args, name) for name in CLI_FLAGS})
+    return load_config(**{name: getattr(args, name) for name in (*CLI_FLAGS, *CLI_ALIASES)})
 
 
 def check_flags(args: argparse.Namespace) -> None:
     """A malformed connection flag fails even where the command does not use it."""
-    for name in CLI_FLAGS:
+    for name in (*CLI_FLAGS, *CLI_ALIASES):
         if getattr(args, name) is not None:
             load_setting(name, {}, **{name: getattr(args, name)})
 

@@ -16,7 +16,7 @@ from typing import Any
 from twophase import __version__, logs
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console, error_json, printable
-from twophase.config import BY_NAME, CLI_FLAGS, INFLUX, STAGING, parse_duration
+from twophase.config import BY_NAME, CLI_ALIASES, CLI_FLAGS, INFLUX, STAGING, parse_duration
 from twophase.errors import ConfigError
 from twophase.operations import LIVE_WINDOW_S
 from twophase.operations.exporter import DEFAULT_PORT
@@ -91,11 +91,17 @@ def _common(suppress: bool, sections: tuple[str, ...]) -> Parser:
         return argparse.SUPPRESS if suppress else value
 
     group = parent.add_argument_group("connection (override the TWOPHASE_* variables)")
-    for setting in (BY_NAME[name] for name in CLI_FLAGS):
+    for name in (*CLI_FLAGS, *CLI_ALIASES):
+        setting = BY_NAME[name]
         if setting.section in sections:
-            metavar = setting.name.rsplit("_", 1)[-1].upper()
+            # A former name (--influx-url) is a flag of its own, so that giving both is
+            # caught like any two names of one setting.
+            shown = setting.help if name == setting.name else f"former name of {setting.cli_flag}"
             group.add_argument(
-                setting.cli_flag, metavar=metavar, help=setting.help, default=default(None)
+                "--" + name.replace("_", "-"),
+                metavar=setting.name.rsplit("_", 1)[-1].upper(),
+                help=shown,
+                default=default(None),
             )
     parent.add_argument(
         "--json",
@@ -443,6 +449,9 @@ def build_parser(json_errors: bool = False) -> Parser:
         description="Operate a twophase staging store (Spark -> PostgreSQL -> "
         "InfluxDB, exactly once).",
         json_errors=json_errors,
+        # This parser reads every flag of the line, a command's too: abbreviated, a
+        # command's --target would be ambiguous between --target-url and --targets.
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"twophase {__version__}")
     subparsers = parser.add_subparsers(

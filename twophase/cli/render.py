@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -395,12 +395,21 @@ def gc_lines(summary: GcSummary) -> list[str]:
         )
         + (" (dry run: nothing was removed)" if summary.dry_run else "")
     )
-    for sink, target in (q for s in summary.sinks for q in s.quarantined):
+    for (sink, target), why in _quarantined(summary):
         lines.append(
-            f"target {target} of sink {sink} quarantined (lagging past target_max_lag): "
+            f"target {target} of sink {sink} quarantined ({why}): "
             f"`twophase targets resync {target} --sink {sink}` re-delivers what is retained"
         )
     return lines
+
+
+def _quarantined(summary: GcSummary) -> Iterator[tuple[tuple[str, str], str]]:
+    """Each target a collection quarantined, with the bound it passed."""
+    for report in summary.sinks:
+        reasons = report.quarantine_reasons or ("lagging past target_max_lag",) * len(
+            report.quarantined
+        )
+        yield from zip(report.quarantined, reasons, strict=True)
 
 
 def recover_lines(report: RecoverReport) -> list[str]:

@@ -7,7 +7,7 @@ The package is read in this order:
   name, environment variable, kind, default, secret, help), and what is derived
   from it ([`BY_NAME`][twophase.config.settings.BY_NAME],
   [`OPTIONS`][twophase.config.settings.OPTIONS], [`CLI_FLAGS`][twophase.config.settings.CLI_FLAGS],
-  [`env_name`][twophase.config.settings.env_name]);
+  [`ALIASES`][twophase.config.settings.ALIASES], [`env_name`][twophase.config.settings.env_name]);
 - [`twophase.config.values`][twophase.config.values]: reading one value of each kind
   ([`parse_duration`][twophase.config.values.parse_duration],
   [`Secret`][twophase.config.values.Secret], URLs, paths);
@@ -52,8 +52,10 @@ from twophase.config.sections import (
     TwoPhaseConfig,
 )
 from twophase.config.settings import (
+    ALIASES,
     BACKGROUND,
     BY_NAME,
+    CLI_ALIASES,
     CLI_FLAGS,
     COMPRESSIONS,
     CONFIG_FILE_ENV,
@@ -79,8 +81,10 @@ from twophase.config.settings import (
 from twophase.config.values import Secret, mask_url, parse_duration
 
 __all__ = [
+    "ALIASES",
     "BACKGROUND",
     "BY_NAME",
+    "CLI_ALIASES",
     "CLI_FLAGS",
     "COMPRESSIONS",
     "CONFIG_FILE_ENV",

@@ -2,7 +2,8 @@
 
 Top-level keys are option names (``staging_url = "..."``, ``min_targets = 2``);
 ``[targets.NAME]`` tables give a target's ``url`` and its own settings by option
-name (``influx_db = "metrics"``):
+name (``influx_db = "metrics"``), or by a former name of the option (an alias:
+``influx_timeout`` of ``target_timeout``):
 
     influx_api = "v1"
     influx_db = "metrics"
@@ -29,11 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from twophase.config.settings import BY_NAME, CONFIG_FILE_ENV, OPTIONS, PER_TARGET
+from twophase.config.settings import ALIASES, BY_NAME, CONFIG_FILE_ENV, OPTIONS, PER_TARGET
 from twophase.errors import ConfigError
 
 URL_KEY = "url"  # a [targets.NAME] table's URL
 _TARGET_KEYS = (URL_KEY, *PER_TARGET)
+_TARGET_ALIASES = tuple(alias for alias, option in ALIASES.items() if option in PER_TARGET)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def read_config_file(env: Mapping[str, str]) -> ConfigFile:
     if not path:
         return NO_FILE
     data = _load(path)
-    _check_keys(path, "", data, OPTIONS)
+    _check_keys(path, "", data, OPTIONS, tuple(ALIASES))
     top = {k: _scalar(path, k, value, k) for k, value in data.items() if k != "targets"}
     tables: dict[str, FileValues] = {}
     if "targets" in data:
@@ -108,7 +110,7 @@ def _targets(path: str, value: Any) -> tuple[Any, dict[str, FileValues]]:
         prefix = f"targets.{name}."
         if not isinstance(table, dict):
             raise ConfigError(f"targets.{name} in {path}", "must be a table: [targets.NAME]")
-        _check_keys(path, prefix, table, _TARGET_KEYS)
+        _check_keys(path, prefix, table, _TARGET_KEYS, _TARGET_ALIASES)
         own = {key: _scalar(path, prefix + key, item, key) for key, item in table.items()}
         if URL_KEY not in own:
             raise ConfigError(f"{prefix}{URL_KEY} in {path}", "is required: the target's URL")
@@ -117,8 +119,16 @@ def _targets(path: str, value: Any) -> tuple[Any, dict[str, FileValues]]:
     return urls, tables
 
 
-def _check_keys(path: str, prefix: str, values: Mapping[str, Any], known: tuple[str, ...]) -> None:
-    unknown = sorted(set(values) - set(known))
+def _check_keys(
+    path: str,
+    prefix: str,
+    values: Mapping[str, Any],
+    known: tuple[str, ...],
+    aliases: tuple[str, ...],
+) -> None:
+    """Refuse a key that is neither one of ``known`` nor an alias of one (the error lists
+    the known names alone: aliases are for files written before)."""
+    unknown = sorted(set(values) - set(known) - set(aliases))
     if unknown:
         what = "per-target setting" if prefix else "option"
         raise ConfigError(

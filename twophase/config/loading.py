@@ -4,10 +4,15 @@ then the TOML file ``TWOPHASE_CONFIG`` names, then the table's defaults.
 Every error names the option (the environment variable when the value came from
 there, ``option in /path/file.toml`` when from the file). A secret may also be
 given as ``<VAR>_FILE`` naming a file that holds it. A sink's InfluxDB servers
-are ``influx_url`` (one) or ``targets`` (several, each of which may override
+are ``target_url`` (one) or ``targets`` (several, each of which may override
 the shared settings: ``TWOPHASE_TARGET_<NAME>_<OPTION>`` or the file's
 ``[targets.NAME]``). Everything is parsed and validated once, when loaded. Two
 targets may not write to the same database (or bucket) of the same server.
+
+A setting's former names (its ``aliases``: ``influx_url`` of ``target_url``) are
+read wherever its name is, and errors then name what the user set. One source
+giving a setting under two of its names with different values is an error naming
+both; the same value twice is not.
 """
 
 from __future__ import annotations
@@ -47,16 +52,19 @@ from twophase.errors import ConfigError
 
 # Where a value was found; the first of them wins.
 _EXPLICIT, _ENVIRONMENT, _FILE, _UNSET = range(4)
-_SERVERS = ("influx_url", "targets")  # one server or several: exactly one of them is set
+_SERVERS = ("target_url", "targets")  # one server or several: exactly one of them is set
 Targets = tuple[tuple[str, str], ...]  # (name, URL) pairs, as the targets setting parses
 # Where a target's points land on its server: ("database", name, retention policy) or
 # ("bucket", org, bucket). See `_destinations`.
 Destination = tuple[str, str, str | None]
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-# TWOPHASE_TARGET_<NAME>_<OPTION>[_FILE]: the shape of every per-target variable.
+_DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432}
+# TWOPHASE_TARGET_<NAME>_<OPTION>[_FILE]: the shape of every per-target variable (an
+# option's aliases included).
 _TARGET_VAR = re.compile(
-    rf"{TARGET_ENV_PREFIX}[A-Z0-9_]+?_({'|'.join(o.upper() for o in PER_TARGET)})(_FILE)?"
+    rf"{TARGET_ENV_PREFIX}[A-Z0-9_]+?_"
+    rf"({'|'.join(n.upper() for o in PER_TARGET for n in BY_NAME[o].names)})(_FILE)?"
 )
+Given = tuple[Any, str]  # a raw value (None: unset) and the name it was given under
 
 
 class _Source:
@@ -81,26 +89,37 @@ class _Source:
         return _Source({}, self.env, self.file, name)
 
     def rank(self, option: str) -> int:
-        """Where the option is set: explicitly, in the environment, in the file, or not."""
-        if option in self._explicit:
+        """Where the option is set (under any of its names): explicitly, in the
+        environment, in the file, or not."""
+        names = BY_NAME[option].names
+        if any(name in self._explicit for name in names):
             return _EXPLICIT
-        if self.env.get(self.var(option)):
+        if any(self.env.get(self.var(name)) for name in names):
             return _ENVIRONMENT
-        return _FILE if self._values.get(option)[0] is not None else _UNSET
+        return _FILE if any(self._values.get(n)[0] is not None for n in names) else _UNSET
 
-    def lookup(self, setting: Setting) -> tuple[Any, str]:
+    def lookup(self, setting: Setting) -> Given:
         """The raw value (None when unset; a secret as [`Secret`][twophase.config.values.Secret])
-        and the name it was given under (the variable's when unset)."""
-        option = setting.name
-        if option in self._explicit:
-            return _wrap(setting, self._explicit[option]), option
-        var = self.var(option)
-        raw = self.env.get(var) or (self._secret_file(var) if _is_secret(setting) else None)
-        if raw is None:
-            raw, where = self._values.get(option)
+        and the name it was given under (an alias's if the user gave that; the variable's
+        when unset). ConfigError when one source gives two of its names different values."""
+        for given in (self._explicit_given, self._env_given, self._file_given):
+            raw, name = _one_of(given(setting))
             if raw is not None:
-                return _wrap(setting, raw), where
-        return _wrap(setting, raw), var
+                return _wrap(setting, raw), name
+        return None, self.var(setting.name)
+
+    def _explicit_given(self, setting: Setting) -> list[Given]:
+        return [(self._explicit.get(name), name) for name in setting.names]
+
+    def _env_given(self, setting: Setting) -> list[Given]:
+        found = []
+        for var in map(self.var, setting.names):
+            raw = self.env.get(var) or (self._secret_file(var) if _is_secret(setting) else None)
+            found.append((raw, var))
+        return found
+
+    def _file_given(self, setting: Setting) -> list[Given]:
+        return [self._values.get(name) for name in setting.names]
 
     def value(self, setting: Setting) -> Any:
         """The parsed value, the table's default when unset; ConfigError naming it."""
@@ -124,6 +143,28 @@ class _Source:
         except UnicodeDecodeError:
             raise ConfigError(file_var, "the file it names is not UTF-8 text") from None
         return _file_secret(text, file_var)
+
+
+def _one_of(found: list[Given]) -> Given:
+    """The value given under the first of a setting's names that has one, once the others
+    agree with it (as written: ``10s`` and ``10`` differ); (None, "") when none has."""
+    given = [(raw, name) for raw, name in found if raw is not None]
+    if not given:
+        return None, ""
+    (raw, name), *others = given
+    for other, other_name in others:
+        if _plain(other) != _plain(raw):  # compared, never shown: it may be a secret
+            raise ConfigError(
+                name,
+                f"is set together with {other_name}, its former name, to a different "
+                f"value: set only {name}",
+            )
+    return raw, name
+
+
+def _plain(raw: Any) -> Any:
+    value = raw.reveal() if isinstance(raw, Secret) else raw
+    return value.strip() if isinstance(value, str) else value
 
 
 def _file_secret(text: str, file_var: str) -> str:
@@ -169,7 +210,7 @@ def _influx(src: _Source) -> InfluxConfig:
     _check_min_targets(src, config)
     # With targets, each target is checked (its own API may differ); the shared
     # settings alone need not make a whole server's.
-    if not targets and config.api != "auto":
+    if not targets and config.api != "auto" and config.is_influx:
         config.validate_for_api()
     _check_plaintext_credentials(src, config)
     return config
@@ -182,25 +223,25 @@ def _shared_fields(src: _Source) -> dict[str, Any]:
 
 
 def _servers(src: _Source) -> tuple[str, Targets]:
-    """The URL and the targets (none with ``influx_url``; with ``targets`` the URL is the
+    """The URL and the targets (none with ``target_url``; with ``targets`` the URL is the
     first target's). The first source that sets either decides, so an explicit value
     or a variable replaces what the file says; both in one source is an error."""
-    url_at, targets_at = src.rank("influx_url"), src.rank("targets")
+    url_at, targets_at = src.rank("target_url"), src.rank("targets")
     if url_at == targets_at:
         _refuse_both_or_neither(src, url_at)
     if url_at < targets_at:
-        return src.value(BY_NAME["influx_url"]), ()
+        return src.value(BY_NAME["target_url"]), ()
     pairs: Targets = src.value(BY_NAME["targets"])
     return pairs[0][1], pairs
 
 
 def _refuse_both_or_neither(src: _Source, where: int) -> None:
-    url, targets = env_name("influx_url"), env_name("targets")
+    url, targets = env_name("target_url"), env_name("targets")
     if where == _UNSET:
         raise ConfigError(url, f"is required but not set (or {targets}, for several servers)")
     raise ConfigError(
         src.lookup(BY_NAME["targets"])[1],
-        f"is set together with {src.lookup(BY_NAME['influx_url'])[1]}: set only one "
+        f"is set together with {src.lookup(BY_NAME['target_url'])[1]}: set only one "
         f"({url} for one InfluxDB server, {targets} for several)",
     )
 
@@ -215,7 +256,7 @@ def _target(src: _Source, shared: InfluxConfig, name: str, url: str) -> TargetCo
             overrides[setting.attr] = parse(setting, raw, given)
     try:
         influx = replace(shared, url=url, targets=(), **overrides)
-        if influx.api != "auto":
+        if influx.api != "auto" and influx.is_influx:
             influx.validate_for_api()
     except ConfigError as exc:
         raise _for_target(exc, name) from None
@@ -225,7 +266,9 @@ def _target(src: _Source, shared: InfluxConfig, name: str, url: str) -> TargetCo
 def _for_target(exc: ConfigError, name: str) -> ConfigError:
     """A shared setting's error as one target's: the target's own variable fixes it for
     that target, the shared one for all."""
-    option = next((o for o in PER_TARGET if env_name(o) == exc.option), None)
+    option = next(
+        (n for o in PER_TARGET for n in BY_NAME[o].names if env_name(n) == exc.option), None
+    )
     if option is None:
         return ConfigError(exc.option, f"{exc.problem} (target {name!r})")
     return ConfigError(
@@ -239,7 +282,9 @@ def _check_target_variables(env: Mapping[str, str]) -> None:
     (``..._INFLUX_DATABASE``) or a sink-wide setting would otherwise be ignored in
     silence. Those of targets this sink lacks are left alone: another sink of the
     same process may have them."""
-    settings = {s.env for s in SETTINGS}
+    # Every setting's own variables (TWOPHASE_TARGET_URL, TWOPHASE_TARGET_PASSWORD_FILE).
+    settings = {env_name(n) for s in SETTINGS for n in s.names}
+    settings |= {env_name(n) + "_FILE" for s in SETTINGS if s.secret for n in s.names}
     for var in sorted(env):
         if not var.startswith(TARGET_ENV_PREFIX) or var in settings:
             continue
@@ -275,7 +320,7 @@ def _check_plaintext_credentials(src: _Source, config: InfluxConfig) -> None:
             shown, fix = mask_url(influx.url), f"{allow}=true"
         verb = "are" if len(what) > 1 else "is"
         raise ConfigError(
-            src.lookup(BY_NAME["targets" if config.targets else "influx_url"])[1],
+            src.lookup(BY_NAME["targets" if config.targets else "target_url"])[1],
             f"{shown} is plain http and {' and '.join(what)} {verb} configured for it: the "
             f"credentials would cross the network unencrypted. Use https://, or set {fix} "
             "to send them anyway (on a network you trust)",
@@ -390,10 +435,10 @@ def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) ->
 
 def load_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TwoPhaseConfig:
     """Parse and validate everything once. Keyword names are option names
-    (``staging_url``, ``influx_url``, ``targets``, ``influx_db``, ...); each falls
-    back to ``TWOPHASE_<NAME>`` in ``env`` (default: ``os.environ``), then to the
-    TOML file ``TWOPHASE_CONFIG`` names."""
-    unknown = sorted(set(explicit) - set(OPTIONS))
+    (``staging_url``, ``target_url``, ``targets``, ``influx_db``, ...) or their
+    aliases (``influx_url``); each falls back to ``TWOPHASE_<NAME>`` in ``env``
+    (default: ``os.environ``), then to the TOML file ``TWOPHASE_CONFIG`` names."""
+    unknown = sorted(set(explicit) - set(BY_NAME))
     if unknown:
         raise ConfigError(unknown[0], f"unknown option (known: {', '.join(OPTIONS)})")
     src = _source(env, explicit)

@@ -13,6 +13,7 @@ exporter's, the driver's) is an [`EndpointConfig`][twophase.config.sections.Endp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from twophase.config import sslmode, urls
 from twophase.config.settings import default, env_name
@@ -84,7 +85,7 @@ class InfluxConfig:
     [`twophase.influx.api.resolve_api`][twophase.influx.api.resolve_api]).
 
     ``targets`` are the named servers of a sink with several (the ``targets``
-    setting); empty when ``influx_url`` names the one server. With targets,
+    setting); empty when ``target_url`` names the one server. With targets,
     ``url`` is the first target's, so code that talks to one server keeps
     working, and the other fields are the settings the targets share; each
     target's own (overrides applied) is in its
@@ -93,6 +94,9 @@ class InfluxConfig:
     """
 
     url: str
+    kind: str = default("target_kind")
+    schema: str = default("target_schema")
+    create_tables: bool = default("target_create_tables")
     api: str = default("influx_api")
     database: str | None = None
     retention_policy: str | None = None
@@ -101,12 +105,12 @@ class InfluxConfig:
     org: str | None = None
     bucket: str | None = None
     token: Secret | None = None
-    timeout_s: float = default("influx_timeout")
-    batch_points: int = default("influx_batch_points")
-    batch_bytes: int = default("influx_batch_bytes")
-    retry_deadline_s: float = default("influx_retry_deadline")
-    retry_initial_s: float = default("influx_retry_initial")
-    retry_max_s: float = default("influx_retry_max")
+    timeout_s: float = default("target_timeout")
+    batch_points: int = default("target_batch_points")
+    batch_bytes: int = default("target_batch_bytes")
+    retry_deadline_s: float = default("target_retry_deadline")
+    retry_initial_s: float = default("target_retry_initial")
+    retry_max_s: float = default("target_retry_max")
     promotion: str = default("promotion")
     metrics_port: int | None = None
     tls_ca: str | None = None
@@ -117,13 +121,15 @@ class InfluxConfig:
     min_targets: int = default("min_targets")
     target_deadline_s: float = default("target_deadline")
     target_max_lag_s: float = default("target_max_lag")
+    target_max_backlog_bytes: int = default("target_max_backlog_bytes")
+    target_catch_up_rate: int = default("target_catch_up_rate")
     metrics_host: str = default("metrics_host")
     metrics_tls_cert: str | None = None
     metrics_tls_key: str | None = None
     metrics_tls_client_ca: str | None = None
 
     def __post_init__(self) -> None:
-        _check_pair("influx_tls", self.tls_cert, self.tls_key)
+        _check_pair("target_tls", self.tls_cert, self.tls_key)
         _check_endpoint(
             "metrics", self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca
         )
@@ -144,8 +150,17 @@ class InfluxConfig:
 
     def named_targets(self) -> tuple[TargetConfig, ...]:
         """The targets, or the one (named
-        [`DEFAULT_TARGET`][twophase.config.sections.DEFAULT_TARGET]) that ``influx_url`` makes."""
+        [`DEFAULT_TARGET`][twophase.config.sections.DEFAULT_TARGET]) that ``target_url`` makes."""
         return self.targets or (TargetConfig(DEFAULT_TARGET, self),)
+
+    @property
+    def is_influx(self) -> bool:
+        """Whether the target is InfluxDB (or VictoriaMetrics): ``target_kind`` says
+        ``influxdb``, or is ``auto`` with an http(s) URL. Only then do the InfluxDB
+        settings (``influx_api``, ``influx_db``...) apply to it."""
+        if self.kind != "auto":
+            return self.kind == "influxdb"
+        return urlsplit(self.url).scheme in ("http", "https")
 
     def validate_for_api(self) -> None:
         """Check the settings the chosen API needs (after ``auto`` is resolved)."""
@@ -159,7 +174,7 @@ class InfluxConfig:
                 raise ConfigError(env_name("influx_org"), "required with the InfluxDB 2.x API")
 
 
-DEFAULT_TARGET = "default"  # the one target influx_url makes
+DEFAULT_TARGET = "default"  # the one target target_url makes
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ LOOPBACK = "127.0.0.1"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 # One target's override: TWOPHASE_TARGET_<NAME>_<OPTION>.
 TARGET_ENV_PREFIX = ENV_PREFIX + "TARGET_"
-# Lines per staged chunk; a promote request (influx_batch_points) holds whole chunks.
+# Lines per staged chunk; a promote request (target_batch_points) holds whole chunks.
 _REQUEST_POINTS = 5000
 
 
@@ -64,6 +64,9 @@ class Setting:
     [`InfluxConfig`][twophase.config.sections.InfluxConfig] or
     [`ExporterConfig`][twophase.config.sections.ExporterConfig] (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
+    ``aliases`` are its former option names (``influx_url`` of ``target_url``): each is
+    read wherever the name is (option, variable, ``_FILE``, per-target variable, file
+    key, CLI flag, Spark option), so configurations written before the rename work.
     """
 
     name: str
@@ -77,10 +80,16 @@ class Setting:
     minimum: float = 0
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
 
     @property
     def env(self) -> str:
         return env_name(self.name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The option name, then its aliases: the order a conflict between them is told in."""
+        return (self.name, *self.aliases)
 
     @property
     def secret(self) -> bool:
@@ -138,30 +147,41 @@ def _endpoint_settings(prefix: str, section: str, attr: str, what: str) -> tuple
     )
 
 
-def _tls_settings(section: str, server: str, ca_note: str) -> tuple[Setting, ...]:
+def _tls_settings(
+    section: str, server: str, ca_note: str, prefix: str = "", alias: str = ""
+) -> tuple[Setting, ...]:
     """The CA, client certificate and key files of one server's TLS: the same three
-    settings for both servers, so they are written once."""
+    settings for both servers, so they are written once. ``prefix`` starts their names
+    (default: the section's), ``alias`` their former names'."""
+    prefix = prefix or section
+
+    def aliases(suffix: str) -> tuple[str, ...]:
+        return (f"{alias}_{suffix}",) if alias else ()
+
     return (
         Setting(
-            name=f"{section}_tls_ca",
+            name=f"{prefix}_tls_ca",
             section=section,
             attr="tls_ca",
             kind="path",
             help=f"CA certificate file the certificate of {server} must be signed by ({ca_note})",
+            aliases=aliases("tls_ca"),
         ),
         Setting(
-            name=f"{section}_tls_cert",
+            name=f"{prefix}_tls_cert",
             section=section,
             attr="tls_cert",
             kind="path",
-            help=f"client certificate file for {server} (with {section}_tls_key)",
+            help=f"client certificate file for {server} (with {prefix}_tls_key)",
+            aliases=aliases("tls_cert"),
         ),
         Setting(
-            name=f"{section}_tls_key",
+            name=f"{prefix}_tls_key",
             section=section,
             attr="tls_key",
             kind="path",
             help=f"private key file of the client certificate for {server}",
+            aliases=aliases("tls_key"),
         ),
     )
 
@@ -329,14 +349,17 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
         maximum=MAX_LANES,
     ),
-    # InfluxDB, and how an epoch is promoted to it.
+    # The targets (InfluxDB servers), and how an epoch is promoted to them. Settings of
+    # every kind of target are named target_*; the influx_* ones are InfluxDB's own.
     Setting(
-        name="influx_url",
+        name="target_url",
         section=INFLUX,
         attr="url",
         kind="http_url",
-        help="http(s)://host:port of InfluxDB (or targets, for several servers)",
+        help="the target's URL: http(s)://host:port of an InfluxDB server, or"
+        " postgresql://user@host:port/dbname of PostgreSQL (or targets, for several)",
         flag=True,
+        aliases=("influx_url",),
     ),
     Setting(
         name="targets",
@@ -344,8 +367,9 @@ SETTINGS: tuple[Setting, ...] = (
         attr="targets",
         kind="targets",
         help=(
-            "instead of influx_url, the InfluxDB servers a sink delivers each epoch to, "
-            "comma-separated name=http(s)://host:port (a=http://h1:8086,b=https://h2:8086); "
+            "instead of target_url, the targets a sink delivers each epoch to, "
+            "comma-separated name=URL (a=http://h1:8086,pg=postgresql://u@h2:5432/db), the "
+            "kind of each told by its URL's scheme; "
             "names [a-z][a-z0-9_-]*; one server's own settings: "
             "TWOPHASE_TARGET_<NAME>_<SETTING>"
         ),
@@ -383,6 +407,60 @@ SETTINGS: tuple[Setting, ...] = (
         default=24 * 3600.0,
     ),
     Setting(
+        name="target_max_backlog_bytes",
+        section=INFLUX,
+        attr="target_max_backlog_bytes",
+        kind="int",
+        help=(
+            "staged bytes (as stored) of the COMMITTED epochs a target lacks past which it "
+            "is quarantined, as for target_max_lag; epochs committed before its last resync "
+            "do not count. 0: no bound"
+        ),
+        default=0,
+        minimum=0,
+    ),
+    Setting(
+        name="target_catch_up_rate",
+        section=INFLUX,
+        attr="target_catch_up_rate",
+        kind="int",
+        help=(
+            "points per second a lagging target's backlog is delivered at (catch-up, "
+            "recover, resync), each request waiting its turn; a commit's own epoch is never "
+            "held back. 0: as fast as the target takes them"
+        ),
+        default=0,
+        minimum=0,
+    ),
+    Setting(
+        name="target_kind",
+        section=INFLUX,
+        attr="kind",
+        kind="text",
+        help="the kind of target: auto (told by the URL's scheme: http(s) InfluxDB,"
+        " postgresql PostgreSQL/TimescaleDB), or a kind's name (influxdb, postgresql, or one"
+        " a package adds through the twophase.targets entry points)",
+        default="auto",
+    ),
+    Setting(
+        name="target_schema",
+        section=INFLUX,
+        attr="schema",
+        kind="text",
+        help="PostgreSQL targets: the schema of the tables points go to (one table per"
+        " measurement) and of the table recording delivered epochs",
+        default="public",
+    ),
+    Setting(
+        name="target_create_tables",
+        section=INFLUX,
+        attr="create_tables",
+        kind="bool",
+        help="PostgreSQL targets: create a measurement's table (and add a field's column)"
+        " when missing; false: check the tables against what the sink writes",
+        default=False,
+    ),
+    Setting(
         name="influx_api",
         section=INFLUX,
         attr="api",
@@ -409,13 +487,21 @@ SETTINGS: tuple[Setting, ...] = (
         help="1.x retention policy",
         flag=True,
     ),
-    Setting(name="influx_user", section=INFLUX, attr="username", kind="text", help="1.x user"),
     Setting(
-        name="influx_password",
+        name="target_username",
+        section=INFLUX,
+        attr="username",
+        kind="text",
+        help="user of the target (InfluxDB 1.x)",
+        aliases=("influx_user",),
+    ),
+    Setting(
+        name="target_password",
         section=INFLUX,
         attr="password",
         kind="secret",
-        help="1.x password",
+        help="password of target_username (InfluxDB 1.x)",
+        aliases=("influx_password",),
     ),
     Setting(
         name="influx_org",
@@ -436,7 +522,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         name="influx_token", section=INFLUX, attr="token", kind="secret", help="2.x or 3.x token"
     ),
-    *_tls_settings(INFLUX, "an https InfluxDB", "default: the system's CAs"),
+    *_tls_settings(INFLUX, "an https target", "default: the system's CAs", "target", "influx"),
     Setting(
         name="allow_plaintext_credentials",
         section=INFLUX,
@@ -450,15 +536,16 @@ SETTINGS: tuple[Setting, ...] = (
         default=False,
     ),
     Setting(
-        name="influx_timeout",
+        name="target_timeout",
         section=INFLUX,
         attr="timeout_s",
         kind="duration",
         help="one HTTP request's timeout",
         default=10.0,
+        aliases=("influx_timeout",),
     ),
     Setting(
-        name="influx_batch_points",
+        name="target_batch_points",
         section=INFLUX,
         attr="batch_points",
         kind="int",
@@ -471,39 +558,44 @@ SETTINGS: tuple[Setting, ...] = (
         # but sent fewer points/s to InfluxDB 1.6.7 over 4 lanes.
         default=2 * _REQUEST_POINTS,
         minimum=1,
+        aliases=("influx_batch_points",),
     ),
     Setting(
-        name="influx_batch_bytes",
+        name="target_batch_bytes",
         section=INFLUX,
         attr="batch_bytes",
         kind="int",
         help="bytes per promote request",
         default=4 * 1024 * 1024,
         minimum=1024,
+        aliases=("influx_batch_bytes",),
     ),
     Setting(
-        name="influx_retry_deadline",
+        name="target_retry_deadline",
         section=INFLUX,
         attr="retry_deadline_s",
         kind="duration",
         help="how long promotion retries without progress before failing (retryable)",
         default=300.0,
+        aliases=("influx_retry_deadline",),
     ),
     Setting(
-        name="influx_retry_initial",
+        name="target_retry_initial",
         section=INFLUX,
         attr="retry_initial_s",
         kind="duration",
         help="first backoff step",
         default=0.5,
+        aliases=("influx_retry_initial",),
     ),
     Setting(
-        name="influx_retry_max",
+        name="target_retry_max",
         section=INFLUX,
         attr="retry_max_s",
         kind="duration",
         help="largest backoff step",
         default=30.0,
+        aliases=("influx_retry_max",),
     ),
     Setting(
         name="promotion",
@@ -570,18 +662,24 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
-OPTIONS = tuple(BY_NAME)
+# Every setting by its option name and by each of its aliases.
+BY_NAME: dict[str, Setting] = {name: s for s in SETTINGS for name in s.names}
+OPTIONS = tuple(s.name for s in SETTINGS)
+# Former option name -> its setting's option name (``influx_url`` -> ``target_url``).
+ALIASES: dict[str, str] = {alias: s.name for s in SETTINGS for alias in s.aliases}
 SECRET_OPTIONS = tuple(s.name for s in SETTINGS if s.secret)
 CLI_FLAGS = tuple(s.name for s in SETTINGS if s.flag)
+# The former names of CLI flags' settings: still flags (``--influx-url``).
+CLI_ALIASES = tuple(alias for s in SETTINGS if s.flag for alias in s.aliases)
 # The InfluxDB settings of the sink as a whole, not of one server: where it delivers,
 # how many servers must take an epoch, how it promotes, its metrics endpoint.
 SINK_WIDE = (
-    "influx_url",
+    "target_url",
     "targets",
     "min_targets",
     "target_deadline",
     "target_max_lag",
+    "target_max_backlog_bytes",
     "promotion",
     "metrics_port",
     "metrics_host",

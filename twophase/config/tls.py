@@ -4,7 +4,7 @@ A certificate that is not trusted, a host name it does not cover, a client
 certificate a server wants or refuses: retrying cannot help, so each becomes a
 [`ConfigError`][twophase.errors.ConfigError] (permanent: raised at once, not after a
 retry deadline) whose option is the setting to look at. The TLS files
-themselves are settings (``staging_tls_*``, ``influx_tls_*``, [`twophase.config`][twophase.config]).
+themselves are settings (``staging_tls_*``, ``target_tls_*``, [`twophase.config`][twophase.config]).
 """
 
 from __future__ import annotations
@@ -64,28 +64,28 @@ _STAGING: tuple[_Rule, ...] = (
 _INFLUX: tuple[_Rule, ...] = (
     (
         re.compile(r"hostname mismatch|ip address mismatch|doesn't match", re.I),
-        "influx_url",
+        "target_url",
         "the server's certificate does not name the host in the URL: connect by a name the "
         "certificate lists",
     ),
     (
         re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed", re.I),
-        "influx_tls_ca",
+        "target_tls_ca",
         "the server's certificate is not signed by a trusted CA: give the CA that signed it",
     ),
     (
         re.compile(r"alert (unknown ca|bad certificate|certificate required)", re.I),
-        "influx_tls_cert",
+        "target_tls_cert",
         "the server does not accept the client certificate (or wants one)",
     ),
     (
         re.compile(r"PEM lib|key values mismatch|KEY_VALUES_MISMATCH", re.I),
-        "influx_tls_key",
+        "target_tls_key",
         "the client certificate and key cannot be loaded together",
     ),
     (
         re.compile(r"WRONG_VERSION_NUMBER|wrong version number", re.I),
-        "influx_url",
+        "target_url",
         "the server does not speak TLS on this port: use http://, or the server's https port",
     ),
 )

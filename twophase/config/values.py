@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from twophase.config import urls
 from twophase.config.settings import (
@@ -141,24 +141,37 @@ def _http_url(setting: Setting, raw: Any, name: str) -> str:
     return _checked_http_url(str(raw), name, "", env_name)
 
 
+def _target_url(parts: SplitResult) -> bool:
+    """An http(s) URL with a host (InfluxDB), or the URL of another kind of target (its
+    scheme tells the kind, checked when the sink opens: ``postgresql:///db`` may name no
+    host, a socket then in its query)."""
+    if parts.scheme in ("http", "https"):
+        return bool(parts.hostname)
+    return bool(_SCHEME.fullmatch(parts.scheme)) and parts.netloc + parts.path != ""
+
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
 def _checked_http_url(url: str, name: str, what: str, var: Callable[[str], str]) -> str:
-    """``url`` if it is an http(s) URL without a password (in the user information or
-    the query); ``what`` starts the message (which target), ``var`` names the
-    variable of a setting for it (where the password or token belongs instead)."""
+    """``url`` if it is a target's URL (http(s) for InfluxDB, another scheme for another
+    kind) without a password (in the user information or the query); ``what`` starts
+    the message (which target), ``var`` names the variable of a setting for it (where
+    the password or token belongs instead)."""
     try:
         parts = urlsplit(url)
     except ValueError:  # "Invalid IPv6 URL" (an unclosed "["; found by fuzzing)
         raise ConfigError(name, f"{what}{mask_url(url)!r} is not an http(s) URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not _target_url(parts):
         raise ConfigError(name, f"{what}{mask_url(url)!r} is not an http(s) URL")
     if parts.password:
-        raise ConfigError(name, f"{what}must not hold a password; use {var('influx_password')}")
+        raise ConfigError(name, f"{what}must not hold a password; use {var('target_password')}")
     secret = urls.DbUrl.parse(url).secret_params() if "?" in url else ()
     if secret:
         raise ConfigError(
             name,
             f"{what}must not hold a password or token in its query ({', '.join(secret)}=...): "
-            f"use {var('influx_password')} or {var('influx_token')}",
+            f"use {var('target_password')} or {var('influx_token')}",
         )
     return url.rstrip("/")
 

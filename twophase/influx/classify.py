@@ -264,7 +264,7 @@ def _auth_message(status: int, said: str, target: Target) -> str:
     else:
         user = f" of user {target.username!r}" if target.username else " (no user given)"
         fix = (
-            f"check {env_name('influx_user')} / {env_name('influx_password')}{user}"
+            f"check {env_name('target_username')} / {env_name('target_password')}{user}"
             " and the user's WRITE privilege on the database"
         )
     return f"InfluxDB {what} ({status}: {said}) for {target.where()}: {fix}"

@@ -7,7 +7,7 @@ Off unless ``metrics_port`` is set (``TWOPHASE_METRICS_PORT`` or the sink option
 [`twophase.serving`][twophase.serving]), and
 [`MeteredWriter`][twophase.influx.metering.MeteredWriter] wraps each target's writer so that
 every request is measured, labelled with the target (``target``: its name in ``targets``, or
-``default`` for the one ``influx_url`` names): its latency, its answer by status class
+``default`` for the one ``target_url`` names): its latency, its answer by status class
 (``2xx``, ``4xx``, ``5xx``, or ``transport`` when none came), the bytes sent; and the
 retries the sender makes by reason (``throttled``: 429; ``unavailable``: 5xx;
 ``transport``), over all targets.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -34,6 +34,7 @@ from twophase.influx.sender import RetryEvent
 from twophase.influx.writers import InfluxWriter
 from twophase.serving import Served
 from twophase.serving import serve as serve_registry
+from twophase.targets.kind import TargetWriter
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 # Request latencies from a loopback write (ms) to a request that waits out a timeout.
@@ -94,7 +95,7 @@ class MeteredWriter:
     re-sent body as the server keeps it): it only observes.
     """
 
-    def __init__(self, inner: InfluxWriter, target: str = DEFAULT_TARGET) -> None:
+    def __init__(self, inner: TargetWriter, target: str = DEFAULT_TARGET) -> None:
         self._inner = inner
         self._target = target
         # The target's series, looked up once (a ``labels`` call per metric and request
@@ -103,6 +104,11 @@ class MeteredWriter:
         self._seconds = REQUEST_SECONDS.labels(target=target)
         self._bytes = SENT_BYTES.labels(target=target)
         self._responses: dict[str, Counter] = {}
+
+    @property
+    def inner(self) -> TargetWriter:
+        """The writer measured (a transactional kind's epochs go to it directly)."""
+        return self._inner
 
     def write(self, body: bytes, gzipped: bool = False) -> None:
         started = time.perf_counter()
@@ -126,7 +132,8 @@ class MeteredWriter:
         return counter
 
     def read(self, statement: str) -> Iterable[dict[str, Any]]:
-        return self._inner.read(statement)  # a read back is not a delivery: not metered
+        # a read back is not a delivery: not metered (an InfluxDB writer's InfluxQL)
+        return cast(InfluxWriter, self._inner).read(statement)
 
     def close(self) -> None:
         self._inner.close()

@@ -95,3 +95,18 @@ def _series(chunk: Any, secrets: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         if "error" in result:
             raise InfluxRequestError(scrub(f"query failed: {result['error']}", secrets))
         yield from result.get("series", [])
+
+
+def quote_ident(name: str) -> str:
+    """An InfluxQL double-quoted identifier (names are data, never query syntax)."""
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def window_query(measurement: str, start: int, end: int, retention_policy: str | None) -> str:
+    """InfluxQL for a measurement's points between two times (inclusive, ns), by series."""
+    source = quote_ident(measurement)
+    if retention_policy:
+        source = f"{quote_ident(retention_policy)}.{source}"
+    # InfluxQL, not SQL: the names are quoted identifiers and the bounds integers.
+    where = f"time >= {int(start)} AND time <= {int(end)}"
+    return f"SELECT * FROM {source} WHERE {where} GROUP BY *"  # noqa: S608

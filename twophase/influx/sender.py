@@ -18,13 +18,20 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from twophase.config import InfluxConfig
-from twophase.errors import BadPointsError, BatchTooLargeError, InfluxUnavailableError
-from twophase.influx.writers import InfluxWriter
+from twophase.errors import (
+    BadPointsError,
+    BatchTooLargeError,
+    InfluxUnavailableError,
+    TransactionLostError,
+)
 from twophase.retry import RetryPolicy
+from twophase.targets.kind import TargetWriter
 
 log = logging.getLogger("twophase.influx.sender")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,14 +57,14 @@ class BatchSender:
 
     def __init__(
         self,
-        writer: InfluxWriter,
+        writer: TargetWriter,
         config: InfluxConfig,
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_attempt_failed: Callable[[RetryEvent], None] | None = None,
         rand: Callable[[], float] = random.random,
-        deadline: str = "influx_retry_deadline",
+        deadline: str = "target_retry_deadline",
     ) -> None:
         self._writer = writer
         self._policy = RetryPolicy.from_config(config)
@@ -117,6 +124,30 @@ class BatchSender:
         delivery = _Delivery(self, before_attempt)
         delivery.deliver_body(body, count, lambda: list(_encoded(lines())), gzipped)
         return sorted(delivery.rejected)
+
+    def repeat(
+        self,
+        call: Callable[[], T],
+        lines: int,
+        before_attempt: Callable[[], None] | None = None,
+    ) -> T:
+        """``call()``, repeated from its start while it fails for a reason that may
+        pass (the target unavailable, or a transactional target's transaction lost):
+        a transactional target's whole epoch, which can only be sent again whole. The
+        outage is timed and given up like one request's (``send``);
+        ``before_attempt`` runs before each repeat."""
+        delivery = _Delivery(self, before_attempt)
+        began: float | None = None
+        for attempt in itertools.count(1):
+            if attempt > 1 and before_attempt is not None:
+                before_attempt()
+            sent_at = self._clock()
+            try:
+                return call()
+            except (InfluxUnavailableError, TransactionLostError) as exc:
+                began = sent_at if began is None else began
+                delivery.wait_or_give_up(attempt, lines, exc, began)
+        raise AssertionError("unreachable")  # itertools.count never ends
 
 
 _NAMED_REFUSALS = 8  # lines a part may have named and skipped in a row before it is bisected
@@ -252,7 +283,11 @@ class _Delivery:
             return
 
     def wait_or_give_up(
-        self, attempt: int, lines: int, exc: InfluxUnavailableError, began: float
+        self,
+        attempt: int,
+        lines: int,
+        exc: InfluxUnavailableError | TransactionLostError,
+        began: float,
     ) -> None:
         """Sleep before the next attempt, or raise when the deadline, counted from
         ``began`` (the outage's first failed attempt), does not allow one."""

@@ -32,10 +32,10 @@ from twophase.influx.query import query_v1_stream
 
 
 class InfluxWriter(Protocol):
-    """A target: the one interface twophase needs from a time-series store.
-
-    To add a kind of target, implement these three methods and return it from
-    [`twophase.influx.api.make_writer`][twophase.influx.api.make_writer] for its ``influx_api``:
+    """An InfluxDB target's writer: the kind's
+    [`TargetWriter`][twophase.targets.kind.TargetWriter] with an InfluxQL read back.
+    (Another kind of store is added as a kind of target of its own:
+    [`twophase.targets`][twophase.targets].)
 
     * ``write`` sends one body of line protocol (lines joined by '\\n', ns
       precision) in ONE attempt; ``gzipped``: the body is gzip (members end to

@@ -358,12 +358,16 @@ def target_families(states: Iterable[TargetState]) -> Iterator[Metric]:
         labels,
     )
     lag_bytes = _gauge(
-        "twophase_target_lag_bytes", "Staged bytes of the epochs the target lacks.", labels
+        "twophase_target_lag_bytes",
+        "Staged bytes (as stored) of the COMMITTED epochs the target lacks: its backlog,"
+        " which target_max_backlog_bytes bounds.",
+        labels,
     )
     state = _gauge(
         "twophase_target_state",
         "1 for the target's state: live, lagging (the catch-up delivers its backlog),"
-        " quarantined (behind longer than target_max_lag: `twophase targets resync`).",
+        " quarantined (behind longer than target_max_lag, or by more than"
+        " target_max_backlog_bytes: `twophase targets resync`).",
         ("sink", "target", "state"),
     )
     delivered = _gauge(

@@ -303,9 +303,16 @@ def gc(
                 f"{age(grace)}, and compact the records of delivered epochs that ended more "
                 f"than {age(history)} ago?"
             )
-        # targets lagging past target_max lag (TWOPHASE_TARGET_MAX_LAG) are quarantined first
-        max_lag = load_setting("target_max_lag")
-        collector = GarbageCollector(db, retention, grace, max_lag_s=max_lag, history_s=history)
+        # targets lagging past target_max_lag (TWOPHASE_TARGET_MAX_LAG), or behind by more
+        # than target_max_backlog_bytes, are quarantined first
+        collector = GarbageCollector(
+            db,
+            retention,
+            grace,
+            max_lag_s=load_setting("target_max_lag"),
+            max_backlog_bytes=load_setting("target_max_backlog_bytes"),
+            history_s=history,
+        )
         done: list[GcReport] = []
         for sink in sinks:
             done.append(collector.collect(sink_id=sink, dry_run=dry_run))

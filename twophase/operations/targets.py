@@ -13,7 +13,7 @@ from twophase.operations.hooks import Hooks
 from twophase.protocol.runtime import TwoPhase
 
 # The variables that name a sink's several targets, and its one InfluxDB server.
-TARGETS_ENV, URL_ENV = env_name("targets"), env_name("influx_url")
+TARGETS_ENV, URL_ENV = env_name("targets"), env_name("target_url")
 
 
 def target_config(influx: InfluxConfig, name: str) -> TargetConfig:

@@ -8,9 +8,11 @@ refused (promote-phase dead letters) are left out. Later retained epochs that
 rewrite a verified point (update output mode) update its expected values, so
 verifying an old epoch does not report the newer values as differences.
 
-InfluxDB is read back through InfluxQL on the 1.x ``/query`` API (``epoch=ns``),
-one measurement and time window at a time, ``GROUP BY *``, its answer streamed a
-chunk at a time and compared as it comes. Per series
+A target is read back through its kind's read-back
+([`Readback`][twophase.targets.kind.Readback]: InfluxDB through InfluxQL on the 1.x
+``/query`` API, PostgreSQL through SQL), one measurement and time window at a time,
+its answer streamed a chunk at a time and compared as it comes; times are compared at
+the finest the target keeps (a microsecond for PostgreSQL). Per series
 (measurement + tag set) it reports expected points that are *missing*, points
 whose expected field values *differ*, and *extra* points: points InfluxDB
 holds in the series' verified time span at a timestamp no verified epoch
@@ -43,7 +45,6 @@ from typing import Any
 
 from twophase.config import InfluxConfig, TwoPhaseConfig
 from twophase.errors import LineProtocolError, StateError
-from twophase.influx.api import make_writer, resolve_api
 from twophase.model import EpochPlan, EpochState
 from twophase.operations.hooks import SILENT, Hooks
 from twophase.operations.hooks import Progress as OperationProgress
@@ -54,11 +55,11 @@ from twophase.protocol.reader import StagedReader
 from twophase.protocol.targets import TargetState
 from twophase.store.database import Database
 from twophase.store.views import EpochInfo, EpochRange, Views
+from twophase.targets import Readback, kind_of, make_readback
 from twophase.wording import epochs_are
 
 Series = tuple[str, Tags]
 Points = dict[Series, dict[int, dict[str, FieldValue]]]
-Query = Callable[[str], Iterable[dict[str, Any]]]
 
 WINDOW_POINTS = 10_000  # expected timestamps per InfluxDB query (bounds the response)
 # Expected points one pass holds (about 320 bytes each: 64 MB); a larger selection is
@@ -95,6 +96,7 @@ class Expected:
     unparseable: int = 0
     examples: list[str] = field(default_factory=list)
     share: Share = EVERY_SERIES
+    resolution_ns: int = 1  # the finest time the target keeps: times are compared floored
 
     def add(self, lines: Iterable[str], only_known: bool = False) -> int:
         """Apply lines in order; with ``only_known`` only to points already expected."""
@@ -114,12 +116,13 @@ class Expected:
             series = (point.measurement, point.tags)
             if not self.share.holds(series):
                 continue
+            stamp = point.time_ns - point.time_ns % self.resolution_ns
             if only_known:
-                known = self.points.get(series, {}).get(point.time_ns)
+                known = self.points.get(series, {}).get(stamp)
                 if known is not None:
                     known.update(point.fields)
                 continue
-            self.points.setdefault(series, {}).setdefault(point.time_ns, {}).update(point.fields)
+            self.points.setdefault(series, {}).setdefault(stamp, {}).update(point.fields)
         return count
 
     def size(self) -> int:
@@ -148,20 +151,6 @@ def windows(points: Points, per_query: int = WINDOW_POINTS) -> list[Window]:
         ends = [later - 1 for later in starts[1:]] + [ordered[-1]]
         found += [Window(measurement, a, b) for a, b in zip(starts, ends, strict=True)]
     return found
-
-
-def quote_ident(name: str) -> str:
-    """An InfluxQL double-quoted identifier (names are data, never query syntax)."""
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def window_query(window: Window, retention_policy: str | None) -> str:
-    source = quote_ident(window.measurement)
-    if retention_policy:
-        source = f"{quote_ident(retention_policy)}.{source}"
-    # InfluxQL, not SQL: the names are quoted identifiers and the bounds integers.
-    where = f"time >= {int(window.start)} AND time <= {int(window.end)}"
-    return f"SELECT * FROM {source} WHERE {where} GROUP BY *"  # noqa: S608
 
 
 def actual_points(
@@ -324,15 +313,14 @@ class Comparison:
 
 
 def read_back(
-    query: Query,
+    readback: Readback,
     window_list: Sequence[Window],
     comparison: Comparison,
-    retention_policy: str | None,
     on_window: Callable[[Window], None] | None = None,
 ) -> None:
-    """Stream InfluxDB's answer for each window into ``comparison``."""
+    """Stream the target's answer for each window into ``comparison``."""
     for window in window_list:
-        comparison.see(query(window_query(window, retention_policy)))
+        comparison.see(readback.window(window.measurement, window.start, window.end))
         if on_window is not None:
             on_window(window)
 
@@ -396,17 +384,17 @@ class Verifier:
         self,
         views: Views,
         reader: StagedReader,
-        query: Query,
-        retention_policy: str | None = None,
+        readback: Readback,
         target: str = "",
         pass_points: int = PASS_POINTS,
+        resolution_ns: int = 1,
     ):
         self._views = views
         self._reader = reader
-        self._query = query
-        self._rp = retention_policy
+        self._readback = readback
         self._target = target  # the target verified: its letters, and those naming none
         self._pass_points = pass_points
+        self._resolution_ns = resolution_ns  # the target kind's finest time
 
     def verify(
         self, sink_id: str, selection: Sequence[EpochInfo], progress: Progress | None = None
@@ -467,7 +455,7 @@ class Verifier:
     ) -> Expected:
         """The expected points of the share's series: every epoch read in order, one at
         a time, without the lines the target refused (that epoch's letters)."""
-        expected, done = Expected(share=share), 0
+        expected, done = Expected(share=share, resolution_ns=self._resolution_ns), 0
         for number, only_known in reading.order:
             plan = self._reader.plan(sink_id, number)
             rejected = self._reader.rejected_at_promote(sink_id, [number], self._target)
@@ -486,7 +474,7 @@ class Verifier:
             fetched += 1
             report("query InfluxDB" + label, "queries", fetched, len(planned))
 
-        read_back(self._query, planned, comparison, self._rp, on_window)
+        read_back(self._readback, planned, comparison, on_window)
         return comparison.differences()
 
 
@@ -518,8 +506,8 @@ def verify(
     else:
         chosen = [target_config(config.influx, name) for name in targets]
     with contextlib.ExitStack() as opened:
-        queries = [(t.name, *_influx_query(t.influx, opened)) for t in chosen]
-        return _verify_each(config, sink_id, selection, hooks, queries)
+        readbacks = [(t.name, *_readback(t.influx, opened)) for t in chosen]
+        return _verify_each(config, sink_id, selection, hooks, readbacks)
 
 
 def _verify_each(
@@ -527,7 +515,7 @@ def _verify_each(
     sink_id: str,
     selection: EpochRange | None,
     hooks: Hooks,
-    queries: Sequence[tuple[str, Query, str | None]],
+    readbacks: Sequence[tuple[str, Readback, int]],
 ) -> tuple[TargetVerifyReport, ...]:
     with Database(config.staging) as db:
         views = Views(db)
@@ -535,27 +523,29 @@ def _verify_each(
         epochs = views.select_epochs(sink_id, selection or EpochRange())
         rows = {s.target: s for s in stored_states(db, sink_id)}
         reports = []
-        for name, query, policy in queries:
+        for name, readback, resolution_ns in readbacks:
             owed, notes = _owed(sink_id, name, epochs, rows.get(name))
-            label = f"{name}: " if len(queries) > 1 else ""
+            label = f"{name}: " if len(readbacks) > 1 else ""
 
             def progress(step: str, unit: str, done: int, total: int, label: str = label) -> None:
                 hooks.progress(OperationProgress(label + step, unit, done, total))
 
-            verifier = Verifier(views, StagedReader(db), query, policy, name)
+            verifier = Verifier(
+                views, StagedReader(db), readback, name, resolution_ns=resolution_ns
+            )
             report = verifier.verify(sink_id, owed, progress)
             report = dataclasses.replace(report, notes=(*notes, *report.notes))
             reports.append(TargetVerifyReport(name, report))
     return tuple(reports)
 
 
-def _influx_query(influx: InfluxConfig, opened: contextlib.ExitStack) -> tuple[Query, str | None]:
-    """How verify reads one target back (its writer's ``read``: PermanentError at once
-    for a store that cannot answer InfluxQL), and its retention policy."""
-    writer = make_writer(resolve_api(influx))
-    opened.callback(writer.close)
-    list(writer.read("SHOW MEASUREMENTS LIMIT 1"))  # fails fast: unsupported, or unreachable
-    return writer.read, influx.retention_policy
+def _readback(target: InfluxConfig, opened: contextlib.ExitStack) -> tuple[Readback, int]:
+    """How verify reads one target back (its kind's read-back, probed: PermanentError at
+    once for a store that cannot be read), and the finest time the target keeps."""
+    readback = make_readback(target)
+    opened.callback(readback.close)
+    readback.probe()  # fails fast: unsupported, or unreachable
+    return readback, kind_of(target).time_resolution_ns
 
 
 def _owed(

@@ -85,17 +85,17 @@ from twophase.points.lineproto import (
     INT_TYPES,
     MAX_SERIES_KEY_BYTES,
     MAX_STRING_FIELD_BYTES,
-    MEASUREMENT_BACKSLASH,
     MISSING,
     NUMPY_TIME_TYPES,
+    escaped_measurement,
     escaped_tag_value,
     field_key_problem,
     field_text,
     float_name,
+    measurement_problem,
     show,
     tag_key_problem,
     tag_text,
-    unrepresentable,
     utf8_size,
 )
 from twophase.points.timestamps import datetime_ns, time_ns
@@ -123,10 +123,12 @@ NULL_FIELD_MODES = ("reject", "omit")
 
 # A builder's caches of what it computes from its rows, counted in bytes
 # (twophase.bounded): escaped tag values (16 MiB: about 100,000 values of 20 characters),
-# and field plans by the rows' key sets. An entry over its cache's max is computed again
-# each time: large unique values would fill the cache and never hit.
+# escaped values of a measurement column (1 MiB: a few names, a column of unique names
+# refills it), and field plans by the rows' key sets. An entry over its cache's max is
+# computed again each time: large unique values would fill the cache and never hit.
 TAG_CACHE_BYTES = 16 * 1024 * 1024
 TAG_ENTRY_BYTES = 1024
+MEASUREMENT_CACHE_BYTES = 1024 * 1024
 PLAN_CACHE_BYTES = 2 * 1024 * 1024
 PLAN_ENTRY_BYTES = 1024 * 1024
 _PAYLOAD_MARKER = b" ...[truncated]"
@@ -134,22 +136,27 @@ _PAYLOAD_MARKER = b" ...[truncated]"
 
 @dataclass(frozen=True)
 class PointSpec:
-    """How rows map to points: one measurement, tag columns, field columns, time.
+    """How rows map to points: the measurement, tag columns, field columns, time.
 
-    ``field_columns=None`` takes every column of a row that is not a tag or the
-    time column. ``time_column=None`` stamps each row when it is converted
-    (DESIGN I8). ``precision`` is the unit of numeric time values;
+    The measurement is either one name for every row (``measurement``) or the
+    column that holds each row's (``measurement_column``): exactly one of the two
+    is given. A row whose measurement column is null, empty, not a string or not a
+    name InfluxDB reads back unchanged is rejected with the reason.
+    ``field_columns=None`` takes every column of a row that is not a tag, the time
+    or the measurement column. ``time_column=None`` stamps each row when it is
+    converted (DESIGN I8). ``precision`` is the unit of numeric time values;
     ``null_fields`` says whether a null field value dead-letters the row
     (``"reject"``) or is left out of the point (``"omit"``). Lists given for
     the column options are stored as tuples.
     """
 
-    measurement: str
+    measurement: str = ""
     tag_columns: tuple[str, ...] = ()
     field_columns: tuple[str, ...] | None = None
     time_column: str | None = None
     precision: str = "ns"
     null_fields: str = "reject"
+    measurement_column: str | None = None
 
     def __post_init__(self) -> None:
         # Callers naturally pass lists; keep the object hashable and immutable.
@@ -166,7 +173,8 @@ class PointSpec:
         line protocol cannot carry) are refused here rather than dead-lettering
         every row.
         """
-        _check_measurement(self.measurement)
+        if self.measurement_column is None or self.measurement:
+            _check_measurement(self.measurement, given_column=self.measurement_column)
         _check_precision(self.precision)
         _check_null_fields(self.null_fields)
         if self.time_column is not None and (
@@ -178,8 +186,11 @@ class PointSpec:
             _raise_for_key("tags", column, tag_key_problem(column))
         if self.time_column in tags:
             raise ConfigError("tags", f"{self.time_column!r} is also the time column")
-        if self.field_columns is None:
-            return
+        _check_measurement_column(self.measurement_column, tags, self.time_column)
+        if self.field_columns is not None:
+            self._check_fields(tags)
+
+    def _check_fields(self, tags: tuple[str, ...]) -> None:
         fields = _column_names("fields", self.field_columns)
         if not fields:
             raise ConfigError("fields", "is empty; leave it unset to use every non-tag column")
@@ -190,6 +201,16 @@ class PointSpec:
         both = sorted(set(fields) & set(tags))
         if both:
             raise ConfigError("fields", f"{', '.join(map(repr, both))} are also tag columns")
+        if self.measurement_column in fields:
+            raise ConfigError(
+                "measurement_column", f"{self.measurement_column!r} is also a field column"
+            )
+
+    def not_fields(self) -> frozenset[str]:
+        """The columns that are never fields: tags, the time and the measurement column."""
+        return frozenset(
+            (*self.tag_columns, *(c for c in (self.time_column, self.measurement_column) if c))
+        )
 
 
 @dataclass(frozen=True)
@@ -250,14 +271,12 @@ class PointBuilder:
         self._time_unit = PRECISIONS[spec.precision]
         self._omit_nulls = spec.null_fields == "omit"
         self._measurement = spec.measurement.translate(ESCAPE_MEASUREMENT)
+        self._measurement_column = spec.measurement_column
         # Point sorts tags and fields by key; precompute escaped "key=" once.
         self._tag_plan = tuple(
             (column, f",{column.translate(ESCAPE_KEY)}=") for column in sorted(spec.tag_columns)
         )
-        not_fields = set(spec.tag_columns)
-        if spec.time_column is not None:
-            not_fields.add(spec.time_column)
-        self._not_fields = frozenset(not_fields)
+        self._not_fields = spec.not_fields()
         self._fixed_fields = (
             None if spec.field_columns is None else _FieldPlan.of(spec.field_columns)
         )
@@ -266,6 +285,10 @@ class PointBuilder:
         )
         # Tag values repeat (low cardinality): validate and escape each once.
         self._tag_cache: SizedCache[str, str] = SizedCache(TAG_CACHE_BYTES, TAG_ENTRY_BYTES)
+        # Measurement column values repeat as much (a handful of names): the same.
+        self._measurement_cache: SizedCache[str, str] = SizedCache(
+            MEASUREMENT_CACHE_BYTES, TAG_ENTRY_BYTES
+        )
 
     def convert(self, rows: Iterable[Mapping[str, Any]]) -> Iterator[str | Rejected]:
         """One item per input row, in order: its line (no trailing newline) or a Rejected.
@@ -300,7 +323,9 @@ class PointBuilder:
         [`line`][twophase.points.builder.PointBuilder.line] checks them; for an encoder that
         stamps clock-stamped rows itself ([`stamps`][twophase.points.builder.PointBuilder.stamps]).
         """
-        series = self._measurement + self._tags(row)
+        column = self._measurement_column
+        measurement = self._measurement if column is None else self._measurement_of(column, row)
+        series = measurement + self._tags(row)
         plan = self._fixed_fields
         if plan is None:
             plan = self._discovered_plan(row)
@@ -311,6 +336,15 @@ class PointBuilder:
         ):
             _check_key_size(series, row, plan)
         return f"{series} {fields}"
+
+    def _measurement_of(self, column: str, row: Mapping[str, Any]) -> str:
+        value = row.get(column, MISSING)
+        escaped = self._measurement_cache.entries.get(value) if type(value) is str else None
+        if escaped is None:
+            escaped = escaped_measurement(column, value)  # raises for a bad value
+            text = str(value)
+            self._measurement_cache.put(text, escaped, len(text) + len(escaped))
+        return escaped
 
     def _tags(self, row: Mapping[str, Any]) -> str:
         parts: list[str] = []
@@ -428,17 +462,20 @@ def cut_payload(data: bytes) -> str:
 # --- spec checks -------------------------------------------------------------
 
 
-def _check_measurement(measurement: object) -> None:
-    if not isinstance(measurement, str) or not measurement:
-        raise ConfigError("measurement", "must be a non-empty string")
-    problem = unrepresentable(measurement)
-    if problem is None and measurement.startswith("#"):
-        problem = "starts with '#', which makes every line a comment InfluxDB ignores"
-    if problem is None and MEASUREMENT_BACKSLASH.search(measurement):
-        problem = (
-            "has a backslash before a space, comma, '=', '\"' or at the end, "
-            "which InfluxDB does not read back unchanged"
+def _check_measurement(measurement: object, given_column: str | None = None) -> None:
+    if given_column is not None:
+        raise ConfigError(
+            "measurement_column",
+            "cannot be combined with measurement: give one name for every row "
+            "(measurement) or the column that holds each row's (measurement_column)",
         )
+    if not isinstance(measurement, str) or not measurement:
+        raise ConfigError(
+            "measurement",
+            "must be a non-empty string: the InfluxDB measurement to write "
+            "(or set measurement_column, the column holding each row's)",
+        )
+    problem = measurement_problem(measurement)
     escaped = measurement.translate(ESCAPE_MEASUREMENT)
     # The shortest series key: the measurement, a separator and a 1-byte field key.
     if problem is None and (
@@ -447,6 +484,21 @@ def _check_measurement(measurement: object) -> None:
         problem = f"is longer than InfluxDB's {MAX_SERIES_KEY_BYTES}-byte key limit allows"
     if problem is not None:
         raise ConfigError("measurement", f"{show(measurement)} {problem}")
+
+
+def _check_measurement_column(
+    column: object, tags: tuple[str, ...], time_column: str | None
+) -> None:
+    """The column that holds each row's measurement: a name, no tag or time column
+    (its clash with listed fields is checked with them)."""
+    if column is None:
+        return
+    if not isinstance(column, str) or not column:
+        raise ConfigError("measurement_column", f"{column!r} is not a column name")
+    if column in tags:
+        raise ConfigError("measurement_column", f"{column!r} is also a tag column")
+    if column == time_column:
+        raise ConfigError("measurement_column", f"{column!r} is also the time column")
 
 
 def _check_precision(precision: object) -> None:

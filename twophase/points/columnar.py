@@ -14,16 +14,18 @@ mask is only a fast path; the reasons live in one place
 
 Where columnar encoding does not apply, and the row builder does the work:
 
-* a whole batch: a tag, time or listed field column is missing, column names repeat,
-  or the time column is not an integer or Arrow timestamp column (text, floats,
-  decimals, dates are parsed per value by
+* a whole batch: a tag, time, measurement or listed field column is missing, column
+  names repeat, or the time column is not an integer or Arrow timestamp column (text,
+  floats, decimals, dates are parsed per value by
   [`twophase.points.timestamps`][twophase.points.timestamps]);
-* a row: a tag value that is empty, not text or an integer, or holds a backslash, tab,
-  CR, LF or NUL; a field value of a type other than bool, integer, float32/64 or text
-  (float16, decimal, temporal, nested...), a NaN or infinite float, a uint64 over the
-  int64 range, a string field with NUL, a raw CR/LF (unless ``allow_newlines``), or over
-  64 KiB; a null field with ``null_fields='reject'``; no field at all; a field key that
-  cannot be written; a null or out-of-range time; a series key that may be too long;
+* a row: a measurement column value that is null, not text, empty, starts with ``#`` or
+  holds a backslash, tab, CR, LF or NUL; a tag value that is empty, not text or an
+  integer, or holds a backslash, tab, CR, LF or NUL; a field value of a type other than
+  bool, integer, float32/64 or text (float16, decimal, temporal, nested...), a NaN or
+  infinite float, a uint64 over the int64 range, a string field with NUL, a raw CR/LF
+  (unless ``allow_newlines``), or over 64 KiB; a null field with
+  ``null_fields='reject'``; no field at all; a field key that cannot be written; a null
+  or out-of-range time; a series key that may be too long;
 * rows that are not Arrow batches (a PySpark ``Row``, a mapping).
 
 Floats: ``repr`` writes the shortest text that reads back; so does Arrow's cast to text,
@@ -78,6 +80,9 @@ _INT64_MAX = 2**63 - 1
 # (conservative: most backslashes are fine, the row builder decides), tab, CR, LF, NUL.
 _TAG_SUSPECT = r"[\\\t\r\n\x00]"
 _TAG_ESCAPES = ((",", "\\,"), ("=", "\\="), (" ", "\\ "))  # ESCAPE_KEY's, less those flagged
+# A measurement column's values: the same, and a leading '#' (a comment line).
+_MEASUREMENT_SUSPECT = r"^#|[\\\t\r\n\x00]"
+_MEASUREMENT_ESCAPES = ((",", "\\,"), (" ", "\\ "))  # ESCAPE_MEASUREMENT's, less flagged
 # Where Arrow's shortest float text differs in form from repr's (module docstring).
 _REPR_RANGES = ((1e-9, 1e-4), (1e10, 1e16))
 _TIMESTAMP_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -108,9 +113,8 @@ class ColumnarEncoder:
         self._time = spec.time_column
         self._unit = PRECISIONS[spec.precision]
         self._omit_nulls = spec.null_fields == "omit"
-        self._not_fields = frozenset(spec.tag_columns) | (
-            frozenset() if spec.time_column is None else frozenset({spec.time_column})
-        )
+        self._not_fields = spec.not_fields()
+        self._measurement_column = spec.measurement_column
 
     def convert(self, data: Iterable[Any]) -> Iterator[Item]:
         """One line or Rejected per row, in order; lazy, a batch at a time."""
@@ -148,7 +152,7 @@ class ColumnarEncoder:
         batch as a whole goes by rows."""
         names = schema.names
         spec = self._builder.spec
-        wanted = [*self._tags, *([self._time] if self._time else [])]
+        wanted = [*self._tags, *(c for c in (self._time, self._measurement_column) if c)]
         if len(set(names)) != len(names) or any(name not in names for name in wanted):
             return None
         if spec.field_columns is None:
@@ -166,12 +170,26 @@ class ColumnarEncoder:
 
     def _series(self, batch: pa.RecordBatch, flagged: Mask) -> pa.Array:
         parts = [self._tag(name, batch.column(name), flagged) for name in self._tags]
-        measurement = pa.scalar(self._measurement)
+        measurement = self._measurement_part(batch, flagged)
         present = [part for part in parts if part is not None]
         if not present:
+            if isinstance(measurement, pa.Array):
+                return measurement
             return pa.array([self._measurement] * batch.num_rows, pa.string())
         # A null part is a tag left out (null value): it adds nothing.
         return _concat(measurement, *(pc.fill_null(part, "") for part in present))
+
+    def _measurement_part(self, batch: pa.RecordBatch, flagged: Mask) -> pa.Scalar | pa.Array:
+        """The escaped measurement: one scalar, or each row's from the measurement column
+        (null where the row builder decides)."""
+        column = self._measurement_column
+        if column is None:
+            return pa.scalar(self._measurement)
+        array = batch.column(column)
+        if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+            flagged[:] = True  # not text: every row is the row builder's rejection
+            return pa.nulls(len(array), pa.string())
+        return _text_measurement(pc.cast(array, pa.string()), flagged)
 
     def _tag(self, name: str, array: pa.Array, flagged: Mask) -> pa.Array | None:
         kind = array.type
@@ -311,6 +329,21 @@ def _text_tag(prefix: pa.Scalar, values: pa.Array, flagged: Mask) -> pa.Array:
     )
     _flag(flagged, pc.take(suspect, rows))
     return pc.take(_concat(prefix, _escape(distinct, _TAG_ESCAPES)), rows)
+
+
+def _text_measurement(values: pa.Array, flagged: Mask) -> pa.Array:
+    """Each row's escaped measurement from a text column, each distinct value checked and
+    escaped once. Flagged (the row builder decides): null, empty, a leading '#', any
+    backslash (conservative, as for tags), tab, CR, LF, NUL."""
+    _flag(flagged, pc.is_null(values))
+    encoded = pc.dictionary_encode(values)
+    distinct, rows = encoded.dictionary, encoded.indices
+    suspect = pc.or_(
+        pc.equal(pc.binary_length(distinct), 0),
+        pc.match_substring_regex(distinct, _MEASUREMENT_SUSPECT),
+    )
+    _flag(flagged, pc.take(suspect, rows))
+    return pc.take(_escape(distinct, _MEASUREMENT_ESCAPES), rows)
 
 
 def _is_time(batch: pa.RecordBatch, column: str) -> bool:

@@ -17,7 +17,8 @@ for several targets through [`twophase.protocol.broadcast`][twophase.protocol.br
 [`twophase.protocol.deadletters`][twophase.protocol.deadletters], background promotion in
 [`twophase.protocol.handoff`][twophase.protocol.handoff];
 [`twophase.protocol.catchup`][twophase.protocol.catchup] (a lagging
-target's backlog, oldest first) and the targets' state in
+target's backlog, oldest first, at its pace:
+[`twophase.protocol.pacing`][twophase.protocol.pacing]) and the targets' state in
 [`twophase.protocol.targets`][twophase.protocol.targets]. Around them:
 [`twophase.protocol.gc`][twophase.protocol.gc]
 (retention, orphans; after commits, when due,

@@ -3,7 +3,7 @@
 A target a commit left without its epoch (a
 [`Promoter`][twophase.protocol.promoter.Promoter]'s) is owed every COMMITTED
 epoch past its cursor, and the corrections it lacks. The worker delivers them to it one
-at a time, in epoch order, each with the whole ``influx_retry_deadline``, and
+at a time, in epoch order, each with the whole ``target_retry_deadline``, and
 records each (``TargetLedger.delivered``) before it takes the next, so the
 target's delivered epochs stay a prefix of the COMMITTED ones (I9) and a
 crash anywhere leaves the cursor on the last epoch recorded: the next worker
@@ -33,6 +33,16 @@ tried again after a pause doubling with each failure, up to a minute); it
 checks the run's lease before every request, outlives every failure of its
 own, and ends for good when the run is fenced. Quarantined targets are left
 to ``twophase targets resync``.
+
+A target with a ``target_catch_up_rate`` is caught up at that many points per
+second ([`twophase.protocol.pacing`][twophase.protocol.pacing]), one bucket per sink and
+target in the process, whichever way it is caught up (the worker, ``below``,
+``recover``, ``resync``): each request waits its turn before the checks that precede
+it (the lease, the lock), so they are as fresh as ever when it goes; the debt of an
+epoch's last request is waited off before the next epoch is delivered (and at the
+end of a catch-up, but a commit's), holding neither the target's lock nor a
+transaction. A commit's own epoch to a caught-up target is never paced (it is not
+sent here).
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from twophase.errors import (
@@ -54,6 +64,7 @@ from twophase.logs import lease_fields
 from twophase.model import Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
+from twophase.protocol.pacing import TokenBucket, counted
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
@@ -103,13 +114,18 @@ class CatchUp:
         targets: TargetLedger,
         deliveries: Sequence[TargetDelivery],
         poll_s: float = _POLL_S,
+        rates: Mapping[str, float] | None = None,
     ) -> None:
+        """``rates``: each target's ``target_catch_up_rate`` by name (points per second;
+        absent or 0: not paced)."""
         self._db = db
         self._ledger = ledger
         self._reader = reader
         self._targets = targets
         self._deliveries = tuple(deliveries)
         self._poll_s = poll_s
+        self._rates = {name: rate for name, rate in (rates or {}).items() if rate > 0}
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         self._leases: dict[str, Lease] = {}
@@ -172,7 +188,7 @@ class CatchUp:
         """Deliver target ``name``'s backlog below ``epoch``, in order, now: a commit
         whose caught-up targets cannot make ``min_targets`` catches a reachable lagging one
         up before it sends it the epoch. Each epoch within ``target_deadline`` (a commit's
-        round; ``round_only`` False: within ``influx_retry_deadline``); stops once
+        round; ``round_only`` False: within ``target_retry_deadline``); stops once
         ``enough()`` (the others made it meanwhile, or the commit gave up), and waits for
         the target's lock (another process catching it up) only while not ``enough()``.
         True once the target holds every epoch below ``epoch``; False when stopped."""
@@ -285,12 +301,19 @@ class CatchUp:
         # A commit's catch-up (``stop``) answers to its commit alone; the others end
         # when the worker is closed.
         stop = stop or self._closing
+        pace = self._bucket(lease.sink_id, target.name)
         done: list[tuple[str, int]] = []
         while True:
             stop()
             # Looked at first without the lock: nothing missing, the usual answer, costs
             # one query and no session of its own.
-            if self._targets.next_missing(lease.sink_id, target.name, quarantined, below) is None:
+            missing = self._targets.next_missing(lease.sink_id, target.name, quarantined, below)
+            if pace is not None and (missing is not None or below is None):
+                # The last request's debt, waited off holding no lock and no transaction
+                # (and so at the end of a catch-up, which then keeps to the rate: but not
+                # a commit's, whose own epoch goes next and unpaced).
+                pace.wait(stop)
+            if missing is None:
                 return done
             owner = LockOwner(lease.sink_id, lease.token)
             name = _lock_name(lease.sink_id, target.name)
@@ -299,9 +322,22 @@ class CatchUp:
                 if missing is None:  # another process delivered it meanwhile
                     return done
                 check = self._checks(fenced, held, stop)
-                self._deliver(lease, target, missing, check, round_only, progress)
+                before, sent = _paced(pace, check, stop, progress)
+                self._deliver(lease, target, missing, (before, check), round_only, sent)
             done.append((target.name, missing[0]))
         return done
+
+    def _bucket(self, sink_id: str, target: str) -> TokenBucket | None:
+        """The target's bucket, for a catch-up that begins (made on first use, kept for
+        the process: a catch-up pays what the last one still owes, and starts with
+        nothing saved up); None when the target is not paced."""
+        rate = self._rates.get(target)
+        if rate is None:
+            return None
+        with self._lock:
+            bucket = self._buckets.setdefault((sink_id, target), TokenBucket(rate))
+        bucket.start()
+        return bucket
 
     def _closing(self) -> None:
         if self._stop.is_set():
@@ -327,10 +363,13 @@ class CatchUp:
         lease: Lease,
         target: TargetDelivery,
         missing: tuple[int, bool],
-        check: Callable[[], None],
+        checks: tuple[Callable[[], None], Callable[[], None]],
         round_only: bool,
         progress: Callable[[int], None] | None,
     ) -> None:
+        """Deliver one epoch and record it; ``checks``: what runs before each request
+        (paced), and the check before the record (never waits)."""
+        before, check = checks
         epoch, purged = missing
         if purged:  # only a quarantined target can lack a purged epoch: resync's case
             log.warning(
@@ -344,7 +383,7 @@ class CatchUp:
             return
         plan = self._reader.plan(lease.sink_id, epoch)
         try:
-            counts = target.deliver(plan, check, round_only=round_only, on_batch=progress)
+            counts = target.deliver(plan, before, round_only=round_only, on_batch=progress)
         except PermanentError:
             if not self._targets.purged(lease.sink_id, epoch):
                 raise  # damaged: for an operator (I1)
@@ -365,3 +404,29 @@ class CatchUp:
             state,
             extra=lease_fields(lease, epoch),
         )
+
+
+def _paced(
+    pace: TokenBucket | None,
+    check: Callable[[], None],
+    stop: Callable[[], None],
+    progress: Callable[[int], None] | None,
+) -> tuple[Callable[[], None], Callable[[int], None] | None]:
+    """A delivery's ``check`` and ``on_batch`` under ``pace``: each request waits its
+    turn (stopped by ``stop``), then ``check`` runs (the lease, the lock: checked after
+    the wait, just before the request); each request sent is paid for, and reported
+    to ``progress``. Unchanged without a pace."""
+    if pace is None:
+        return check, progress
+    paid = counted(pace)
+
+    def before_request() -> None:
+        pace.wait(stop)
+        check()
+
+    def sent(points: int) -> None:
+        paid(points)
+        if progress is not None:
+            progress(points)
+
+    return before_request, sent

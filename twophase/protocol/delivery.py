@@ -8,10 +8,15 @@ lanes. It changes no epoch state: the promoter
 ([`twophase.protocol.promoter`][twophase.protocol.promoter]) records what a
 target acknowledged and marks the epoch COMMITTED.
 
-What a re-sent body does depends on the kind of target (stated by its
-writer, [`twophase.influx.writers`][twophase.influx.writers]): InfluxDB
-overwrites a point with the same measurement, tag set and timestamp, so
-re-sending a fixed point set in its fixed order changes nothing (I4).
+What a re-sent epoch does depends on the kind of target
+([`twophase.targets.kind`][twophase.targets.kind]). A kind that overwrites (InfluxDB
+overwrites a point with the same measurement, tag set and timestamp) takes the epoch
+in requests over its lanes, and re-sending the fixed point set in its fixed order
+changes nothing (I4). A transactional kind (PostgreSQL) takes the epoch over one lane
+inside one transaction of its writer ([`EpochWriter`][twophase.targets.kind.EpochWriter]),
+committed with a record that the epoch was delivered: readers never see part of an
+epoch, and a repeat finds the record and sends nothing. A transaction lost on the way
+(its connection dropped) is started over whole, never continued.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from twophase.config import InfluxConfig
 from twophase.errors import PermanentError
 from twophase.faults import crash_point
 from twophase.influx.sender import BatchSender
+from twophase.logs import fields
 from twophase.model import DeadLetter, EpochPlan, LineChecksum, Phase, StagedChunk
 from twophase.points.batching import batches
 from twophase.protocol.broadcast import Bounds, Broadcast
@@ -37,6 +43,7 @@ from twophase.protocol.lanes import fan_out
 from twophase.protocol.readahead import read_ahead
 from twophase.protocol.reader import StagedReader
 from twophase.retry import Progress, RetryPolicy, StagingRetry
+from twophase.targets.kind import EpochWriter
 
 __all__ = ["Chunks", "SharedRead", "TargetDelivery", "shared_read"]
 
@@ -73,15 +80,18 @@ class TargetDelivery:
         config: InfluxConfig,
         lanes: int = 1,
         retry: StagingRetry | None = None,
+        epochs: EpochWriter | None = None,
     ):
         self.name = name  # named in its dead letters
         self._reader = reader
-        # (a commit's round: gives up after target_deadline, the whole influx_retry_deadline)
+        # (a commit's round: gives up after target_deadline, the whole target_retry_deadline)
         self._round_sender, self._sender = senders
         self._dead_letters = dead_letters
         self._batch_points = config.batch_points
         self._batch_bytes = config.batch_bytes
-        self._lanes = lanes  # connections at once: promote_connections
+        # a transactional kind's writer: an epoch in one transaction, over one lane
+        self._epochs = epochs
+        self._lanes = 1 if epochs is not None else lanes  # connections at once
         # re-sending is harmless (I4), so a read cut by a staging outage starts over
         self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
 
@@ -102,7 +112,7 @@ class TargetDelivery:
         a repeat reads on its own.
 
         InfluxUnavailableError once the server gave no answer for
-        ``influx_retry_deadline`` (``round_only``: for ``target_deadline``, a
+        ``target_retry_deadline`` (``round_only``: for ``target_deadline``, a
         commit's round, after which the commit decides whether to go on
         without this target)."""
         # Each request delivered is progress: a connection dropped after minutes of
@@ -143,11 +153,74 @@ class TargetDelivery:
         progress; ``before_request`` runs before each request and each retry
         of one, in every lane, and stops the send by raising. Raises
         PermanentError if the lines read back are not the decided ones (I1).
-        Used by `deliver` and by the resend of COMMITTED epochs.
+        Used by the resend of COMMITTED epochs: a transactional target takes the epoch
+        again even though its record says it holds it.
         """
-        return self._send(plan, self._sender, on_batch, before_request)
+        return self._send(plan, self._sender, on_batch, before_request, again=True)
 
     def _send(
+        self,
+        plan: EpochPlan,
+        sender: BatchSender,
+        on_batch: Callable[[int], None] | None,
+        before_request: Callable[[], None] | None,
+        shared: Chunks | None = None,
+        *,
+        again: bool = False,
+    ) -> tuple[int, int]:
+        # An epoch without points (Spark's batches without data) costs a transactional
+        # target nothing: there is nothing to make visible, nor to send again.
+        if self._epochs is None or not _points(plan):
+            return self._send_chunks(plan, sender, on_batch, before_request, shared)
+        first = [shared] if shared is not None else []
+        return sender.repeat(
+            lambda: self._transaction(
+                plan, sender, on_batch, before_request, first.pop() if first else None, again
+            ),
+            _points(plan),
+            before_request,
+        )
+
+    def _transaction(
+        self,
+        plan: EpochPlan,
+        sender: BatchSender,
+        on_batch: Callable[[int], None] | None,
+        check: Callable[[], None] | None,
+        shared: Chunks | None,
+        again: bool,
+    ) -> tuple[int, int]:
+        """The epoch sent once inside one transaction of the target, committed with its
+        delivered record; the counts of that record when the target holds the epoch
+        already. Fenced before the transaction opens and before it commits (I5): a
+        fenced run commits nothing on the target."""
+        epochs = self._epochs
+        assert epochs is not None
+        if check is not None:
+            check()
+        try:
+            held = epochs.begin(plan.sink_id, plan.epoch, self.name, again)
+            if held is not None:
+                log.info(
+                    "sink %s epoch %d: target %s holds it already (its delivered record)",
+                    plan.sink_id,
+                    plan.epoch,
+                    self.name,
+                    extra=fields(plan.sink_id, plan.epoch),
+                )
+                return held
+            counts = self._send_chunks(plan, sender, on_batch, check, shared)
+            if check is not None:
+                check()
+            crash_point("before_target_commit", plan.sink_id)
+            epochs.commit(*counts)
+        except BaseException:
+            epochs.rollback()
+            raise
+        crash_point("after_target_commit", plan.sink_id)
+        return counts
+
+    def _send_chunks(
         self,
         plan: EpochPlan,
         sender: BatchSender,

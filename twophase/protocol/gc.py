@@ -6,8 +6,9 @@
 * With several targets, a COMMITTED epoch's points are kept, past retention too, until every
   target that is not quarantined holds it (each target's backlog,
   [`twophase.protocol.targets`][twophase.protocol.targets]); a collection first quarantines
-  the targets behind by more than ``target_max_lag``, logging each, so that a dead target
-  holds staging only so long.
+  the targets behind by more than ``target_max_lag``, or whose backlog holds more than
+  ``target_max_backlog_bytes`` staged bytes, logging each with the bound it passed, so
+  that a dead target holds staging only so long, and only so much.
 * A write no decision names is an orphan (a failed, speculative or replayed
   task attempt). It is removed once its epoch is decided, or after
   ``orphan_grace`` if its epoch never is (a run that crashed before voting),
@@ -47,7 +48,7 @@ from twophase.faults import crash_point
 from twophase.logs import fields
 from twophase.model import EpochState
 from twophase.protocol.compaction import compact_batch
-from twophase.protocol.targets import TargetLedger
+from twophase.protocol.targets import Quarantine, TargetLedger
 from twophase.store.database import Database
 
 log = logging.getLogger("twophase.protocol.gc")
@@ -66,6 +67,8 @@ class GcReport:
     quarantined: tuple[tuple[str, str], ...] = ()  # (sink, target) newly quarantined
     epochs_compacted: int = 0  # records deleted into the floor (twophase.protocol.compaction)
     compacted_through: int | None = None  # the sink's floor after it (one sink collected)
+    # the bound each of ``quarantined`` passed, in the same order
+    quarantine_reasons: tuple[str, ...] = ()
 
 
 class GarbageCollector:
@@ -80,6 +83,7 @@ class GarbageCollector:
         chunk: int = 200,
         *,
         max_lag_s: float | None = None,
+        max_backlog_bytes: int = 0,
         history_s: float | None = None,
     ):
         self._db = db
@@ -87,6 +91,7 @@ class GarbageCollector:
         self._grace_s = orphan_grace_s
         self._chunk = chunk
         self._max_lag_s = max_lag_s  # target_max_lag (None: no quarantine here)
+        self._max_bytes = max_backlog_bytes  # target_max_backlog_bytes (0: no such bound)
         self._history_s = history_s  # history_retention (None: no compaction here)
 
     def collect(
@@ -109,25 +114,36 @@ class GarbageCollector:
         epochs, points = self._purge_expired(sink_id, expired_before, dry_run, limit)
         orphans = self._remove_orphans(sink_id, staged_before, dry_run, limit)
         compacted, floor = self._compact(sink_id, history_before, dry_run, limit)
-        return GcReport(sink_id, epochs, points, orphans, dry_run, quarantined, compacted, floor)
+        return GcReport(
+            sink_id,
+            epochs,
+            points,
+            orphans,
+            dry_run,
+            tuple((q.sink_id, q.target) for q in quarantined),
+            compacted,
+            floor,
+            tuple(q.reason for q in quarantined),
+        )
 
-    def _quarantine(self, sink_id: str | None) -> tuple[tuple[str, str], ...]:
-        """Quarantine the targets behind by more than ``target_max_lag``: they stop
-        holding retention. Never silent: a warning and an event each."""
+    def _quarantine(self, sink_id: str | None) -> tuple[Quarantine, ...]:
+        """Quarantine the targets behind by more than ``target_max_lag``, or by more than
+        ``target_max_backlog_bytes``: they stop holding retention. Never silent: a
+        warning and an event each, naming the bound."""
         if self._max_lag_s is None:
             return ()
-        done = tuple(TargetLedger(self._db).quarantine(sink_id, self._max_lag_s))
-        for sink, target in done:
+        ledger = TargetLedger(self._db)
+        done = tuple(ledger.quarantine(sink_id, self._max_lag_s, self._max_bytes))
+        for each in done:
             log.warning(
-                "sink %s: target %s is quarantined, lagging more than %g s: staging no longer "
-                "keeps its backlog; `twophase targets resync %s --sink %s` re-delivers what "
-                "is retained",
-                sink,
-                target,
-                self._max_lag_s,
-                target,
-                sink,
-                extra=fields(sink),
+                "sink %s: target %s is quarantined, %s: staging no longer keeps its "
+                "backlog; `twophase targets resync %s --sink %s` re-delivers what is retained",
+                each.sink_id,
+                each.target,
+                each.reason,
+                each.target,
+                each.sink_id,
+                extra=fields(each.sink_id),
             )
         return done
 

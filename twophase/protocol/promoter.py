@@ -1,7 +1,7 @@
 """Phase 2, driver side: promote a decided epoch to the sink's targets, then mark it
 COMMITTED once ``min_targets`` of them hold it.
 
-Every sink has targets: one (``influx_url``, named ``default``) or several
+Every sink has targets: one (``target_url``, named ``default``) or several
 (``targets``); one target is the case N = 1 of the same path.
 [`Promoter.promote`][twophase.protocol.promoter.Promoter.promote] sends the
 epoch's fixed point set (I1) to every target it is owed, each through its
@@ -17,11 +17,11 @@ round, so a target that catches up meanwhile takes part.
 
 A target that fails is retried by the commit, in rounds of ``target_deadline``,
 while fewer than ``min_targets`` hold the epoch and its server has answered
-within ``influx_retry_deadline``; once enough hold it, it is left *lagging*
+within ``target_retry_deadline``; once enough hold it, it is left *lagging*
 and the catch-up ([`twophase.protocol.catchup`][twophase.protocol.catchup])
 delivers its backlog. When every target the epoch is owed to is needed (one
 target, or ``min_targets`` of all), there is nothing to choose between: the
-target gets the whole ``influx_retry_deadline`` in one round. Fewer than
+target gets the whole ``target_retry_deadline`` in one round. Fewer than
 ``min_targets`` at the end: the commit fails and the epoch stays
 PRECOMMITTED. The targets' deliveries are recorded in the mark's transaction
 (one commit per epoch); when the commit fails, those that took the epoch are
@@ -460,6 +460,6 @@ class _Race:
         return InfluxUnavailableError(
             f"sink {plan.sink_id!r} epoch {plan.epoch}: {self._count} of {self.owed} targets "
             f"hold it, {self.needed} needed (min_targets); no target answered for "
-            f"{self._deadline_s:g}s (influx_retry_deadline), each tried in rounds of "
+            f"{self._deadline_s:g}s (target_retry_deadline), each tried in rounds of "
             f"target_deadline: {errors or 'no target can take it'}; the epoch stays PRECOMMITTED"
         )

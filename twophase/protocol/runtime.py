@@ -13,12 +13,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from twophase.config import BACKGROUND, TwoPhaseConfig
+from twophase.config import BACKGROUND, InfluxConfig, TwoPhaseConfig
 from twophase.config.loading import server_of
 from twophase.influx import metering
-from twophase.influx.api import make_writer
 from twophase.influx.sender import BatchSender, RetryEvent
-from twophase.influx.writers import InfluxWriter
 from twophase.model import Lease
 from twophase.protocol.autogc import AutoGc
 from twophase.protocol.catchup import CatchUp
@@ -34,6 +32,7 @@ from twophase.protocol.runs import Runs
 from twophase.protocol.stager import Stager
 from twophase.protocol.targets import TargetLedger, TargetRoster
 from twophase.store.database import Database
+from twophase.targets import EpochWriter, TargetWriter, kind_of, make_writer
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class TwoPhase:
 
     config: TwoPhaseConfig
     db: Database
-    writer: InfluxWriter
+    writer: TargetWriter
     stager: Stager
     ledger: Ledger
     reader: StagedReader
@@ -55,7 +54,7 @@ class TwoPhase:
     runs: Runs
     auto_gc: AutoGc
     targets: TargetLedger
-    writers: dict[str, InfluxWriter]
+    writers: dict[str, TargetWriter]
     deliveries: dict[str, TargetDelivery]
     catch_up: CatchUp
     roster: TargetRoster
@@ -65,7 +64,7 @@ class TwoPhase:
         cls,
         config: TwoPhaseConfig,
         db: Database | None = None,
-        writer: InfluxWriter | None = None,
+        writer: TargetWriter | None = None,
         *,
         serve_metrics: bool = False,
     ) -> TwoPhase:
@@ -90,7 +89,8 @@ class TwoPhase:
         ledger, reader = Ledger(db), StagedReader(db)
         targets = TargetLedger(db)
         deliveries = _deliveries(config, db, reader, writers, on_retry)
-        catch_up = CatchUp(db, ledger, reader, targets, list(deliveries.values()))
+        rates = {t.name: t.influx.target_catch_up_rate for t in influx.named_targets()}
+        catch_up = CatchUp(db, ledger, reader, targets, list(deliveries.values()), rates=rates)
         promoter = Promoter(
             ledger,
             targets,
@@ -107,6 +107,7 @@ class TwoPhase:
             config.staging.retention_s,
             config.staging.orphan_grace_s,
             max_lag_s=influx.target_max_lag_s,
+            max_backlog_bytes=influx.target_max_backlog_bytes,
             history_s=config.staging.history_retention_s,
         )
         handoff = Handoff(promoter) if influx.promotion == BACKGROUND else None
@@ -175,8 +176,8 @@ def _pool_size(config: TwoPhaseConfig) -> int | None:
 
 
 def _writers(
-    config: TwoPhaseConfig, writer: InfluxWriter | None, *, metered: bool
-) -> dict[str, InfluxWriter]:
+    config: TwoPhaseConfig, writer: TargetWriter | None, *, metered: bool
+) -> dict[str, TargetWriter]:
     """A writer per target, by name; ``writer`` (given: shared pool or fault injection)
     stands for the first."""
     writers = {}
@@ -190,11 +191,11 @@ def _deliveries(
     config: TwoPhaseConfig,
     db: Database,
     reader: StagedReader,
-    writers: dict[str, InfluxWriter],
+    writers: dict[str, TargetWriter],
     on_retry: Callable[[RetryEvent], None] | None,
 ) -> dict[str, TargetDelivery]:
     """A delivery per target, by name: its senders give up after ``target_deadline``
-    (a commit's round) and after ``influx_retry_deadline`` (everything else)."""
+    (a commit's round) and after ``target_retry_deadline`` (everything else)."""
     deliveries = {}
     for target in config.influx.named_targets():
         rounds = dataclasses.replace(
@@ -214,5 +215,17 @@ def _deliveries(
             target.influx,
             config.staging.lanes,
             db.retry,
+            epochs=_epochs(target.influx, writers[target.name]),
         )
     return deliveries
+
+
+def _epochs(target: InfluxConfig, writer: TargetWriter) -> EpochWriter | None:
+    """A transactional kind's writer, which takes each epoch in one transaction (its
+    requests still go through ``writer``, metered); None for a kind that overwrites."""
+    if not kind_of(target).transactional:
+        return None
+    inner = writer.inner if isinstance(writer, metering.MeteredWriter) else writer
+    if not isinstance(inner, EpochWriter):
+        raise TypeError(f"a transactional kind's writer must be an EpochWriter: {inner!r}")
+    return inner

@@ -1,6 +1,6 @@
 """Per-target delivery state: which epochs each named target of a sink holds.
 
-Every sink has targets: the one ``influx_url`` makes (named ``default``) or
+Every sink has targets: the one ``target_url`` makes (named ``default``) or
 the named ones of ``targets``. A sink decides each epoch once (I1) and
 then delivers it to each target **in epoch order**. Per target the store
 keeps a cursor, ``delivered_epoch``: every COMMITTED epoch of the sink from
@@ -14,7 +14,8 @@ owed to the target it names (every target: none named) that was added before
 it was decided; it has no cursor, its delivery row records it.
 
     live --a commit gave up on it--> lagging --caught up--> live
-      lagging --behind longer than target_max_lag--> quarantined
+      lagging --behind longer than target_max_lag, or by more than
+               target_max_backlog_bytes--> quarantined
       quarantined --resync (lag clock restarted), backlog delivered--> live
 
 Every method is one transaction, safe to repeat (``Database.retry``): a
@@ -42,6 +43,7 @@ __all__ = [
     "LIVE",
     "QUARANTINED",
     "Place",
+    "Quarantine",
     "TargetLedger",
     "TargetRoster",
     "TargetState",
@@ -61,6 +63,15 @@ class Place:
     owed: bool  # the epoch is one the target must get (not before its from_epoch)
     has: tuple[int, int] | None  # (delivered, rejected) once it got the epoch
     caught_up: bool  # it holds every COMMITTED epoch it is owed below this one
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A target a collection quarantined, and why: the bound it passed."""
+
+    sink_id: str
+    target: str
+    reason: str  # "lagging more than 3600 s", "backlog of N bytes past ..."
 
 
 @dataclass(frozen=True)
@@ -176,14 +187,25 @@ _NEXT_MISSING = (
     " AND b.position < %s ORDER BY b.position LIMIT 1"
 )
 # The lag clock of an epoch a target lacks runs from its commit, or from the target's
-# last resync when that is later: a resync under way is not undone by a collection.
+# last resync when that is later: a resync under way is not undone by a collection. The
+# byte bound likewise counts the epochs committed since the last resync only (a resync
+# starts with the backlog that had the target quarantined). Both bounds are looked at
+# per target in one statement: the lag's an index range that stops at its first late
+# epoch; the bytes' (only with a bound: %(bytes)s > 0) sums the target's backlog, as
+# the exporter's twophase_target_lag_bytes does (staged bytes as stored).
 _QUARANTINE = (
-    "UPDATE twophase_targets t SET state = 'quarantined', quarantined_at = now(),"
-    " updated_at = now() WHERE t.state <> 'quarantined'"
-    " AND (%(s)s::text IS NULL OR t.sink_id = %(s)s) AND (SELECT true"
-    " FROM twophase_target_backlog b WHERE b.sink_id = t.sink_id AND b.target = t.target"
-    " AND GREATEST(b.committed_at, t.resynced_at) < now() - make_interval(secs => %(lag)s)"
-    " LIMIT 1) RETURNING t.sink_id, t.target"
+    "WITH b AS (SELECT t.sink_id, t.target, (SELECT true FROM twophase_target_backlog l"
+    " WHERE l.sink_id = t.sink_id AND l.target = t.target"
+    " AND GREATEST(l.committed_at, t.resynced_at) < now() - make_interval(secs => %(lag)s)"
+    " LIMIT 1) AS late, CASE WHEN %(bytes)s > 0 THEN (SELECT COALESCE(sum(l.staged_bytes), 0)"
+    " FROM twophase_target_backlog l WHERE l.sink_id = t.sink_id AND l.target = t.target"
+    " AND l.committed_at > COALESCE(t.resynced_at, '-infinity')) END AS bytes"
+    " FROM twophase_targets t WHERE t.state <> 'quarantined'"
+    " AND (%(s)s::text IS NULL OR t.sink_id = %(s)s))"
+    " UPDATE twophase_targets t SET state = 'quarantined', quarantined_at = now(),"
+    " updated_at = now() FROM b WHERE t.sink_id = b.sink_id AND t.target = b.target"
+    " AND t.state <> 'quarantined' AND (b.late OR b.bytes > %(bytes)s)"
+    " RETURNING t.sink_id, t.target, COALESCE(b.late, false), b.bytes"
 )
 # A scalar sub-select, not EXISTS: the planner keeps it per target (an index range past
 # its cursor); an EXISTS becomes a semi-join, which a generic plan hashes over the whole
@@ -431,20 +453,31 @@ class TargetLedger:
             row = cur.fetchone()
             return bool(row and row[0])
 
-    def quarantine(self, sink_id: str | None, max_lag_s: float) -> list[tuple[str, str]]:
+    def quarantine(
+        self, sink_id: str | None, max_lag_s: float, max_backlog_bytes: int = 0
+    ) -> list[Quarantine]:
         """Quarantine every target whose oldest missing COMMITTED epoch was committed
-        (or the target resynced) more than ``max_lag_s`` ago: it stops holding
-        retention (GC may purge what it lacks). Returns (sink, target) of each newly
-        quarantined, with an event."""
-        return self._db.retry("quarantine", lambda: self._quarantine(sink_id, max_lag_s))
+        (or the target resynced) more than ``max_lag_s`` ago, or whose backlog committed
+        since its last resync holds more than ``max_backlog_bytes`` staged bytes (0: no
+        such bound): it stops holding retention (GC may purge what it lacks). Returns
+        each newly quarantined, with the bound it passed, and records an event each.
+        Idempotent: a quarantined target is left as it is."""
+        return self._db.retry(
+            "quarantine", lambda: self._quarantine(sink_id, max_lag_s, max_backlog_bytes)
+        )
 
-    def _quarantine(self, sink_id: str | None, max_lag_s: float) -> list[tuple[str, str]]:
+    def _quarantine(
+        self, sink_id: str | None, max_lag_s: float, max_bytes: int
+    ) -> list[Quarantine]:
         with self._db.transaction() as cur:
-            cur.execute(_QUARANTINE, {"s": sink_id, "lag": max_lag_s})
-            done = [(s, t) for s, t in cur.fetchall()]
-            for sink, target in done:
-                detail = f"{target}: lagging more than {max_lag_s:g} s"
-                event(cur, sink, None, "target_quarantined", None, detail)
+            cur.execute(_QUARANTINE, {"s": sink_id, "lag": max_lag_s, "bytes": max_bytes})
+            done = [
+                Quarantine(s, t, _why(late, size, max_lag_s, max_bytes))
+                for s, t, late, size in cur.fetchall()
+            ]
+            for each in done:
+                detail = f"{each.target}: {each.reason}"
+                event(cur, each.sink_id, None, "target_quarantined", None, detail)
             return done
 
     def restart(
@@ -530,6 +563,13 @@ class TargetLedger:
         with self._db.transaction() as cur:
             cur.execute(_STATES, {"s": sink_id})
             return [_state(row) for row in cur.fetchall()]
+
+
+def _why(late: bool, size: int | None, max_lag_s: float, max_bytes: int) -> str:
+    """The bound a quarantined target passed (the lag's first when both)."""
+    if late:
+        return f"lagging more than {max_lag_s:g} s (target_max_lag)"
+    return f"backlog of {size} bytes, more than {max_bytes} (target_max_backlog_bytes)"
 
 
 def _record(cur: Cursor, lease: Lease, target: str, epoch: int, counts: tuple[int, int]) -> str:

@@ -67,6 +67,7 @@ def foreach_batch_writer(
     sink_id: str,
     *,
     measurement: str | None = None,
+    measurement_column: str | None = None,
     tags: Sequence[str] = (),
     fields: Sequence[str] | None = None,
     time: str | None = None,
@@ -79,7 +80,8 @@ def foreach_batch_writer(
 ) -> ForeachBatchWriter:
     """A ``foreachBatch`` function writing each micro-batch exactly once.
 
-    Arguments mean what the data source's options mean; ``settings`` are the ``TWOPHASE_*``
+    Arguments mean what the data source's options mean (exactly one of ``measurement``
+    and ``measurement_column``); ``settings`` are the ``TWOPHASE_*``
     settings by lower-case name (secrets refused). With ``dead_letter_sink``, rows split off
     upstream through the writer's
     [`split_dead_letters`][twophase.spark.foreach.ForeachBatchWriter.split_dead_letters] are
@@ -95,12 +97,17 @@ def foreach_batch_writer(
             time_column=time,
             precision=precision,
             null_fields=null_fields,
+            measurement_column=measurement_column,
         )
     given = (
         []
         if mode != DEAD_LETTERS
         else _given_point_arguments(
-            measurement=measurement, tags=tags or None, fields=fields, time=time
+            measurement=measurement,
+            measurement_column=measurement_column,
+            tags=tags or None,
+            fields=fields,
+            time=time,
         )
     )
     sink = build_sink(sink_id, mode, spec, settings, given, dead_letter_sink)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from twophase.config import (
+    BY_NAME,
     OPTIONS,
     SECRET_OPTIONS,
     StagingConfig,
@@ -38,7 +39,15 @@ MODES = (POINTS, DEAD_LETTERS)
 REASON_COLUMN = "reason"
 PAYLOAD_COLUMN = "payload"
 
-POINT_OPTIONS = ("measurement", "tags", "fields", "time", "precision", "null_fields")
+POINT_OPTIONS = (
+    "measurement",
+    "measurement_column",
+    "tags",
+    "fields",
+    "time",
+    "precision",
+    "null_fields",
+)
 # log_format: the data source's commit runs in a Python worker of its own, which the
 # job's logging set-up never reaches; the sink configures logging there itself.
 SINK_OPTIONS = ("sink_id", "mode", "dead_letter_sink", "log_format", *POINT_OPTIONS)
@@ -103,12 +112,13 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
 
     ``tags`` and ``fields`` are comma-separated column names. Raises
     [`ConfigError`][twophase.errors.ConfigError] naming the offending option: unknown option, secret
-    given as an option, missing ``sink_id``/``measurement``, bad spec, or a
-    setting (from options or the environment) that does not validate.
+    given as an option, missing ``sink_id``, neither or both of ``measurement`` and
+    ``measurement_column``, bad spec, or a setting (from options or the environment) that
+    does not validate.
     """
     values = {key.lower(): str(value) for key, value in options.items()}
     for key in values:
-        if key not in SINK_OPTIONS and key not in OPTIONS and key not in SPARK_OPTIONS:
+        if key not in SINK_OPTIONS and key not in BY_NAME and key not in SPARK_OPTIONS:
             raise ConfigError(key, _unknown_hint())
     spec_values = {key: values[key] for key in POINT_OPTIONS if key in values}
     mode = values.get("mode", POINTS).strip().lower()
@@ -121,8 +131,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
             time_column=values.get("time", "").strip() or None,
             precision=values.get("precision", "ns").strip().lower(),
             null_fields=values.get("null_fields", "reject").strip().lower(),
+            measurement_column=_column(values.get("measurement_column")),
         )
-    settings = {key: value for key, value in values.items() if key in OPTIONS}
+    settings = {key: value for key, value in values.items() if key in BY_NAME}
     sink_id, dead = values.get("sink_id", ""), values.get("dead_letter_sink")
     sink = build_sink(sink_id, mode, spec, settings, spec_values, dead)
     return replace(sink, log_format=_log_format(values.get("log_format")))
@@ -157,9 +168,13 @@ def build_sink(
     else:
         if spec is None:
             raise ConfigError("measurement", "is required (mode=points)")
-        if not spec.measurement:
-            raise ConfigError("measurement", "is required: the InfluxDB measurement to write")
-        spec.validate()
+        if not spec.measurement and spec.measurement_column is None:
+            raise ConfigError(
+                "measurement",
+                "is required: the InfluxDB measurement to write (or measurement_column, "
+                "the column that holds each row's)",
+            )
+        spec.validate()  # refuses both measurement and measurement_column, naming the latter
     clean = _check_settings(settings)
     dead = _check_dead_letter_sink(sink_id, mode, dead_letter_sink)
     sink = SinkOptions(sink_id, mode, spec, tuple(sorted(clean.items())), dead)
@@ -182,7 +197,7 @@ def check_schema(sink: SinkOptions, columns: Iterable[str]) -> None:
                 f"(columns: {', '.join(sorted(present)) or 'none'})",
             )
     if sink.spec is not None and sink.spec.field_columns is None:
-        others = present - set(sink.spec.tag_columns) - {sink.spec.time_column}
+        others = present - sink.spec.not_fields()
         if not others:
             raise ConfigError("fields", "the query's output has no column left for fields")
 
@@ -194,6 +209,8 @@ def _needed_columns(sink: SinkOptions) -> list[tuple[str, str]]:
     needed += [("fields", column) for column in sink.spec.field_columns or ()]
     if sink.spec.time_column is not None:
         needed.append(("time", sink.spec.time_column))
+    if sink.spec.measurement_column is not None:
+        needed.append(("measurement_column", sink.spec.measurement_column))
     return needed
 
 
@@ -206,6 +223,12 @@ def _log_format(text: str | None) -> str | None:
     if fmt not in logs.FORMATS:
         raise ConfigError(logs.OPTION, f"{text!r} is not one of {', '.join(logs.FORMATS)}")
     return fmt
+
+
+def _column(text: str | None) -> str | None:
+    """One column name, stripped; None when the option was not given (given empty, it
+    is refused by the spec's check)."""
+    return None if text is None else text.strip()
 
 
 def _columns(text: str | None) -> tuple[str, ...] | None:
@@ -245,14 +268,14 @@ def _check_settings(settings: Mapping[str, Any]) -> dict[str, str]:
     clean: dict[str, str] = {}
     for key, value in settings.items():
         name = key.lower()
-        if name in SECRET_OPTIONS:
+        if name in BY_NAME and BY_NAME[name].secret:  # an alias of a secret too
             raise ConfigError(
                 name,
                 f"is a secret and cannot be a Spark option (Spark logs "
                 f"options and shows them in its UI): set {env_name(name)} or "
                 f"{env_name(name)}_FILE in the environment instead",
             )
-        if name not in OPTIONS:
+        if name not in BY_NAME:  # an option or an alias (influx_url of target_url)
             raise ConfigError(name, _unknown_hint())
         if value is None:
             continue

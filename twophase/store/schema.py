@@ -37,7 +37,7 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
   letter a reset kept (its write's epoch is forgotten, the letter stays the sink's).
 * ``twophase_epoch_events``: the history of each epoch (decided, replay, committed, aborted...).
-* ``twophase_targets``: per sink, each of its targets (the one ``influx_url`` makes is
+* ``twophase_targets``: per sink, each of its targets (the one ``target_url`` makes is
   named ``default``): its state (``TARGET_STATES``), the last epoch delivered to it in
   epoch order, the first epoch it is owed (a target added later starts at the next
   epoch), its URL as last registered (credentials removed) and its last resync.

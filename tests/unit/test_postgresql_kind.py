@@ -1,0 +1,238 @@
+"""The PostgreSQL target kind's pure logic: column types, value and shape checks, the
+settings check, connection strings and read-back series."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from twophase.config import InfluxConfig, Secret
+from twophase.errors import (
+    ConfigError,
+    TargetAuthError,
+    TargetNotFoundError,
+    TargetRequestError,
+    TransactionLostError,
+    TransientWriteError,
+)
+from twophase.points.lineproto import parse_line
+from twophase.postgresql import KIND
+from twophase.postgresql.connect import check_settings, classify, conninfo
+from twophase.postgresql.readback import _series, ns_of
+from twophase.postgresql.tables import (
+    TableShape,
+    check_shape,
+    column_type,
+    names_problem,
+    point_problem,
+    value_problem,
+)
+from twophase.targets.kind import TRANSACTION
+
+
+def test_the_kind_is_transactional_and_keeps_microseconds() -> None:
+    assert KIND.name == "postgresql" and KIND.resend == TRANSACTION
+    assert KIND.schemes == ("postgresql", "postgres")
+    assert KIND.time_resolution_ns == 1000 and not KIND.lanes
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [(1.5, "double precision"), (3, "bigint"), (True, "boolean"), ("x", "text")],
+)
+def test_a_field_column_is_created_with_its_first_values_type(value: Any, kind: str) -> None:
+    assert column_type(value) == kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "problem"),
+    [
+        ("double precision", 1.5, None),
+        ("double precision", 2, None),
+        ("double precision", "x", "is a string, its column is double precision"),
+        ("double precision", True, "is a boolean"),
+        ("bigint", 2**63 - 1, None),
+        ("bigint", 2**63, "out of bigint's range"),
+        ("bigint", 1.0, "is a float, its column is bigint"),
+        ("integer", 2**31, "out of integer's range"),
+        ("smallint", -(2**15), None),
+        ("numeric(20,0)", 2**64 - 1, None),
+        ("numeric(20,0)", 10**20, "out of numeric(20,0)'s range"),
+        ("numeric(10,2)", 12345678.5, None),
+        ("numeric", float("nan"), "has no numeric value"),
+        ("boolean", True, None),
+        ("boolean", 1, "is a integer"),
+        ("text", "ok", None),
+        ("character varying(10)", "ok", None),
+        ("text", "nul\0", "NUL"),
+        ("text", 1, "is a integer, its column is text"),
+        ("jsonb", 1, "not one twophase writes"),
+    ],
+)
+def test_a_value_is_checked_against_its_columns_type(
+    kind: str, value: Any, problem: str | None
+) -> None:
+    found = value_problem("f", kind, value)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+COLUMNS = {"time": "timestamp with time zone", "host": "text", "v": "double precision"}
+
+
+def test_the_shapes_tags_are_its_unique_keys_text_columns() -> None:
+    shape = check_shape("s", "m", COLUMNS, [("v",), ("host", "time")])
+    assert shape.tags == ("host",) and shape.key == ("time", "host")
+    assert shape.is_field("v") and not shape.is_field("host")
+
+
+@pytest.mark.parametrize(
+    ("columns", "keys", "named"),
+    [
+        ({"host": "text"}, [("time", "host")], "has no column 'time'"),
+        ({**COLUMNS, "time": "timestamp without time zone"}, [("time",)], "column 'time'"),
+        ({**COLUMNS, "host": "integer"}, [("time", "host")], "column 'host'"),
+        (COLUMNS, [("host",)], "no unique key on (time"),
+        (COLUMNS, [], "no unique key"),
+    ],
+)
+def test_a_table_that_cannot_take_points_is_refused_naming_the_column(
+    columns: dict[str, str], keys: list[tuple[str, ...]], named: str
+) -> None:
+    with pytest.raises(TargetRequestError) as refused:
+        check_shape("we'ird", "m", columns, keys)
+    assert named in str(refused.value) and '"we\'ird"."m"' in str(refused.value)
+
+
+SHAPE = TableShape("public", "m", COLUMNS, ("host",))
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("m,host=a v=1 1000", None),
+        ("m v=1 1000", None),
+        ("m v=1", "no timestamp"),
+        ("m,zone=z v=1 1000", "tag 'zone' has no column in the unique key"),
+        ("m,host=a w=1 1000", "field 'w' has no column"),
+        ('m,host=a v="x" 1000', "is a string"),
+        ("m,host=a host=1 1000", "name of the table's time or of a tag column"),
+        ("m,time=a v=1 1000", "tag named 'time'"),
+    ],
+)
+def test_a_point_is_checked_against_its_table(line: str, problem: str | None) -> None:
+    found = point_problem(parse_line(line), SHAPE)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def test_names_postgresql_would_cut_are_refused() -> None:
+    assert names_problem(parse_line("m,t=1 f=1 1")) is None
+    assert "measurement" in (names_problem(parse_line(f"{'é' * 32} f=1 1")) or "")
+    assert "tag" in (names_problem(parse_line(f"m,{'t' * 64}=1 f=1 1")) or "")
+
+
+def _config(url: str, **more: Any) -> InfluxConfig:
+    return InfluxConfig(url=url, **more)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgresql://u:hunter2@db/x", "holds a password"),
+        ("postgresql://u@db/x?password=hunter2", "holds a password"),
+        ("postgresql://u@db/x?sslpassword=hunter2", "holds a password"),
+        ("http://db:8086", "starts with postgresql://"),
+        ("postgresql://u@db", "names no database"),
+        ("not a url", "is not a database URL"),
+    ],
+)
+def test_settings_a_target_cannot_use_are_refused_naming_the_url(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_settings(_config(url))
+    assert problem in str(refused.value) and "hunter2" not in str(refused.value)
+    assert refused.value.option.endswith("_URL")
+
+
+@pytest.mark.parametrize("url", ["postgresql://u@db/x", "postgres://db:5433/x?sslmode=require"])
+def test_a_postgresql_url_without_password_is_accepted(url: str) -> None:
+    check_settings(_config(url))
+
+
+def test_the_connection_string_holds_tls_files_and_never_the_password() -> None:
+    config = _config(
+        "postgresql://u@db.example.com/x",
+        password=Secret("hunter2"),
+        tls_ca="/ca.pem",
+        tls_cert="/c.pem",
+        tls_key="/k.pem",
+    )
+    info = conninfo(config)
+    assert "hunter2" not in info
+    assert "sslmode=verify-full" in info and "sslrootcert=%2Fca.pem" in info
+    assert "sslcert=%2Fc.pem" in info and "sslkey=%2Fk.pem" in info
+    assert "sslmode" not in conninfo(_config("postgresql://u@127.0.0.1/x"))
+
+
+def test_read_back_rows_become_series_by_tag_set() -> None:
+    rows = [(1, "", 1.0), (2, "a", 2.0), (3, "a", None), (4, "b", 4.0)]
+    series = list(_series("m", ("host",), ["v"], [(_moment(t), h, v) for t, h, v in rows]))
+    assert [(s["tags"], s["values"]) for s in series] == [
+        ({}, [[1000, 1.0]]),
+        ({"host": "a"}, [[2000, 2.0], [3000, None]]),
+        ({"host": "b"}, [[4000, 4.0]]),
+    ]
+
+
+def _moment(micros: int) -> Any:
+    from datetime import datetime, timedelta, timezone
+
+    moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=micros)
+    assert ns_of(moment) == micros * 1000
+    return moment
+
+
+@pytest.mark.parametrize(
+    ("error", "outside", "inside"),
+    [
+        (psycopg.errors.InvalidPassword("no"), TargetAuthError, TargetAuthError),
+        (psycopg.errors.InsufficientPrivilege("no"), TargetAuthError, TargetAuthError),
+        (psycopg.errors.InvalidCatalogName("no"), TargetNotFoundError, TargetNotFoundError),
+        (psycopg.errors.InvalidSchemaName("no"), TargetNotFoundError, TargetNotFoundError),
+        (psycopg.errors.AdminShutdown("bye"), TransientWriteError, TransactionLostError),
+        (psycopg.errors.TooManyConnections("full"), TransientWriteError, TransactionLostError),
+        (
+            psycopg.errors.ReadOnlySqlTransaction("standby"),
+            TransientWriteError,
+            TransactionLostError,
+        ),
+        (psycopg.errors.DeadlockDetected("x"), TransientWriteError, TransactionLostError),
+        (psycopg.errors.SyntaxError("x"), TargetRequestError, TargetRequestError),
+        (psycopg.OperationalError("connection refused"), TransientWriteError, TransactionLostError),
+        (
+            psycopg.OperationalError('FATAL:  password authentication failed for user "u"'),
+            TargetAuthError,
+            TargetAuthError,
+        ),
+        (
+            psycopg.OperationalError('FATAL:  database "x" does not exist'),
+            TargetNotFoundError,
+            TargetNotFoundError,
+        ),
+    ],
+)
+def test_failures_are_classified_by_sqlstate_or_libpqs_words(
+    error: psycopg.Error, outside: type[Exception], inside: type[Exception]
+) -> None:
+    config = _config("postgresql://u@db/x", password=Secret("hunter2"))
+    assert type(classify(error, config, in_transaction=False)) is outside
+    assert type(classify(error, config, in_transaction=True)) is inside
+    assert "hunter2" not in str(classify(error, config, in_transaction=True))
+
+
+def test_a_failure_that_broke_the_connection_is_a_lost_transaction() -> None:
+    config = _config("postgresql://u@db/x")
+    error = psycopg.errors.IdleInTransactionSessionTimeout("terminating connection")
+    assert type(classify(error, config, in_transaction=True)) is TargetRequestError
+    assert type(classify(error, config, in_transaction=True, broken=True)) is TransactionLostError
+    assert type(classify(error, config, in_transaction=False, broken=True)) is TransientWriteError

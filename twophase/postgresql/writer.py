@@ -1,0 +1,459 @@
+"""Writing line protocol to a PostgreSQL target: an epoch in one transaction.
+
+[`PostgresWriter`][twophase.postgresql.writer.PostgresWriter] is an
+[`EpochWriter`][twophase.targets.kind.EpochWriter]. ``begin`` opens the epoch's
+transaction and reads the target's delivered record
+([`twophase.postgresql.record`][twophase.postgresql.record]): the record's counts, and
+nothing sent, when the epoch is there already. Each ``write`` parses its body, checks every point
+against its measurement's table
+([`twophase.postgresql.tables`][twophase.postgresql.tables]) and upserts the rows
+(``COPY`` into a temporary table, then ``INSERT ... ON CONFLICT (time, tags) DO
+UPDATE``), inside a savepoint: a refused body leaves the transaction as it was
+before it, so that the sender can send its other lines again. ``commit`` writes the
+epoch's record (its counts) and commits: the rows and the record become visible together.
+
+Idempotent twice over: a point written again replaces its row with itself (last write
+wins, field by field), and an epoch delivered again is skipped by its record. Outside
+``begin``/``commit``, ``write`` commits each body on its own (an upsert, so a body sent
+again changes nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from twophase.bounded import inflate
+from twophase.errors import (
+    BadPointsError,
+    LineProtocolError,
+    RetryableError,
+    TargetRequestError,
+    TransactionLostError,
+    TwoPhaseError,
+    UsageError,
+)
+from twophase.points.lineproto import FieldValue, ParsedPoint, Tags, parse_line
+from twophase.postgresql import record, tables
+from twophase.postgresql.connect import classify, connect, create_tables, display_url, schema_of
+from twophase.postgresql.tables import TableShape
+
+if TYPE_CHECKING:
+    from twophase.config import InfluxConfig
+
+__all__ = ["PostgresWriter"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ROWS = sql.Identifier("pg_temp", "twophase_rows")  # a body's rows, before the upsert
+# The most a gzip body may inflate to: a request is at most batch_bytes of lines, and
+# a line on its own up to the 64 MiB a staged line may hold.
+_MAX_LINE_BYTES = 64 << 20
+_REFUSED_CLASSES = ("22", "23")  # data exceptions, integrity constraint violations
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One line of a body: its index among the body's lines, its text, and the point
+    it reads as or why it cannot be one."""
+
+    index: int
+    text: str
+    point: ParsedPoint | None
+    problem: str | None = None
+
+
+@dataclass
+class _Rows:
+    """A measurement's rows of one body, a point written twice in it merged (the later
+    value of a field wins, as InfluxDB keeps it): ON CONFLICT may touch a row once."""
+
+    fields: dict[str, None] = field(default_factory=dict)  # in order of first use
+    rows: dict[tuple[int, Tags], dict[str, FieldValue]] = field(default_factory=dict)
+
+
+class PostgresWriter:
+    """Writes a PostgreSQL target's epochs, one transaction each (see the module).
+
+    One epoch at a time: ``begin`` waits while another epoch of this writer is open
+    (a transactional kind delivers over one lane). The connection is opened on first
+    use and opened again after it was lost. Table shapes are cached, and read again
+    after any failure (a rolled-back transaction may have undone a table it created).
+    """
+
+    def __init__(self, config: InfluxConfig) -> None:
+        self._config = config
+        self._schema = schema_of(config)
+        self._create = create_tables(config)
+        self._inflate_limit = max(2 * config.batch_bytes, _MAX_LINE_BYTES)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._record_ready = False
+        self._shapes: dict[str, TableShape] = {}
+        self._epoch_lock = threading.Lock()
+        self._holding = False
+        self._open: tuple[str, int, str] | None = None
+
+    # --- the epoch ---------------------------------------------------------
+
+    def begin(
+        self, sink_id: str, epoch: int, target: str, again: bool = False
+    ) -> tuple[int, int] | None:
+        """Open the epoch's transaction and return None; or, when the target's record
+        holds the epoch already, return its (delivered, rejected) counts with nothing
+        left open. ``again`` (an operator's resend) opens it even so: the record is
+        replaced at the commit. Idempotent: a delivered epoch is skipped."""
+        if self._open is not None and self._holding:
+            raise UsageError("an epoch is open on this writer already: commit or roll it back")
+        self._epoch_lock.acquire()
+        self._holding = True
+        with self._ended_on_failure():
+            conn = self._connection()
+            if not self._record_ready:
+                record.ensure_record(conn, self._schema)
+                self._record_ready = True
+            with conn.cursor() as cur:
+                counts = record.delivered_counts(cur, self._schema, sink_id, target, epoch)
+        if counts is not None and not again:  # its transaction ended, and its lock
+            self._end(rollback=True)
+            return counts
+        self._open = (sink_id, epoch, target)
+        return None
+
+    def write(self, body: bytes, gzipped: bool = False) -> None:
+        """Upsert a body's points: into the open epoch's transaction, or committed on its
+        own when no epoch is open. A refused line raises BadPointsError naming it
+        (``line``) with nothing of the body written; a row PostgreSQL refuses raises it
+        without a line (the sender takes the body apart)."""
+        if self._open is not None:
+            self._write_in_epoch(body, gzipped)
+            return
+        with self._epoch_lock:
+            self._write_alone(body, gzipped)
+
+    def commit(self, delivered: int, rejected: int) -> None:
+        """Record the epoch as delivered, with the counts of its points delivered and
+        rejected, and commit: its rows and record become visible together.
+        TransactionLostError when the connection is lost (committed or not: a new
+        ``begin`` tells by the record)."""
+        if self._open is None:
+            raise UsageError("no epoch is open on this writer: begin one first")
+        sink_id, epoch, target = self._open
+        with self._ended_on_failure():
+            conn = self._epoch_connection()
+            with conn.cursor() as cur:
+                counts = (delivered, rejected)
+                record.write_record(cur, self._schema, sink_id, target, epoch, counts)
+            conn.commit()
+        self._end()
+
+    @contextlib.contextmanager
+    def _ended_on_failure(self) -> Iterator[None]:
+        """A step of the epoch: on any failure the epoch is ended (rolled back, its lock
+        released) and a PostgreSQL error raised classified."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            error = self._failed(exc, in_transaction=True)  # before the rollback
+            self._end(failed=True)
+            raise error from None
+        except BaseException:
+            self._end(failed=True)
+            raise
+
+    def rollback(self) -> None:
+        """End the open epoch without a trace; nothing when none is open."""
+        if self._holding:
+            self._end(failed=True)
+
+    def close(self) -> None:
+        self.rollback()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # --- bodies --------------------------------------------------------------
+
+    def _write_in_epoch(self, body: bytes, gzipped: bool) -> None:
+        try:
+            lines = self._lines(body, gzipped)
+            conn = self._epoch_connection()
+            with conn.transaction(), conn.cursor() as cur:  # a savepoint: the body's
+                self._write_lines(cur, lines)
+        except BadPointsError:
+            self._shapes.clear()  # the savepoint may have undone a table made for it
+            raise
+        except psycopg.Error as exc:
+            refused = self._refused(exc)
+            if refused is not None and not self._broken():
+                self._shapes.clear()
+                raise refused from None
+            error = self._failed(exc, in_transaction=True)  # before the rollback
+            self._end(failed=True)
+            raise error from None
+        except BaseException:
+            self._end(failed=True)
+            raise
+
+    def _write_alone(self, body: bytes, gzipped: bool) -> None:
+        lines = self._lines(body, gzipped)
+        conn = self._connection()
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                self._write_lines(cur, lines)
+        except BadPointsError:
+            self._shapes.clear()
+            raise
+        except psycopg.Error as exc:
+            self._shapes.clear()
+            refused = self._refused(exc)
+            if refused is not None and not self._broken():
+                raise refused from None
+            raise self._failed(exc, in_transaction=False) from None
+
+    def _lines(self, body: bytes, gzipped: bool) -> list[_Line]:
+        """The body's lines, read (a gzip body inflated within its bound)."""
+        if gzipped:
+            try:
+                body = inflate(body, self._inflate_limit, "a request body")
+            except zlib.error as exc:
+                raise TargetRequestError(f"a gzip request body is damaged: {exc}") from None
+        pieces = (piece for piece in body.split(b"\n") if piece.strip())
+        return [_read_line(index, piece) for index, piece in enumerate(pieces)]
+
+    def _write_lines(self, cur: psycopg.Cursor[Any], lines: list[_Line]) -> None:
+        """Check every line, then upsert each measurement's rows (inside the caller's
+        transaction or savepoint): the first refused line raises before any row."""
+        groups: dict[str, list[_Line]] = {}
+        for line in lines:
+            if line.point is not None and line.problem is None:
+                groups.setdefault(line.point.measurement, []).append(line)
+        shapes = {m: self._shape(cur, m, group) for m, group in groups.items()}
+        first = next((line for line in lines if self._problem(line, shapes)), None)
+        if first is not None:
+            reason = self._problem(first, shapes) or ""
+            raise BadPointsError(
+                f"PostgreSQL target {display_url(self._config)} refused line {first.index}: "
+                f"{reason}",
+                reason,
+                line=first.index,
+                original=first.text,
+            )
+        for measurement, group in groups.items():
+            _upsert(cur, shapes[measurement], _rows(group))
+
+    def _problem(self, line: _Line, shapes: dict[str, TableShape]) -> str | None:
+        if line.problem is not None or line.point is None:
+            return line.problem
+        return tables.point_problem(line.point, shapes[line.point.measurement])
+
+    # --- tables ---------------------------------------------------------------
+
+    def _shape(self, cur: psycopg.Cursor[Any], measurement: str, lines: list[_Line]) -> TableShape:
+        """The measurement's table, created or given the body's new field columns with
+        ``target_create_tables``; TargetRequestError when it is missing without."""
+        shape = self._shapes.get(measurement)
+        if shape is None:
+            shape = tables.read_shape(cur, self._schema, measurement)
+        if shape is None and not self._create:
+            raise TargetRequestError(
+                f"table {tables.shown(self._schema, measurement)} does not exist on PostgreSQL "
+                f"target {display_url(self._config)}: create it (time timestamptz NOT NULL, a "
+                "text column per tag, a column per field, UNIQUE (time, tags...)), or set "
+                "target_create_tables"
+            )
+        if self._create:
+            shape = self._made(cur, measurement, shape, lines)
+        assert shape is not None
+        self._shapes[measurement] = shape
+        return shape
+
+    def _made(
+        self,
+        cur: psycopg.Cursor[Any],
+        measurement: str,
+        shape: TableShape | None,
+        lines: list[_Line],
+    ) -> TableShape:
+        """The table made to take the lines' points: created, or its missing field
+        columns added, under the table's DDL lock (read again once it is held)."""
+        points = [line.point for line in lines if line.point is not None]
+        fields = {k: v for k, v in _field_types(points).items() if k != tables.TIME}
+        if shape is not None and all(name in shape.columns for name in fields):
+            return shape
+        tables.lock_table_name(cur, self._schema, measurement)
+        shape = tables.read_shape(cur, self._schema, measurement)
+        if shape is None:
+            named = {key for point in points for key, _ in point.tags}
+            tags = sorted(named - set(fields) - {tables.TIME})
+            tables.create_table(cur, self._schema, measurement, tags, fields)
+        else:
+            missing = {k: v for k, v in fields.items() if k not in shape.columns}
+            tables.add_fields(cur, shape, missing)
+        made = tables.read_shape(cur, self._schema, measurement)
+        assert made is not None
+        return made
+
+    # --- the connection ---------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = None
+            self._record_ready = False
+            self._conn = connect(self._config)
+        return self._conn
+
+    def _epoch_connection(self) -> psycopg.Connection[Any]:
+        """The open epoch's connection; TransactionLostError when it is gone (a new one
+        would hold none of the epoch, and must never commit the rest of it)."""
+        if self._broken():
+            raise TransactionLostError(
+                f"PostgreSQL target {display_url(self._config)}: the connection of the "
+                "epoch's transaction is gone; nothing of it was committed"
+            )
+        assert self._conn is not None
+        return self._conn
+
+    def _broken(self) -> bool:
+        return self._conn is None or self._conn.closed or self._conn.broken
+
+    def _drop_if_broken(self) -> None:
+        if self._conn is not None and self._broken():
+            self._conn.close()
+            self._conn = None
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _failed(self, exc: psycopg.Error, *, in_transaction: bool) -> TwoPhaseError:
+        """The failure classified; the connection closed when it may pass (the next
+        attempt connects again: to the new primary after a failover, say)."""
+        error = classify(exc, self._config, in_transaction=in_transaction, broken=self._broken())
+        if isinstance(error, RetryableError) or self._broken():
+            self._close_connection()
+        return error
+
+    def _refused(self, exc: psycopg.Error) -> BadPointsError | None:
+        """PostgreSQL's refusal of a body's rows (a data or constraint error), as
+        BadPointsError with its message; None for any other failure."""
+        state = getattr(exc, "sqlstate", None) or ""
+        if not state.startswith(_REFUSED_CLASSES):
+            return None
+        diag = exc.diag
+        reason = diag.message_primary or str(exc).strip().splitlines()[0]
+        if diag.message_detail:
+            reason = f"{reason} ({diag.message_detail})"
+        return BadPointsError(
+            f"PostgreSQL target {display_url(self._config)} refused rows: {reason} ({state})",
+            f"PostgreSQL: {reason}",
+        )
+
+    def _end(self, failed: bool = False, rollback: bool = False) -> None:
+        """Close the epoch: its transaction rolled back when it ``failed`` (the shapes
+        forgotten then: it may have undone a table) or on ``rollback``, a lost connection
+        dropped; the epoch lock released."""
+        try:
+            if failed:
+                self._shapes.clear()
+            if failed or rollback:
+                self._quiet_rollback()
+        finally:
+            self._open = None
+            if self._holding:
+                self._holding = False
+                self._epoch_lock.release()
+
+    def _quiet_rollback(self) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.rollback()
+        except psycopg.Error:
+            self._conn.close()
+        self._drop_if_broken()
+
+
+def _read_line(index: int, raw: bytes) -> _Line:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = raw.decode("utf-8", "replace")
+        return _Line(index, shown, None, "the line is not UTF-8 text")
+    try:
+        point = parse_line(text)
+    except LineProtocolError as exc:
+        return _Line(index, text, None, f"not a line of line protocol: {exc}")
+    if point.measurement == record.RECORD_TABLE:
+        problem = f"measurement {point.measurement!r} is the name of twophase's delivered record"
+        return _Line(index, text, point, problem)
+    return _Line(index, text, point, tables.names_problem(point))
+
+
+def _field_types(points: Sequence[ParsedPoint]) -> dict[str, str]:
+    """Each field's column type, from its first value among ``points``."""
+    types: dict[str, str] = {}
+    for point in points:
+        for key, value in point.fields.items():
+            types.setdefault(key, tables.column_type(value))
+    return types
+
+
+def _rows(lines: list[_Line]) -> _Rows:
+    """The lines' points as rows keyed on (time in microseconds, tags)."""
+    rows = _Rows()
+    for line in lines:
+        point = line.point
+        assert point is not None and point.time_ns is not None
+        merged = rows.rows.setdefault((point.time_ns // 1000, point.tags), {})
+        merged.update(point.fields)
+        rows.fields.update(dict.fromkeys(point.fields))
+    return rows
+
+
+def _upsert(cur: psycopg.Cursor[Any], shape: TableShape, rows: _Rows) -> None:
+    """The rows into the table: COPY into a temporary table, then one INSERT ... ON
+    CONFLICT that sets the fields a row was given (the others keep their values)."""
+    fields = list(rows.fields)
+    columns = [tables.TIME, *shape.tags, *fields]
+    names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    target = sql.Identifier(shape.schema, shape.name)
+    cur.execute(
+        sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+            _ROWS, names, target
+        )
+    )
+    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_ROWS, names)) as copy:
+        for row in _copy_rows(shape, fields, rows.rows):
+            copy.write_row(row)
+    updates = sql.SQL(", ").join(
+        sql.SQL("{0} = COALESCE(EXCLUDED.{0}, old.{0})").format(sql.Identifier(f)) for f in fields
+    )
+    key = sql.SQL(", ").join(sql.Identifier(c) for c in shape.key)
+    cur.execute(
+        sql.SQL(
+            "INSERT INTO {} AS old ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}"
+        ).format(target, names, names, _ROWS, key, updates)
+    )
+    cur.execute(sql.SQL("DROP TABLE {}").format(_ROWS))
+
+
+def _copy_rows(
+    shape: TableShape,
+    fields: list[str],
+    rows: dict[tuple[int, Tags], dict[str, FieldValue]],
+) -> Iterator[tuple[object, ...]]:
+    for (micros, tag_items), values in rows.items():
+        tags = dict(tag_items)
+        yield (
+            _EPOCH + timedelta(microseconds=micros),
+            *(tags.get(tag, "") for tag in shape.tags),
+            *(values.get(name) for name in fields),
+        )
