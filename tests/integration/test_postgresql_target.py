@@ -17,8 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.staging import stage
 from tests.support import admin_conninfo, create_database, drop_database, unique
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxConfig, Secret, StagingConfig, TwoPhaseConfig
 from twophase.config.urls import DbUrl
 from twophase.errors import (
     BadPointsError,
@@ -29,8 +30,11 @@ from twophase.errors import (
     TransientWriteError,
 )
 from twophase.influx.sender import BatchSender
+from twophase.model import EpochState
+from twophase.operations.verify import verify
 from twophase.postgresql import KIND, PostgresReadback, PostgresWriter, connect, record_ddl
 from twophase.postgresql.connect import APPLICATION_NAME
+from twophase.protocol.runtime import TwoPhase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -645,3 +649,33 @@ def test_an_epoch_left_idle_is_ended_by_postgresql_and_lost(
         writer.close()
         other.close()
     assert target.sql("SELECT to_regclass('m')") == [(None,)]
+
+
+# --- verify, through SQL ----------------------------------------------------------------
+
+
+def test_verify_reads_a_postgresql_target_back_and_finds_what_changed(
+    target: Target, staging: StagingConfig
+) -> None:
+    """Two epochs through the protocol (c's point stamped inside a microsecond, kept to
+    it); verify finds the target as staged, then a row changed, a row deleted and a row
+    added by hand."""
+    config = TwoPhaseConfig(staging, target.config(create_tables=True))
+    epochs = {
+        0: ["cpu,host=a usage=1.5 1000000000", "cpu,host=b usage=2.5 1000000000"],
+        1: ["cpu,host=a usage=3.5 2000000000", "cpu,host=c usage=4.5 3000000999"],
+    }
+    with TwoPhase.open(config) as tp:
+        lease = tp.committer.claim("v", "r1", "q1")
+        for epoch, lines in epochs.items():
+            outcome = tp.committer.commit(lease, epoch, stage(tp, "v", epoch, [lines]))
+            assert outcome.state == EpochState.COMMITTED
+    [same] = verify(config, "v")
+    assert same.report.ok and same.report.points == 4, same.report
+
+    target.sql("UPDATE cpu SET usage = 9 WHERE host = 'a' AND time = to_timestamp(2)")
+    target.sql("DELETE FROM cpu WHERE host = 'b'")
+    target.sql("INSERT INTO cpu (time, host, usage) VALUES (to_timestamp(1.5), 'a', 0.5)")
+    [changed] = verify(config, "v")
+    found = {d.tags["host"]: (d.missing, d.different, d.extra) for d in changed.report.differences}
+    assert found == {"a": (0, 1, 1), "b": (1, 0, 0)}, changed.report  # c: as staged

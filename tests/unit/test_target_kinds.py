@@ -182,3 +182,12 @@ def test_an_epoch_without_points_opens_no_transaction() -> None:
     plan, _ = staged([[]], 3)
     assert delivery(store, clock).deliver(plan, lambda: None) == (0, 0)
     assert store.commits == 0 and store.records == {}
+
+
+def test_two_postgresql_targets_may_not_share_a_schema_of_one_database() -> None:
+    env = {"TWOPHASE_TARGETS": "p=postgresql://u@h:5432/m,q=postgresql://v@h/m"}
+    with pytest.raises(ConfigError, match=r"'p' and 'q' write to the same server and schema"):
+        load_influx_config(env)
+    apart = load_influx_config({**env, "TWOPHASE_TARGET_Q_TARGET_SCHEMA": "other"})
+    assert [t.influx.schema for t in apart.named_targets()] == ["public", "other"]
+    assert load_influx_config({"TWOPHASE_TARGETS": "p=postgresql://u@h/m,q=postgresql://u@h/n"})

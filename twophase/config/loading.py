@@ -351,12 +351,14 @@ def _same_destination(
     src: _Source, first: TargetConfig, second: TargetConfig, server: str, where: Destination
 ) -> ConfigError:
     kind, name, detail = where
-    if kind == "database":
+    if kind == "schema":
+        shown = f"schema {name!r}"
+    elif kind == "database":
         shown = f"db {name!r}" + (f", retention policy {detail!r}" if detail else "")
     else:
         shown = f"bucket {detail!r} of org {name!r}"
     auto = " (with influx_api auto the server's version decides which is written to)"
-    either_auto = "auto" in (first.influx.api, second.influx.api)
+    either_auto = kind != "schema" and "auto" in (first.influx.api, second.influx.api)
     return ConfigError(
         src.lookup(BY_NAME["targets"])[1],
         f"targets {first.name!r} and {second.name!r} write to the same server and {kind} "
@@ -391,8 +393,11 @@ def _destinations(influx: InfluxConfig) -> set[Destination]:
     default) is taken as different from a named one, as which is the default is the
     server's to say. A field the API needs but lacks gives nothing: the check of the
     API refuses it. How a 2.x or 3 server maps a database to a bucket is not known
-    here either."""
+    here either. A target of another kind lands in the schema (``target_schema``) of
+    the database its URL names."""
     found: set[Destination] = set()
+    if not influx.is_influx:  # another kind: its URL names the database; the schema
+        return {("schema", influx.schema, None)}
     if influx.api in ("v1", "v3", "auto") and influx.database:
         policy = influx.retention_policy if influx.api != "v3" else None
         found.add(("database", influx.database, policy or None))
