@@ -31,7 +31,10 @@ FILES_PER_STEP = 3  # input files that fire an armed point and keep its epoch bu
 
 
 class Chain:
-    """One sink's job, restarted across crashes; remembers what input it was given."""
+    """One sink's job, restarted across crashes; remembers what input it was given.
+    ``extra_args``: the job's own arguments at every start."""
+
+    extra_args: tuple[str, ...] = ()
 
     def __init__(self, target: Target, work: Path, event_files: list[Path], **env: str) -> None:
         self.target = target
@@ -52,6 +55,7 @@ class Chain:
             available_now=False,
             max_files=2,
             crash_plan=self.plan,
+            extra_args=self.extra_args,
             **self.env,
         )
 
@@ -160,3 +164,18 @@ def restart_exact(chain: Chain) -> None:
     disarm(chain.plan)
     chain.job = chain.start()
     chain.wait_exact()
+
+
+def kill_at_every_point(chain: Chain, on_input: tuple[str, ...] = ON_INPUT) -> None:
+    """Kill the job at each of ``on_input`` in turn, then at each of ``AT_RESTART``'s
+    second points during the restart after a kill at its first, the job exact again
+    after each restart."""
+    for point in on_input:
+        kill_on_input(chain, point)
+        restart_exact(chain)
+    for first, then in AT_RESTART:
+        kill_on_input(chain, first)
+        arm(chain.plan, f"{then}:1", "session")
+        chain.job = chain.start()
+        assert chain.job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (then, chain.job.tail())
+        restart_exact(chain)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,11 @@ import pytest
 
 from jobs.generate_events import expected
 from tests.e2e.chain import (
-    AT_RESTART,
     FILES_PER_STEP,
     ON_INPUT,
     Chain,
     crash_and_recover,
-    kill_on_input,
-    restart_exact,
+    kill_at_every_point,
 )
 from tests.e2e.harness import (
     KILL_TIMEOUT_S,
@@ -150,15 +147,7 @@ def test_sigkill_at_every_crash_point_on_spark(
     )
     chain.feed(2)
     chain.wait_exact()
-    for point in ON_INPUT + (("drain",) if promotion == "background" else ()):
-        kill_on_input(chain, point)
-        restart_exact(chain)
-    for first, then in AT_RESTART:
-        kill_on_input(chain, first)
-        arm(chain.plan, f"{then}:1", "session")
-        chain.job = chain.start()
-        assert chain.job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (then, chain.job.tail())
-        restart_exact(chain)
+    kill_at_every_point(chain, ON_INPUT + (("drain",) if promotion == "background" else ()))
     for sink in SINKS:
         assert {e["state"] for e in chain.epochs()[sink]} == {"COMMITTED"}, sink
     chain.job.kill()

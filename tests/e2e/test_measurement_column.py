@@ -10,7 +10,6 @@ does (``test_exactly_once.py``).
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +17,21 @@ import pytest
 
 from jobs.session_metrics import MEASUREMENT, METRICS, VALUE_FIELD
 from tests.e2e.chain import (
-    AT_RESTART,
-    ON_INPUT,
     Chain,
     crash_and_recover,
-    kill_on_input,
-    restart_exact,
+    kill_at_every_point,
 )
 from tests.e2e.harness import (
     EXACT_FIELDS,
-    KILL_TIMEOUT_S,
     MALFORMED,
     SINK,
     SINKS,
-    Job,
     Key,
     Target,
-    arm,
     feed,
     influx_stats,
     mismatches,
     run_job,
-    start_job,
     wait_exact,
 )
 from tests.support import influx_rows
@@ -65,19 +57,7 @@ def per_metric(influx: InfluxConfig) -> dict[Key, dict[str, Any]]:
 class MetricChain(Chain):
     """The job with ``--measurement-per-metric``, restarted across crashes."""
 
-    def start(self, checkpoint: str = "checkpoint") -> Job:
-        return start_job(
-            self.target,
-            self.work / "input",
-            self.work / checkpoint,
-            SINK,
-            self.work / "logs",
-            available_now=False,
-            max_files=2,
-            crash_plan=self.plan,
-            extra_args=[FLAG],
-            **self.env,
-        )
+    extra_args = (FLAG,)
 
     def wait_exact(self) -> None:
         wait_exact(self.job, self.target, self.fed, MALFORMED, read=per_metric)
@@ -127,15 +107,7 @@ def test_several_measurements_are_exact_after_a_sigkill_at_every_crash_point(
     )
     chain.feed(2)
     chain.wait_exact()
-    for point in ON_INPUT:
-        kill_on_input(chain, point)
-        restart_exact(chain)
-    for first, then in AT_RESTART:
-        kill_on_input(chain, first)
-        arm(chain.plan, f"{then}:1", "session")
-        chain.job = chain.start()
-        assert chain.job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (then, chain.job.tail())
-        restart_exact(chain)
+    kill_at_every_point(chain)
     check_measurements(target.influx)
     for sink in SINKS:
         assert {e["state"] for e in chain.epochs()[sink]} == {"COMMITTED"}, sink

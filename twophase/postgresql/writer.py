@@ -284,9 +284,10 @@ class PostgresWriter:
         """The table made to take the lines' points: created, or its missing field
         columns added, under the table's DDL lock (read again once it is held)."""
         points = [line.point for line in lines if line.point is not None]
+        keys = {key for point in points for key in point.fields} - {tables.TIME}
+        if shape is not None and keys <= shape.columns.keys():
+            return shape  # the usual body: no column to make, no types to work out
         fields = {k: v for k, v in _field_types(points).items() if k != tables.TIME}
-        if shape is not None and all(name in shape.columns for name in fields):
-            return shape
         tables.lock_table_name(cur, self._schema, measurement)
         shape = tables.read_shape(cur, self._schema, measurement)
         if shape is None:
