@@ -25,10 +25,12 @@ from tests.docs_examples import program
 from twophase.config import (
     ExporterConfig,
     InfluxConfig,
+    Secret,
     StagingConfig,
     TwoPhaseConfig,
     load_staging_config,
 )
+from twophase.config.urls import DbUrl
 from twophase.errors import TwoPhaseError
 from twophase.influx.query import query_v1
 
@@ -98,6 +100,29 @@ def drop_database(base_url: str, name: str, attempts: int = 20) -> None:
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5)
+
+
+@contextmanager
+def postgresql_target(base_url: str, prefix: str) -> Iterator[tuple[InfluxConfig, str]]:
+    """A PostgreSQL target in a database of its own on the staging server (its tables made
+    from what it is sent), and that database's admin conninfo; dropped afterwards."""
+    name = unique(prefix)
+    create_database(base_url, name)
+    base = DbUrl.parse(base_url)
+    assert base.password is not None
+    config = InfluxConfig(
+        url=f"postgresql://{base.user}@{base.hosts}/{name}",
+        password=Secret(base.password),
+        create_tables=True,
+        timeout_s=5,
+        retry_deadline_s=20,
+        retry_initial_s=0.05,
+        retry_max_s=1,
+    )
+    try:
+        yield config, admin_conninfo(base_url, name)
+    finally:
+        drop_database(base_url, name)
 
 
 def influx_admin(url: str, statement: str) -> None:

@@ -21,13 +21,16 @@ import dataclasses
 import os
 from pathlib import Path
 
-from twophase.config import InfluxConfig, TargetConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import OVERLAP, InfluxConfig, TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.faults import PLAN_ENV
+from twophase.model import Lease
+from twophase.protocol.committer import CommitOutcome
 from twophase.protocol.runtime import TwoPhase
 
 MEASUREMENT = "crash"
 PARTITIONS = 3
 POINTS_PER_PARTITION = 100
+QUERY = "query-1"
 BAD_EPOCH = 1  # this epoch carries a point InfluxDB rejects (field type conflict)
 
 
@@ -66,7 +69,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, required=True)
     ap.add_argument("--perturb", default="", help="comma-separated epochs to recompute differently")
     ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
-    ap.add_argument("--promotion", default="inline", help="inline or background")
+    ap.add_argument("--promotion", default="inline", help="inline, background or overlap")
     ap.add_argument("--lanes", type=int, default=1, help="promote_connections")
     ap.add_argument("--compression", default="gzip", help="gzip or none")
     ap.add_argument("--chunk-points", type=int, default=None, help="staging_chunk_points")
@@ -97,25 +100,41 @@ def main() -> None:
     start = max(done) + 1 if done else 0
     perturbed = {int(e) for e in args.perturb.split(",") if e}
     with TwoPhase.open(config) as tp:
-        lease = tp.claim(args.sink, args.run_id, "query-1")
+        lease = tp.claim(args.sink, args.run_id, QUERY)
         for epoch in range(start, args.epochs):
             if args.arm_last and epoch == args.epochs - 1:
                 tp.committer.drain()  # the epoch before promoted: the plan counts from here
                 arm(args.arm_last)
-            messages = [
-                tp.stager.stage(
-                    args.sink,
-                    epoch,
-                    epoch_lines(epoch, p, epoch in perturbed),
-                    partition_id=p,
-                    run_id=args.run_id,
-                    query_id="query-1",
-                )
-                for p in range(PARTITIONS)
-            ]
-            outcome = tp.committer.commit(lease, epoch, messages)
+            lines = [epoch_lines(epoch, p, epoch in perturbed) for p in range(PARTITIONS)]
+            if args.promotion == OVERLAP:
+                outcome = overlapped(tp, lease, args.run_id, epoch, lines)
+            else:
+                messages = [
+                    tp.stager.stage(
+                        args.sink, epoch, part, partition_id=p, run_id=args.run_id, query_id=QUERY
+                    )
+                    for p, part in enumerate(lines)
+                ]
+                outcome = tp.committer.commit(lease, epoch, messages)
             print(f"epoch {epoch} {outcome.state} replay={outcome.replay}", flush=True)
             append_log(log, epoch)
+
+
+def overlapped(
+    tp: TwoPhase, lease: Lease, run_id: str, epoch: int, lines: list[list[str]]
+) -> CommitOutcome:
+    """``promotion = overlap``: each partition staged in writes of four chunks, each write
+    sent before the next is staged (a Spark task stages while the driver sends; here the
+    one process takes turns, so that a crash point's n-th time is the same each run)."""
+    sending = tp.overlap.start(lease, epoch)
+    messages = []
+    for p, part in enumerate(lines):
+        for message in tp.stager.stage_writes(
+            lease.sink_id, epoch, part, partition_id=p, run_id=run_id, query_id=QUERY
+        ):
+            messages.append(message)
+            sending.wait_for(message.write_id, 60)
+    return tp.committer.commit(lease, epoch, messages, sending.finish())
 
 
 def influx_config(args: argparse.Namespace) -> InfluxConfig:

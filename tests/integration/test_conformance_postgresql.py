@@ -8,29 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import create_database, drop_database, unique
-from twophase.config import InfluxConfig, Secret
-from twophase.config.urls import DbUrl
+from tests.support import postgresql_target
+from twophase.config import InfluxConfig
 from twophase.testing import TargetConformance
 
 
 def _database(base_staging_url: str, prefix: str) -> Iterator[InfluxConfig]:
-    name = unique(prefix)
-    create_database(base_staging_url, name)
-    base = DbUrl.parse(base_staging_url)
-    assert base.password is not None
-    try:
-        yield InfluxConfig(
-            url=f"postgresql://{base.user}@{base.hosts}/{name}",
-            password=Secret(base.password),
-            create_tables=True,
-            timeout_s=5,
-            retry_deadline_s=20,
-            retry_initial_s=0.05,
-            retry_max_s=1,
-        )
-    finally:
-        drop_database(base_staging_url, name)
+    with postgresql_target(base_staging_url, prefix) as (config, _):
+        yield config
 
 
 class TestPostgreSQLConformance(TargetConformance):

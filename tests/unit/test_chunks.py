@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import gzip
 import random
+import zlib
 
 import pytest
 
 from tests.fakes import FakeClock, FakeInflux, FakeReader, lines_of, make_sender, staged
+from twophase import model
 from twophase.config import InfluxConfig
 from twophase.errors import PermanentError
 from twophase.model import LineChecksum, StagedChunk
@@ -264,3 +266,20 @@ def test_changed_chunk_fails_the_checksum() -> None:
     clock = FakeClock()
     with pytest.raises(PermanentError, match="changed after the decision"):
         promoter_for(reader, FakeInflux(clock), clock, 100, 1 << 20).send(plan)
+
+
+def test_a_member_is_the_same_bytes_every_time_and_inflates_as_zlibs_does() -> None:
+    # Staged with ISA-L's deflate where the spark extra installed it (the executors), else
+    # with zlib: either way one standard gzip member, without a name or a time, whose
+    # trailer holds the size, and which members end to end inflate as one stream.
+    pytest.importorskip("isal")
+    data = "".join(f"m,host=h{i % 7} v={i}i {i}\n" for i in range(5_000)).encode()
+    member = model.gzip_member(data)
+    assert model.gzip_member(data) == member
+    assert model._deflate.__name__ == "isal.isal_zlib"
+    assert member[:3] == b"\x1f\x8b\x08" and member[4:8] == bytes(4)  # no name, no time
+    assert zlib.decompress(member, 31) == data
+    assert gzip.decompress(member + member) == data + data
+    assert int.from_bytes(member[-4:], "little") == len(data)
+    by_zlib = zlib.compressobj(model.GZIP_LEVEL, zlib.DEFLATED, 31)
+    assert len(member) < len(by_zlib.compress(data) + by_zlib.flush())

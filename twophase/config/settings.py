@@ -12,8 +12,8 @@ from typing import Any
 
 ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "v3", "auto")
-INLINE, BACKGROUND = "inline", "background"
-PROMOTIONS = (INLINE, BACKGROUND)
+INLINE, BACKGROUND, OVERLAP = "inline", "background", "overlap"
+PROMOTIONS = (INLINE, BACKGROUND, OVERLAP)
 GZIP, UNCOMPRESSED = "gzip", "none"
 COMPRESSIONS = (GZIP, UNCOMPRESSED)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
@@ -605,7 +605,8 @@ SETTINGS: tuple[Setting, ...] = (
         help=(
             "inline: a commit returns once its epoch is in InfluxDB; background: once it is "
             "decided, while a thread promotes it and the next batch computes (the next commit "
-            "waits for it)"
+            "waits for it); overlap: inline, and what a task staged is sent while the others "
+            "still stage (foreachBatch only; a replayed batch must give the same points)"
         ),
         default=INLINE,
         choices=PROMOTIONS,
