@@ -1,10 +1,10 @@
 """``promotion = overlap`` with real Spark: the foreachBatch adapter sends a micro-batch's
 committed writes to InfluxDB while its staging job still runs, before the epoch is
-decided; a SIGKILL of the whole driver then, and at the steps after the decision,
+decided; a SIGKILL of the whole driver then, and once the batch is decided,
 leaves InfluxDB exact after the restart (the replay stages the same points again and
 InfluxDB overwrites those sent early).
 
-One chain (four job starts). Small chunks make a staging task commit its rows as
+One chain (three job starts). Small chunks make a staging task commit its rows as
 several writes (four chunks each), each of which the driver may send at once.
 """
 
@@ -52,8 +52,10 @@ def test_points_sent_before_the_decision_survive_kills(
     chain.feed(2)
     chain.wait_exact()
     kill_while_points_travel_undecided(chain)
-    for point in ("after_decide", "after_mark"):
-        crash_and_recover(chain, point)
+    # Decided, some of its points sent early, none by the commit: the restart's claim
+    # delivers it. (Every other step: the crash matrix in this mode, and with --full
+    # test_exactly_once.py's kill at every point on Spark.)
+    crash_and_recover(chain, "after_decide")
     chain.job.kill()
 
 

@@ -20,7 +20,7 @@ deterministic batches: a micro-batch's partition gives the same data on a replay
 InfluxDB overwrites a point sent again. A replay that differs would leave the first
 run's points beside its own. Likewise a task attempt that staged a write and then
 failed (a retry of the task stages the same points again). Within an epoch writes are
-sent in the order they commit, not the decision's: an epoch should not hold two
+sent in the order they were staged, not the decision's: an epoch should not hold two
 different points with the same measurement, tag set and time.
 
 Nothing is sent early for an epoch already decided (a replay), while an older epoch is
