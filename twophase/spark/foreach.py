@@ -49,7 +49,7 @@ from twophase.config import BACKGROUND, OVERLAP
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.points.builder import PointSpec
-from twophase.protocol.overlap import NOTHING, Sent
+from twophase.protocol.overlap import NOTHING
 from twophase.spark.commit import await_claim, claim, commit_epoch, open_in_background, two_phase
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
 from twophase.spark.split import split_dead_letters
@@ -157,39 +157,23 @@ def _write_batch(
         )
     if driver.remote and driver.query_id is None:  # the client claims with the query id
         driver = replace(driver, query_id=await_claim(sink, driver.run_id))
-    overlap = sink.config().influx.promotion == OVERLAP
+    # The opened parts' configuration: parsed once per process, not per batch.
+    overlap = two_phase(sink).config.influx.promotion == OVERLAP
     stage = functools.partial(
         stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id, in_writes=overlap
     )
     identity = (driver.run_id, driver.query_id)
+    # With overlap, the batch's writes are sent as its tasks commit them, until the
+    # staging job ends (twophase.protocol.overlap).
+    sending = two_phase(sink).overlap.start(claim(sink, *identity), batch_id) if overlap else None
     started = time.perf_counter()
-    with driver.tagged(df, batch_id), _overlapping(sink, batch_id, identity, overlap) as sent:
-        rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
-    messages = [message_of(row.message) for row in rows]
-    commit_epoch(sink, batch_id, messages, identity, time.perf_counter() - started, sent.result)
-
-
-class _Early:
-    """What the early sending of a batch delivered, once it finished."""
-
-    result: Sent = NOTHING
-
-
-@contextlib.contextmanager
-def _overlapping(
-    sink: SinkOptions, epoch: int, identity: tuple[str, str | None], overlap: bool
-) -> Iterator[_Early]:
-    """With ``promotion = overlap``, send the batch's writes as its tasks commit them,
-    until the staging job ends ([`twophase.protocol.overlap`][twophase.protocol.overlap])."""
-    early = _Early()
-    if not overlap:
-        yield early
-        return
-    sending = two_phase(sink).overlap.start(claim(sink, *identity), epoch)
     try:
-        yield early
+        with driver.tagged(df, batch_id):
+            rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
     finally:
-        early.result = sending.finish()
+        sent = sending.finish() if sending is not None else NOTHING
+    messages = [message_of(row.message) for row in rows]
+    commit_epoch(sink, batch_id, messages, identity, time.perf_counter() - started, sent)
 
 
 def message_of(data: bytes) -> CommitMessage:
