@@ -20,13 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.context import MAIN, Context
-from bench.executor import StagingProcess
 from bench.lines import epoch_lines
 from bench.report import size_label
 from bench.sides import QUERY_ID, BenchError, DirectSide
 from bench.stats import compared, rotated
 from twophase.config import BACKGROUND, INLINE
-from twophase.model import Lease
 from twophase.protocol.runtime import TwoPhase
 
 TARGET = 1.0
@@ -43,16 +41,13 @@ class Consecutive:
         lease = self.tp.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
         first, started = self.epoch, time.perf_counter()
         for lines in epochs:
-            self.stage_and_commit(lease, lines)
+            message = self.tp.stager.stage(self.sink_id, self.epoch, lines)
+            self.tp.committer.commit(lease, self.epoch, [message])
             self.epoch += 1
         self.tp.committer.drain()
         elapsed = time.perf_counter() - started
         self._check(first, sum(len(lines) for lines in epochs))
         return elapsed
-
-    def stage_and_commit(self, lease: Lease, lines: Sequence[str]) -> None:
-        message = self.tp.stager.stage(self.sink_id, self.epoch, lines)
-        self.tp.committer.commit(lease, self.epoch, [message])
 
     def _check(self, first: int, points: int) -> None:
         with self.tp.db.transaction() as cur:
@@ -64,35 +59,6 @@ class Consecutive:
             committed, delivered = cur.fetchone() or (0, 0)
         if committed != self.epoch - first or delivered != points:
             raise BenchError(f"{self.sink_id}: {committed} epochs, {delivered}/{points} points")
-
-
-class Overlapped(Consecutive):
-    """``promotion = overlap``: each epoch staged as writes of four chunks in a process of
-    its own (:class:`bench.executor.StagingProcess`, as a Spark task stages) while the
-    driver's thread sends those committed; then the commit sends what is left. The
-    lines reach that process before the clock starts."""
-
-    def __init__(self, tp: TwoPhase, sink_id: str) -> None:
-        super().__init__(tp, sink_id)
-        self.executor = StagingProcess(tp.config.staging)
-        self._index = 0  # the epoch of the loaded lines staged next
-
-    def run(self, epochs: Sequence[Sequence[str]]) -> float:
-        self.executor.load(epochs)
-        self._index = 0
-        return super().run(epochs)
-
-    def stage_and_commit(self, lease: Lease, lines: Sequence[str]) -> None:
-        sending = self.tp.overlap.start(lease, self.epoch)
-        try:
-            messages = self.executor.stage(self._index, self.sink_id, self.epoch, lease.run_id)
-        finally:
-            sent = sending.finish()
-        self._index += 1
-        self.tp.committer.commit(lease, self.epoch, messages, sent)
-
-    def close(self) -> None:
-        self.executor.close()
 
 
 def measure_background(ctx: Context) -> dict[str, Any]:

@@ -53,13 +53,13 @@ TIME = "time"
 SCHEMA = "time BIGINT, host STRING, region STRING, cpu DOUBLE, mem BIGINT, requests BIGINT"
 COLUMNS = ("time", "host", "region", "cpu", "mem", "requests")
 PER_REQUEST = 5000
-PLAIN, TWOPHASE, OVERLAP, NOOP = "plain", "twophase", "overlap", "noop"
+PLAIN, TWOPHASE, NOOP = "plain", "twophase", "noop"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap = parser("python -m bench.costs_job")
-    ap.add_argument("--sink", choices=(PLAIN, TWOPHASE, OVERLAP, NOOP), default=PLAIN)
+    ap.add_argument("--sink", choices=(PLAIN, TWOPHASE, NOOP), default=PLAIN)
     ap.add_argument("--profile", type=Path, default=None, help="cProfile of foreachBatch")
     return ap.parse_args(argv)
 
@@ -120,16 +120,11 @@ def noop_sink(df: Any, batch_id: int) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
-def twophase_sink(sink_id: str, promotion: str = "inline") -> Any:
+def twophase_sink(sink_id: str) -> Any:
     from twophase.spark import foreach_batch_writer
 
     return foreach_batch_writer(
-        sink_id,
-        measurement=MEASUREMENT,
-        tags=list(TAGS),
-        time=TIME,
-        precision="ms",
-        promotion=promotion,
+        sink_id, measurement=MEASUREMENT, tags=list(TAGS), time=TIME, precision="ms"
     )
 
 
@@ -215,9 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    writer = None  # opened while Spark starts
-    if args.sink in (TWOPHASE, OVERLAP):
-        writer = twophase_sink(args.sink_id, "overlap" if args.sink == OVERLAP else "inline")
+    writer = twophase_sink(args.sink_id) if args.sink == TWOPHASE else None  # opens meanwhile
     spark = session(args, f"costs-{args.sink}")
     listener = report_progress(spark, started)
     stages: Callable[[], dict[str, Any]] = dict

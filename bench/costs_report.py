@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.costs_job import NOOP, OVERLAP, PLAIN, TWOPHASE
+from bench.costs_job import NOOP, PLAIN, TWOPHASE
 from bench.costs_spark import PROCESSES, median_of
 
 Row = dict[str, Any]
@@ -77,7 +77,6 @@ def _csv_rows(part: dict[str, Any]) -> list[Row]:
             ">= 1.1x",
             plain / tp >= 1.1,
         ),
-        *_overlap_rows(runs, plain),
         row(
             "5 twophase's added CPU vs the plain writer's, per M points",
             f"twophase {added[TWOPHASE]:.2f} s, plain {added[PLAIN]:.2f} s "
@@ -87,17 +86,6 @@ def _csv_rows(part: dict[str, Any]) -> list[Row]:
             added[TWOPHASE] <= added[PLAIN],
         ),
     ]
-
-
-def _overlap_rows(runs: dict[str, Sequence[dict[str, Any]]], plain: float) -> list[Row]:
-    """Row 1 again with ``promotion = overlap`` (a run from before that side has none)."""
-    if not runs.get(OVERLAP):
-        return []
-    tp = _wall(runs[OVERLAP])
-    steady = median_of(runs[OVERLAP], "steady_ms")
-    figure = f"overlap {tp:.1f} s, plain {plain:.1f} s (steady batch {steady:.0f} ms)"
-    name = "1 one point per row, overlap vs plain foreachBatch"
-    return [row(name, figure, plain / tp, ">= 1.1x", plain / tp >= 1.1)]
 
 
 def cpu_per_million(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -177,18 +165,12 @@ def _relay_rows(part: dict[str, Any]) -> list[Row]:
 
 
 def _slow_rows(part: dict[str, Any]) -> list[Row]:
-    sides = (("twophase", "inline"), ("twophase overlap", "overlap"))  # (side, as named)
-    rows = []
-    for side, named in sides:
-        key = f"100 Mbit/s: {side} / direct x4 gzip level 1"
-        item = next((v for k, v in part["parts"].items() if key in k), None)
-        if item is None:  # a result from before the overlap side
-            continue
-        figure = ", ".join(f"{n} {s['median']:,.0f}" for n, s in item["sides"].items())
-        ratio = item["ratio"]
-        name = f"7 slow link, {named} vs direct x4 gzip 1"
-        rows.append(row(name, figure + " points/s", ratio, ">= 1.0x", ratio >= 1.0))
-    return rows
+    key = next(k for k in part["parts"] if "100 Mbit/s: twophase / direct x4 gzip level 1" in k)
+    item = part["parts"][key]
+    sides = item["sides"]
+    figure = ", ".join(f"{name} {s['median']:,.0f}" for name, s in sides.items()) + " points/s"
+    ratio = item["ratio"]
+    return [row("7 slow link, inline vs direct x4 gzip 1", figure, ratio, ">= 1.0x", ratio >= 1.0)]
 
 
 def _stub_rows(part: dict[str, Any]) -> list[Row]:

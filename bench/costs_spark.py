@@ -26,7 +26,7 @@ import psycopg
 
 from bench import spark_e2e
 from bench.context import Context
-from bench.costs_job import COLUMNS, NOOP, OVERLAP, PLAIN, QUERY, TWOPHASE
+from bench.costs_job import COLUMNS, NOOP, PLAIN, QUERY, TWOPHASE
 from bench.cpu import influxd_pid, process_cpu_s
 from bench.servers import admin_conninfo
 from bench.sides import BenchError
@@ -35,7 +35,7 @@ from bench.taskcpu import task_cpu_s
 from twophase.influx.query import query_v1
 
 ENTRY = ["-m", "bench.costs_job"]
-CSV_SIDES = (PLAIN, TWOPHASE, OVERLAP, NOOP)
+CSV_SIDES = (PLAIN, TWOPHASE, NOOP)
 STEADY_AFTER = 2  # batch 0 carries start-up, batch 1 the rest of the warm-up
 T0_MS = int(datetime(2026, 11, 27, tzinfo=timezone.utc).timestamp() * 1000)
 REGIONS = ("eu-west", "us-east", "ap-south")
@@ -148,7 +148,7 @@ def csv_run(
     influx = ctx.scratch.influx(name)
     work = input_dir.parent
     try:
-        staging = ctx.scratch.staging_url(name) if side in (TWOPHASE, OVERLAP) else None
+        staging = ctx.scratch.staging_url(name) if side == TWOPHASE else None
         cmd = [*job_command(ENTRY, input_dir, work / name, f"bench-{name}", 1), "--sink", side]
         if profile is not None:
             cmd += ["--profile", str(profile)]

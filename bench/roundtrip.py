@@ -27,11 +27,7 @@ side's final drain inside the timing):
 - ``twophase none``: the same with ``compression = none`` (reported);
 - ``twophase 1 lane`` (fast link): ``promote_connections = 1``;
 - ``twophase background`` (slow link): ``promotion = background``, staging
-  epoch N+1 while N travels (reported);
-- ``twophase overlap`` (slow link): ``promotion = overlap``, inline, each epoch
-  staged in writes of four chunks, in a process of its own as a Spark task
-  stages, that travel while the next are staged
-  (:class:`bench.background.Overlapped`; target: as ``twophase``'s).
+  epoch N+1 while N travels (reported).
 
 The direct sides are what a user writes instead (:mod:`bench.direct`, none
 of twophase's code): the lines cut into four parts POSTed at once over four
@@ -56,7 +52,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from bench.background import Consecutive, Overlapped, rates
+from bench.background import Consecutive, rates
 from bench.context import MAIN, Context
 from bench.direct import USERS_GZIP_LEVEL
 from bench.lines import epoch_lines
@@ -64,7 +60,7 @@ from bench.proxies import ProxyProcess
 from bench.report import size_label
 from bench.sides import DirectSide
 from bench.stats import compared, rotated
-from twophase.config import BACKGROUND, GZIP, INLINE, OVERLAP, UNCOMPRESSED, TwoPhaseConfig
+from twophase.config import BACKGROUND, GZIP, INLINE, UNCOMPRESSED, TwoPhaseConfig
 from twophase.protocol.runtime import TwoPhase
 
 ROUND_TRIP_S = 0.020
@@ -106,7 +102,6 @@ TWOPHASE_SIDES: dict[Link, dict[str, Protocol]] = {
         "twophase": Protocol(),
         "twophase none": Protocol(compression=UNCOMPRESSED),
         "twophase background": Protocol(promotion=BACKGROUND),
-        "twophase overlap": Protocol(promotion=OVERLAP),
     },
 }
 # side -> the gzip level of its request bodies (None: text); LANES connections each
@@ -124,7 +119,6 @@ ROWS: tuple[tuple[Link, str, str, float | None], ...] = (
     (SLOW, "twophase", DIRECT, TO_PLAIN_DIRECT),
     (SLOW, "twophase none", DIRECT, None),
     (SLOW, "twophase background", DIRECT_GZIP_1, None),
-    (SLOW, "twophase overlap", DIRECT_GZIP_1, TO_DIRECT),
 )
 
 Run = Callable[[Sequence[Sequence[str]]], float]  # epochs -> wall seconds
@@ -153,13 +147,7 @@ def _twophase_runs(ctx: Context, stack: ExitStack, link: Link, url: str) -> dict
         name = _name(link, side)
         tp = _open(ctx, _slug(name), url, how)
         stack.callback(tp.close)
-        sink = "bench-" + _slug(name).replace("_", "-")
-        if how.promotion == OVERLAP:
-            overlapped = Overlapped(tp, sink)
-            stack.callback(overlapped.close)
-            runs[name] = overlapped.run
-        else:
-            runs[name] = Consecutive(tp, sink).run
+        runs[name] = Consecutive(tp, "bench-" + _slug(name).replace("_", "-")).run
     return runs
 
 

@@ -34,8 +34,6 @@ transaction not yet committed):
   (claimed, nothing older recovered yet);
 * staging, in a task: ``stage_rows`` (mid-COPY), ``in_stage`` (the write is
   recorded), ``after_stage``;
-* ``overlap_send`` (``promotion = overlap``: writes of the running epoch sent, in the
-  driver's thread, while its tasks stage; before the decision);
 * the decision: ``in_decide`` (the vote), ``after_decide``;
 * promotion: ``in_plan`` (an attempt counted, for a promotion that did not
   start with its decision: recovery, a retry), ``promote_batch`` (after each
@@ -77,7 +75,6 @@ CRASH_POINTS = (
     "stage_rows",
     "in_stage",
     "after_stage",
-    "overlap_send",
     "in_decide",
     "after_decide",
     "in_plan",

@@ -132,7 +132,7 @@ def assert_refused(job: Job) -> None:
 # per mode (about 25 s a point):
 @pytest.mark.timeout(2400)
 @pytest.mark.full
-@pytest.mark.parametrize(("promotion", "lanes"), [("inline", 1), ("background", 4), ("overlap", 4)])
+@pytest.mark.parametrize(("promotion", "lanes"), [("inline", 1), ("background", 4)])
 def test_sigkill_at_every_crash_point_on_spark(
     target: Target, work: Path, event_files: list[Path], promotion: str, lanes: int
 ) -> None:

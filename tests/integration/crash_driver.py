@@ -21,10 +21,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from twophase.config import OVERLAP, InfluxConfig, TargetConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import InfluxConfig, TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.faults import PLAN_ENV
-from twophase.model import Lease
-from twophase.protocol.committer import CommitOutcome
 from twophase.protocol.runtime import TwoPhase
 
 MEASUREMENT = "crash"
@@ -69,7 +67,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, required=True)
     ap.add_argument("--perturb", default="", help="comma-separated epochs to recompute differently")
     ap.add_argument("--batch-points", type=int, default=40, help="points per InfluxDB request")
-    ap.add_argument("--promotion", default="inline", help="inline, background or overlap")
+    ap.add_argument("--promotion", default="inline", help="inline or background")
     ap.add_argument("--lanes", type=int, default=1, help="promote_connections")
     ap.add_argument("--compression", default="gzip", help="gzip or none")
     ap.add_argument("--chunk-points", type=int, default=None, help="staging_chunk_points")
@@ -106,35 +104,15 @@ def main() -> None:
                 tp.committer.drain()  # the epoch before promoted: the plan counts from here
                 arm(args.arm_last)
             lines = [epoch_lines(epoch, p, epoch in perturbed) for p in range(PARTITIONS)]
-            if args.promotion == OVERLAP:
-                outcome = overlapped(tp, lease, args.run_id, epoch, lines)
-            else:
-                messages = [
-                    tp.stager.stage(
-                        args.sink, epoch, part, partition_id=p, run_id=args.run_id, query_id=QUERY
-                    )
-                    for p, part in enumerate(lines)
-                ]
-                outcome = tp.committer.commit(lease, epoch, messages)
+            messages = [
+                tp.stager.stage(
+                    args.sink, epoch, part, partition_id=p, run_id=args.run_id, query_id=QUERY
+                )
+                for p, part in enumerate(lines)
+            ]
+            outcome = tp.committer.commit(lease, epoch, messages)
             print(f"epoch {epoch} {outcome.state} replay={outcome.replay}", flush=True)
             append_log(log, epoch)
-
-
-def overlapped(
-    tp: TwoPhase, lease: Lease, run_id: str, epoch: int, lines: list[list[str]]
-) -> CommitOutcome:
-    """``promotion = overlap``: each partition staged in writes of four chunks, each write
-    sent before the next is staged (a Spark task stages while the driver sends; here the
-    one process takes turns, so that a crash point's n-th time is the same each run)."""
-    sending = tp.overlap.start(lease, epoch)
-    messages = []
-    for p, part in enumerate(lines):
-        for message in tp.stager.stage_writes(
-            lease.sink_id, epoch, part, partition_id=p, run_id=run_id, query_id=QUERY
-        ):
-            messages.append(message)
-            sending.wait_for(message.write_id, 60)
-    return tp.committer.commit(lease, epoch, messages, sending.finish())
 
 
 def influx_config(args: argparse.Namespace) -> InfluxConfig:

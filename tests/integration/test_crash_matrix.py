@@ -75,24 +75,12 @@ BACKGROUND_CRASHES = [*CRASHES, ("drain", 2, 40)]
 # the one mid-COPY too (22 checks per write, one per chunk and per 50 lines).
 _LANE_NTH = {("stage_rows", 40): 95, ("promote_batch", 40): 15, ("promote_batch", 250): 6}
 LANE_CRASHES = [(p, _LANE_NTH.get((p, b), n), b) for p, n, b in BACKGROUND_CRASHES]
-# Overlap: each partition staged as writes of four chunks (80 lines, then the rest: 6
-# writes an epoch), each sent as soon as it is staged, before the decision; each write
-# 2 requests of 40 points or 1 of 250. The kills in staging and in sending land in epoch
-# 1, in its early sending; overlap_send after its second write was sent (once per write).
-# Over four lanes: with --full.
-_OVERLAP_NTH = {("in_stage", 40): 8, ("after_stage", 40): 8, ("promote_batch", 40): 11}
-OVERLAP_CRASHES = [(p, _OVERLAP_NTH.get((p, b), n), b) for p, n, b in CRASHES]
-OVERLAP_CRASHES += [("overlap_send", 8, 40)]
-_OVERLAP_LANE_NTH = {**_OVERLAP_NTH, ("stage_rows", 40): 95, ("promote_batch", 40): 15}
-OVERLAP_LANES = [(p, _OVERLAP_LANE_NTH.get((p, b), n), b) for p, n, b in OVERLAP_CRASHES]
 GZIP, TEXT = ("gzip", CHUNK_POINTS), ("none", None)  # compression, staging_chunk_points
 MATRIX = (
     [(GZIP, "inline", 1, *c) for c in CRASHES]
     + [(GZIP, "background", 1, *c) for c in BACKGROUND_CRASHES]
     + [(GZIP, "inline", 4, *c) for c in CRASHES if c[0] != "drain"]
     + [(GZIP, "background", 4, *c) for c in LANE_CRASHES]
-    + [(GZIP, "overlap", 1, *c) for c in OVERLAP_CRASHES]
-    + [(GZIP, "overlap", 4, *c) for c in OVERLAP_LANES]
 )
 # Text chunks (compression = none), one of 100 lines per write: 40-point requests cut
 # every chunk (9 requests per epoch), 250-point ones carry two whole chunks, then one.
@@ -112,7 +100,7 @@ MATRIX_PARAMS = [
     pytest.param(
         *m,
         id=f"{m[0][0]}-{m[1]}-{m[2]}lane-{m[3]}-{m[5]}",
-        marks=[pytest.mark.full] if m[0] == TEXT or (m[1], m[2]) == ("overlap", 4) else [],
+        marks=[pytest.mark.full] if m[0] == TEXT else [],
     )
     for m in MATRIX
 ]
@@ -123,19 +111,15 @@ def test_the_matrices_cover_every_named_crash_point() -> None:
     in_steps = {point for point, _, _ in CRASHES}
     assert {point for point, _, _ in BACKGROUND_CRASHES} == in_steps | {"drain"}
     assert {point for point, _, _ in LANE_CRASHES} == in_steps | {"drain"}
-    assert {point for point, _, _ in OVERLAP_CRASHES} == in_steps | {"overlap_send"}
     modes = {(promotion, lanes) for promotion in ("inline", "background") for lanes in (1, 4)}
-    overlap = {("overlap", 1), ("overlap", 4)}
-    assert {(m[1], m[2]) for m in MATRIX if m[0] == GZIP} == modes | overlap
-    assert {(m[1], m[2]) for m in MATRIX if m[0] == TEXT} == modes
     for layout in (GZIP, TEXT):
-        points = in_steps | {"drain"} | ({"overlap_send"} if layout == GZIP else set())
-        assert {m[3] for m in MATRIX if m[0] == layout} == points
+        assert {(m[1], m[2]) for m in MATRIX if m[0] == layout} == modes
+        assert {m[3] for m in MATRIX if m[0] == layout} == in_steps | {"drain"}
     at_restart = {second.split(":")[0] for _, _, second, _ in RESTART_CRASHES}
     assert {promotion for promotion, _, _, _ in RESTART_CRASHES} == {"inline", "background"}
     targets = {point for point, _ in TARGET_CRASHES} | {p for p, _ in TARGET_DOWN_CRASHES}
     targets |= {param.values[0] for param in AVAILABILITY_CRASHES}
-    covered = in_steps | {"drain", "overlap_send"} | at_restart | targets | set(ELSEWHERE)
+    covered = in_steps | {"drain"} | at_restart | targets | set(ELSEWHERE)
     assert covered == set(CRASH_POINTS), set(CRASH_POINTS) ^ covered
     for point, test in ELSEWHERE.items():
         path, _, name = test.partition("::")
@@ -212,9 +196,8 @@ def test_sigkill_at_each_step_then_recover(
             " WHERE NOT (w.write_id = ANY(e.write_ids))"
         ).fetchone()
         assert orphans == (0,)
-        writes = 2 if promotion == "overlap" else 1  # per partition: see OVERLAP_CRASHES
         assert conn.execute("SELECT count(*) FROM twophase_writes").fetchone() == (
-            EPOCHS * PARTITIONS * writes,
+            EPOCHS * PARTITIONS,
         )
 
 

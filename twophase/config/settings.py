@@ -12,8 +12,8 @@ from typing import Any
 
 ENV_PREFIX = "TWOPHASE_"
 INFLUX_APIS = ("v1", "v2", "v3", "auto")
-INLINE, BACKGROUND, OVERLAP = "inline", "background", "overlap"
-PROMOTIONS = (INLINE, BACKGROUND, OVERLAP)
+INLINE, BACKGROUND = "inline", "background"
+PROMOTIONS = (INLINE, BACKGROUND)
 GZIP, UNCOMPRESSED = "gzip", "none"
 COMPRESSIONS = (GZIP, UNCOMPRESSED)
 MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
@@ -67,6 +67,8 @@ class Setting:
     ``aliases`` are its former option names (``influx_url`` of ``target_url``): each is
     read wherever the name is (option, variable, ``_FILE``, per-target variable, file
     key, CLI flag, Spark option), so configurations written before the rename work.
+    ``removed`` are values of a ``choice`` a former version took: refused with an error
+    that says so and names the choices left.
     """
 
     name: str
@@ -80,6 +82,7 @@ class Setting:
     minimum: float = 0
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
 
     @property
@@ -605,11 +608,13 @@ SETTINGS: tuple[Setting, ...] = (
         help=(
             "inline: a commit returns once its epoch is in InfluxDB; background: once it is "
             "decided, while a thread promotes it and the next batch computes (the next commit "
-            "waits for it); overlap: inline, and what a task staged is sent while the others "
-            "still stage (foreachBatch only; a replayed batch must give the same points)"
+            "waits for it)"
         ),
         default=INLINE,
         choices=PROMOTIONS,
+        # Sent points before the decision: a point stamped by the clock, recomputed on a
+        # retry or a replay, stayed in the target beside the one chosen.
+        removed=("overlap",),
     ),
     Setting(
         name="metrics_port",

@@ -123,6 +123,11 @@ def _int(setting: Setting, raw: Any, name: str) -> int:
 
 def _choice(setting: Setting, raw: Any, name: str) -> str:
     value = str(raw).strip().lower()
+    if value in setting.removed:  # taken by a former version: say so, not just "unknown"
+        raise ConfigError(
+            name,
+            f"{value!r} was removed: {setting.name} is one of {', '.join(setting.choices)}",
+        )
     if value not in setting.choices:
         raise ConfigError(name, f"{value!r} is not one of {', '.join(setting.choices)}")
     return value

@@ -25,7 +25,6 @@ from twophase.protocol.catchup import CatchUp
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.overlap import NOTHING, Sent
 from twophase.protocol.promoter import Promoter, PromoteResult
 from twophase.protocol.targets import TargetRoster
 
@@ -146,19 +145,8 @@ class Committer:
                     on_promoted(results[-1])
         return results
 
-    def commit(
-        self,
-        lease: Lease,
-        epoch: int,
-        messages: Sequence[CommitMessage],
-        sent: Sent = NOTHING,
-    ) -> CommitOutcome:
+    def commit(self, lease: Lease, epoch: int, messages: Sequence[CommitMessage]) -> CommitOutcome:
         """Decide and promote ``epoch`` once all its tasks staged ``messages``.
-
-        ``sent`` is what [`Overlap`][twophase.protocol.overlap.Overlap] delivered of the
-        epoch while it staged (``promotion = overlap``): the promotion sends each target
-        the decided writes it lacks; the writes it saw that the decision does not name
-        are discarded then (orphans, I1).
 
         With background promotion the epoch is handed off once decided, and
         the outcome is PRECOMMITTED: the next commit of the sink (or
@@ -186,10 +174,8 @@ class Committer:
         if decision.state == EpochState.PRECOMMITTED and self._handoff is not None:
             self._handoff.hand_off(lease, epoch, decision.plan)
         elif decision.state == EpochState.PRECOMMITTED:
-            promoted = self._promoter.promote(lease, epoch, decision.plan, sent)
+            promoted = self._promoter.promote(lease, epoch, decision.plan)
             clock.lap("promote")
-        if sent.seen and decision.plan is not None:
-            self._discard_unchosen(lease, epoch, sent.undecided(decision.plan))
         self._settled.add(lease)
         if self._auto_gc is not None:  # starts a thread when due; never waits, never raises
             self._auto_gc.poke(lease.sink_id)
@@ -223,24 +209,6 @@ class Committer:
             state,
             extra=lease_fields(lease, epoch),
         )
-
-    def _discard_unchosen(self, lease: Lease, epoch: int, write_ids: Sequence[str]) -> None:
-        """Remove the writes of a decided epoch its decision does not name (a crashed
-        run's, a failed task attempt's), with their dead letters: orphans (I1) that GC
-        would remove later. Best effort, as a replay's discard."""
-        if not write_ids:
-            return
-        try:
-            self._gc.discard(list(write_ids))
-        except Exception as exc:
-            log.warning(
-                "sink %s epoch %d: %d writes it did not choose are left to gc: %s",
-                lease.sink_id,
-                epoch,
-                len(write_ids),
-                exc,
-                extra=lease_fields(lease, epoch),
-            )
 
     def drain(self) -> list[PromoteResult]:
         """Wait for the epochs promoting in the background (none when inline); raises

@@ -95,11 +95,6 @@ class TargetDelivery:
         # re-sending is harmless (I4), so a read cut by a staging outage starts over
         self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
 
-    @property
-    def transactional(self) -> bool:
-        """The target takes an epoch in one transaction of its own (not write by write)."""
-        return self._epochs is not None
-
     def deliver(
         self,
         plan: EpochPlan,

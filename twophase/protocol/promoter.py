@@ -61,7 +61,6 @@ from twophase.model import EpochPlan, Lease
 from twophase.protocol.catchup import CatchUp
 from twophase.protocol.delivery import SharedRead, TargetDelivery, shared_read
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.overlap import NOTHING, Sent
 from twophase.protocol.targets import LIVE, QUARANTINED, Place, TargetLedger
 
 __all__ = ["PromoteResult", "Promoter"]
@@ -112,21 +111,16 @@ class Promoter:
         # Leases whose last promotion here every target took: that epoch, those targets.
         self._settled: dict[Lease, tuple[int, tuple[str, ...]]] = {}
 
-    def promote(
-        self, lease: Lease, epoch: int, plan: EpochPlan | None = None, sent: Sent = NOTHING
-    ) -> PromoteResult:
+    def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
         """Send the epoch to every target it is owed that lacks it, at once, then mark it
         COMMITTED. ``plan`` is the attempt the decision already started
         ([`Ledger.decide`][twophase.protocol.ledger.Ledger.decide] with ``start_promotion``);
-        without it an attempt is started here. ``sent``: the decided writes each target
-        took before the decision ([`twophase.protocol.overlap`][twophase.protocol.overlap]),
-        which it is not sent again; their counts are added to the rest's."""
+        without it an attempt is started here."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
         places = self._places(lease, epoch)
         race = _Race.of(places, self._min, epoch, self._deadline_s)
         due = [d for d in self._deliveries if race.is_due(d.name)]
-        shared = _shared(plan, due, race, sent)
-        outcomes = self._send_all(lease, _Plans(plan, sent), due, race, shared)
+        outcomes = self._send_all(lease, plan, due, race, _shared(plan, due, race))
         new = {n: out for n, out in outcomes.items() if isinstance(out, tuple)}
         held = race.held | new
         failed = {n: out for n, out in outcomes.items() if isinstance(out, TwoPhaseError)}
@@ -230,7 +224,7 @@ class Promoter:
     def _send_all(
         self,
         lease: Lease,
-        plans: _Plans,
+        plan: EpochPlan,
         due: Sequence[TargetDelivery],
         race: _Race,
         shared: SharedRead | None,
@@ -243,7 +237,7 @@ class Promoter:
 
         def run(target: TargetDelivery) -> None:
             try:
-                outcome = self._send_one(lease, plans, target, race, shared)
+                outcome = self._send_one(lease, plan, target, race, shared)
             except BaseException as exc:  # raised below, on the committing thread
                 errors[target.name] = exc
                 race.stop()
@@ -270,7 +264,7 @@ class Promoter:
     def _send_one(
         self,
         lease: Lease,
-        plans: _Plans,
+        plan: EpochPlan,
         target: TargetDelivery,
         race: _Race,
         shared: SharedRead | None,
@@ -283,13 +277,11 @@ class Promoter:
         read ``shared`` with the others; a later one reads on its own."""
         check = race.stoppable(self._ledger.watch(lease))
         rounds = race.rounds_for(target.name)
-        plan, early = plans.sent.remaining(target.name, plans.decided)
         while True:
             try:
                 if not self._caught_up(lease, plan.epoch, target.name, race, rounds):
                     return None
                 counts = _deliver(target, plan, check, rounds, race, shared)
-                counts = (counts[0] + early[0], counts[1] + early[1])
             except TARGET_FAILURES as exc:
                 # Without rounds the target had the whole retry deadline: its failure is
                 # the commit's, at once (a refused credential fails fast, as it should).
@@ -317,25 +309,11 @@ class Promoter:
         )
 
 
-@dataclass(frozen=True)
-class _Plans:
-    """The decided plan, and what each target took of it before the decision."""
-
-    decided: EpochPlan
-    sent: Sent
-
-
-def _shared(
-    plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race, sent: Sent
-) -> SharedRead | None:
+def _shared(plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race) -> SharedRead | None:
     """One read of the epoch for the targets that take it at once (caught up), when
-    there are several and they lack the same writes; None for one (it reads on its own,
-    as a lagging one does)."""
+    there are several; None for one (it reads on its own, as a lagging one does)."""
     caught_up = [d for d in due if race.was_caught_up(d.name)]
-    rests = {sent.remaining(d.name, plan)[0] for d in caught_up}
-    if len(caught_up) < 2 or len(rests) != 1:
-        return None
-    return shared_read(rests.pop(), caught_up)
+    return shared_read(plan, caught_up) if len(caught_up) > 1 else None
 
 
 def _deliver(

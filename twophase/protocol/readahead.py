@@ -2,7 +2,7 @@
 
 Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB; done in turn, the
 read (0.33 s per million points here) adds to the send.
-[`read_ahead`][twophase.protocol.readahead.read_ahead] overlaps them: both mostly wait on
+[`read_ahead`][twophase.protocol.readahead.read_ahead] runs them at once: both mostly wait on
 sockets, where Python releases the GIL.
 """
 

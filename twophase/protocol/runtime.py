@@ -26,7 +26,6 @@ from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.handoff import Handoff
 from twophase.protocol.ledger import Ledger
-from twophase.protocol.overlap import Overlap
 from twophase.protocol.promoter import Promoter
 from twophase.protocol.reader import StagedReader
 from twophase.protocol.runs import Runs
@@ -59,7 +58,6 @@ class TwoPhase:
     deliveries: dict[str, TargetDelivery]
     catch_up: CatchUp
     roster: TargetRoster
-    overlap: Overlap  # promotion = overlap: a running epoch's writes sent as they commit
 
     @classmethod
     def open(
@@ -134,7 +132,6 @@ class TwoPhase:
             deliveries=deliveries,
             catch_up=catch_up,
             roster=roster,
-            overlap=Overlap(db, ledger, targets, list(deliveries.values())),
         )
 
     def claim(self, sink_id: str, run_id: str, query_id: str | None) -> Lease:

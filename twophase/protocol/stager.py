@@ -26,7 +26,6 @@ message is returned rather than the write staged twice.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import uuid
@@ -55,7 +54,6 @@ from twophase.protocol.spool import Spool
 from twophase.store.database import Database
 
 log = logging.getLogger("twophase.protocol.stager")
-_WRITE_CHUNKS = 4  # chunks of points per write of stage_writes (promotion = overlap)
 _CRASH_EVERY = 50  # lines between two checks of the mid-COPY crash point (cheap, unarmed)
 # The spool's parts, and what it counts for the memory of a rejected row and of one
 # entry of a chunk's ``ends`` (an int object and its pointer) beside their texts.
@@ -127,9 +125,6 @@ class Stager:
         )
         self._spool_memory = config.spool_memory
         self._spool_dir = spool_dir
-        # stage_writes' size: four chunks, so that a task's first points travel after a
-        # few chunks' staging (a write is a transaction and a row: kept coarse).
-        self.write_points = _WRITE_CHUNKS * config.chunk_points
 
     def stage(
         self,
@@ -161,40 +156,6 @@ class Stager:
                 lambda: self._stage(write, encoded),
                 again=lambda: self._again(write, encoded),
                 repeatable=lambda: encoded.intact,
-            )
-
-    def stage_writes(
-        self,
-        sink_id: str,
-        epoch: int,
-        items: Iterable[str | Rejected],
-        *,
-        partition_id: int = 0,
-        attempt: int = 0,
-        run_id: str | None = None,
-        query_id: str | None = None,
-    ) -> Iterator[CommitMessage]:
-        """[`stage`][twophase.protocol.stager.Stager.stage] ``items`` as writes of at most
-        ``write_points`` items each, one transaction per write, yielding each write's
-        message as it commits (at least one write, empty for no items).
-
-        For ``promotion = overlap``: the driver sends a committed write while the task
-        stages the next. Each write is all or nothing; a task that fails half-way leaves
-        its committed writes as orphans, which no decision names (I1)."""
-        iterator = iter(items)
-        for base in itertools.count(0, self.write_points):
-            head = list(itertools.islice(iterator, 1))
-            if not head and base:
-                return
-            piece = itertools.chain(head, itertools.islice(iterator, self.write_points - 1))
-            yield self.stage(
-                sink_id,
-                epoch,
-                _reindexed(piece, base),
-                partition_id=partition_id,
-                attempt=attempt,
-                run_id=run_id,
-                query_id=query_id,
             )
 
     @contextmanager
@@ -333,13 +294,6 @@ class _Spooled:
     def rejects(self) -> Iterator[Rejected]:
         for block in self._spool.read(_REJECTS):
             yield from block
-
-
-def _reindexed(items: Iterable[str | Rejected], base: int) -> Iterator[str | Rejected]:
-    """A write's items with each rejected row's index counted from the write's first item,
-    as a write of the whole input counts it (its dead letter's ``seq``)."""
-    for item in items:
-        yield item if isinstance(item, str) else dataclasses.replace(item, index=item.index - base)
 
 
 def _chunk_bytes(chunk: StagedChunk) -> int:

@@ -34,7 +34,6 @@ from twophase.faults import crash_point
 from twophase.logs import fields
 from twophase.model import CommitMessage, Lease
 from twophase.protocol.committer import CommitOutcome
-from twophase.protocol.overlap import NOTHING, Sent
 from twophase.protocol.runtime import TwoPhase
 from twophase.retry import StagingRetry
 from twophase.spark.master import warn_without_task_retries
@@ -154,12 +153,10 @@ def commit_epoch(
     messages: Sequence[CommitMessage],
     identity: tuple[str, str | None] | None = None,
     staged_s: float | None = None,
-    sent: Sent = NOTHING,
 ) -> CommitOutcome | None:
     """Decide and promote ``epoch`` from its tasks' messages; None if it had no task.
     ``staged_s`` is how long the staging job took, when the caller ran it (foreachBatch):
-    the commit's log line gives it beside the commit's own steps. ``sent``: what the
-    batch's writes delivered while they staged (``promotion = overlap``).
+    the commit's log line gives it beside the commit's own steps.
 
     With a ``dead_letter_sink``, the rows split off upstream
     ([`twophase.spark.split`][twophase.spark.split]) are decided next, as that sink's epoch.
@@ -188,7 +185,7 @@ def commit_epoch(
     # The run's first claim in this process recovers what older runs left, also when
     # the batch has nothing to decide (a foreachBatch writer's empty first batch).
     lease = claim(sink, *identity)
-    outcome = two_phase(sink).committer.commit(lease, epoch, messages, sent) if messages else None
+    outcome = two_phase(sink).committer.commit(lease, epoch, messages) if messages else None
     # The points first, then the rows split off upstream: a crash between them
     # leaves the dead letters to the replay of this micro-batch.
     if sink.dead_letter_sink is not None:
@@ -198,19 +195,17 @@ def commit_epoch(
         return None
     steps = ((("stage", staged_s),) if staged_s is not None else ()) + outcome.steps
     log.info(
-        "sink %s epoch %d: %s%s, recovered %s, %d points delivered%s (%s)",
+        "sink %s epoch %d: %s%s, recovered %s, %d points delivered (%s)",
         sink.sink_id,
         epoch,
         outcome.state,
         " (replay)" if outcome.replay else "",
         list(outcome.recovered) or "none",
         outcome.promoted.delivered if outcome.promoted else 0,
-        f", {sent.writes} writes sent while staging" if sent.writes else "",
         ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in steps),
         extra={
             **fields(sink.sink_id, epoch, identity[0]),
             "steps_ms": {step: round(seconds * 1000, 1) for step, seconds in steps},
-            "writes_sent_while_staging": sent.writes,
         },
     )
     return outcome

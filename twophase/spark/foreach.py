@@ -45,12 +45,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from twophase.config import BACKGROUND, OVERLAP
+from twophase.config import BACKGROUND
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.points.builder import PointSpec
-from twophase.protocol.overlap import NOTHING
-from twophase.spark.commit import await_claim, claim, commit_epoch, open_in_background, two_phase
+from twophase.spark.commit import await_claim, commit_epoch, open_in_background
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
 from twophase.spark.split import split_dead_letters
 from twophase.spark.stage import (
@@ -157,23 +156,13 @@ def _write_batch(
         )
     if driver.remote and driver.query_id is None:  # the client claims with the query id
         driver = replace(driver, query_id=await_claim(sink, driver.run_id))
-    # The opened parts' configuration: parsed once per process, not per batch.
-    overlap = two_phase(sink).config.influx.promotion == OVERLAP
-    stage = functools.partial(
-        stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id, in_writes=overlap
-    )
-    identity = (driver.run_id, driver.query_id)
-    # With overlap, the batch's writes are sent as its tasks commit them, until the
-    # staging job ends (twophase.protocol.overlap).
-    sending = two_phase(sink).overlap.start(claim(sink, *identity), batch_id) if overlap else None
+    stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
     started = time.perf_counter()
-    try:
-        with driver.tagged(df, batch_id):
-            rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
-    finally:
-        sent = sending.finish() if sending is not None else NOTHING
+    with driver.tagged(df, batch_id):
+        rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
     messages = [message_of(row.message) for row in rows]
-    commit_epoch(sink, batch_id, messages, identity, time.perf_counter() - started, sent)
+    identity = (driver.run_id, driver.query_id)
+    commit_epoch(sink, batch_id, messages, identity, time.perf_counter() - started)
 
 
 def message_of(data: bytes) -> CommitMessage:

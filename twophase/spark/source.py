@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
 from twophase import logs
-from twophase.config import BACKGROUND, OVERLAP
+from twophase.config import BACKGROUND
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.spark.commit import abort_epoch, commit_epoch
@@ -106,15 +106,6 @@ class TwoPhaseInfluxDataSource(DataSource):
                 "background promotion needs a driver process that outlives the commit; this "
                 "sink's commit runs in a Python worker that Spark may end once it returns, "
                 "cutting the promotion: use promotion=inline, or the foreachBatch adapter",
-            )
-        if sink.config().influx.promotion == OVERLAP:
-            # Spark calls this writer's commit only once its tasks ended: nothing runs on
-            # the driver while they stage.
-            raise ConfigError(
-                "promotion",
-                "overlap sends a batch's writes from the driver while its tasks stage, and "
-                "this sink's driver side runs only once they are done: use the foreachBatch "
-                "adapter, or promotion=inline",
             )
         return TwoPhaseStreamWriter(sink)
 

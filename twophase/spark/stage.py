@@ -1,6 +1,4 @@
-"""Phase 1 inside a Spark task: the rows of one partition become one staged write (with
-``promotion = overlap``, several: one every four chunks, so that the driver sends the
-first while the task stages the next).
+"""Phase 1 inside a Spark task: the rows of one partition become one staged write.
 
 Runs on executors. Reads the epoch, run id and query id from the task's
 context (the local properties Spark sets for a streaming micro-batch, or
@@ -19,7 +17,7 @@ import os
 import pickle
 import random
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,28 +102,9 @@ def stage_task(sink: SinkOptions, data: Iterable[Any], task: TaskIdentity) -> Co
     from a spool in Spark's local directory; other staging errors propagate,
     failing the task, which Spark may retry.
     """
-    message: CommitMessage = _by_stager(Stager.stage, sink, data, task)
-    return message
-
-
-def stage_task_writes(
-    sink: SinkOptions, data: Iterable[Any], task: TaskIdentity
-) -> Iterator[CommitMessage]:
-    """[`stage_task`][twophase.spark.stage.stage_task] as writes of a few chunks each,
-    yielding each write's message once it committed (``promotion = overlap``: the driver
-    sends a write while the task stages the next)."""
-    messages: Iterator[CommitMessage] = _by_stager(Stager.stage_writes, sink, data, task)
-    return messages
-
-
-def _by_stager(
-    way: Callable[..., Any], sink: SinkOptions, data: Iterable[Any], task: TaskIdentity
-) -> Any:
-    """``way`` (a method of Stager) called for the task's rows, on the process's pool."""
     config = sink.staging_config()
     stager = Stager(shared_database(config), config, spool_dir=local_dir())
-    return way(
-        stager,
+    return stager.stage(
         sink.sink_id,
         task.epoch,
         items_of(sink, data),
@@ -202,18 +181,11 @@ def stage_arrow_partition(
     run_id: str,
     query_id: str | None,
     batches: Iterable[Any],
-    *,
-    in_writes: bool = False,
 ) -> Iterator[Any]:
     """``mapInArrow`` body of the foreachBatch adapter: stage this partition, yield its
-    pickled CommitMessage (one row of [`MESSAGE_SCHEMA`][twophase.spark.stage.MESSAGE_SCHEMA]).
-    ``in_writes`` (``promotion = overlap``): as several writes, a row for each as it
-    commits ([`Stager.stage_writes`][twophase.protocol.stager.Stager.stage_writes])."""
+    pickled CommitMessage (one row of [`MESSAGE_SCHEMA`][twophase.spark.stage.MESSAGE_SCHEMA])."""
     import pyarrow as pa
 
     task = current_task(epoch=epoch, run_id=run_id, query_id=query_id)
-    messages = (
-        stage_task_writes(sink, batches, task) if in_writes else [stage_task(sink, batches, task)]
-    )
-    for message in messages:
-        yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
+    message = stage_task(sink, batches, task)
+    yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
