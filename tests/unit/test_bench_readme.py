@@ -12,6 +12,9 @@ from tests.support import REPO
 
 RESULTS = REPO / "bench" / "results"
 PERFORMANCE = REPO / "docs" / "performance.md"
+# Rows of a run that measured a mode since removed (promotion = overlap): the results file
+# keeps them, the page does not quote them.
+REMOVED = ("overlap",)
 
 
 def costs_runs() -> list[Path]:
@@ -32,10 +35,13 @@ def test_the_page_quotes_the_command_and_the_latest_full_costs_run() -> None:
 
 def test_the_pages_ratios_are_the_runs() -> None:
     """Each ratio the run measured, as the page rounds it (``1.02x``), is on the page, and
-    so are the figures of each row's first clause (``14.3``, ``326,884``)."""
+    so are the figures of each row's first clause (``14.3``, ``326,884``), but for a
+    removed mode's rows."""
     page = PERFORMANCE.read_text()
     rows = json.loads(costs_runs()[-1].read_text())["rows"]
     for row in rows:
+        if any(mode in row["metric"] for mode in REMOVED):
+            continue
         if row["ratio"] is not None and "CPU" not in row["metric"]:
             assert f"{row['ratio']:.2f}x" in page, row["metric"]
         first = row["figure"].split(";")[0]
