@@ -13,6 +13,9 @@ docstrings the API reference shows, and reports, as ``path:line: problem``:
 * a word or a code span written twice in a row;
 * a repository file a page names that does not exist, and an install command naming
   a wheel of another version;
+* a snippet marker that the build would not expand: one mangled on its way in
+  (``--8 < --"path"``, as a formatter leaves it) or naming a file that does not
+  exist;
 * a docstring paragraph with a short line in its middle (a line wrapped twice: the
   API reference shows the break).
 
@@ -52,6 +55,9 @@ REPO_PATH = re.compile(
 # The same word or code span twice in a row ("the the", "`x` `x`").
 DOUBLED = re.compile(r"(?<![\w`])(`[^`]+`|[A-Za-z]{2,})\s+\1(?![\w`])")
 WHEEL = re.compile(r"twophase-(\d+\.\d+\.\d+)-py3")
+# A snippet marker as pymdownx.snippets expands it, and anything that looks like one.
+SNIPPET = re.compile(r'^\s*--8<-- "([^"]+)"\s*$')
+SNIPPET_LIKE = re.compile(r"^\s*-+\s*8\s*<\s*-+")
 SHORT_LINE = 0.3  # a docstring line under this share of its longest neighbour's length
 
 
@@ -83,6 +89,7 @@ def check_page(path: Path, text: str, version: str, root: Path = REPO) -> list[P
     found += _tables(path, lines, prose.code)
     found += _names(path, lines, version, root)
     found += _doubled(path, lines, prose.code)
+    found += _snippets(path, lines, root)
     return found
 
 
@@ -218,6 +225,17 @@ def _names(path: Path, lines: Sequence[str], version: str, root: Path) -> Iterat
         for wheel in WHEEL.findall(line):
             if wheel != version:
                 yield Problem(path, index + 1, f"a {wheel} wheel; this version is {version}")
+
+
+def _snippets(path: Path, lines: Sequence[str], root: Path) -> Iterator[Problem]:
+    for index, line in enumerate(lines):
+        if not SNIPPET_LIKE.match(line):
+            continue
+        marker = SNIPPET.match(line)
+        if marker is None:
+            yield Problem(path, index + 1, f"a snippet marker mangled: {line.strip()!r}")
+        elif not (root / marker.group(1)).is_file():
+            yield Problem(path, index + 1, f"a snippet of {marker.group(1)}, which does not exist")
 
 
 def _exists(root: Path, name: str) -> bool:

@@ -73,6 +73,8 @@ def test_the_dashboard_shows_lag_throughput_rejects_and_retries() -> None:
         "twophase_points_rejected_total",  # rejects
         "twophase_promote_retries_total",  # retries
         "twophase_influx_retries_total",
+        "twophase_target_lag_epochs",  # targets
+        "twophase_target_state",
     ):
         assert name in used, name
     (sink,) = dashboard["templating"]["list"]

@@ -95,3 +95,10 @@ def test_the_pages_name_this_versions_wheel() -> None:
         m for page in pages for m in re.findall(r"twophase-(\d+\.\d+\.\d+)-py3", page.read_text())
     }
     assert named <= {twophase.__version__}, named
+
+
+def test_every_metric_in_the_reference_has_a_meaning() -> None:
+    rows = [line for line in docs_reference.metrics().splitlines() if line.startswith("| `")]
+    assert rows
+    blank = [row.split("|")[1].strip() for row in rows if row.rstrip().endswith("|  |")]
+    assert blank == []

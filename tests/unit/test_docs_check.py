@@ -97,6 +97,10 @@ BREAKS = {
     "`scripts/dev.sh demo` written twice": "`scripts/dev.sh demo` `scripts/dev.sh demo` runs.\n",
     "names bench/spark_direct.py, which does not exist": "It ran `bench/spark_direct.py`.\n",
     "a 0.3.0 wheel; this version is": "Install `dist/twophase-0.3.0-py3-none-any.whl`.\n",
+    "a snippet marker mangled": '```python\n--8 < --"tests/plugins/kind.py"\n```\n',
+    "a snippet of examples/none.py, which does not exist": (
+        '```python\n--8<-- "examples/none.py"\n```\n'
+    ),
 }
 
 

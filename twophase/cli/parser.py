@@ -243,7 +243,8 @@ def _inspection(commands: _Commands) -> None:
     _dead_letters(commands)
     _schema(
         commands.group(
-            "db", "the staging schema: upgrade, downgrade, show, print the SQL, grant roles"
+            "db",
+            "the staging schema: upgrade, downgrade, current revision, history, the SQL, grants",
         )
     )
     sub = commands.add("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")

@@ -192,16 +192,12 @@ class StoreCollector(Collector):
         except (TwoPhaseError, psycopg.Error) as exc:
             log.warning("scrape: cannot read the staging store: %s", exc)
             rows = None
-        up = GaugeMetricFamily(
-            "twophase_store_up", "1 when the last scrape read the staging store, else 0."
-        )
+        up = GaugeMetricFamily("twophase_store_up", _STORE_UP)
         up.add_metric([], 0.0 if rows is None else 1.0)
         families: list[Metric] = [up]
         if rows is not None:
             families += [*sink_families(rows, self._durations), *target_families(targets)]
-        took = GaugeMetricFamily(
-            "twophase_scrape_duration_seconds", "How long reading the staging store took."
-        )
+        took = GaugeMetricFamily("twophase_scrape_duration_seconds", _SCRAPE_DURATION)
         took.add_metric([], time.perf_counter() - started)
         return [*families, took, _reads_family(self._reads)]
 
@@ -446,6 +442,9 @@ def metric_names() -> frozenset[str]:
     return frozenset(names)
 
 
+_STORE_UP = "1 when the last scrape read the staging store, else 0."
+_SCRAPE_DURATION = "How long reading the staging store took."
+
 # The samples of each metric type, after the family's name.
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -463,7 +462,10 @@ class _Sample(Collector):
         target = TargetState("example", "a", LIVE, 1, 0, 0, None, 0, None, None, None, None)
         yield from target_families([target])
         yield _reads_family(0)
-        for name in ("twophase_store_up", "twophase_scrape_duration_seconds"):
-            gauge = GaugeMetricFamily(name, "")
+        for name, help_text in (
+            ("twophase_store_up", _STORE_UP),
+            ("twophase_scrape_duration_seconds", _SCRAPE_DURATION),
+        ):
+            gauge = GaugeMetricFamily(name, help_text)
             gauge.add_metric([], 0.0)
             yield gauge
