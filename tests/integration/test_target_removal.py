@@ -289,3 +289,22 @@ def test_sigkill_in_remove_then_again(staging_url: str, behind: Pair) -> None:
     assert [d for d in delivered if d[0] == "b"] == []
     assert letters == [("a", 0, None)]
     assert corrections == [] and -1 not in [w[0] for w in writes]
+
+
+def test_a_run_that_still_delivers_to_a_target_removed_under_it_leaves_it_out(
+    staging: StagingConfig, staging_url: str, pair: Pair
+) -> None:
+    """Removed by ``--force`` while a live run delivers to it, the target is left out of
+    that run's next commits (its delivery is not recorded: the target has no row), and
+    the others commit the epochs; nothing registers it again until a run's claim."""
+    with two_phase(staging, pair.config) as fan:
+        lease = fan.committer.claim(SINK, "r1", "q1")
+        commit(fan, lease, 0)  # both took it: the next epoch goes to both without a look
+        removed = cli_for(staging_url, pair, "a", "b")(*REMOVE, "--yes", "--force")
+        assert removed.code == 0, removed.err
+        assert "owned by run r1" in removed.err and "because of --force" in removed.err
+        for epoch in (1, 2):
+            commit(fan, lease, epoch)
+    assert target_rows(staging_url, SINK) == {"a": {"state": "live", "delivered": 2, "from": 0}}
+    assert deliveries(staging_url, SINK, "a") == [0, 1, 2]
+    assert deliveries(staging_url, SINK, "b") == []
