@@ -17,10 +17,8 @@ from typing import Any
 import pytest
 
 from devkit.faultproxy import CUT, PASS
-from tests.integration.cli_helpers import BAD_POINT, Cli, make_cli, sql
+from tests.integration.cli_helpers import BAD_POINT, Cli, make_cli, on_terminal, records, sql
 from tests.integration.fanout_helpers import Pair, deliveries, target_rows, two_targets
-from tests.integration.test_cli_destructive import on_terminal
-from tests.integration.test_compaction import records
 from tests.staging import lines, stage
 from tests.support import two_phase
 from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
