@@ -11,6 +11,7 @@ the history grows with each epoch, until ``targets remove b``.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +25,11 @@ from tests.support import two_phase
 from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.model import EpochState, Lease
 from twophase.operations import Guard, RequeueFilter, requeue
+from twophase.protocol.catchup import target_lock
 from twophase.protocol.gc import GarbageCollector
+from twophase.protocol.removal import Removal, TargetRemoval
 from twophase.protocol.runtime import TwoPhase
+from twophase.store.locks import LockOwner
 
 SINK = "fan"
 N = 5  # points per epoch
@@ -306,3 +310,29 @@ def test_a_run_that_still_delivers_to_a_target_removed_under_it_leaves_it_out(
     assert target_rows(staging_url, SINK) == {"a": {"state": "live", "delivered": 2, "from": 0}}
     assert deliveries(staging_url, SINK, "a") == [0, 1, 2]
     assert deliveries(staging_url, SINK, "b") == []
+
+
+def test_a_removal_waits_for_a_delivery_to_the_target_under_way(
+    staging: StagingConfig, staging_url: str, behind: Pair
+) -> None:
+    """A catch-up holds the target's lock while it sends an epoch and records it: the
+    removal waits for it, and goes ahead once it is released."""
+    with two_phase(staging, only_a(behind)) as tp:
+        [(token,)] = sql(staging_url, "SELECT fencing_token FROM twophase_sinks")
+        outcome: list[Removal | BaseException] = []
+
+        def remove() -> None:
+            try:
+                outcome.append(TargetRemoval(tp.db).remove(SINK, "b", "test"))
+            except BaseException as exc:  # reported on the test's thread
+                outcome.append(exc)
+
+        with tp.db.session_lock(target_lock(SINK, "b"), LockOwner(SINK, token)):
+            waiting = threading.Thread(target=remove)
+            waiting.start()
+            waiting.join(2.0)
+            assert waiting.is_alive() and outcome == []
+            assert "b" in target_rows(staging_url, SINK)
+        waiting.join(30)
+    assert [type(o) for o in outcome] == [Removal], outcome
+    assert set(target_rows(staging_url, SINK)) == {"a"}
