@@ -1,7 +1,7 @@
 """``twophase``: the operator's command line for a twophase staging store.
 
 Commands: status, epochs, verify, dead-letters, recover, resend, targets (and
-targets resync, targets remove), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
+targets resync and remove), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
 current, history, grants) for the staging schema (``twophase COMMAND --help`` for
 each). Settings come from the ``TWOPHASE_*`` variables (see
 [`twophase.config`][twophase.config]); the connection flags override them: every one before
@@ -21,30 +21,32 @@ with --debug.
 
 ``--json`` prints one JSON object on stdout (sorted keys, indented; times as ISO-8601 UTC
 ``...Z`` strings, durations in seconds). Top-level keys: status ``sinks`` (objects with the
-fields of [`twophase.store.views.SinkStatus`][twophase.store.views.SinkStatus], and ``targets``
-for a sink with several InfluxDB targets: objects with the keys of
+fields of [`twophase.store.views.SinkStatus`][twophase.store.views.SinkStatus], and
+``targets`` for a sink with several InfluxDB targets: objects with the keys of
 [`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict]); targets ``targets``
 (the same objects with ``sink_id``); targets resync ``sink_id``, ``target``, ``from_epoch``,
 ``delivered``, ``skipped_purged`` (epochs GC purged: not supplied), ``state``, ``promoted``;
 targets remove ``sink_id``, ``target``, ``state``, ``delivered_epoch``, ``backlog_epochs``,
 ``backlog_corrections``, ``backlog_bytes``, ``deliveries``, ``dead_letters``, ``corrections``
-(those owed to it alone, deleted), ``remaining`` (the sink's targets after it),
-``still_configured``; epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with
-one ``--epoch``); recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``, ``rejected``);
-resend ``sink_id``, ``resent`` (``sink_id``, ``epoch``, ``points_sent``, ``points_rejected``),
-``skipped_aborted``, ``skipped_purged`` (and ``target`` with ``--target``); verify ``sink_id``,
-``epochs``, ``points``, ``series``, ``unparseable``, ``ok``, ``differences`` (fields of
-[`verify.SeriesDiff`][twophase.operations.verify.SeriesDiff]), ``notes`` (and ``target`` with
-``--target``; with several targets and no ``--target``: ``sink_id``, ``ok`` and ``targets``, one
-such object per target); abort and reset ``sink_id`` and what was done; dead-letters ``total``
-and ``dead_letters`` (fields of [`twophase.model.DeadLetter`][twophase.model.DeadLetter]) or
-``exported`` and ``file``; gc ``dry_run``, ``retention_s``, ``orphan_grace_s``, ``sinks`` and
-the totals; db upgrade, downgrade and current ``url``, ``before``, ``after``, ``head``,
-``at_head``; db history ``url``, ``current``, ``head``, ``revisions`` (oldest first, fields of
+(the corrections owed to it alone, deleted with it), ``remaining`` (the sink's targets after
+it) and ``still_configured`` (the configuration still named it: removed with ``--force``);
+epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one ``--epoch``);
+recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``, ``rejected``); resend
+``sink_id``, ``resent`` (``sink_id``, ``epoch``, ``points_sent``, ``points_rejected``),
+``skipped_aborted``, ``skipped_purged`` (and ``target`` with ``--target``); verify
+``sink_id``, ``epochs``, ``points``, ``series``, ``unparseable``, ``ok``, ``differences``
+(fields of [`verify.SeriesDiff`][twophase.operations.verify.SeriesDiff]), ``notes`` (and
+``target`` with ``--target``; with several targets and no ``--target``: ``sink_id``, ``ok``
+and ``targets``, one such object per target); abort and reset ``sink_id`` and what was done;
+dead-letters ``total`` and ``dead_letters`` (fields of
+[`twophase.model.DeadLetter`][twophase.model.DeadLetter]) or ``exported`` and ``file``; gc
+``dry_run``, ``retention_s``, ``orphan_grace_s``, ``sinks`` and the totals; db upgrade,
+downgrade and current ``url``, ``before``, ``after``, ``head``, ``at_head``; db history
+``url``, ``current``, ``head``, ``revisions`` (oldest first, fields of
 [`migrate.SchemaRevision`][twophase.operations.migrate.SchemaRevision]); db upgrade and
 downgrade with ``--sql`` ``action``, ``start``, ``target`` (null: no schema) and ``sql``; db
-grants ``schema``, ``roles`` (the role of each kind, null: none) and ``sql``, with ``--apply``
-``url``, ``schema``, ``roles`` and ``statements`` (those run).
+grants ``schema``, ``roles`` (the role of each kind, null: none) and ``sql``, with
+``--apply`` ``url``, ``schema``, ``roles`` and ``statements`` (those run).
 
 With ``--json`` an error is JSON too: one line on stderr (after any warning or
 progress line), the object ``{"error": message, "setting": option, "exit_code":
