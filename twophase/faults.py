@@ -49,7 +49,8 @@ transaction not yet committed):
   off, the dead-letter sink's epoch of rows split off upstream not yet decided);
 * ``in_discard`` (a replay's or Spark's aborted attempt's writes deleted);
 * operators and GC: ``in_gc`` (a GC batch deleted: expired points purged or
-  orphans removed), ``in_reset``, ``in_requeue`` (a correction decided).
+  orphans removed), ``in_reset``, ``in_requeue`` (a correction decided),
+  ``in_remove`` (a target removed from its sink: ``twophase targets remove``).
 
 With background promotion ``after_decide`` is the moment between the decision
 and the hand-off to the promoter thread, and the ``promote_*``/``after_*``
@@ -92,6 +93,7 @@ CRASH_POINTS = (
     "in_gc",
     "in_reset",
     "in_requeue",
+    "in_remove",
 )
 _hits: dict[str, int] = {}
 

@@ -129,7 +129,8 @@ def crash_and_recover(chain: Chain, point: str) -> None:
 # by the restart that follows a kill at the first point (its claim, its recovery, its
 # replay's discard). Not reached here:
 # ``before_dead_letters`` (the stats are never refused: the integration matrix kills
-# there), and the operators' ``in_reset`` and ``in_requeue`` (the CLI's tests do).
+# there), and the operators' ``in_reset``, ``in_requeue`` and ``in_remove`` (the CLI's
+# tests do).
 ON_INPUT = (
     "stage_rows",
     "in_stage",

@@ -143,3 +143,39 @@ def make_idle(staging_url: str, sink: str = SINK) -> None:
         "UPDATE twophase_sinks SET updated_at = now() - interval '1 hour' WHERE sink_id = %s",
         sink,
     )
+
+
+def on_terminal(cli: Cli, answer: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the console script with a real terminal as stdin, typing ``answer``."""
+    primary, secondary = os.openpty()
+    try:
+        os.write(primary, answer.encode() + b"\n")
+        return subprocess.run(
+            [str(SCRIPT), *args],
+            stdin=secondary,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=cli.env(),
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(primary)
+        os.close(secondary)
+
+
+RECORDS = (
+    "SELECT (SELECT array_agg(epoch ORDER BY epoch) FROM twophase_epochs WHERE sink_id = %(s)s),"
+    " (SELECT array_agg(DISTINCT epoch) FROM twophase_writes WHERE sink_id = %(s)s),"
+    " (SELECT array_agg(DISTINCT epoch) FROM twophase_epoch_events WHERE sink_id = %(s)s"
+    " AND epoch IS NOT NULL),"
+    " (SELECT array_agg(DISTINCT epoch) FROM twophase_target_deliveries WHERE sink_id = %(s)s)"
+)
+
+
+def records(staging_url: str, sink: str = "s") -> dict[str, list[int]]:
+    """The epochs each per-epoch table still holds a row of, for the sink."""
+    [row] = sql(staging_url, RECORDS.replace("%(s)s", "%s"), *[sink] * 4)
+    names = ("epochs", "writes", "events", "deliveries")
+    return {name: sorted(found or []) for name, found in zip(names, row, strict=True)}

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from typing import Any
 
 import pytest
 
 from tests.integration.cli_helpers import (
     OTHER,
-    SCRIPT,
     SINK,
     Cli,
     Result,
     known_store,
     make_cli,
     make_idle,
+    on_terminal,
     sql,
 )
 from tests.staging import M, lines, stage
-from tests.support import REPO, begin_run, influx_rows
+from tests.support import begin_run, influx_rows
 from twophase.config import InfluxConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
@@ -43,26 +41,6 @@ def state(staging_url: str, epoch: int, sink: str = SINK) -> str:
         epoch,
     )
     return str(found[0][0]) if found else "gone"
-
-
-def on_terminal(cli: Cli, answer: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the console script with a real terminal as stdin, typing ``answer``."""
-    primary, secondary = os.openpty()
-    try:
-        os.write(primary, answer.encode() + b"\n")
-        return subprocess.run(
-            [str(SCRIPT), *args],
-            stdin=secondary,
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=cli.env(),
-            timeout=60,
-            check=False,
-        )
-    finally:
-        os.close(primary)
-        os.close(secondary)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.integration.cli_helpers import BAD_POINT, make_cli, make_idle, sql
+from tests.integration.cli_helpers import BAD_POINT, make_cli, make_idle, records, sql
 from tests.staging import M, lines, scalar, stage
 from tests.support import begin_run, influx_rows
 from twophase.config import InfluxConfig
@@ -22,20 +22,6 @@ from twophase.store.views import Views
 # (30 days): every ended epoch's points and record may go.
 LATER = 31 * 86400
 FLOOR = "SELECT compacted_through FROM twophase_sinks WHERE sink_id = %s"
-RECORDS = (
-    "SELECT (SELECT array_agg(epoch ORDER BY epoch) FROM twophase_epochs WHERE sink_id = %(s)s),"
-    " (SELECT array_agg(DISTINCT epoch) FROM twophase_writes WHERE sink_id = %(s)s),"
-    " (SELECT array_agg(DISTINCT epoch) FROM twophase_epoch_events WHERE sink_id = %(s)s"
-    " AND epoch IS NOT NULL),"
-    " (SELECT array_agg(DISTINCT epoch) FROM twophase_target_deliveries WHERE sink_id = %(s)s)"
-)
-
-
-def records(staging_url: str, sink: str = "s") -> dict[str, list[int]]:
-    """The epochs each per-epoch table still holds a row of, for the sink."""
-    [row] = sql(staging_url, RECORDS.replace("%(s)s", "%s"), *[sink] * 4)
-    names = ("epochs", "writes", "events", "deliveries")
-    return {name: sorted(found or []) for name, found in zip(names, row, strict=True)}
 
 
 def test_a_replay_of_a_compacted_epoch_is_skipped_and_a_reset_checkpoint_refused(

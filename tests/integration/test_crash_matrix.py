@@ -304,6 +304,7 @@ ELSEWHERE = {
     "test_sigkill_in_gc_and_reset_then_again",
     "in_requeue": "tests/integration/test_requeue.py::"
     "test_sigkill_at_each_step_of_a_requeue_then_recover",
+    "in_remove": "tests/integration/test_target_removal.py::test_sigkill_in_remove_then_again",
     # a transactional target's own steps: its bodies sent, uncommitted; committed on it
     "before_target_commit": "tests/integration/test_crash_matrix_postgresql.py::"
     "test_sigkill_at_each_step_with_a_postgresql_target",

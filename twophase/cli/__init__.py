@@ -1,7 +1,7 @@
 """``twophase``: the operator's command line for a twophase staging store.
 
 Commands: status, epochs, verify, dead-letters, recover, resend, targets (and
-targets resync), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
+targets resync and remove), abort, gc, reset, metrics serve, and db (upgrade, downgrade,
 current, history, grants) for the staging schema (``twophase COMMAND --help`` for
 each). Settings come from the ``TWOPHASE_*`` variables (see
 [`twophase.config`][twophase.config]); the connection flags override them: every one before
@@ -26,6 +26,10 @@ fields of [`twophase.store.views.SinkStatus`][twophase.store.views.SinkStatus], 
 [`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict]); targets ``targets``
 (the same objects with ``sink_id``); targets resync ``sink_id``, ``target``, ``from_epoch``,
 ``delivered``, ``skipped_purged`` (epochs GC purged: not supplied), ``state``, ``promoted``;
+targets remove ``sink_id``, ``target``, ``state``, ``delivered_epoch``, ``backlog_epochs``,
+``backlog_corrections``, ``backlog_bytes``, ``deliveries``, ``dead_letters``, ``corrections``
+(the corrections owed to it alone, deleted with it), ``remaining`` (the sink's targets after
+it) and ``still_configured`` (the configuration still named it: removed with ``--force``);
 epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one ``--epoch``);
 recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``, ``rejected``); resend
 ``sink_id``, ``resent`` (``sink_id``, ``epoch``, ``points_sent``, ``points_rejected``),

@@ -95,10 +95,12 @@ def cmd_targets(con: Console) -> int:
     args = con.args
     if args.action == "resync":
         return _resync(con)
+    if args.action == "remove":
+        return _remove(con)
     if args.name is not None:
-        raise UsageError(f"{args.name!r}: a target is named with `targets resync NAME`")
+        raise UsageError(f"{args.name!r}: a target is named with `targets resync|remove NAME`")
     if args.from_epoch is not None or args.force or args.yes:
-        raise UsageError("--from-epoch, --force and --yes go with `targets resync`")
+        raise UsageError("--from-epoch, --force and --yes go with `targets resync` or `remove`")
     targets = ops.target_states(staging_config(args), args.sink)
     data = [{"sink_id": t.sink_id} | _target_json(t) for t in targets]
     con.emit({"targets": data}, render.targets_lines(targets, args.sink))
@@ -114,6 +116,18 @@ def _resync(con: Console) -> int:
             full_config(args), args.sink, args.name, args.from_epoch, con.guard(), hooks
         )
     con.emit(report, render.resync_lines(report))
+    return EXIT_OK
+
+
+def _remove(con: Console) -> int:
+    args = con.args
+    if args.name is None or args.sink is None:
+        raise UsageError("targets remove needs the target and its sink: remove NAME --sink S")
+    if args.from_epoch is not None:
+        raise UsageError("--from-epoch goes with `targets resync`")
+    with con.hooks() as hooks:
+        report = ops.remove_target(full_config(args), args.sink, args.name, con.guard(), hooks)
+    con.emit(report, render.remove_lines(report))
     return EXIT_OK
 
 

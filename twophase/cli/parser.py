@@ -193,10 +193,12 @@ def _live_window(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _guard(parser: argparse.ArgumentParser, confirm: bool = True) -> None:
-    parser.add_argument(
-        "--force", action="store_true", help="act even while a live run owns the sink (fencing it)"
-    )
+def _guard(
+    parser: argparse.ArgumentParser,
+    confirm: bool = True,
+    force: str = "act even while a live run owns the sink (fencing it)",
+) -> None:
+    parser.add_argument("--force", action="store_true", help=force)
     _live_window(parser)
     if confirm:
         _yes(parser)
@@ -337,7 +339,7 @@ _ROLE_KINDS = (
     (
         "operator",
         "the role of the commands that change the store: recover, resend, dead-letters "
-        "--requeue, targets resync, abort, gc, reset",
+        "--requeue, targets resync and remove, abort, gc, reset",
     ),
     ("reader", "the read-only role: the exporter, verify, status, epochs, dead-letters, targets"),
 )
@@ -421,17 +423,19 @@ def _targets(commands: _Commands) -> None:
     sub = commands.add(
         "targets",
         cmd.cmd_targets,
-        "per InfluxDB target of each sink: state, delivered epoch, lag; resync one",
+        "per InfluxDB target of each sink: state, delivered epoch, lag; resync or remove one",
         influx=True,  # resync sends
     )
     sub.add_argument(
         "action",
         nargs="?",
-        choices=["resync"],
+        choices=["resync", "remove"],
         help="resync: re-deliver to target NAME, in epoch order, what staging still "
-        "retains of the epochs it lacks (default: list the targets)",
+        "retains of the epochs it lacks; remove: decommission target NAME (its cursor, "
+        "backlog, deliveries, dead letters and the corrections owed to it alone deleted: "
+        "GC no longer waits for it) (default: list the targets)",
     )
-    sub.add_argument("name", nargs="?", metavar="NAME", help="with resync: the target")
+    sub.add_argument("name", nargs="?", metavar="NAME", help="with resync or remove: the target")
     _sink(sub, required=False)
     sub.add_argument(
         "--from-epoch",
@@ -439,7 +443,11 @@ def _targets(commands: _Commands) -> None:
         metavar="E",
         help="with resync: re-deliver from epoch E on (default: the first the target lacks)",
     )
-    _guard(sub)
+    _guard(
+        sub,
+        force="act even while a live run owns the sink (resync fences it; remove does not); "
+        "with remove, also a target the configuration still names",
+    )
 
 
 def build_parser(json_errors: bool = False) -> Parser:

@@ -15,6 +15,7 @@ from twophase.operations import (
     GcSummary,
     GrantReport,
     RecoverReport,
+    RemoveReport,
     RequeueReport,
     ResendReport,
     ResetReport,
@@ -180,6 +181,23 @@ def resync_lines(report: ResyncReport) -> list[str]:
         )
     lines.append(f"{who} is {report.state}")
     return lines
+
+
+def remove_lines(report: RemoveReport) -> list[str]:
+    """What went with the removed target, and what follows for GC."""
+    at = "-" if report.delivered_epoch is None else report.delivered_epoch
+    owed = ", ".join(f"c{-e}" for e in report.corrections) or "none"
+    return [
+        f"removed target {report.target!r} from sink {report.sink_id!r} (it was "
+        f"{report.state}, delivered up to {at}); its targets now: {', '.join(report.remaining)}",
+        f"deleted with it: its backlog of {plural(report.backlog_epochs, 'COMMITTED epoch')} "
+        f"and {plural(report.backlog_corrections, 'correction')} ({size(report.backlog_bytes)}"
+        f" staged; never delivered to it), {plural(report.dead_letters, 'dead letter')}, "
+        f"{plural(report.deliveries, 'delivery record')}, the corrections owed to it alone: "
+        f"{owed}",
+        "gc no longer waits for it: the sink's history is compacted past what it lacked "
+        "once history_retention passes",
+    ]
 
 
 def _run_state(s: SinkStatus) -> str | None:

@@ -27,6 +27,9 @@ Delivery operations also talk to the targets, one module each:
 ([`twophase.operations.requeue`][twophase.operations.requeue]), and
 [`resync`][twophase.operations.resync.resync] of one target
 ([`twophase.operations.resync`][twophase.operations.resync]);
+[`remove_target`][twophase.operations.removal.remove_target] decommissions one
+([`twophase.operations.removal`][twophase.operations.removal], staging settings and the
+configured targets' names only);
 [`target_config`][twophase.operations.targets.target_config]
 ([`twophase.operations.targets`][twophase.operations.targets])
 picks a configured target by name.
@@ -76,6 +79,7 @@ from twophase.operations.migrate import (
     upgrade_sql,
 )
 from twophase.operations.recover import CaughtUp, RecoverReport, StillBehind, recover
+from twophase.operations.removal import RemoveReport, remove_target
 from twophase.operations.requeue import RequeueReport, requeue
 from twophase.operations.resend import ResendReport, resend
 from twophase.operations.resync import ResyncReport, resync
@@ -122,6 +126,7 @@ __all__ = [
     "Hooks",
     "Progress",
     "RecoverReport",
+    "RemoveReport",
     "RequeueFilter",
     "RequeueReport",
     "ResendReport",
@@ -149,6 +154,7 @@ __all__ = [
     "gc",
     "grant_sql",
     "recover",
+    "remove_target",
     "requeue",
     "resend",
     "reset",

@@ -18,7 +18,11 @@ from twophase.operations.hooks import (
     actor,
     refuse_if_live,
 )
-from twophase.operations.targets import target_config, warn_unknown_targets
+from twophase.operations.targets import (
+    require_sink_target,
+    target_config,
+    warn_unknown_targets,
+)
 from twophase.protocol.resend import Resender, ResendPlan, ResentEpoch, plan_resend
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.views import CLI_RUN_PREFIX, EpochRange, Views
@@ -50,13 +54,16 @@ def resend(
     under a run of its own, as ``recover`` does but without promoting what is
     pending (refused while a live run owns it, unless forced): a query that
     claims it back meanwhile stops the resend (FencedError). ``target`` sends to
-    that configured target's InfluxDB only (UsageError for an unknown one);
+    that configured target's InfluxDB only (UsageError for an unknown one, or one the
+    sink does not have: never registered, or removed by ``targets remove``);
     without it, to every target of the configuration.
     """
     only = None if target is None else target_config(config.influx, target)
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)
         views.require_sink(sink_id)
+        if only is not None:  # configured, but perhaps removed from the sink
+            require_sink_target(tp.targets, sink_id, only.name)
         chosen = views.select_epochs(sink_id, selection or EpochRange())
         plan = plan_resend(sink_id, chosen, everything=selection is None)
         refuse_if_live(views, [sink_id], "resend", guard, hooks)

@@ -2,7 +2,9 @@
 
 With several InfluxDB targets (``TWOPHASE_TARGETS``),
 [`target_config`][twophase.operations.targets.target_config] picks one
-by name (``verify --target``, ``resend --target``, ``targets resync``).
+by name (``verify --target``, ``resend --target``, ``targets resync``);
+[`require_sink_target`][twophase.operations.targets.require_sink_target] refuses one the
+sink does not have (never registered, or removed: ``resend --target``, ``targets remove``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from twophase.config import DEFAULT_TARGET, InfluxConfig, TargetConfig, env_name
 from twophase.errors import UsageError
 from twophase.operations.hooks import Hooks
 from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.targets import TargetLedger
 
 # The variables that name a sink's several targets, and its one InfluxDB server.
 TARGETS_ENV, URL_ENV = env_name("targets"), env_name("target_url")
@@ -40,3 +43,16 @@ def warn_unknown_targets(tp: TwoPhase, sink_id: str, hooks: Hooks) -> None:
             f"sink {sink_id}: target {name!r} of the configuration is not one of the sink's "
             "targets (a target is added by running the sink's query with it); left alone"
         )
+
+
+def require_sink_target(ledger: TargetLedger, sink_id: str, target: str) -> None:
+    """UsageError naming the sink's targets when ``target`` is not one of them."""
+    names = [s.target for s in ledger.states(sink_id)]
+    if target in names:
+        return
+    has = f"its targets: {', '.join(names)}" if names else "it has none"
+    raise UsageError(
+        f"sink {sink_id!r} has no target {target!r} ({has}): a target is registered by a "
+        "run of the sink's query that names it, and `twophase targets remove` removes one; "
+        f"`twophase targets --sink {sink_id}` lists them"
+    )

@@ -70,7 +70,7 @@ from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
 from twophase.store.locks import HeldLock, LockOwner
 
-__all__ = ["CatchUp", "CatchUpReport"]
+__all__ = ["CatchUp", "CatchUpReport", "target_lock"]
 
 log = logging.getLogger("twophase.protocol.catchup")
 _POLL_S = 2.0  # how often a driver's worker looks for a backlog when not told of one
@@ -95,7 +95,9 @@ def _never() -> None:
     """A catch-up nobody stops but a failure: the caller's own."""
 
 
-def _lock_name(sink_id: str, target: str) -> str:
+def target_lock(sink_id: str, target: str) -> str:
+    """The name of the advisory lock that orders a target's deliveries (a catch-up's,
+    and a removal's)."""
     return f"twophase-target:{sink_id}:{target}"
 
 
@@ -316,7 +318,7 @@ class CatchUp:
             if missing is None:
                 return done
             owner = LockOwner(lease.sink_id, lease.token)
-            name = _lock_name(lease.sink_id, target.name)
+            name = target_lock(lease.sink_id, target.name)
             with self._db.session_lock(name, owner, stop) as held:
                 missing = self._targets.next_missing(lease.sink_id, target.name, quarantined, below)
                 if missing is None:  # another process delivered it meanwhile

@@ -15,7 +15,9 @@ The floor passes an epoch that
 * is COMMITTED (or ABORTED, whose record stays: an operator's few decisions),
 * had its points purged and ended more than ``history_retention`` ago,
 * every target of the sink holds (its cursor at or past it: a lagging or
-  quarantined target holds the floor back until it is caught up or resynced),
+  quarantined target holds the floor back until it is caught up or resynced;
+  one the configuration no longer names, until an operator removes it,
+  [`twophase.protocol.removal`][twophase.protocol.removal]),
 * is below the sink's last COMMITTED Spark epoch (that record stays: a target
   added later starts after it, and nothing below it can be owed to one).
 

@@ -18,8 +18,9 @@
 * An epoch's record (its row, writes, history, deliveries) is kept
   ``history_retention`` after it ended, then compacted into the sink's floor
   once every target holds it ([`twophase.protocol.compaction`][twophase.protocol.compaction]):
-  the history of a sink stops growing, and a replay of a compacted epoch is
-  still told (I4).
+  the history of a sink stops growing (once the targets its configuration no
+  longer names are removed: [`twophase.protocol.removal`][twophase.protocol.removal]),
+  and a replay of a compacted epoch is still told (I4).
 
 Every age is measured by the database's clock (the cut-offs are read from its
 ``now()``, the clock that stamped the epochs and writes), never by the

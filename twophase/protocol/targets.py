@@ -616,11 +616,16 @@ def _check_lease(cur: Cursor, lease: Lease) -> None:
 
 def _next_in_order(cur: Cursor, sink_id: str, target: str, epoch: int) -> None:
     """Lock the target's row. TargetOrderError unless the target holds every COMMITTED
-    epoch and correction it is owed below ``epoch`` (I9)."""
+    epoch and correction it is owed below ``epoch`` (I9), or when the sink has no such
+    target: an operator removed it (`twophase targets remove`) under a run that still
+    delivers to it, whose commit then leaves it out (the others hold the epoch)."""
     cur.execute(_IN_ORDER, (sink_id, target, position(epoch), sink_id, target))
     row = cur.fetchone()
     if row is None:
-        raise StateError(f"sink {sink_id!r} has no target {target!r}")
+        raise TargetOrderError(
+            f"sink {sink_id!r} has no target {target!r} (removed); not recorded as delivered",
+            target,
+        )
     if row[0] is not None:
         raise _out_of_order(sink_id, target, epoch, row[0])
 

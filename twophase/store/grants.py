@@ -169,7 +169,7 @@ GRANTS: tuple[Grant, ...] = (
         operator=(SELECT, UPDATE, DELETE),  # its commands never register a target
         reader=(SELECT,),
         why="a query's run registers the targets; deliveries, catch-up, GC and a resync move"
-        " their state; a reset deletes",
+        " their state; a reset and `targets remove` delete",
     ),
     Grant(
         "twophase_target_deliveries",
@@ -177,7 +177,8 @@ GRANTS: tuple[Grant, ...] = (
         driver=(SELECT, INSERT, DELETE),
         operator=(SELECT, INSERT, DELETE),
         reader=(SELECT,),
-        why="each delivery is recorded; GC's compaction, a reset and a resync from an epoch delete",
+        why="each delivery is recorded; GC's compaction, a reset, a resync from an epoch and"
+        " `targets remove` delete",
     ),
     Grant(
         "twophase_target_backlog",
