@@ -26,8 +26,8 @@ from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseC
 from twophase.model import EpochState, Lease
 from twophase.operations import Guard, RequeueFilter, requeue
 from twophase.protocol.catchup import target_lock
+from twophase.protocol.decommission import Removal, TargetRemoval
 from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.removal import Removal, TargetRemoval
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.locks import LockOwner
 

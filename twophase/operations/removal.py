@@ -1,6 +1,6 @@
 """``targets remove``: decommission a target of a sink -- its cursor, deliveries, dead
 letters and the corrections owed to it alone deleted in one transaction
-([`twophase.protocol.removal`][twophase.protocol.removal]), so that GC compacts the sink's
+([`twophase.protocol.decommission`][twophase.protocol.decommission]), so that GC compacts the sink's
 history past what it lacked."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from twophase.config import TwoPhaseConfig
 from twophase.errors import RefusedError
 from twophase.operations.hooks import SILENT, UNFORCED, Guard, Hooks, actor, refuse_if_live
 from twophase.operations.targets import TARGETS_ENV, require_sink_target
-from twophase.protocol.removal import Removal, TargetRemoval
+from twophase.protocol.decommission import Removal, TargetRemoval
 from twophase.protocol.targets import TargetLedger
 from twophase.store.database import Database
 from twophase.store.views import Views
@@ -22,7 +22,7 @@ from twophase.wording import plural
 @dataclass(frozen=True)
 class RemoveReport(Removal):
     """What ``targets remove`` deleted with the target (the fields of
-    [`Removal`][twophase.protocol.removal.Removal]); ``still_configured``: the
+    [`Removal`][twophase.protocol.decommission.Removal]); ``still_configured``: the
     configuration it ran with still named the target (removed by ``--force``: a run of
     the query with that configuration registers it again, as a new target)."""
 

@@ -26,6 +26,6 @@ target's backlog, oldest first, at its pace:
 [`twophase.protocol.runs`][twophase.protocol.runs] (a run's end),
 and the operator's [`twophase.protocol.requeue`][twophase.protocol.requeue],
 [`twophase.protocol.resend`][twophase.protocol.resend] and
-[`twophase.protocol.removal`][twophase.protocol.removal] (a target removed from its sink).
+[`twophase.protocol.decommission`][twophase.protocol.decommission] (a target removed from its sink).
 [`twophase.protocol.runtime`][twophase.protocol.runtime] wires the parts from
 one configuration."""

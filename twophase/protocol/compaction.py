@@ -17,7 +17,7 @@ The floor passes an epoch that
 * every target of the sink holds (its cursor at or past it: a lagging or
   quarantined target holds the floor back until it is caught up or resynced;
   one the configuration no longer names, until an operator removes it,
-  [`twophase.protocol.removal`][twophase.protocol.removal]),
+  [`twophase.protocol.decommission`][twophase.protocol.decommission]),
 * is below the sink's last COMMITTED Spark epoch (that record stays: a target
   added later starts after it, and nothing below it can be owed to one).
 

@@ -19,7 +19,7 @@
   ``history_retention`` after it ended, then compacted into the sink's floor
   once every target holds it ([`twophase.protocol.compaction`][twophase.protocol.compaction]):
   the history of a sink stops growing (once the targets its configuration no
-  longer names are removed: [`twophase.protocol.removal`][twophase.protocol.removal]),
+  longer names are removed: [`twophase.protocol.decommission`][twophase.protocol.decommission]),
   and a replay of a compacted epoch is still told (I4).
 
 Every age is measured by the database's clock (the cut-offs are read from its

@@ -5,7 +5,7 @@ query's run registers targets, and nothing unregisters one), and a registered ta
 holds the sink's history: compaction's floor
 ([`twophase.protocol.compaction`][twophase.protocol.compaction]) stays below its cursor,
 quarantined or not, its dead letters keep their epochs' records, and its delivery rows
-are never compacted. [`TargetRemoval.remove`][twophase.protocol.removal.TargetRemoval.remove]
+are never compacted. [`TargetRemoval.remove`][twophase.protocol.decommission.TargetRemoval.remove]
 deletes, in one transaction:
 
 * its row of ``twophase_targets`` (its cursor, state and lag clock), and so its backlog
