@@ -6,12 +6,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 
 import psycopg
 import pytest
 
-from tests.support import admin_conninfo, begin_run
-from twophase.config import StagingConfig
+from tests.support import (
+    admin_conninfo,
+    begin_run,
+    create_database,
+    drop_database,
+    staging_config_for,
+    two_phase,
+    unique,
+)
+from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import FencedError, LockLostError, StagingUnavailableError
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
@@ -100,6 +109,44 @@ def test_a_live_runs_holder_is_waited_for_never_ended(tp: TwoPhase) -> None:
         with pytest.raises(FencedError), tp.ledger.recovering(old):
             pass
         held.check()  # still held by the newer run
+
+
+def test_a_waiter_looks_only_at_the_holders_of_its_own_database(
+    tp: TwoPhase, base_staging_url: str, template_db: str, influx: InfluxConfig
+) -> None:
+    """Two staging stores on one server, a sink of the same name in each: a waiter of
+    one ends its own store's fenced holder and never the other store's live holder (of
+    an older token than the waiter's). Tried each way round, so that whichever of the
+    two holders the server lists first, a waiter that read both would pick the wrong
+    one once."""
+    name = unique("twophase_t")
+    other_url = create_database(base_staging_url, name, template=template_db)
+    try:
+        with two_phase(staging_config_for(other_url), influx) as other:
+            for waiter, bystander in ((tp, other), (other, tp)):
+                _waiter_spares_the_other_store(waiter, bystander)
+    finally:
+        drop_database(base_staging_url, name)
+
+
+def _waiter_spares_the_other_store(waiter: TwoPhase, bystander: TwoPhase) -> None:
+    """The bystander's live holder has a token below the waiter's, which the waiter's
+    store fences: what would have the waiter end it, had it read the other store."""
+    live = begin_run(bystander, "s", f"live-{uuid.uuid4()}", "q1")
+    old = begin_run(waiter, "s", f"old-{uuid.uuid4()}", "q1")
+    while old.token < live.token:
+        old = begin_run(waiter, "s", f"old-{uuid.uuid4()}", "q1")
+    with (
+        bystander.db.session_lock("recover:s", LockOwner("s", live.token)) as spared,
+        waiter.db.session_lock("recover:s", LockOwner("s", old.token)) as fenced,
+    ):
+        new = begin_run(waiter, "s", f"new-{uuid.uuid4()}", "q1")  # fences the old run
+        started = time.monotonic()
+        with waiter.db.session_lock("recover:s", LockOwner("s", new.token)):
+            assert time.monotonic() - started < 5
+            with pytest.raises(LockLostError):
+                fenced.check()
+            spared.check()  # the other store's live holder still holds its lock
 
 
 def test_a_lock_wait_without_a_check_gives_up_at_the_retry_deadline(

@@ -42,11 +42,15 @@ _TRY_EVERY_S = 0.2
 _APP_PREFIX = "twophase fencing token "
 
 _TRY = "SELECT pg_try_advisory_lock(hashtextextended(%s, %s))"
-# Who holds the lock now, and the token their session names.
+# Who holds the lock now, and the token their session names. An advisory lock is the
+# database's (its key includes the database): pg_locks lists every database's, and
+# another staging store on the server may hold a lock of the same name, for a sink of
+# the same name, under tokens of its own.
 _HOLDER = (
     "SELECT l.pid, a.application_name FROM pg_locks l"
     " LEFT JOIN pg_stat_activity a ON a.pid = l.pid"
     " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     " AND (l.classid::int8 << 32 | l.objid::int8) = hashtextextended(%s, %s)"
 )
 # Ended only while the sink's current token is newer than the holder's: the check and
