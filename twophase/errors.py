@@ -112,6 +112,13 @@ class FencedError(PermanentError):
     """A newer run owns the sink; this (zombie) run may no longer decide or mark (I5)."""
 
 
+class FrozenHolderError(PermanentError):
+    """A lock is held by the session of a fenced run (a frozen driver's) under another
+    role, which this role may not end (``pg_terminate_backend``): given up after
+    ``staging_retry_deadline``, since that session does not end by itself. The message
+    names the session, and the command or grant that ends it."""
+
+
 class CheckpointResetError(PermanentError):
     """A query restarted below the sink's epochs under a new query id (I6)."""
 
