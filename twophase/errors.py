@@ -63,6 +63,14 @@ class LockLostError(RetryableError):
     delivery stops before its next request, and starts again under the lock."""
 
 
+class RecoveryLockLostError(RetryableError):
+    """The sink's recovery lock was lost with its session (a PostgreSQL restart, a cut
+    connection, an ended session) while its holder was recovering: the recovery stops
+    before its next request, since another process of the run may now be recovering
+    the sink (I3). Not a target's failure: the whole recovery stops; the epoch stays
+    PRECOMMITTED for the next recovery, under the lock."""
+
+
 class TargetOrderError(RetryableError):
     """A target's delivery could not be recorded in epoch order: its cursor is no longer
     just below the epoch (a resync moved it, or another delivery recorded it first).

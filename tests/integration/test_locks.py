@@ -11,17 +11,24 @@ import uuid
 import psycopg
 import pytest
 
+from tests.staging import M, epoch_row, lines, stage
 from tests.support import (
     admin_conninfo,
     begin_run,
     create_database,
     drop_database,
+    influx_count,
     staging_config_for,
     two_phase,
     unique,
 )
 from twophase.config import InfluxConfig, StagingConfig
-from twophase.errors import FencedError, LockLostError, StagingUnavailableError
+from twophase.errors import (
+    FencedError,
+    LockLostError,
+    RecoveryLockLostError,
+    StagingUnavailableError,
+)
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
 from twophase.store.locks import LockOwner
@@ -70,6 +77,40 @@ def test_a_held_lock_knows_when_its_session_ended(staging: StagingConfig, stagin
             )
         with pytest.raises(LockLostError, match="twophase-target:s:a"):
             held.check()
+
+
+@pytest.mark.lanes(1)  # one request at a time: none under way when the lock goes
+def test_a_recovery_that_lost_its_lock_stops_before_its_next_request(
+    staging: StagingConfig, influx: InfluxConfig, staging_url: str
+) -> None:
+    """The recovery lock's session ends between two requests of the epoch it recovers
+    (a PostgreSQL restart, a cut connection): another process of the run may now take
+    the lock and recover the sink, so the recovery sends no request more and stops; the
+    epoch stays PRECOMMITTED for the next recovery."""
+    config = dataclasses.replace(influx, batch_points=10)  # 30 points: three requests
+    with two_phase(staging, config) as tp:
+        lease = begin_run(tp, "s", "r1", "q1")
+        tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 30)]))
+        writer = tp.writers["default"]
+        sent = []
+
+        def write_then_lose_the_lock(body: bytes, gzipped: bool = False) -> None:
+            original(body, gzipped)
+            sent.append(len(body))
+            with psycopg.connect(admin_conninfo(staging_url)) as conn:
+                conn.execute(  # the session of the only advisory lock held: recover:s
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND granted AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                )
+
+        original = writer.write
+        writer.write = write_then_lose_the_lock  # type: ignore[method-assign]
+        with pytest.raises(RecoveryLockLostError, match="recover:s"):
+            tp.committer.recover(lease)
+    assert len(sent) == 1  # one request, then the lock was seen gone
+    assert influx_count(config, M) == 10
+    assert epoch_row(staging_url, "s", 0)["state"] == "PRECOMMITTED"
 
 
 def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: TwoPhase) -> None:

@@ -82,6 +82,10 @@ class PromoteResult:
     rejected: int
 
 
+def _nothing() -> None:
+    """No check of the caller's own: a commit's promotion."""
+
+
 class Promoter:
     """Promotes decided epochs to the sink's targets and marks them COMMITTED.
 
@@ -113,20 +117,27 @@ class Promoter:
         self._settled: dict[Lease, tuple[int, tuple[str, ...]]] = {}
 
     def promote(
-        self, lease: Lease, epoch: int, plan: EpochPlan | None = None, sent: Sent = NOTHING
+        self,
+        lease: Lease,
+        epoch: int,
+        plan: EpochPlan | None = None,
+        sent: Sent = NOTHING,
+        guard: Callable[[], None] = _nothing,
     ) -> PromoteResult:
         """Send the epoch to every target it is owed that lacks it, at once, then mark it
         COMMITTED. ``plan`` is the attempt the decision already started
         ([`Ledger.decide`][twophase.protocol.ledger.Ledger.decide] with ``start_promotion``);
         without it an attempt is started here. ``sent``: the decided writes each target
         took before the decision ([`twophase.protocol.overlap`][twophase.protocol.overlap]),
-        which it is not sent again; their counts are added to the rest's."""
+        which it is not sent again; their counts are added to the rest's. ``guard`` runs
+        before every request, after the lease's check, and stops the promotion by raising
+        (a recovery's: its lock still held)."""
         plan = plan or self._ledger.plan_promotion(lease, epoch)
         places = self._places(lease, epoch)
         race = _Race.of(places, self._min, epoch, self._deadline_s)
         due = [d for d in self._deliveries if race.is_due(d.name)]
         shared = _shared(plan, due, race, sent)
-        outcomes = self._send_all(lease, _Plans(plan, sent), due, race, shared)
+        outcomes = self._send_all(lease, _Plans(plan, sent, guard), due, race, shared)
         new = {n: out for n, out in outcomes.items() if isinstance(out, tuple)}
         held = race.held | new
         failed = {n: out for n, out in outcomes.items() if isinstance(out, TwoPhaseError)}
@@ -281,12 +292,12 @@ class Promoter:
         have). Given up once enough targets hold the epoch or its server stayed
         silent past the retry deadline. A caught-up target's first round takes the
         read ``shared`` with the others; a later one reads on its own."""
-        check = race.stoppable(self._ledger.watch(lease))
+        check = race.stoppable(_both(self._ledger.watch(lease), plans.guard))
         rounds = race.rounds_for(target.name)
         plan, early = plans.sent.remaining(target.name, plans.decided)
         while True:
             try:
-                if not self._caught_up(lease, plan.epoch, target.name, race, rounds):
+                if not self._caught_up(lease, plans, target.name, race, rounds):
                     return None
                 counts = _deliver(target, plan, check, rounds, race, shared)
                 counts = (counts[0] + early[0], counts[1] + early[1])
@@ -299,10 +310,11 @@ class Promoter:
             race.won(target.name)
             return counts
 
-    def _caught_up(self, lease: Lease, epoch: int, name: str, race: _Race, rounds: bool) -> bool:
+    def _caught_up(self, lease: Lease, plans: _Plans, name: str, race: _Race, rounds: bool) -> bool:
         """Whether ``name`` holds every epoch it is owed below ``epoch``, once caught up
         if the others need it to (False: they made it without). Read again from the
         second round on: the target may have been caught up meanwhile."""
+        epoch = plans.decided.epoch
         if race.first_round(name):
             caught_up = race.was_caught_up(name)
         else:
@@ -313,16 +325,32 @@ class Promoter:
         if not race.wait_for_need(name):
             return False
         return self._catch_up.below(
-            lease, name, epoch, race.over, round_only=rounds, progress=race.progress
+            lease,
+            name,
+            epoch,
+            race.over,
+            round_only=rounds,
+            progress=race.progress,
+            guard=plans.guard,
         )
 
 
 @dataclass(frozen=True)
 class _Plans:
-    """The decided plan, and what each target took of it before the decision."""
+    """The decided plan, what each target took of it before the decision, and what runs
+    before every request besides the lease's check."""
 
     decided: EpochPlan
     sent: Sent
+    guard: Callable[[], None]
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def check() -> None:
+        first()
+        then()
+
+    return check
 
 
 def _shared(
