@@ -3,11 +3,15 @@ wedging anyone.
 
 A lock is PostgreSQL's session-level advisory lock on a session of its own, named
 by a string whose 64-bit hash is the key. It is always *tried*, never waited for in
-the server: between tries the waiter looks at who holds it. A session of a run that
-a newer run has fenced (I5) holds nothing any run may wait for; the waiter ends that
-session (``pg_terminate_backend``, which a role may do to its own sessions) and takes
-the lock. Any other holder is waited for while ``between_tries`` lets the waiter go on
-(it raises to give up), or up to a deadline.
+the server: between tries the waiter looks at who holds it, in its own database (an
+advisory lock is a database's; another staging store on the server may hold one of
+the same name). A session of a run that a newer run has fenced (I5) holds nothing any
+run may wait for; the waiter ends that session (``pg_terminate_backend``, which a role
+may do to its own sessions) and takes the lock. One of another role, which the waiter
+may not end, never ends by itself: it is named once (a warning with the command or
+grant that would end it) and given up after the deadline (FrozenHolderError). Any
+other holder is waited for while ``between_tries`` lets the waiter go on (it raises to
+give up), or up to a deadline.
 
 Every session also gets limits ([`session_settings`][twophase.store.locks.session_settings],
 [`client_keepalives`][twophase.store.locks.client_keepalives]): a row-lock wait gives up
