@@ -11,6 +11,7 @@ import uuid
 import psycopg
 import pytest
 
+from tests.integration.fanout_helpers import Targets, deliveries, points
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import (
     admin_conninfo,
@@ -25,13 +26,14 @@ from tests.support import (
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.errors import (
     FencedError,
+    InfluxUnavailableError,
     LockLostError,
     RecoveryLockLostError,
     StagingUnavailableError,
 )
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
-from twophase.store.locks import LockOwner
+from twophase.store.locks import LOCK_SEED, LockOwner
 
 OWNER = LockOwner("s", 1)
 
@@ -111,6 +113,49 @@ def test_a_recovery_that_lost_its_lock_stops_before_its_next_request(
     assert len(sent) == 1  # one request, then the lock was seen gone
     assert influx_count(config, M) == 10
     assert epoch_row(staging_url, "s", 0)["state"] == "PRECOMMITTED"
+
+
+@pytest.mark.lanes(1)
+def test_a_recovery_that_lost_its_lock_while_catching_a_target_up_stops_too(
+    staging: StagingConfig, two: Targets, staging_url: str
+) -> None:
+    """A recovery whose promotion catches a lagging target up first (the other target
+    down) checks its lock there too: lost after the catch-up's request, the catch-up
+    is not recorded and the recovered epoch is sent to no target."""
+    with two_phase(staging, two.config) as tp:
+        lease = tp.committer.claim("s", "r1", "q1")
+        tp.catch_up.close()  # b's backlog is the recovery's
+        two.down("b")
+        tp.committer.commit(lease, 0, stage(tp, "s", 0, [points(0)]))  # in a alone
+        two.down("a")
+        with pytest.raises(InfluxUnavailableError):
+            tp.committer.commit(lease, 1, stage(tp, "s", 1, [points(1)]))
+    two.up("b")  # a still down: the recovery of 1 catches b up with 0 first
+    with two_phase(staging, two.config) as tp:
+        tp.catch_up.close()
+        lease = begin_run(tp, "s", "r2", "q1")
+        writer = tp.writers["b"]
+        sent = []
+
+        def write_then_lose_the_lock(body: bytes, gzipped: bool = False) -> None:
+            original(body, gzipped)
+            sent.append(len(body))
+            with psycopg.connect(admin_conninfo(staging_url)) as conn:
+                conn.execute(  # the recovery lock's session, not b's lock's
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND granted AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                    " AND (classid::int8 << 32 | objid::int8) = hashtextextended(%s, %s)",
+                    ("recover:s", LOCK_SEED),
+                )
+
+        original = writer.write
+        writer.write = write_then_lose_the_lock  # type: ignore[method-assign]
+        with pytest.raises(RecoveryLockLostError, match="recover:s"):
+            tp.committer.recover(lease)
+    assert len(sent) == 1  # epoch 0's one request to b; epoch 1's never went
+    assert deliveries(staging_url, "s", "b") == []  # the catch-up not recorded
+    assert epoch_row(staging_url, "s", 1)["state"] == "PRECOMMITTED"
 
 
 def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: TwoPhase) -> None:
