@@ -63,6 +63,14 @@ class LockLostError(RetryableError):
     delivery stops before its next request, and starts again under the lock."""
 
 
+class RecoveryLockLostError(RetryableError):
+    """The sink's recovery lock was lost with its session (a PostgreSQL restart, a cut
+    connection, an ended session) while its holder was recovering: the recovery stops
+    before its next request, since another process of the run may now be recovering
+    the sink (I3). Not a target's failure: the whole recovery stops; the epoch stays
+    PRECOMMITTED for the next recovery, under the lock."""
+
+
 class TargetOrderError(RetryableError):
     """A target's delivery could not be recorded in epoch order: its cursor is no longer
     just below the epoch (a resync moved it, or another delivery recorded it first).
@@ -110,6 +118,13 @@ class InfluxRequestError(PermanentError):
 
 class FencedError(PermanentError):
     """A newer run owns the sink; this (zombie) run may no longer decide or mark (I5)."""
+
+
+class FrozenHolderError(PermanentError):
+    """A lock is held by the session of a fenced run (a frozen driver's) under another
+    role, which this role may not end (``pg_terminate_backend``): given up after
+    ``staging_retry_deadline``, since that session does not end by itself. The message
+    names the session, and the command or grant that ends it."""
 
 
 class CheckpointResetError(PermanentError):

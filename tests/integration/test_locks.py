@@ -6,16 +6,34 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 
 import psycopg
 import pytest
 
-from tests.support import admin_conninfo, begin_run
-from twophase.config import StagingConfig
-from twophase.errors import FencedError, LockLostError, StagingUnavailableError
+from tests.integration.fanout_helpers import Targets, deliveries, points
+from tests.staging import M, epoch_row, lines, stage
+from tests.support import (
+    admin_conninfo,
+    begin_run,
+    create_database,
+    drop_database,
+    influx_count,
+    staging_config_for,
+    two_phase,
+    unique,
+)
+from twophase.config import InfluxConfig, StagingConfig
+from twophase.errors import (
+    FencedError,
+    InfluxUnavailableError,
+    LockLostError,
+    RecoveryLockLostError,
+    StagingUnavailableError,
+)
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
-from twophase.store.locks import LockOwner
+from twophase.store.locks import LOCK_SEED, LockOwner
 
 OWNER = LockOwner("s", 1)
 
@@ -63,6 +81,83 @@ def test_a_held_lock_knows_when_its_session_ended(staging: StagingConfig, stagin
             held.check()
 
 
+@pytest.mark.lanes(1)  # one request at a time: none under way when the lock goes
+def test_a_recovery_that_lost_its_lock_stops_before_its_next_request(
+    staging: StagingConfig, influx: InfluxConfig, staging_url: str
+) -> None:
+    """The recovery lock's session ends between two requests of the epoch it recovers
+    (a PostgreSQL restart, a cut connection): another process of the run may now take
+    the lock and recover the sink, so the recovery sends no request more and stops; the
+    epoch stays PRECOMMITTED for the next recovery."""
+    config = dataclasses.replace(influx, batch_points=10)  # 30 points: three requests
+    with two_phase(staging, config) as tp:
+        lease = begin_run(tp, "s", "r1", "q1")
+        tp.ledger.decide(lease, 0, stage(tp, "s", 0, [lines(0, 30)]))
+        writer = tp.writers["default"]
+        sent = []
+
+        def write_then_lose_the_lock(body: bytes, gzipped: bool = False) -> None:
+            original(body, gzipped)
+            sent.append(len(body))
+            with psycopg.connect(admin_conninfo(staging_url)) as conn:
+                conn.execute(  # the session of the only advisory lock held: recover:s
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND granted AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                )
+
+        original = writer.write
+        writer.write = write_then_lose_the_lock  # type: ignore[method-assign]
+        with pytest.raises(RecoveryLockLostError, match="recover:s"):
+            tp.committer.recover(lease)
+    assert len(sent) == 1  # one request, then the lock was seen gone
+    assert influx_count(config, M) == 10
+    assert epoch_row(staging_url, "s", 0)["state"] == "PRECOMMITTED"
+
+
+@pytest.mark.lanes(1)
+def test_a_recovery_that_lost_its_lock_while_catching_a_target_up_stops_too(
+    staging: StagingConfig, two: Targets, staging_url: str
+) -> None:
+    """A recovery whose promotion catches a lagging target up first (the other target
+    down) checks its lock there too: lost after the catch-up's request, the catch-up
+    is not recorded and the recovered epoch is sent to no target."""
+    with two_phase(staging, two.config) as tp:
+        lease = tp.committer.claim("s", "r1", "q1")
+        tp.catch_up.close()  # b's backlog is the recovery's
+        two.down("b")
+        tp.committer.commit(lease, 0, stage(tp, "s", 0, [points(0)]))  # in a alone
+        two.down("a")
+        with pytest.raises(InfluxUnavailableError):
+            tp.committer.commit(lease, 1, stage(tp, "s", 1, [points(1)]))
+    two.up("b")  # a still down: the recovery of 1 catches b up with 0 first
+    with two_phase(staging, two.config) as tp:
+        tp.catch_up.close()
+        lease = begin_run(tp, "s", "r2", "q1")
+        writer = tp.writers["b"]
+        sent = []
+
+        def write_then_lose_the_lock(body: bytes, gzipped: bool = False) -> None:
+            original(body, gzipped)
+            sent.append(len(body))
+            with psycopg.connect(admin_conninfo(staging_url)) as conn:
+                conn.execute(  # the recovery lock's session, not b's lock's
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND granted AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                    " AND (classid::int8 << 32 | objid::int8) = hashtextextended(%s, %s)",
+                    ("recover:s", LOCK_SEED),
+                )
+
+        original = writer.write
+        writer.write = write_then_lose_the_lock  # type: ignore[method-assign]
+        with pytest.raises(RecoveryLockLostError, match="recover:s"):
+            tp.committer.recover(lease)
+    assert len(sent) == 1  # epoch 0's one request to b; epoch 1's never went
+    assert deliveries(staging_url, "s", "b") == []  # the catch-up not recorded
+    assert epoch_row(staging_url, "s", 1)["state"] == "PRECOMMITTED"
+
+
 def test_a_newer_run_ends_the_session_of_a_fenced_run_that_holds_its_lock(tp: TwoPhase) -> None:
     """A frozen driver's lock session answers TCP and never ends by itself: the run that
     fenced it ends it (pg_terminate_backend) and takes the lock, and the old holder
@@ -100,6 +195,44 @@ def test_a_live_runs_holder_is_waited_for_never_ended(tp: TwoPhase) -> None:
         with pytest.raises(FencedError), tp.ledger.recovering(old):
             pass
         held.check()  # still held by the newer run
+
+
+def test_a_waiter_looks_only_at_the_holders_of_its_own_database(
+    tp: TwoPhase, base_staging_url: str, template_db: str, influx: InfluxConfig
+) -> None:
+    """Two staging stores on one server, a sink of the same name in each: a waiter of
+    one ends its own store's fenced holder and never the other store's live holder (of
+    an older token than the waiter's). Tried each way round, so that whichever of the
+    two holders the server lists first, a waiter that read both would pick the wrong
+    one once."""
+    name = unique("twophase_t")
+    other_url = create_database(base_staging_url, name, template=template_db)
+    try:
+        with two_phase(staging_config_for(other_url), influx) as other:
+            for waiter, bystander in ((tp, other), (other, tp)):
+                _waiter_spares_the_other_store(waiter, bystander)
+    finally:
+        drop_database(base_staging_url, name)
+
+
+def _waiter_spares_the_other_store(waiter: TwoPhase, bystander: TwoPhase) -> None:
+    """The bystander's live holder has a token below the waiter's, which the waiter's
+    store fences: what would have the waiter end it, had it read the other store."""
+    live = begin_run(bystander, "s", f"live-{uuid.uuid4()}", "q1")
+    old = begin_run(waiter, "s", f"old-{uuid.uuid4()}", "q1")
+    while old.token < live.token:
+        old = begin_run(waiter, "s", f"old-{uuid.uuid4()}", "q1")
+    with (
+        bystander.db.session_lock("recover:s", LockOwner("s", live.token)) as spared,
+        waiter.db.session_lock("recover:s", LockOwner("s", old.token)) as fenced,
+    ):
+        new = begin_run(waiter, "s", f"new-{uuid.uuid4()}", "q1")  # fences the old run
+        started = time.monotonic()
+        with waiter.db.session_lock("recover:s", LockOwner("s", new.token)):
+            assert time.monotonic() - started < 5
+            with pytest.raises(LockLostError):
+                fenced.check()
+            spared.check()  # the other store's live holder still holds its lock
 
 
 def test_a_lock_wait_without_a_check_gives_up_at_the_retry_deadline(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from tests.integration.cli_helpers import BAD_POINT, Cli, Result
-from tests.staging import lines
+from tests.staging import in_thread, lines
 from tests.support import (
     admin_conninfo,
     create_database,
@@ -29,15 +30,20 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig
+from twophase.errors import FrozenHolderError
 from twophase.model import CommitMessage, EpochState
 from twophase.operations import start_exporter
+from twophase.operations.hooks import Guard
+from twophase.operations.recover import recover
+from twophase.operations.resync import resync
 from twophase.points.builder import Rejected
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.ledger import Ledger
 from twophase.protocol.stager import Stager
 from twophase.store.database import Database
 from twophase.store.grants import GRANTS, ROLES
+from twophase.store.locks import LockOwner
 
 SINK = "s"
 M = "proto"  # the measurement of test_protocol.lines
@@ -306,6 +312,94 @@ def test_the_operator_ends_a_frozen_drivers_session_as_a_member_of_its_role(
             assert recovered.code == 0, recovered.err
             assert held not in _lock_sessions(roles)  # ended, the lock taken over
     assert influx_count(influx, M) == 10
+
+
+DEADLINE_S = 2.0  # the operator's staging_retry_deadline in the frozen-holder tests
+
+
+def test_an_operator_that_may_not_end_a_frozen_drivers_session_says_how_and_gives_up(
+    roles: Roles, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the driver's role (nor pg_signal_backend), the operator's recover finds
+    the frozen driver's recovery lock session and may not end it: it says so once, with
+    the command and the grants that end it, and fails after staging_retry_deadline
+    rather than wait for a session that never ends by itself."""
+    assert _grant(roles, influx).code == 0
+    with Database(roles.staging("executor")) as executors:
+        staged = _stage(Stager(executors, executors.config), 0, _epoch_parts(0), "r1")
+    with two_phase(roles.staging("driver"), influx) as tp:
+        lease = tp.begin_run(SINK, "r1", "q1")
+        assert tp.ledger.decide(lease, 0, staged).state == EpochState.PRECOMMITTED
+        with tp.ledger.recovering(lease):  # and the driver froze, holding its lock
+            (held,) = _lock_sessions(roles)
+            error = _frozen_out(roles, influx, caplog, lambda config: recover(config, SINK, FORCE))
+            assert "recover:s" in str(error)
+            assert held in _lock_sessions(roles)  # waited for, never ended
+            _names_the_remedy(roles, error, held, caplog)
+    assert influx_count(influx, M) == 0
+
+
+def test_an_operator_resync_gives_up_on_a_frozen_drivers_target_lock(
+    roles: Roles, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same with a target's lock: a resync of the target the frozen driver was
+    catching up fails after staging_retry_deadline, naming the grants."""
+    assert _grant(roles, influx).code == 0
+    with Database(roles.staging("executor")) as executors:
+        staged = _stage(Stager(executors, executors.config), 0, _epoch_parts(0), "r1")
+    with two_phase(roles.staging("driver"), influx) as tp:
+        lease = tp.claim(SINK, "r1", "q1")
+        assert tp.committer.commit(lease, 0, staged).state == EpochState.COMMITTED
+        owner = LockOwner(SINK, lease.token)
+        with tp.db.session_lock(f"twophase-target:{SINK}:default", owner):  # and froze
+            (held,) = _lock_sessions(roles)
+            error = _frozen_out(
+                roles,
+                influx,
+                caplog,
+                lambda config: resync(config, SINK, "default", from_epoch=0, guard=FORCE),
+            )
+            assert "twophase-target:s:default" in str(error)
+            assert held in _lock_sessions(roles)
+            _names_the_remedy(roles, error, held, caplog)
+
+
+FORCE = Guard(force=True)
+
+
+def _frozen_out(
+    roles: Roles,
+    influx: InfluxConfig,
+    caplog: pytest.LogCaptureFixture,
+    command: Callable[[TwoPhaseConfig], object],
+) -> FrozenHolderError:
+    """Run the operator's ``command`` with a short staging_retry_deadline, on a thread
+    (an unbounded wait would never return): the FrozenHolderError it failed with, within
+    the deadline and a margin."""
+    caplog.set_level(logging.WARNING, logger="twophase.store.locks")
+    config = TwoPhaseConfig(roles.staging("operator", staging_retry_deadline=DEADLINE_S), influx)
+    started = time.monotonic()
+    thread, box = in_thread(lambda: command(config))
+    thread.join(DEADLINE_S + 20)
+    assert not thread.is_alive(), "the operator's command waited past its deadline"
+    assert DEADLINE_S <= time.monotonic() - started < DEADLINE_S + 20
+    error = box.get("error")
+    assert isinstance(error, FrozenHolderError), box
+    return error
+
+
+def _names_the_remedy(
+    roles: Roles, error: FrozenHolderError, held: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    operator, driver = roles.names["operator"], roles.names["driver"]
+    message = str(error)
+    assert f"SELECT pg_terminate_backend({held})" in message
+    assert f'GRANT pg_signal_backend TO "{operator}"' in message
+    assert f'GRANT "{driver}" TO "{operator}"' in message
+    assert "staging_retry_deadline" in message
+    warned = [r.getMessage() for r in caplog.records if "may not end" in r.getMessage()]
+    assert len(warned) == 1, warned  # said once, not at every try
+    assert f"session {held}" in warned[0] and "GRANT pg_signal_backend" in warned[0]
 
 
 def _lock_sessions(roles: Roles) -> list[int]:

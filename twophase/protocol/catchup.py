@@ -186,6 +186,7 @@ class CatchUp:
         *,
         round_only: bool = True,
         progress: Callable[[int], None] | None = None,
+        guard: Callable[[], None] = _never,
     ) -> bool:
         """Deliver target ``name``'s backlog below ``epoch``, in order, now: a commit
         whose caught-up targets cannot make ``min_targets`` catches a reachable lagging one
@@ -193,11 +194,14 @@ class CatchUp:
         round; ``round_only`` False: within ``target_retry_deadline``); stops once
         ``enough()`` (the others made it meanwhile, or the commit gave up), and waits for
         the target's lock (another process catching it up) only while not ``enough()``.
+        ``guard``, the commit's own check (a recovery's lock), runs with ``enough`` before
+        every request and between the lock's tries, and stops the catch-up by raising.
         True once the target holds every epoch below ``epoch``; False when stopped."""
 
         def stop() -> None:
             if enough():
                 raise _Stopped("enough targets hold the epoch")
+            guard()
 
         target = next(t for t in self._deliveries if t.name == name)
         try:

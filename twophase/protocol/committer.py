@@ -137,10 +137,11 @@ class Committer:
         if not self._ledger.pending(lease.sink_id, other_than=other_than):
             return []
         results: list[PromoteResult] = []
-        with self._ledger.recovering(lease):
+        with self._ledger.recovering(lease) as held:
             # Again under the lock: a recovery that held it may have promoted them.
             for epoch in self._ledger.pending(lease.sink_id, other_than=other_than):
-                results.append(self._promoter.promote(lease, epoch))
+                # The lock checked before every request, as the lease is (I3).
+                results.append(self._promoter.promote(lease, epoch, guard=held))
                 if on_promoted is not None:
                     on_promoted(results[-1])
         return results

@@ -21,7 +21,9 @@ from typing import Any
 from twophase.errors import (
     CheckpointResetError,
     FencedError,
+    LockLostError,
     PermanentError,
+    RecoveryLockLostError,
     StagingUnavailableError,
     StateError,
 )
@@ -46,7 +48,7 @@ from twophase.protocol.transitions import (
 )
 from twophase.store.database import Database
 from twophase.store.fencing import FenceReader
-from twophase.store.locks import LockOwner
+from twophase.store.locks import HeldLock, LockOwner
 
 __all__ = ["Decision", "Forgotten", "Ledger"]
 
@@ -319,18 +321,22 @@ class Ledger:
             return [row[0] for row in cur.fetchall()]
 
     @contextmanager
-    def recovering(self, lease: Lease) -> Iterator[None]:
+    def recovering(self, lease: Lease) -> Iterator[Callable[[], None]]:
         """Hold the sink's recovery lock: one recovery of a sink at a time, across
         processes. A run's claim and its first commit may both find an epoch pending
         (the claim on the driver, the commit in a Python worker); without the lock
         both would send it, and the commit could decide and send the next epoch while
         the claim's requests of the older one are still landing (I3). Whoever gets
-        the lock second reads what is pending again and finds it done."""
+        the lock second reads what is pending again and finds it done.
+
+        Yields the check to run before every request of the recovery: the lock lives on
+        a session of its own, which may end while the holder goes on (then another
+        process of the run may take it): RecoveryLockLostError once it is gone."""
         owner = LockOwner(lease.sink_id, lease.token)
         # Waited for while this run still holds the sink (another recovery of this
         # run's is under way); once a newer run holds it, FencedError (I5).
-        with self._db.session_lock(f"recover:{lease.sink_id}", owner, self.watch(lease)):
-            yield
+        with self._db.session_lock(f"recover:{lease.sink_id}", owner, self.watch(lease)) as held:
+            yield functools.partial(_still_held, held)
 
     # -- operator actions -------------------------------------------------------
 
@@ -428,6 +434,15 @@ class _LeaseWatch:
         except FencedError as exc:
             self._fenced = str(exc)
             raise
+
+
+def _still_held(held: HeldLock) -> None:
+    """The recovery lock's check: its loss is the recovery's (RecoveryLockLostError),
+    never a target's failure that the others could make do without."""
+    try:
+        held.check()
+    except LockLostError as exc:
+        raise RecoveryLockLostError(f"recovery stopped before its next request: {exc}") from None
 
 
 # -- helpers: each runs inside the caller's transaction -------------------------

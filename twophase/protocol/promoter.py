@@ -81,6 +81,10 @@ class PromoteResult:
     rejected: int
 
 
+def _nothing() -> None:
+    """No check of the caller's own: a commit's promotion."""
+
+
 class Promoter:
     """Promotes decided epochs to the sink's targets and marks them COMMITTED.
 
@@ -111,23 +115,32 @@ class Promoter:
         # Leases whose last promotion here every target took: that epoch, those targets.
         self._settled: dict[Lease, tuple[int, tuple[str, ...]]] = {}
 
-    def promote(self, lease: Lease, epoch: int, plan: EpochPlan | None = None) -> PromoteResult:
+    def promote(
+        self,
+        lease: Lease,
+        epoch: int,
+        plan: EpochPlan | None = None,
+        guard: Callable[[], None] = _nothing,
+    ) -> PromoteResult:
         """Send the epoch to every target it is owed that lacks it, at once, then mark it
         COMMITTED. ``plan`` is the attempt the decision already started
         ([`Ledger.decide`][twophase.protocol.ledger.Ledger.decide] with ``start_promotion``);
-        without it an attempt is started here."""
-        plan = plan or self._ledger.plan_promotion(lease, epoch)
+        without it an attempt is started here. ``guard`` runs before every request, after
+        the lease's check, and stops the promotion by raising (a recovery's: its lock
+        still held)."""
+        decided = plan or self._ledger.plan_promotion(lease, epoch)
         places = self._places(lease, epoch)
         race = _Race.of(places, self._min, epoch, self._deadline_s)
         due = [d for d in self._deliveries if race.is_due(d.name)]
-        outcomes = self._send_all(lease, plan, due, race, _shared(plan, due, race))
+        shared = _shared(decided, due, race)
+        outcomes = self._send_all(lease, _Guarded(decided, guard), due, race, shared)
         new = {n: out for n, out in outcomes.items() if isinstance(out, tuple)}
         held = race.held | new
         failed = {n: out for n, out in outcomes.items() if isinstance(out, TwoPhaseError)}
         if len(held) < race.needed or (not held and epoch >= 0):
             self._settled.pop(lease, None)
             self._record(lease, epoch, new)  # a repeat skips them (I4 makes re-sending safe)
-            error = race.failure(plan, failed)
+            error = race.failure(decided, failed)
             self._ledger.record_error(lease.sink_id, epoch, f"{type(error).__name__}: {error}")
             raise error
         for name, error in failed.items():
@@ -224,7 +237,7 @@ class Promoter:
     def _send_all(
         self,
         lease: Lease,
-        plan: EpochPlan,
+        plan: _Guarded,
         due: Sequence[TargetDelivery],
         race: _Race,
         shared: SharedRead | None,
@@ -264,7 +277,7 @@ class Promoter:
     def _send_one(
         self,
         lease: Lease,
-        plan: EpochPlan,
+        plan: _Guarded,
         target: TargetDelivery,
         race: _Race,
         shared: SharedRead | None,
@@ -275,13 +288,13 @@ class Promoter:
         have). Given up once enough targets hold the epoch or its server stayed
         silent past the retry deadline. A caught-up target's first round takes the
         read ``shared`` with the others; a later one reads on its own."""
-        check = race.stoppable(self._ledger.watch(lease))
+        check = race.stoppable(_both(self._ledger.watch(lease), plan.guard))
         rounds = race.rounds_for(target.name)
         while True:
             try:
-                if not self._caught_up(lease, plan.epoch, target.name, race, rounds):
+                if not self._caught_up(lease, plan, target.name, race, rounds):
                     return None
-                counts = _deliver(target, plan, check, rounds, race, shared)
+                counts = _deliver(target, plan.decided, check, rounds, race, shared)
             except TARGET_FAILURES as exc:
                 # Without rounds the target had the whole retry deadline: its failure is
                 # the commit's, at once (a refused credential fails fast, as it should).
@@ -291,10 +304,13 @@ class Promoter:
             race.won(target.name)
             return counts
 
-    def _caught_up(self, lease: Lease, epoch: int, name: str, race: _Race, rounds: bool) -> bool:
-        """Whether ``name`` holds every epoch it is owed below ``epoch``, once caught up
-        if the others need it to (False: they made it without). Read again from the
-        second round on: the target may have been caught up meanwhile."""
+    def _caught_up(
+        self, lease: Lease, plan: _Guarded, name: str, race: _Race, rounds: bool
+    ) -> bool:
+        """Whether ``name`` holds every epoch it is owed below the plan's epoch, once
+        caught up if the others need it to (False: they made it without). Read again from
+        the second round on: the target may have been caught up meanwhile."""
+        epoch = plan.decided.epoch
         if race.first_round(name):
             caught_up = race.was_caught_up(name)
         else:
@@ -305,8 +321,30 @@ class Promoter:
         if not race.wait_for_need(name):
             return False
         return self._catch_up.below(
-            lease, name, epoch, race.over, round_only=rounds, progress=race.progress
+            lease,
+            name,
+            epoch,
+            race.over,
+            round_only=rounds,
+            progress=race.progress,
+            guard=plan.guard,
         )
+
+
+@dataclass(frozen=True)
+class _Guarded:
+    """The decided plan, and what runs before every request besides the lease's check."""
+
+    decided: EpochPlan
+    guard: Callable[[], None]
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def check() -> None:
+        first()
+        then()
+
+    return check
 
 
 def _shared(plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race) -> SharedRead | None:

@@ -24,8 +24,11 @@ until it is listed here. The driver and the operator also use what PostgreSQL le
 every role use unless a DBA revoked it from ``PUBLIC``: the session-level advisory
 locks (``pg_try_advisory_lock``, ``hashtextextended``), ``pg_locks`` and
 ``pg_stat_activity``, and ``pg_terminate_backend``, which ends a fenced run's lock
-session only when it is of the same role (or the caller is a member of that role):
-so every driver process of a sink runs as one role.
+session only when it is of the same role (or the caller is a member of that role, or
+of ``pg_signal_backend``): so every driver process of a sink runs as one role. A
+waiter that may not end such a session names it, with the command or grant that
+would end it, and gives up after ``staging_retry_deadline``
+([`locks.take`][twophase.store.locks.take]).
 
 [`statements`][twophase.store.grants.statements] writes the GRANTs for existing roles;
 [`apply`][twophase.store.grants.apply] runs them as the schema's owner, all or

@@ -3,11 +3,15 @@ wedging anyone.
 
 A lock is PostgreSQL's session-level advisory lock on a session of its own, named
 by a string whose 64-bit hash is the key. It is always *tried*, never waited for in
-the server: between tries the waiter looks at who holds it. A session of a run that
-a newer run has fenced (I5) holds nothing any run may wait for; the waiter ends that
-session (``pg_terminate_backend``, which a role may do to its own sessions) and takes
-the lock. Any other holder is waited for while ``between_tries`` lets the waiter go on
-(it raises to give up), or up to a deadline.
+the server: between tries the waiter looks at who holds it, in its own database (an
+advisory lock is a database's; another staging store on the server may hold one of
+the same name). A session of a run that a newer run has fenced (I5) holds nothing any
+run may wait for; the waiter ends that session (``pg_terminate_backend``, which a role
+may do to its own sessions) and takes the lock. One of another role, which the waiter
+may not end, never ends by itself: it is named once (a warning with the command or
+grant that would end it) and given up after the deadline (FrozenHolderError). Any
+other holder is waited for while ``between_tries`` lets the waiter go on (it raises to
+give up), or up to a deadline.
 
 Every session also gets limits ([`session_settings`][twophase.store.locks.session_settings],
 [`client_keepalives`][twophase.store.locks.client_keepalives]): a row-lock wait gives up
@@ -25,10 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from twophase.config import StagingConfig
-from twophase.errors import LockLostError, StagingUnavailableError
+from twophase.errors import FrozenHolderError, LockLostError, StagingUnavailableError
 
 log = logging.getLogger("twophase.store.locks")
 
@@ -42,11 +47,15 @@ _TRY_EVERY_S = 0.2
 _APP_PREFIX = "twophase fencing token "
 
 _TRY = "SELECT pg_try_advisory_lock(hashtextextended(%s, %s))"
-# Who holds the lock now, and the token their session names.
+# Who holds the lock now, the token their session names, and their role. An advisory lock is the
+# database's (its key includes the database): pg_locks lists every database's, and
+# another staging store on the server may hold a lock of the same name, for a sink of
+# the same name, under tokens of its own.
 _HOLDER = (
-    "SELECT l.pid, a.application_name FROM pg_locks l"
+    "SELECT l.pid, a.application_name, a.usename FROM pg_locks l"
     " LEFT JOIN pg_stat_activity a ON a.pid = l.pid"
     " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     " AND (l.classid::int8 << 32 | l.objid::int8) = hashtextextended(%s, %s)"
 )
 # Ended only while the sink's current token is newer than the holder's: the check and
@@ -129,15 +138,20 @@ def take(
     """Take lock ``name`` on ``conn``: tried every 0.2 s, a fenced run's holder ended at
     once; any other holder waited for while ``between_tries`` returns (it raises to
     give up), or, without it, for up to ``deadline_s`` (then StagingUnavailableError,
-    retryable)."""
+    retryable). A fenced run's holder this role may not end is waited for up to
+    ``deadline_s`` whatever ``between_tries`` says (FrozenHolderError: it never ends by
+    itself)."""
     start = time.monotonic()
-    spared: set[int] = set()  # fenced holders this role may not end
+    spared: dict[int, float] = {}  # fenced holders this role may not end: since when
     while True:
         row = conn.execute(_TRY, (name, LOCK_SEED)).fetchone()
         if row is not None and row[0]:
             return
-        if _end_fenced_holder(conn, name, owner, spared):
+        holder = _holder(conn, name)
+        if holder is not None and _end_fenced_holder(conn, name, owner, holder, spared):
             continue
+        if holder is not None and holder.pid in spared:
+            _give_up_on_spared(conn, name, owner, holder, spared[holder.pid], deadline_s)
         if between_tries is not None:
             between_tries()
         elif time.monotonic() - start > deadline_s:
@@ -147,38 +161,51 @@ def take(
         time.sleep(_TRY_EVERY_S)
 
 
-def _end_fenced_holder(
-    conn: psycopg.Connection, name: str, owner: LockOwner, spared: set[int]
-) -> bool:
-    """End the holder's session if it serves a run of ``owner``'s sink older than the
-    sink's current one (fenced). True when a session was ended."""
+@dataclass(frozen=True)
+class _Holder:
+    """The session that holds a lock: its process id, the fencing token its name gives
+    (None: not a twophase lock session), and its role."""
+
+    pid: int
+    token: int | None
+    role: str | None
+
+
+def _holder(conn: psycopg.Connection, name: str) -> _Holder | None:
     row = conn.execute(_HOLDER, (name, LOCK_SEED)).fetchone()
     if row is None:
-        return False  # released meanwhile
-    pid, application = row
-    token = _token_of(application)
-    if token is None or token >= owner.token or pid in spared:
+        return None  # released meanwhile
+    pid, application, role = row
+    return _Holder(pid, _token_of(application), role)
+
+
+def _end_fenced_holder(
+    conn: psycopg.Connection,
+    name: str,
+    owner: LockOwner,
+    holder: _Holder,
+    spared: dict[int, float],
+) -> bool:
+    """End the holder's session if it serves a run of ``owner``'s sink older than the
+    sink's current one (fenced). True when a session was ended. One this role may not
+    end is added to ``spared`` (and said so, once)."""
+    token = holder.token
+    if token is None or token >= owner.token or holder.pid in spared:
         return False
     try:
-        ended = conn.execute(_END_FENCED, (pid, owner.sink_id, token)).fetchone()
+        ended = conn.execute(_END_FENCED, (holder.pid, owner.sink_id, token)).fetchone()
     except psycopg.errors.InsufficientPrivilege:
-        # Another role's session: only that role (or pg_signal_backend) may end it, so
-        # it is waited for like a live one (a sink's drivers share one role).
-        log.warning(
-            "lock %r is held by PostgreSQL session %s of a fenced run of sink %r under "
-            "another role, which this role may not end: waiting for it",
-            name,
-            pid,
-            owner.sink_id,
-        )
-        spared.add(pid)
+        # Another role's session: only that role, its members, a superuser or a member
+        # of pg_signal_backend may end it (a sink's drivers share one role).
+        spared[holder.pid] = time.monotonic()
+        log.warning("%s; waiting for it", _unendable(conn, name, owner, holder))
         return False
     if ended is None or not ended[0]:
         return False
     log.warning(
         "ended PostgreSQL session %s, which held lock %r for a fenced run (fencing token %s) "
         "of sink %r",
-        pid,
+        holder.pid,
         name,
         token,
         owner.sink_id,
@@ -187,10 +214,41 @@ def _end_fenced_holder(
     return True
 
 
+def _give_up_on_spared(
+    conn: psycopg.Connection,
+    name: str,
+    owner: LockOwner,
+    holder: _Holder,
+    since: float,
+    deadline_s: float,
+) -> None:
+    """FrozenHolderError once a fenced holder this role may not end has been waited for
+    ``deadline_s``: a frozen driver's lock session answers the server and never ends
+    by itself, so no waiting would take the lock."""
+    if time.monotonic() - since > deadline_s:
+        raise FrozenHolderError(
+            f"{_unendable(conn, name, owner, holder)}; gave up after {deadline_s:g}s "
+            "(staging_retry_deadline)"
+        )
+
+
+def _unendable(conn: psycopg.Connection, name: str, owner: LockOwner, holder: _Holder) -> str:
+    """What holds the lock, and the exact command or grant that would end it."""
+    row = conn.execute("SELECT current_user").fetchone()
+    me = sql.Identifier(row[0] if row else "").as_string(conn)
+    theirs = sql.Identifier(holder.role).as_string(conn) if holder.role else "its role"
+    return (
+        f"lock {name!r} is held by PostgreSQL session {holder.pid} of a fenced run (fencing "
+        f"token {holder.token}) of sink {owner.sink_id!r} under role {theirs}, which role {me} "
+        f"may not end: end it as a superuser (SELECT pg_terminate_backend({holder.pid})), or "
+        f"let role {me} end it (GRANT {theirs} TO {me}, or GRANT pg_signal_backend TO {me})"
+    )
+
+
 def _wait_released(conn: psycopg.Connection, name: str) -> None:
     """pg_terminate_backend only signals: wait (briefly) until the session is gone."""
     for _ in range(50):
-        if conn.execute(_HOLDER, (name, LOCK_SEED)).fetchone() is None:
+        if _holder(conn, name) is None:
             return
         time.sleep(0.02)
 
