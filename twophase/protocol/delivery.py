@@ -301,8 +301,10 @@ class TargetDelivery:
 
     def _checked(self, plan: EpochPlan, small: bool) -> Chunks:
         """The plan's chunks, read from the staging store and checked against the
-        decision (I1) as they pass: PermanentError at the end if they changed. Nothing
-        to read for an epoch without points."""
+        decision (I1) as they pass: PermanentError at a chunk that no longer matches its
+        checksum, before it is given; at the end, when a write's count (or, for chunks
+        staged without checksums, its checksum) is not the decided one. Nothing to read
+        for an epoch without points."""
         if not any(w.points for w in plan.writes):
             return
         check = _Check(plan)
@@ -341,7 +343,9 @@ def _sent_first(
 ) -> Iterator[tuple[int, StagedChunk]]:
     """``chunks``; an epoch found changed at the end of the read put in ``changed``,
     raised once the lanes sent what was read: a damaged member a request carries is
-    found by the sender (refused, then taken apart), which names it."""
+    found by the sender (refused, then taken apart), which names it. (Only chunks
+    staged without checksums get that far: a chunk with one that changed raises as it
+    is read, before it is given.)"""
     try:
         yield from chunks
     except _ChangedError as exc:
