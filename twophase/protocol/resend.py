@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from twophase.errors import StateError
+from twophase.errors import StagingUnavailableError, StateError
 from twophase.model import EpochPlan, EpochState, Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
@@ -191,14 +191,18 @@ class Resender:
 
     def _not_purged_meanwhile(self, sink_id: str, epoch: int, failure: Exception) -> None:
         """StateError when GC purged the epoch while it was re-sent (its read then found
-        its chunks gone: the target may hold part of it again), from ``failure``."""
-        with self._db.transaction() as cur:
-            cur.execute(
-                "SELECT purged_at IS NOT NULL FROM twophase_epochs"
-                " WHERE sink_id = %s AND epoch = %s",
-                (sink_id, epoch),
-            )
-            row = cur.fetchone()
+        its chunks gone: the target may hold part of it again), from ``failure``. Silent
+        when the store cannot tell now: the caller raises ``failure`` itself."""
+        try:
+            with self._db.transaction() as cur:
+                cur.execute(
+                    "SELECT purged_at IS NOT NULL FROM twophase_epochs"
+                    " WHERE sink_id = %s AND epoch = %s",
+                    (sink_id, epoch),
+                )
+                row = cur.fetchone()
+        except StagingUnavailableError:
+            return
         if row is None or row[0]:
             raise StateError(
                 f"sink {sink_id!r} epoch {epoch} was purged by GC while it was re-sent: "
