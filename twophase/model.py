@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import struct
+import uuid
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -195,6 +197,16 @@ class LineChecksum:
         return self._hash.hexdigest()
 
 
+def chunk_digest(write_id: str | uuid.UUID, first_seq: int, points: int, stored: bytes) -> bytes:
+    """A staged chunk's digest: blake2b of its bytes as stored (``StagedChunk.stored``),
+    bound to its write (the salt), its first seq and its count of lines (the
+    personalisation), so that a chunk moved to another place, or whose count was
+    changed, no longer matches. One pass over the bytes, as the write's checksum."""
+    salt = (write_id if isinstance(write_id, uuid.UUID) else uuid.UUID(write_id)).bytes
+    person = struct.pack(">qq", first_seq, points)
+    return hashlib.blake2b(stored, digest_size=16, salt=salt, person=person).digest()
+
+
 # One gzip member per chunk, at level 1: 5.7x smaller than the text at 0.6 s of an
 # executor's CPU per million points; level 6 made it 6.8x for 2.2 s (bench lines).
 # ISA-L's deflate (python-isal, in the spark extra) writes the same format 4-5x faster
@@ -252,6 +264,9 @@ class StagedChunk:
     body: str | None
     lane: int = 0  # its promotion lane (twophase.protocol.lanes)
     gz: bytes | None = None
+    # its digest as staged (chunk_digest), checked before it is sent (I1); None: staged
+    # before chunks had one, covered by its write's checksum alone
+    checksum: bytes | None = None
 
     @classmethod
     def of_lines(

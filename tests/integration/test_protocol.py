@@ -222,6 +222,12 @@ def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: TwoPhase) 
             "UPDATE twophase_staged_chunks SET body = overlay(body placing 'X' from 3 for 1)",
             "changed after the decision",
         ),
+        # the same on a chunk staged before chunks had checksums: its write's checksum
+        (
+            "UPDATE twophase_staged_chunks SET body = overlay(body placing 'X' from 3 for 1),"
+            " checksum = NULL",
+            "changed after the decision",
+        ),
         # the last line dropped, the count lowered to match
         (
             "UPDATE twophase_staged_chunks SET body = left(body, strpos(body, E'\\n')"
@@ -250,12 +256,25 @@ def test_changed_staged_points_are_detected_before_commit(
 @pytest.mark.parametrize(
     ("tamper", "error"),
     [
-        # one byte of the deflate stream changed: InfluxDB refuses the stream, and
-        # taking the request apart into lines finds the member broken
+        # one byte of the deflate stream changed: its chunk's checksum no longer
+        # matches, found before anything of it is sent
         (
             "UPDATE twophase_staged_chunks SET body_gz = overlay(body_gz placing"
             " '\\x00'::bytea from 20 for 1)",
+            "changed after the decision",
+        ),
+        # the same on a chunk staged before chunks had checksums: InfluxDB refuses the
+        # stream, and taking the request apart into lines finds the member broken
+        (
+            "UPDATE twophase_staged_chunks SET body_gz = overlay(body_gz placing"
+            " '\\x00'::bytea from 20 for 1), checksum = NULL",
             "damaged: its gzip member does not decompress",
+        ),
+        # a chunk staged before chunks had checksums, recompressed from other lines:
+        # its write's checksum tells, at the end of the read
+        (
+            "UPDATE twophase_staged_chunks SET body_gz = %s, checksum = NULL",
+            "changed after the decision",
         ),
         # the chunk recompressed from other lines, the count kept: a valid gzip member
         (

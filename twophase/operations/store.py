@@ -172,7 +172,9 @@ def export_dead_letters(
     The file is readable by its owner alone (mode 0600: payloads are the pipeline's
     data). In CSV a text cell that a spreadsheet would take for a formula (it starts
     with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return) starts with ``'``;
-    JSON Lines hold every value as it is stored.
+    JSON Lines hold every value as it is stored. The letters are read a page per short
+    transaction ([`Views.dead_letters`][twophase.store.views.Views.dead_letters]): a
+    slow disk holds no transaction open past the store's idle limit.
     """
     form = export_format(path)
     with _views(config) as (_, views):

@@ -35,7 +35,14 @@ from twophase.errors import PermanentError
 from twophase.faults import crash_point
 from twophase.influx.sender import BatchSender
 from twophase.logs import fields
-from twophase.model import DeadLetter, EpochPlan, LineChecksum, Phase, StagedChunk
+from twophase.model import (
+    DeadLetter,
+    EpochPlan,
+    LineChecksum,
+    Phase,
+    StagedChunk,
+    chunk_digest,
+)
 from twophase.points.batching import batches
 from twophase.protocol.broadcast import Bounds, Broadcast
 from twophase.protocol.deadletters import DeadLetterLog
@@ -289,14 +296,16 @@ class TargetDelivery:
 
     def _checked(self, plan: EpochPlan, small: bool) -> Chunks:
         """The plan's chunks, read from the staging store and checked against the
-        decision (I1) as they pass: PermanentError at the end if they changed. Nothing
-        to read for an epoch without points."""
+        decision (I1) as they pass: PermanentError at a chunk that no longer matches its
+        checksum, before it is given; at the end, when a write's count (or, for chunks
+        staged without checksums, its checksum) is not the decided one. Nothing to read
+        for an epoch without points."""
         if not any(w.points for w in plan.writes):
             return
         check = _Check(plan)
-        yield from check.reading(
-            self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
-        )
+        read = self._reader.chunks_of([w.write_id for w in plan.writes], small=small)
+        with contextlib.closing(read):  # a chunk found changed: its cursor closed at once
+            yield from check.reading(read)
         check.unchanged()
 
     def _pieces(self, chunks: Iterable[tuple[int, StagedChunk]]) -> Iterator[_Piece]:
@@ -329,7 +338,9 @@ def _sent_first(
 ) -> Iterator[tuple[int, StagedChunk]]:
     """``chunks``; an epoch found changed at the end of the read put in ``changed``,
     raised once the lanes sent what was read: a damaged member a request carries is
-    found by the sender (refused, then taken apart), which names it."""
+    found by the sender (refused, then taken apart), which names it. (Only chunks
+    staged without checksums get that far: a chunk with one that changed raises as it
+    is read, before it is given.)"""
     try:
         yield from chunks
     except _ChangedError as exc:
@@ -452,27 +463,61 @@ class _Tally:
 
 
 class _Check:
-    """What a read gave back, counts and checksums per write, against the decision."""
+    """What a read gave back against the decision (I1), chunk by chunk before a chunk
+    is handed on, and write by write at the end.
+
+    A chunk staged with a digest (``StagedChunk.checksum``) is checked as it is read:
+    its bytes, write, place (the next seq of its write) and count, so a chunk changed
+    after the decision raises here and nothing of it, nor of any chunk after it,
+    reaches a target. Its bytes are hashed once, for that digest alone: a write all of
+    whose chunks matched theirs and whose count is the decided one is what was staged.
+    A chunk staged before chunks had digests adds to its write's checksum, compared
+    at the end of the read, after what was read was sent."""
 
     def __init__(self, plan: EpochPlan) -> None:
         self._plan = plan
         self._sums = [LineChecksum() for _ in plan.writes]
         self._counts = [0] * len(plan.writes)
+        self._hashed = [False] * len(plan.writes)  # a chunk without a digest was read
+        self._digested = [False] * len(plan.writes)  # a chunk with one was read
 
     def reading(
         self, chunks: Iterable[tuple[int, StagedChunk]]
     ) -> Iterator[tuple[int, StagedChunk]]:
-        """``chunks``, each counted and hashed as stored (I1) as it is read."""
+        """``chunks``, each checked, or counted and hashed as stored, as it is read."""
         for index, chunk in chunks:
-            self._sums[index].add_joined(chunk.stored)
+            if chunk.checksum is None:
+                self._sums[index].add_joined(chunk.stored)
+                self._hashed[index] = True
+            else:
+                self._verify(index, chunk)
+                self._digested[index] = True
             self._counts[index] += chunk.points
             yield index, chunk
+
+    def _verify(self, index: int, chunk: StagedChunk) -> None:
+        """PermanentError unless the chunk is where its write's next seq is and its
+        bytes and count are those staged there."""
+        digest = chunk_digest(chunk.write_id, chunk.first_seq, chunk.points, chunk.stored)
+        if chunk.first_seq == self._counts[index] and digest == chunk.checksum:
+            return
+        plan = self._plan
+        raise PermanentError(
+            f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
+            f"{chunk.write_id} changed after the decision (its chunk at seq "
+            f"{chunk.first_seq} no longer matches its checksum, or is out of place); "
+            "nothing of it was sent; the epoch's state is left as it was for an operator "
+            "to inspect"
+        )
 
     def unchanged(self) -> None:
         """I1: what was read back is exactly what was staged and decided."""
         plan = self._plan
-        for write, digest, count in zip(plan.writes, self._sums, self._counts, strict=True):
-            if count != write.points or digest.hexdigest() != write.checksum:
+        for index, write in enumerate(plan.writes):
+            count = self._counts[index]
+            whole = self._digested[index] and not self._hashed[index]
+            digest = self._sums[index].hexdigest()
+            if count != write.points or not (whole or digest == write.checksum):
                 raise _ChangedError(
                     f"sink {plan.sink_id!r} epoch {plan.epoch}: staged points of write "
                     f"{write.write_id} changed after the decision ({count} read, "

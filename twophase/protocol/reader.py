@@ -11,8 +11,9 @@ Read-only: nothing here changes the store.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -37,7 +38,7 @@ _PARTITION_WRITES = (
 
 # Ordered by the writes' positions in the plan, then by chunk: an index scan per write.
 _CHUNKS_OF_WRITES = (
-    "SELECT w.position, c.first_seq, c.points, c.ends, c.body, c.lane, c.body_gz"
+    "SELECT w.position, c.first_seq, c.points, c.ends, c.body, c.lane, c.body_gz, c.checksum"
     " FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(write_id, position)"
     " JOIN twophase_staged_chunks c ON c.write_id = w.write_id"
     " ORDER BY w.position, c.chunk"
@@ -83,7 +84,7 @@ class StagedReader:
 
     def chunks_of(
         self, write_ids: Sequence[str], *, small: bool = False
-    ) -> Iterator[tuple[int, StagedChunk]]:
+    ) -> Generator[tuple[int, StagedChunk], None, None]:
         """Every chunk of these writes as ``(index in write_ids, chunk)``, in that
         order and then in seq order, in one query.
 
@@ -98,18 +99,21 @@ class StagedReader:
         decompressed only if its lines are asked for.
         """
         ids = [uuid.UUID(w) for w in write_ids]
-        rows: Iterable[tuple[Any, ...]]
+        rows: Generator[tuple[Any, ...], None, None]
         if small:
             with self._db.transaction() as cur:
                 cur.execute(_CHUNKS_OF_WRITES, (ids,), binary=True)
-                rows = cur.fetchall()
+                fetched = cur.fetchall()
+            rows = (row for row in fetched)
         else:
             rows = self._cursor(ids)
-        for position, first_seq, points, ends, body, lane, gz in rows:
-            chunk = StagedChunk(write_ids[position - 1], first_seq, points, ends, body, lane, gz)
-            yield position - 1, chunk.check()
+        with contextlib.closing(rows) as each:  # a damaged chunk: the cursor closed at once
+            for position, first_seq, points, ends, body, lane, gz, checksum in each:
+                write_id = write_ids[position - 1]
+                chunk = StagedChunk(write_id, first_seq, points, ends, body, lane, gz, checksum)
+                yield position - 1, chunk.check()
 
-    def _cursor(self, ids: list[uuid.UUID]) -> Iterator[tuple[Any, ...]]:
+    def _cursor(self, ids: list[uuid.UUID]) -> Generator[tuple[Any, ...], None, None]:
         with self._db.connection() as conn, conn.transaction():
             # The one transaction left open between statements: its consumer sends to a
             # target between fetches, for up to the target's retry deadline. It holds a

@@ -11,9 +11,14 @@ of an earlier one (update output mode), its value is the one left standing.
 Not to be confused with a Spark replay (Spark running a batch again, which
 the ledger detects and skips): a resend is an operator's decision. Epoch
 states do not change. Each resend is recorded in the epoch's history (event
-``resent``). While an epoch is re-sent its row is locked FOR SHARE,
-so a concurrent GC (which locks FOR UPDATE SKIP LOCKED) cannot purge its
-points half-way.
+``resent``). No transaction is held while an epoch is sent (a slow target
+would outlast the store's idle limit): the epoch's state and its decided
+writes are read in one short transaction, and the decision never changes
+after. A GC may purge the epoch meanwhile: the read of its chunks then
+finds them gone, which fails the I1 check, and the resend names the purge
+(StateError: part of the epoch may have been re-sent) instead of leaving
+it half-sent silently. A read that began before the purge is whole (one
+snapshot), and so is what it sent.
 
 A resend runs under a lease of its own, checked before every request and
 every retry (as a promotion's is): a query that claims the sink meanwhile
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from twophase.errors import StateError
+from twophase.errors import StagingUnavailableError, StateError
 from twophase.model import EpochPlan, EpochState, Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
@@ -144,24 +149,63 @@ class Resender:
         owed = {p.target for p in self._targets.places(sink_id, epoch, names) if p.owed}
         after = self._targets.places(sink_id, epoch + 1, names)
         ready = {p.target for p in after if p.caught_up and p.target in owed}
+        plan = self._retained(sink_id, epoch)
+        try:
+            # The deliveries' own loop: same batching and order, dead letters recorded
+            # once, and the I1 check that the lines read back are the decided ones.
+            sent = [d.send(plan, before_request=check) for d in self._deliveries if d.name in ready]
+        except Exception as exc:
+            self._not_purged_meanwhile(sink_id, epoch, exc)
+            raise
+        delivered, rejected = sent[0] if sent else (0, 0)
         with self._db.transaction() as cur:
             cur.execute(
-                "SELECT state, purged_at FROM twophase_epochs"
-                " WHERE sink_id = %s AND epoch = %s FOR SHARE",
+                "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+                " SELECT %s, %s, 'resent', %s, %s WHERE EXISTS (SELECT 1 FROM twophase_epochs"
+                " WHERE sink_id = %s AND epoch = %s)",
+                (
+                    sink_id,
+                    epoch,
+                    actor,
+                    f"re-sent {delivered} points, {rejected} rejected",
+                    sink_id,
+                    epoch,
+                ),
+            )
+        return ResentEpoch(sink_id, epoch, delivered, rejected)
+
+    def _retained(self, sink_id: str, epoch: int) -> EpochPlan:
+        """The epoch's decided writes, read in one short transaction with the check that
+        it is COMMITTED and retained (StateError otherwise): the decision never changes
+        after, so nothing is held while the epoch is sent."""
+        with self._db.transaction() as cur:
+            cur.execute(
+                "SELECT state, purged_at FROM twophase_epochs WHERE sink_id = %s AND epoch = %s",
                 (sink_id, epoch),
             )
             row = cur.fetchone()
             if row is None or row[0] != EpochState.COMMITTED or row[1] is not None:
                 now = "not recorded" if row is None else ("purged" if row[1] else row[0])
                 raise StateError(f"sink {sink_id!r} epoch {epoch} is {now} now; not re-sent")
-            plan = EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
-            # The deliveries' own loop: same batching and order, dead letters recorded
-            # once, and the I1 check that the lines read back are the decided ones.
-            sent = [d.send(plan, before_request=check) for d in self._deliveries if d.name in ready]
-            delivered, rejected = sent[0] if sent else (0, 0)
-            cur.execute(
-                "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
-                " VALUES (%s, %s, 'resent', %s, %s)",
-                (sink_id, epoch, actor, f"re-sent {delivered} points, {rejected} rejected"),
-            )
-        return ResentEpoch(sink_id, epoch, delivered, rejected)
+            return EpochPlan(sink_id, epoch, decided_writes(cur, sink_id, epoch))
+
+    def _not_purged_meanwhile(self, sink_id: str, epoch: int, failure: Exception) -> None:
+        """StateError when GC purged the epoch while it was re-sent (its read then found
+        its chunks gone: the target may hold part of it again), from ``failure``. Silent
+        when the store cannot tell now: the caller raises ``failure`` itself."""
+        try:
+            with self._db.transaction() as cur:
+                cur.execute(
+                    "SELECT purged_at IS NOT NULL FROM twophase_epochs"
+                    " WHERE sink_id = %s AND epoch = %s",
+                    (sink_id, epoch),
+                )
+                row = cur.fetchone()
+        except StagingUnavailableError:
+            return
+        if row is None or row[0]:
+            raise StateError(
+                f"sink {sink_id!r} epoch {epoch} was purged by GC while it was re-sent: "
+                "part of it may have been re-sent, not all; its points are no longer "
+                f"staged ({failure})"
+            ) from failure

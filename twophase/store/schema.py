@@ -32,6 +32,10 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   holds the same text and one newline more as one gzip member, compressed on
   the executor and sent to InfluxDB as it is (stored uncompressed by
   PostgreSQL: ``STORAGE EXTERNAL``); exactly one of the two is set.
+  ``checksum`` is the chunk's digest as stored, bound to its write, first seq
+  and points (``StagedChunk.digest``): each chunk is checked against it before
+  it is sent (I1). NULL for chunks staged before ``0012_chunk_checksums``,
+  which their write's checksum covers.
 * ``twophase_dead_letters``: rows and points that could not be delivered, with the reason
   (and, with several targets, the target that refused the point);
   ``requeued_in`` names the correction that carried a point again; ``reset_at`` marks a
@@ -221,6 +225,12 @@ staged_chunks = Table(
     Column("body", Text, nullable=True),
     Column("lane", SmallInteger, nullable=False, server_default="0"),
     Column("body_gz", BYTEA, nullable=True, comment="the lines as one gzip member"),
+    Column(
+        "checksum",
+        BYTEA,
+        nullable=True,
+        comment="blake2b of the chunk as stored, bound to its write, first seq and points (I1)",
+    ),
     PrimaryKeyConstraint("write_id", "chunk"),
     CheckConstraint("(body IS NULL) <> (body_gz IS NULL)", name="one_body"),
 )

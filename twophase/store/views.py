@@ -141,6 +141,8 @@ WHERE %(sink)s::text IS NULL OR s.sink_id = %(sink)s
 ORDER BY s.sink_id
 """  # noqa: S608 - constant fragments; every value is a parameter
 
+# Dead letters read a page at a time (exports): bounded memory, a short transaction each.
+_LETTER_PAGE = 2000
 _DECIDED_DEAD_LETTERS = f"FROM twophase_dead_letters d WHERE d.sink_id = %s AND {DECIDED_LETTER}"
 
 _EPOCH_COLUMNS = (
@@ -324,22 +326,42 @@ class Views:
     def dead_letters(
         self, sink_id: str, epoch: int | None, limit: int | None = None
     ) -> Iterator[DeadLetter]:
-        """In (epoch, id) order through a server-side cursor: bounded memory for exports."""
-        with (
-            self._db.connection() as conn,
-            conn.transaction(),
-            conn.cursor(name="twophase_dead_letters") as cur,
-        ):
-            cur.itersize = 2000
+        """In (epoch, id) order, a page at a time: bounded memory for exports.
+
+        Each page is one short transaction, the next one starting past the last row
+        given (keyset pagination): a consumer as slow as it likes holds no
+        transaction between pages, so the store's idle limit never ends the read.
+        A letter added meanwhile past the last row given is read too; one behind it
+        is not (the rows of a page are those committed when it was read)."""
+        after: tuple[int, int] | None = None
+        left = limit
+        while left is None or left > 0:
+            size = _LETTER_PAGE if left is None else min(left, _LETTER_PAGE)
+            page = self._letter_page(sink_id, epoch, after, size)
+            yield from page
+            if len(page) < size:
+                return
+            after = (page[-1].epoch, page[-1].id or 0)
+            left = None if left is None else left - len(page)
+
+    def _letter_page(
+        self, sink_id: str, epoch: int | None, after: tuple[int, int] | None, size: int
+    ) -> list[DeadLetter]:
+        first = after is None
+        with self._db.transaction() as cur:
             cur.execute(
                 "SELECT d.sink_id, d.epoch, d.write_id::text, d.seq, d.phase, d.reason,"
                 " d.payload, d.id, d.created_at, d.requeued_in,"
                 f" d.target {_DECIDED_DEAD_LETTERS}"  # constant
-                " AND (%s::bigint IS NULL OR d.epoch = %s) ORDER BY d.epoch, d.id LIMIT %s",
-                (sink_id, epoch, epoch, limit),
+                " AND (%s::bigint IS NULL OR d.epoch = %s)"
+                " AND (%s OR (d.epoch, d.id) > (%s::bigint, %s::bigint))"
+                " ORDER BY d.epoch, d.id LIMIT %s",
+                (sink_id, epoch, epoch, first, *(after or (0, 0)), size),
             )
-            for sink, number, write, seq, phase, *rest in cur:
-                yield DeadLetter(sink, number, write, seq, Phase(phase), *rest)
+            return [
+                DeadLetter(sink, number, write, seq, Phase(phase), *rest)
+                for sink, number, write, seq, phase, *rest in cur.fetchall()
+            ]
 
 
 def _sink_status(row: Sequence[Any]) -> SinkStatus:
