@@ -33,7 +33,7 @@ log = logging.getLogger("twophase.store.database")
 # The Alembic head this code needs (a unit test keeps it equal to twophase/migrations'
 # head) and Alembic's version table. Here rather than in twophase.store.schema so that
 # executors, which stage through this module, never import SQLAlchemy.
-SCHEMA_REVISION = "0010_compacted_history"
+SCHEMA_REVISION = "0011_generations"
 VERSION_TABLE = "twophase_alembic_version"
 
 _UPGRADE_HINT = (
