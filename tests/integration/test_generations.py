@@ -88,7 +88,7 @@ def commit(sink: Sink, query: str, epochs: dict[int, list[str]]) -> None:
         lease = tp.committer.claim(sink.case.sink, f"run-{uuid.uuid4().hex[:8]}", query)
         for epoch, lines in epochs.items():
             outcome = tp.committer.commit(lease, epoch, stage(tp, sink, epoch, lines, query))
-            assert outcome.state == EpochState.COMMITTED
+            assert outcome.state == EpochState.COMMITTED and outcome.promoted is not None
             assert outcome.promoted.delivered == len(lines)
 
 

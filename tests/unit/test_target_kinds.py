@@ -226,3 +226,21 @@ def test_two_postgresql_targets_may_not_share_a_schema_of_one_database() -> None
     apart = load_influx_config({**env, "TWOPHASE_TARGET_Q_TARGET_SCHEMA": "other"})
     assert [t.influx.schema for t in apart.named_targets()] == ["public", "other"]
     assert load_influx_config({"TWOPHASE_TARGETS": "p=postgresql://u@h/m,q=postgresql://u@h/n"})
+
+
+class OlderContract(FakeStore):
+    """An EpochWriter of the contract before generations: its begin takes none."""
+
+    def begin(  # type: ignore[override]
+        self, sink_id: str, epoch: int, target: str, again: bool = False
+    ) -> tuple[int, int] | None:
+        return super().begin(sink_id, epoch, target, again)
+
+
+def test_a_transactional_writer_whose_begin_takes_no_generation_is_refused_at_the_start() -> None:
+    from twophase.protocol.runtime import _epochs
+
+    target = InfluxConfig(url="postgresql://h/db")
+    with pytest.raises(TypeError, match="must take the keyword `generation`"):
+        _epochs(target, OlderContract(FakeClock()))
+    assert _epochs(target, FakeStore(FakeClock())) is not None
