@@ -12,8 +12,9 @@ skips an epoch.
 
 ``twophase_targets.generation``: the generation a target's deliveries are
 recorded under; ``targets resync --from-epoch`` moves it on (the target's old
-records become inert). ``twophase_sinks.generation``: the generation a target
-registered for the sink starts in; a reset moves it past every target's (the
+records become inert). ``twophase_sinks.generation``: the last generation
+given out for the sink, which a target registered starts in; a reset and a
+resync from an epoch each take the next, so none is given out twice (the
 reset deletes the targets' rows, and the next query's targets start above
 every record of the old query's).
 
@@ -37,7 +38,7 @@ down_revision = "0010_compacted_history"
 branch_labels = None
 depends_on = None
 
-SINK = "the generation a target registered for the sink starts in (a reset moves it on)"
+SINK = "the sink's last generation given out: a target registered starts in it"
 TARGET = "the generation its deliveries are recorded under (resync --from-epoch: a new one)"
 
 

@@ -163,6 +163,14 @@ def test_a_resync_from_an_epoch_restores_rows_the_table_lost(sink: Sink) -> None
         assert tp.targets.generation(sink.case.sink, "pg") == 1
     commit(sink, "q-a", {3: sink.case.lines(3, 5, host="a")})  # the query goes on
     assert sink.sql(RECORD)[-1] == (1, 3, 5)
+    # each resync from an epoch takes a generation the sink never gave out before
+    resync(sink.config, sink.case.sink, "influx", from_epoch=3, guard=FORCE)
+    resync(sink.config, sink.case.sink, "pg", from_epoch=3, guard=FORCE)
+    with TwoPhase.open(sink.config) as tp:
+        assert tp.targets.generation(sink.case.sink, "influx") == 2
+        assert tp.targets.generation(sink.case.sink, "pg") == 3
+    assert sink.sql(RECORD)[-1] == (3, 3, 5)
+    sink.holds(expected([*every(a), *sink.case.lines(3, 5, host="a")]))
 
 
 def test_a_reset_after_a_resync_starts_past_the_targets_generation(sink: Sink) -> None:

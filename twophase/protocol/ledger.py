@@ -389,9 +389,9 @@ class Ledger:
                 "DELETE FROM twophase_epochs WHERE sink_id = %s RETURNING epoch", (sink_id,)
             )
             removed = len(cur.fetchall())
-            # The next query numbers its epochs from 0 again: a new generation, past
-            # every target's, so that a transactional target's records of the old
-            # numbers (in its own store, out of reach here) skip none of the new epochs.
+            # The next query numbers its epochs from 0 again: the sink's next generation
+            # (never given out before), so that a transactional target's records of the
+            # old numbers (in its own store, out of reach here) skip none of the new epochs.
             cur.execute(
                 "UPDATE twophase_sinks s SET generation = GREATEST(s.generation,"
                 " (SELECT max(t.generation) FROM twophase_targets t WHERE t.sink_id = %s)) + 1"

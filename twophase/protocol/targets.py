@@ -148,7 +148,7 @@ _STATES = (
 )
 # A new target starts after the sink's last COMMITTED epoch on record (none after a
 # reset, which deletes the epochs and the targets' rows: then at epoch 0), in the
-# sink's generation (which a reset moved past every generation its targets had).
+# sink's last generation (a reset gave out a new one).
 _REGISTER = (
     "INSERT INTO twophase_targets"
     " (sink_id, target, delivered_epoch, from_epoch, url, generation)"
@@ -165,13 +165,15 @@ _GENERATION = (
     "SELECT COALESCE((SELECT generation FROM twophase_targets WHERE sink_id = %(s)s"
     " AND target = %(t)s), generation) FROM twophase_sinks WHERE sink_id = %(s)s"
 )
-# A generation none of the sink's targets has had: past the sink's and every one of its
-# targets' (each only grows, and a reset moves the sink's past them all).
+# The sink's next generation, given to one target: never given out before for the sink
+# (the sink's counts every one given out; its targets' are at most it), so no record
+# of a target of that name, even of one removed since, names it.
 _NEW_GENERATION = (
-    "UPDATE twophase_targets SET generation = (SELECT GREATEST(s.generation,"
-    " max(t.generation)) + 1 FROM twophase_sinks s JOIN twophase_targets t"
-    " ON t.sink_id = s.sink_id WHERE s.sink_id = %(s)s GROUP BY s.generation)"
-    " WHERE sink_id = %(s)s AND target = %(t)s RETURNING generation"
+    "WITH g AS (UPDATE twophase_sinks s SET generation = GREATEST(s.generation,"
+    " (SELECT max(t.generation) FROM twophase_targets t WHERE t.sink_id = s.sink_id)) + 1"
+    " WHERE s.sink_id = %(s)s RETURNING s.generation)"
+    " UPDATE twophase_targets t SET generation = g.generation FROM g"
+    " WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.generation"
 )
 _URLS = (
     "UPDATE twophase_targets t SET url = n.url, updated_at = now(),"

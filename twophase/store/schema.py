@@ -6,7 +6,8 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   running totals (``SINK_COUNTERS``) for metrics, and the floor of its compacted
   history (``compacted_through``: GC deleted the records of older epochs, every one
   of which that was decided is COMMITTED and delivered), and the generation its
-  targets register in (``generation``: a reset moves it past every target's).
+  targets register in (``generation``: the last one given out for the sink; a reset and
+  a ``targets resync --from-epoch`` each take the next).
 * ``twophase_runs``: every start of a query against a sink (audit of fencing), and
   when and how it ended (``ended_at``, ``end_reason``) if it said so.
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED). Spark's
@@ -151,7 +152,7 @@ sinks = Table(
         BigInteger,
         nullable=False,
         server_default="0",
-        comment="the generation a target registered for the sink starts in (a reset moves it on)",
+        comment="the sink's last generation given out: a target registered starts in it",
     ),
 )
 
