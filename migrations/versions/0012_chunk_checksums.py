@@ -1,7 +1,7 @@
 """a checksum per staged chunk, checked before the chunk is sent
 
 Revision ID: 0012_chunk_checksums
-Revises: 0010_compacted_history
+Revises: 0011_generations
 Create Date: 2026-12-02 07:30:00
 
 ``twophase_staged_chunks.checksum``: a digest of the chunk as stored (its text
@@ -24,7 +24,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0012_chunk_checksums"
-down_revision = "0010_compacted_history"
+down_revision = "0011_generations"
 branch_labels = None
 depends_on = None
 

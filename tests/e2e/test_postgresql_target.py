@@ -15,6 +15,12 @@ file per epoch), and a snapshot's last recorded epoch always comes with the same
 
 One job start, one restart per kill. ``--full`` adds kills at the other steps of a
 delivery (mid-promotion, recording a delivery, the mark, after the mark).
+
+A deliberate reset, as the operations pages say: the job runs input A, the user starts
+it again with a new checkpoint after ``twophase reset`` of its two sinks, and the new
+query (its epochs numbered from 0 again) runs input B. Both targets hold A's and B's
+aggregates: pg's record of A's epochs, out of the reset's reach, is of the sink's old
+generation and skips none of B's. Two job starts.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -54,6 +62,7 @@ from tests.e2e.harness import (
     kill_session,
     mismatches,
     query,
+    run_job,
     start_job,
     wait_exact,
     wait_idle,
@@ -470,3 +479,49 @@ def test_influx_and_postgresql_through_kills_at_every_delivery_step(
     servers: Servers, work: Path, event_files: list[Path]
 ) -> None:
     print(run_scenario(servers, work, event_files, FULL_KILLS))
+
+
+def twophase_cli(servers: Servers, *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``twophase`` command, configured as the job is (its environment)."""
+    script = Path(sys.executable).with_name("twophase")
+    return subprocess.run(
+        [str(script), *args],
+        env=servers.target.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_reset_sinks_new_query_reaches_both_targets_whole(
+    servers: Servers, work: Path, event_files: list[Path]
+) -> None:
+    # Windows of five minutes, a file a minute: ten minutes apart, A's and B's windows
+    # are others, and each target holds both queries' aggregates side by side.
+    a, b = event_files[:2], event_files[12:14]
+    assert not set(expected_stats(a)) & set(expected_stats(b))
+    for name, files in (("a", a), ("b", b)):
+        copy_files(work / f"input-{name}", files)
+        if name == "b":  # the checkpoint reset on purpose: its sinks reset as well
+            for sink in (SINK, MALFORMED):
+                done = twophase_cli(servers, "reset", "--sink", sink, "--yes")
+                assert done.returncode == 0, done.stderr
+        job = run_job(
+            servers.target,
+            work / f"input-{name}",
+            work / f"checkpoint-{name}",
+            SINK,
+            work / "logs",
+            max_files=1,  # an epoch a file: B's epochs 0 and 1 were A's numbers too
+        )
+        assert job.returncode == 0, job.tail()
+    assert not mismatches(servers.target.influx, [*a, *b])
+    assert not pg_mismatches(servers, [*a, *b])
+    generations = pg_sql(
+        servers,
+        f"SELECT generation, array_agg(epoch ORDER BY epoch) FROM {RECORD_TABLE}"  # noqa: S608
+        " WHERE sink_id = %s GROUP BY generation ORDER BY generation",
+        SINK,
+    )
+    assert generations == [(0, [0, 1]), (1, [0, 1])], generations

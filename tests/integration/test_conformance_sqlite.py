@@ -1,7 +1,9 @@
-"""A kind of target from a package of its own, found only through its entry point: the
-SQLite kind of ``tests/plugins`` copied with its ``*.dist-info`` into a folder put on
-``sys.path``, as an installed distribution is. A sink delivers to it end to end, and it
-passes the conformance kit."""
+"""Kinds of target from a package of their own, found only through their entry points:
+the SQLite kinds of ``tests/plugins`` copied with their ``*.dist-info`` into a folder
+put on ``sys.path``, as an installed distribution is. A sink delivers to the
+overwriting one end to end, and both pass the conformance kit: the transactional one
+(``sqlitetx``) as a third-party kind that keeps its own record of delivered epochs,
+keyed on the generation twophase gives it."""
 
 from __future__ import annotations
 
@@ -50,16 +52,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TargetKind]:
         kinds.cache_clear()
 
 
-def sqlite_config(path: Path, **settings: object) -> InfluxConfig:
+def sqlite_config(path: Path, scheme: str = "sqlite", **settings: object) -> InfluxConfig:
     fast = {"retry_deadline_s": 20, "retry_initial_s": 0.05, "retry_max_s": 1}
-    return InfluxConfig(url=f"sqlite://{path}", **{**fast, **settings})  # type: ignore[arg-type]
+    return InfluxConfig(url=f"{scheme}://{path}", **{**fast, **settings})  # type: ignore[arg-type]
 
 
 def test_the_kind_is_found_through_its_entry_point_only(installed: TargetKind) -> None:
     assert installed is sys.modules[PACKAGE].KIND  # loaded by the entry point's lookup
     dist = importlib.metadata.distribution("twophase-sqlite-target")
     points = [p.value for p in dist.entry_points if p.group == ENTRY_POINT_GROUP]
-    assert points == [f"{PACKAGE}:KIND"]
+    assert points == [f"{PACKAGE}:KIND", f"{PACKAGE}:TX_KIND"]
     assert kind_of(InfluxConfig(url="sqlite:///tmp/points.db")) is installed
 
 
@@ -101,13 +103,15 @@ def test_a_refusal_names_its_line(installed: TargetKind, tmp_path: Path) -> None
 
 @pytest.mark.usefixtures("installed")
 class TestSqliteConformance(TargetConformance):
+    scheme = "sqlite"
+
     @pytest.fixture
     def target(self, installed: TargetKind, tmp_path: Path) -> InfluxConfig:
-        return sqlite_config(tmp_path / "points.db")
+        return sqlite_config(tmp_path / "points.db", self.scheme)
 
     @pytest.fixture
     def second_target(self, tmp_path: Path) -> InfluxConfig:
-        return sqlite_config(tmp_path / "other.db")
+        return sqlite_config(tmp_path / "other.db", self.scheme)
 
     @contextlib.contextmanager
     def unavailable(self, config: InfluxConfig) -> Iterator[InfluxConfig]:
@@ -121,3 +125,12 @@ class TestSqliteConformance(TargetConformance):
         finally:
             holder.execute("ROLLBACK")
             holder.close()
+
+
+class TestTransactionalSqliteConformance(TestSqliteConformance):
+    """The transactional kind: an epoch in one SQLite transaction with its record."""
+
+    scheme = "sqlitetx"
+
+    def test_the_kind_is_transactional(self, target: InfluxConfig) -> None:
+        assert kind_of(target).name == "sqlitetx" and kind_of(target).transactional

@@ -29,6 +29,7 @@ REVISIONS = [
     "0008_compressed_chunks",
     "0009_every_sink_has_targets",
     "0010_compacted_history",
+    "0011_generations",
     "0012_chunk_checksums",
 ]
 

@@ -16,21 +16,21 @@ pytestmark = pytest.mark.unit
 
 class FakeStore(FakeInflux):
     """A transactional store: bodies held in an open transaction, visible at commit;
-    a record per (sink, target, epoch). ``lose`` makes the write of that number (over
-    the store's life) lose the transaction."""
+    a record per (sink, target, generation, epoch). ``lose`` makes the write of that
+    number (over the store's life) lose the transaction."""
 
     def __init__(self, clock: FakeClock, lose: tuple[int, ...] = ()) -> None:
         super().__init__(clock)
         self.lose, self.writes, self.commits = lose, 0, 0
-        self.records: dict[tuple[str, str, int], tuple[int, int]] = {}
+        self.records: dict[tuple[str, str, int, int], tuple[int, int]] = {}
         self.visible: list[str] = []
-        self._open: tuple[str, str, int] | None = None
+        self._open: tuple[str, str, int, int] | None = None
         self._held: list[str] = []
 
     def begin(
-        self, sink_id: str, epoch: int, target: str, again: bool = False
+        self, sink_id: str, epoch: int, target: str, again: bool = False, *, generation: int = 0
     ) -> tuple[int, int] | None:
-        key = (sink_id, target, epoch)
+        key = (sink_id, target, generation, epoch)
         if key in self.records and not again:
             return self.records[key]
         self._open, self._held = key, []
@@ -57,8 +57,13 @@ class FakeStore(FakeInflux):
         self._open, self._held = None, []
 
 
-def delivery(store: FakeStore, clock: FakeClock, points: int = 4) -> TargetDelivery:
+def delivery(
+    store: FakeStore, clock: FakeClock, points: int = 4, generations: dict[str, int] | None = None
+) -> TargetDelivery:
+    """A delivery to ``store`` named ``pg``; ``generations``: the sinks' generations on
+    it, as the staging store would give them (0 for a sink not in it)."""
     sender = make_sender(store, clock).sender
+    given = {} if generations is None else generations
     config = InfluxConfig(url="postgresql://h/db", batch_points=points)
     reader_and_letters = staged([[f"m,k=a v={i}i {i}" for i in range(10)]], 3)[1]
     return TargetDelivery(
@@ -69,6 +74,7 @@ def delivery(store: FakeStore, clock: FakeClock, points: int = 4) -> TargetDeliv
         config,
         lanes=4,
         epochs=store,
+        generation=lambda sink_id, target: given.get(sink_id, 0),
     )
 
 
@@ -81,6 +87,35 @@ def test_an_epoch_commits_once_with_its_record_and_a_repeat_sends_nothing() -> N
     assert (len(store.visible), store.commits, store.writes) == (10, 1, 3)
     assert target.deliver(plan, lambda: None) == (10, 0)  # the record's counts
     assert (store.commits, store.writes) == (1, 3)
+
+
+def test_a_record_of_an_older_generation_sends_the_epoch_a_repeat_in_its_own_does_not() -> None:
+    clock = FakeClock()
+    store = FakeStore(clock)
+    plan, _ = staged([[f"m,k=a v={i}i {i}" for i in range(10)]], 3)
+    generations = {plan.sink_id: 0}
+    target = delivery(store, clock, generations=generations)
+    assert target.deliver(plan, lambda: None) == (10, 0)
+    generations[plan.sink_id] = 1  # a reset: the next query's epoch 0 is another epoch
+    assert target.deliver(plan, lambda: None) == (10, 0)
+    assert (store.commits, store.writes) == (2, 6)
+    assert target.deliver(plan, lambda: None) == (10, 0)  # a re-send in generation 1
+    assert (store.commits, store.writes) == (2, 6)
+    assert set(store.records) == {(plan.sink_id, "pg", g, plan.epoch) for g in (0, 1)}
+
+
+def test_a_transactional_delivery_needs_the_generation() -> None:
+    clock = FakeClock()
+    sender = make_sender(FakeStore(clock), clock).sender
+    with pytest.raises(ValueError, match="needs the generation"):
+        TargetDelivery(
+            "pg",
+            None,  # type: ignore[arg-type]
+            (sender, sender),
+            None,  # type: ignore[arg-type]
+            InfluxConfig(url="postgresql://h/db"),
+            epochs=FakeStore(clock),
+        )
 
 
 def test_a_lost_transaction_starts_the_epoch_over_whole() -> None:
@@ -191,3 +226,21 @@ def test_two_postgresql_targets_may_not_share_a_schema_of_one_database() -> None
     apart = load_influx_config({**env, "TWOPHASE_TARGET_Q_TARGET_SCHEMA": "other"})
     assert [t.influx.schema for t in apart.named_targets()] == ["public", "other"]
     assert load_influx_config({"TWOPHASE_TARGETS": "p=postgresql://u@h/m,q=postgresql://u@h/n"})
+
+
+class OlderContract(FakeStore):
+    """An EpochWriter of the contract before generations: its begin takes none."""
+
+    def begin(  # type: ignore[override]
+        self, sink_id: str, epoch: int, target: str, again: bool = False
+    ) -> tuple[int, int] | None:
+        return super().begin(sink_id, epoch, target, again)
+
+
+def test_a_transactional_writer_whose_begin_takes_no_generation_is_refused_at_the_start() -> None:
+    from twophase.protocol.runtime import _epochs
+
+    target = InfluxConfig(url="postgresql://h/db")
+    with pytest.raises(TypeError, match="must take the keyword `generation`"):
+        _epochs(target, OlderContract(FakeClock()))
+    assert _epochs(target, FakeStore(FakeClock())) is not None

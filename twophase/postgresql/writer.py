@@ -4,8 +4,8 @@
 [`EpochWriter`][twophase.targets.kind.EpochWriter]. ``begin`` opens the epoch's
 transaction and reads the target's delivered record
 ([`twophase.postgresql.record`][twophase.postgresql.record]): the record's counts, and
-nothing sent, when the epoch is there already. Each ``write`` parses its body, checks every point
-against its measurement's table
+nothing sent, when the epoch is there already in the generation ``begin`` names. Each
+``write`` parses its body, checks every point against its measurement's table
 ([`twophase.postgresql.tables`][twophase.postgresql.tables]) and upserts the rows
 (``COPY`` into a temporary table, then ``INSERT ... ON CONFLICT (time, tags) DO
 UPDATE``), inside a savepoint: a refused body leaves the transaction as it was
@@ -98,17 +98,18 @@ class PostgresWriter:
         self._shapes: dict[str, TableShape] = {}
         self._epoch_lock = threading.Lock()
         self._holding = False
-        self._open: tuple[str, int, str] | None = None
+        self._open: tuple[str, int, str, int] | None = None  # sink, epoch, target, generation
 
     # --- the epoch ---------------------------------------------------------
 
     def begin(
-        self, sink_id: str, epoch: int, target: str, again: bool = False
+        self, sink_id: str, epoch: int, target: str, again: bool = False, *, generation: int = 0
     ) -> tuple[int, int] | None:
         """Open the epoch's transaction and return None; or, when the target's record
-        holds the epoch already, return its (delivered, rejected) counts with nothing
-        left open. ``again`` (an operator's resend) opens it even so: the record is
-        replaced at the commit. Idempotent: a delivered epoch is skipped."""
+        holds the epoch already in ``generation``, return its (delivered, rejected)
+        counts with nothing left open (a record of another generation is inert).
+        ``again`` (an operator's resend) opens it even so: the record is replaced at the
+        commit. Idempotent: a delivered epoch is skipped."""
         if self._open is not None and self._holding:
             raise UsageError("an epoch is open on this writer already: commit or roll it back")
         self._epoch_lock.acquire()
@@ -119,11 +120,13 @@ class PostgresWriter:
                 record.ensure_record(conn, self._schema)
                 self._record_ready = True
             with conn.cursor() as cur:
-                counts = record.delivered_counts(cur, self._schema, sink_id, target, epoch)
+                counts = record.delivered_counts(
+                    cur, self._schema, sink_id, target, epoch, generation
+                )
         if counts is not None and not again:  # its transaction ended, and its lock
             self._end(rollback=True)
             return counts
-        self._open = (sink_id, epoch, target)
+        self._open = (sink_id, epoch, target, generation)
         return None
 
     def write(self, body: bytes, gzipped: bool = False) -> None:
@@ -144,12 +147,12 @@ class PostgresWriter:
         ``begin`` tells by the record)."""
         if self._open is None:
             raise UsageError("no epoch is open on this writer: begin one first")
-        sink_id, epoch, target = self._open
+        sink_id, epoch, target, generation = self._open
         with self._ended_on_failure():
             conn = self._epoch_connection()
             with conn.cursor() as cur:
                 counts = (delivered, rejected)
-                record.write_record(cur, self._schema, sink_id, target, epoch, counts)
+                record.write_record(cur, self._schema, sink_id, target, epoch, counts, generation)
             conn.commit()
         self._end()
 

@@ -15,8 +15,13 @@ in requests over its lanes, and re-sending the fixed point set in its fixed orde
 changes nothing (I4). A transactional kind (PostgreSQL) takes the epoch over one lane
 inside one transaction of its writer ([`EpochWriter`][twophase.targets.kind.EpochWriter]),
 committed with a record that the epoch was delivered: readers never see part of an
-epoch, and a repeat finds the record and sends nothing. A transaction lost on the way
-(its connection dropped) is started over whole, never continued.
+epoch, and a repeat finds the record and sends nothing. The record names the
+*generation* of the sink's epoch numbers on the target, read from the staging store
+([`TargetLedger.generation`][twophase.protocol.targets.TargetLedger.generation]) before
+each epoch's transaction: only a record of the current generation skips the epoch, so
+one written before a reset (the next query numbers its epochs from 0 again) or a
+``targets resync --from-epoch`` sends nothing short. A transaction lost on the way (its
+connection dropped) is started over whole, never continued.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class TargetDelivery:
         lanes: int = 1,
         retry: StagingRetry | None = None,
         epochs: EpochWriter | None = None,
+        generation: Callable[[str, str], int] | None = None,
     ):
         self.name = name  # named in its dead letters
         self._reader = reader
@@ -98,6 +104,11 @@ class TargetDelivery:
         self._batch_bytes = config.batch_bytes
         # a transactional kind's writer: an epoch in one transaction, over one lane
         self._epochs = epochs
+        # (sink, target) -> the generation its record of an epoch names, read from the
+        # staging store for each epoch (a reset or a resync moves it on)
+        if epochs is not None and generation is None:
+            raise ValueError(f"target {name!r}: a transactional delivery needs the generation")
+        self._generation = generation
         self._lanes = 1 if epochs is not None else lanes  # connections at once
         # re-sending is harmless (I4), so a read cut by a staging outage starts over
         self._retry = retry or StagingRetry(RetryPolicy(0, 0, 0))
@@ -199,20 +210,25 @@ class TargetDelivery:
     ) -> tuple[int, int]:
         """The epoch sent once inside one transaction of the target, committed with its
         delivered record; the counts of that record when the target holds the epoch
-        already. Fenced before the transaction opens and before it commits (I5): a
-        fenced run commits nothing on the target."""
+        already in the sink's current generation on it (a record of an older one, from
+        before a reset or a resync from an epoch, is inert). Fenced before the
+        transaction opens and before it commits (I5): a fenced run commits nothing on
+        the target."""
         epochs = self._epochs
-        assert epochs is not None
+        assert epochs is not None and self._generation is not None
         if check is not None:
             check()
+        generation = self._generation(plan.sink_id, self.name)
         try:
-            held = epochs.begin(plan.sink_id, plan.epoch, self.name, again)
+            held = epochs.begin(plan.sink_id, plan.epoch, self.name, again, generation=generation)
             if held is not None:
                 log.info(
-                    "sink %s epoch %d: target %s holds it already (its delivered record)",
+                    "sink %s epoch %d: target %s holds it already (its delivered record, "
+                    "generation %d)",
                     plan.sink_id,
                     plan.epoch,
                     self.name,
+                    generation,
                     extra=fields(plan.sink_id, plan.epoch),
                 )
                 return held

@@ -377,7 +377,8 @@ class Ledger:
 
         The next query may start at any epoch. The epoch records are deleted, so
         every write becomes an orphan for GC, and so are the per-target cursors
-        and deliveries of a sink with several targets; the dead letters of the writes the
+        and deliveries; the sink starts a new generation (a transactional target's
+        records of the old epoch numbers are inert); the dead letters of the writes the
         epochs chose are marked ``reset_at`` first and stay the sink's: listed,
         requeueable, never removed by GC. Raises StateError while epochs are
         PRECOMMITTED (recover first).
@@ -394,8 +395,17 @@ class Ledger:
                 "DELETE FROM twophase_epochs WHERE sink_id = %s RETURNING epoch", (sink_id,)
             )
             removed = len(cur.fetchall())
-            # Several targets: their cursors count the forgotten epochs; the next query's
-            # start registers them again, from its first epoch.
+            # The next query numbers its epochs from 0 again: the sink's next generation
+            # (never given out before), so that a transactional target's records of the
+            # old numbers (in its own store, out of reach here) skip none of the new epochs.
+            cur.execute(
+                "UPDATE twophase_sinks s SET generation = GREATEST(s.generation,"
+                " (SELECT max(t.generation) FROM twophase_targets t WHERE t.sink_id = %s)) + 1"
+                " WHERE s.sink_id = %s",
+                (sink_id, sink_id),
+            )
+            # Its targets' cursors count the forgotten epochs; the next query's start
+            # registers them again, from its first epoch, in the new generation.
             cur.execute("DELETE FROM twophase_target_deliveries WHERE sink_id = %s", (sink_id,))
             cur.execute("DELETE FROM twophase_targets WHERE sink_id = %s", (sink_id,))
             cur.execute(

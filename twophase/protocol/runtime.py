@@ -10,6 +10,7 @@ of defaults.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -197,6 +198,7 @@ def _deliveries(
     """A delivery per target, by name: its senders give up after ``target_deadline``
     (a commit's round) and after ``target_retry_deadline`` (everything else)."""
     deliveries = {}
+    generations = TargetLedger(db)
     for target in config.influx.named_targets():
         rounds = dataclasses.replace(
             target.influx, retry_deadline_s=config.influx.target_deadline_s
@@ -216,6 +218,7 @@ def _deliveries(
             config.staging.lanes,
             db.retry,
             epochs=_epochs(target.influx, writers[target.name]),
+            generation=generations.generation,
         )
     return deliveries
 
@@ -228,4 +231,12 @@ def _epochs(target: InfluxConfig, writer: TargetWriter) -> EpochWriter | None:
     inner = writer.inner if isinstance(writer, metering.MeteredWriter) else writer
     if not isinstance(inner, EpochWriter):
         raise TypeError(f"a transactional kind's writer must be an EpochWriter: {inner!r}")
+    # A writer of an older contract would fail its first epoch's begin; told here, at
+    # the start, with what it lacks.
+    taken = inspect.signature(inner.begin).parameters.values()
+    if not any(p.name == "generation" or p.kind == p.VAR_KEYWORD for p in taken):
+        raise TypeError(
+            f"a transactional kind's EpochWriter.begin must take the keyword `generation` "
+            f"(its record keyed on it): {inner!r}"
+        )
     return inner

@@ -147,14 +147,33 @@ _STATES = (
     " WHERE (%(s)s::text IS NULL OR t.sink_id = %(s)s) ORDER BY t.sink_id, t.target"
 )
 # A new target starts after the sink's last COMMITTED epoch on record (none after a
-# reset, which deletes the epochs and the targets' rows: then at epoch 0).
+# reset, which deletes the epochs and the targets' rows: then at epoch 0), in the
+# sink's last generation (a reset gave out a new one).
 _REGISTER = (
-    "INSERT INTO twophase_targets (sink_id, target, delivered_epoch, from_epoch, url)"
-    " SELECT %(s)s, n.target, last.epoch, COALESCE(last.epoch + 1, 0), n.url"
+    "INSERT INTO twophase_targets"
+    " (sink_id, target, delivered_epoch, from_epoch, url, generation)"
+    " SELECT %(s)s, n.target, last.epoch, COALESCE(last.epoch + 1, 0), n.url,"
+    " (SELECT generation FROM twophase_sinks WHERE sink_id = %(s)s)"
     " FROM unnest(%(n)s::text[], %(u)s::text[]) AS n(target, url),"
     " (SELECT max(epoch) AS epoch FROM twophase_epochs WHERE sink_id = %(s)s"
     " AND epoch >= 0 AND state = 'COMMITTED') last"
     " ON CONFLICT DO NOTHING RETURNING target, from_epoch"
+)
+# The generation a target's deliveries are recorded under; the sink's for a target it
+# has no row of (none is delivered to before its query's claim registers it).
+_GENERATION = (
+    "SELECT COALESCE((SELECT generation FROM twophase_targets WHERE sink_id = %(s)s"
+    " AND target = %(t)s), generation) FROM twophase_sinks WHERE sink_id = %(s)s"
+)
+# The sink's next generation, given to one target: never given out before for the sink
+# (the sink's counts every one given out; its targets' are at most it), so no record
+# of a target of that name, even of one removed since, names it.
+_NEW_GENERATION = (
+    "WITH g AS (UPDATE twophase_sinks s SET generation = GREATEST(s.generation,"
+    " (SELECT max(t.generation) FROM twophase_targets t WHERE t.sink_id = s.sink_id)) + 1"
+    " WHERE s.sink_id = %(s)s RETURNING s.generation)"
+    " UPDATE twophase_targets t SET generation = g.generation FROM g"
+    " WHERE t.sink_id = %(s)s AND t.target = %(t)s RETURNING t.generation"
 )
 _URLS = (
     "UPDATE twophase_targets t SET url = n.url, updated_at = now(),"
@@ -349,6 +368,21 @@ class TargetLedger:
                 event(cur, sink_id, None, "target_url_changed", None, detail)
             return changes
 
+    def generation(self, sink_id: str, target: str) -> int:
+        """The generation of the sink's epoch numbers on ``target``: what a transactional
+        target's record of an epoch names, so that the records of numbers a reset or a
+        ``resync --from-epoch`` has given out again never skip an epoch. StateError for
+        an unknown sink."""
+        return self._db.retry("target generation", lambda: self._generation(sink_id, target))
+
+    def _generation(self, sink_id: str, target: str) -> int:
+        with self._db.transaction() as cur:
+            cur.execute(_GENERATION, {"s": sink_id, "t": target})
+            row = cur.fetchone()
+            if row is None:
+                raise StateError(f"unknown sink {sink_id!r}")
+            return int(row[0])
+
     def places(self, sink_id: str, epoch: int, names: Sequence[str]) -> list[Place]:
         """Where each of ``names`` (registered for the sink) stands for ``epoch``."""
         return self._db.retry("targets", lambda: self._places(sink_id, epoch, names))
@@ -488,7 +522,9 @@ class TargetLedger:
         again and its lag clock restarts; it is owed every COMMITTED epoch from
         ``from_epoch`` (default: its first missing one) on, its cursor set just below
         under its row's lock. Given a ``from_epoch``, the corrections it holds are owed
-        to it again too. Returns the epoch it now starts at (None: it misses nothing).
+        to it again too, and the target starts a new generation (a transactional
+        target's records of what it held are inert: everything is sent again). Returns
+        the epoch it now starts at (None: it misses nothing).
         ValueError for a negative ``from_epoch`` (corrections are not a place to start)."""
         if from_epoch is not None and from_epoch < 0:
             raise ValueError(f"from_epoch must be 0 or more, not {from_epoch}")
@@ -517,6 +553,10 @@ class TargetLedger:
                     " AND epoch < 0",
                     (sink_id, target),
                 )
+                # What it is sent again must reach it even where its own record (of a
+                # transactional kind) says it holds the epoch: the target lost rows,
+                # or is another server. A new generation makes those records inert.
+                cur.execute(_NEW_GENERATION, {"s": sink_id, "t": target})
             if from_epoch is not None:
                 cur.execute(
                     "UPDATE twophase_targets SET delivered_epoch = %(e)s - 1, from_epoch ="

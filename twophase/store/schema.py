@@ -5,7 +5,9 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
 * ``twophase_sinks``: one row per sink; its fencing token, owning run, bound query,
   running totals (``SINK_COUNTERS``) for metrics, and the floor of its compacted
   history (``compacted_through``: GC deleted the records of older epochs, every one
-  of which that was decided is COMMITTED and delivered).
+  of which that was decided is COMMITTED and delivered), and the generation its
+  targets register in (``generation``: the last one given out for the sink; a reset and
+  a ``targets resync --from-epoch`` each take the next).
 * ``twophase_runs``: every start of a query against a sink (audit of fencing), and
   when and how it ended (``ended_at``, ``end_reason``) if it said so.
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED). Spark's
@@ -44,7 +46,10 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
 * ``twophase_targets``: per sink, each of its targets (the one ``target_url`` makes is
   named ``default``): its state (``TARGET_STATES``), the last epoch delivered to it in
   epoch order, the first epoch it is owed (a target added later starts at the next
-  epoch), its URL as last registered (credentials removed) and its last resync.
+  epoch), its URL as last registered (credentials removed), its last resync, and the
+  *generation* of epoch numbers its deliveries are recorded under (``generation``: a
+  transactional target's own record names it, so that the record of an epoch number a
+  reset or a ``resync --from-epoch`` has given out again is inert).
 * ``twophase_target_deliveries``: one row per target and epoch delivered to it.
 * ``twophase_target_backlog`` (a view): each target's COMMITTED epochs past its cursor,
   and the COMMITTED corrections it is owed and has no delivery of.
@@ -145,6 +150,13 @@ sinks = Table(
         BigInteger,
         nullable=True,
         comment="every Spark epoch up to it that was decided is COMMITTED and delivered (gc)",
+    ),
+    Column(
+        "generation",
+        BigInteger,
+        nullable=False,
+        server_default="0",
+        comment="the sink's last generation given out: a target registered starts in it",
     ),
 )
 
@@ -307,6 +319,13 @@ targets = Table(
     Column("url", Text, nullable=True, comment="as last registered, credentials removed"),
     Column("url_changed_at", DateTime(timezone=True), nullable=True),
     Column("resynced_at", DateTime(timezone=True), nullable=True),
+    Column(
+        "generation",
+        BigInteger,
+        nullable=False,
+        server_default="0",
+        comment="the generation its deliveries are recorded under (resync --from-epoch: a new one)",
+    ),
     PrimaryKeyConstraint("sink_id", "target"),
     CheckConstraint(f"state IN {TARGET_STATES!r}", name="state"),
 )

@@ -21,7 +21,7 @@ read-backs. The protocol needs nothing else of a store:
   [`TRANSACTION`][twophase.targets.kind.TRANSACTION] (the writer is an
   [`EpochWriter`][twophase.targets.kind.EpochWriter]: an epoch's bodies and a record
   that it was delivered commit in one transaction, and a re-sent epoch is skipped by
-  that record).
+  that record, when it names the epoch's generation).
 """
 
 from __future__ import annotations
@@ -60,8 +60,14 @@ class EpochWriter(Protocol):
 
     ``begin`` opens the transaction for the sink's epoch on this target. It returns
     None when the epoch is to be sent, or, when the target's own record says the epoch
-    was delivered already, the ``(delivered, rejected)`` counts that record holds (then
-    nothing is sent and no transaction stays open). ``again`` (an operator's resend)
+    was delivered already *in this generation*, the ``(delivered, rejected)`` counts
+    that record holds (then nothing is sent and no transaction stays open).
+    ``generation`` numbers the sink's epoch numbers on this target, as the staging store
+    gives it: a ``twophase reset`` (the next query numbers its epochs from 0 again) and
+    a ``targets resync --from-epoch`` start a new one. The record is keyed on it with
+    the sink, the target and the epoch, and a record of another generation is inert:
+    it never skips an epoch (the staging store cannot clear a record kept in the
+    target's own store). ``again`` (an operator's resend)
     sends the epoch even so: its record is replaced at the commit. ``write`` adds a
     body to the open transaction (refused lines raise ``BadPointsError`` and leave the
     transaction as it was before that body). ``commit`` records the epoch as delivered
@@ -71,12 +77,12 @@ class EpochWriter(Protocol):
     ``TransactionLostError`` from any step. One epoch at a time: the epoch is sent over
     one lane.
 
-    Idempotent: an epoch delivered twice is committed once; the second ``begin``
-    finds its record.
+    Idempotent: an epoch delivered twice in one generation is committed once; the
+    second ``begin`` finds its record.
     """
 
     def begin(
-        self, sink_id: str, epoch: int, target: str, again: bool = False
+        self, sink_id: str, epoch: int, target: str, again: bool = False, *, generation: int = 0
     ) -> tuple[int, int] | None: ...
 
     def write(self, body: bytes, gzipped: bool = False) -> None: ...

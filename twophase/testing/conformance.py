@@ -20,6 +20,9 @@ real protocol and read the target back through its kind's ``Readback``:
   transactional one: the same body in the transactions of two epochs, and the first
   epoch's record found again);
 * an epoch delivered twice, and re-sent by an operator, is held once;
+* a transactional kind's record names the generation: one of another generation is
+  inert, one of its own is found again; a sink reset, the next query's epochs (numbered
+  from 0 again) are delivered whole;
 * failures are classified: a point the store refuses is ``BadPointsError`` with the
   store's reason, and the sender delivers the other points of its body; an
   unreachable store is retryable; bad credentials are ``TargetAuthError``;
@@ -58,7 +61,7 @@ from twophase.errors import (
 )
 from twophase.influx.sender import BatchSender
 from twophase.model import CommitMessage, EpochState
-from twophase.operations import Guard, recover, resend
+from twophase.operations import Guard, recover, resend, reset
 from twophase.protocol.runtime import TwoPhase
 from twophase.targets import (
     EpochWriter,
@@ -237,6 +240,48 @@ class TargetConformance:
         assert [e.epoch for e in report.resent] == [0]
         self.holds(target, case, expected(lines))
 
+    def test_a_record_of_another_generation_is_inert(
+        self, target: InfluxConfig, case: Case
+    ) -> None:
+        if not kind_of(target).transactional:
+            pytest.skip("a kind that overwrites keeps no record")
+        first, second = case.lines(0, _POINTS), case.lines(1, _POINTS)
+        writer = self.writer(target)
+        assert isinstance(writer, EpochWriter)
+        try:
+            assert writer.begin(case.sink, 0, _NAME, generation=0) is None
+            writer.write("\n".join(first).encode())
+            writer.commit(len(first), 0)
+            # epoch 0 of generation 1 (after a reset) is another epoch: sent
+            assert writer.begin(case.sink, 0, _NAME, generation=1) is None
+            writer.write("\n".join(second).encode())
+            writer.commit(len(second), 0)
+            # each generation's record found again: a re-send within it sends nothing
+            assert writer.begin(case.sink, 0, _NAME, generation=0) == (len(first), 0)
+            assert writer.begin(case.sink, 0, _NAME, generation=1) == (len(second), 0)
+        finally:
+            writer.close()
+        self.holds(target, case, expected(first + second))
+
+    def test_a_reset_sinks_next_query_is_delivered_whole(
+        self, target: InfluxConfig, staging: TwoPhaseConfig, case: Case
+    ) -> None:
+        """A sink reset (its query's checkpoint reset on purpose): the next query numbers
+        its epochs from 0 again, and the target gets every one of them."""
+        old, new = case.lines(0, _POINTS), case.lines(1, _POINTS)
+        config = _config(staging, target)
+        with TwoPhase.open(config) as tp:
+            lease = tp.begin_run(case.sink, "r1", "q1")
+            assert (
+                tp.committer.commit(lease, 0, _stage(tp, case, old)).state == EpochState.COMMITTED
+            )
+        reset(config.staging, case.sink, guard=_FORCE)
+        with TwoPhase.open(config) as tp:
+            lease = tp.begin_run(case.sink, "r2", "q2")
+            messages = _stage(tp, case, new, run="r2", query="q2")
+            assert tp.committer.commit(lease, 0, messages).state == EpochState.COMMITTED
+        self.holds(target, case, expected(old + new))
+
     def test_a_refused_point_is_bad_points_and_the_others_delivered(
         self, target: InfluxConfig, case: Case
     ) -> None:
@@ -354,10 +399,10 @@ class _Counting:
         self.inner.write(body, gzipped)
 
     def begin(
-        self, sink_id: str, epoch: int, target: str, again: bool = False
+        self, sink_id: str, epoch: int, target: str, again: bool = False, *, generation: int = 0
     ) -> tuple[int, int] | None:
         assert isinstance(self.inner, EpochWriter)
-        return self.inner.begin(sink_id, epoch, target, again)
+        return self.inner.begin(sink_id, epoch, target, again, generation=generation)
 
     def commit(self, delivered: int, rejected: int) -> None:
         assert isinstance(self.inner, EpochWriter)
@@ -382,11 +427,19 @@ def _sink(first: InfluxConfig, target: InfluxConfig) -> InfluxConfig:
     return dataclasses.replace(first, targets=targets, min_targets=1, target_deadline_s=1)
 
 
-def _stage(tp: TwoPhase, case: Case, lines: Sequence[str], epoch: int = 0) -> list[CommitMessage]:
-    """The epoch's lines staged by two tasks."""
+def _stage(
+    tp: TwoPhase,
+    case: Case,
+    lines: Sequence[str],
+    epoch: int = 0,
+    *,
+    run: str = "r1",
+    query: str = "q1",
+) -> list[CommitMessage]:
+    """The epoch's lines staged by two tasks of ``run`` of ``query``."""
     middle = len(lines) // 2
     return [
-        tp.stager.stage(case.sink, epoch, list(part), partition_id=n, run_id="r1", query_id="q1")
+        tp.stager.stage(case.sink, epoch, list(part), partition_id=n, run_id=run, query_id=query)
         for n, part in enumerate((lines[:middle], lines[middle:]))
     ]
 
