@@ -34,8 +34,9 @@ CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 TARGET_ENV_PREFIX = ENV_PREFIX + "TARGET_"
 # Lines per staged chunk; a promote request (target_batch_points) holds whole chunks.
 _REQUEST_POINTS = 5000
-# The longest timeout PostgreSQL takes (its settings are whole milliseconds in an int).
-PG_MAX_TIMEOUT_S = (2**31 - 1) / 1000
+# The longest PostgreSQL timeout these settings take: PostgreSQL's own are whole
+# milliseconds in a 32-bit integer (just under 25 days), and 24 days is a round figure.
+PG_MAX_TIMEOUT_S = 24 * 86400
 
 
 def env_name(option: str) -> str:

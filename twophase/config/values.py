@@ -108,7 +108,8 @@ def _bool(setting: Setting, raw: Any, name: str) -> bool:
 def _duration(setting: Setting, raw: Any, name: str) -> float:
     seconds = parse_duration(raw, name)
     if setting.maximum is not None and seconds > setting.maximum:
-        raise ConfigError(name, f"must be at most {setting.maximum:.10g}s")
+        limit = setting.maximum
+        raise ConfigError(name, f"must be at most {limit:.0f}s ({limit / 86400:g} days)")
     return seconds
 
 
