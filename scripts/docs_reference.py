@@ -89,9 +89,10 @@ def _setting_meaning(setting: Any) -> str:
     if setting.choices:
         extra.append("one of " + ", ".join(f"`{c}`" for c in setting.choices))
     if setting.kind in ("int", "duration") and (setting.minimum or setting.maximum):
-        bounds = f"at least {setting.minimum:g}"
+        shown = format_duration if setting.kind == "duration" else "{:g}".format
+        bounds = f"at least {shown(setting.minimum)}"
         if setting.maximum is not None:
-            bounds = f"{setting.minimum:g} to {setting.maximum:g}"
+            bounds = f"{shown(setting.minimum)} to {shown(setting.maximum)}"
         extra.append(bounds)
     if setting.secret:
         extra.append(f"a secret: from the environment, `{setting.env}_FILE` or the file only")

@@ -189,6 +189,23 @@ class TransactionLostError(RetryableError):
     request, which would commit an epoch missing the requests sent before the loss."""
 
 
+class EpochStartOverError(TransactionLostError):
+    """A transactional target ended an epoch's transaction on purpose: a table it had
+    written to needed a new column, which is added in a transaction of its own and
+    could not be while the epoch's held the table. Nothing of the epoch was committed;
+    the delivery starts it over at once, the column there."""
+
+
+class TargetTableError(InfluxRequestError, ConfigError):
+    """A target's table cannot take what the sink writes (a key column of the wrong
+    type, no unique key...): a person must change the table. A ConfigError whose
+    ``option`` is the table, the problem naming the column; a target's refusal too, so
+    that the other targets go on while this one lags (I10)."""
+
+    def __init__(self, table: str, problem: str) -> None:
+        ConfigError.__init__(self, table, problem)
+
+
 class BadPointsError(InfluxRequestError):
     """400/422: some points were refused; ``reason`` is InfluxDB's own message.
 

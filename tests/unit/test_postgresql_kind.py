@@ -8,18 +8,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxConfig, Secret, load_config
 from twophase.errors import (
     ConfigError,
     TargetAuthError,
     TargetNotFoundError,
     TargetRequestError,
+    TargetTableError,
     TransactionLostError,
     TransientWriteError,
 )
 from twophase.points.lineproto import parse_line
 from twophase.postgresql import KIND
-from twophase.postgresql.connect import check_settings, classify, conninfo
+from twophase.postgresql.connect import check_settings, classify, conninfo, session_limits
 from twophase.postgresql.readback import _series, ns_of
 from twophase.postgresql.tables import (
     TableShape,
@@ -103,6 +104,24 @@ def test_a_table_that_cannot_take_points_is_refused_naming_the_column(
     with pytest.raises(TargetRequestError) as refused:
         check_shape("we'ird", "m", columns, keys)
     assert named in str(refused.value) and '"we\'ird"."m"' in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["character(8)", "character(1)", "bpchar"])
+def test_a_character_n_tag_column_is_refused_naming_the_table_and_the_column(kind: str) -> None:
+    """Two tags that differ only in trailing spaces would be one key of it: an upsert
+    holding both would fail (21000) every time it is sent."""
+    with pytest.raises(ConfigError) as refused:
+        check_shape("public", "m", {**COLUMNS, "host": kind}, [("time", "host")])
+    assert isinstance(refused.value, TargetTableError)  # a target's refusal: it lags
+    assert refused.value.option == '"public"."m"'
+    assert f"tag column 'host' is {kind}" in str(refused.value)
+    assert "text or varchar" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["text", "character varying", "character varying(40)"])
+def test_text_and_varchar_tag_columns_are_taken(kind: str) -> None:
+    shape = check_shape("public", "m", {**COLUMNS, "host": kind}, [("time", "host")])
+    assert shape.tags == ("host",)
 
 
 SHAPE = TableShape("public", "m", COLUMNS, ("host",))
@@ -228,6 +247,60 @@ def test_failures_are_classified_by_sqlstate_or_libpqs_words(
     assert type(classify(error, config, in_transaction=False)) is outside
     assert type(classify(error, config, in_transaction=True)) is inside
     assert "hunter2" not in str(classify(error, config, in_transaction=True))
+
+
+@pytest.mark.parametrize(
+    ("error", "named"),
+    [
+        (
+            psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
+            "past target_lock_timeout 1.5s",
+        ),
+        (
+            psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+            "past target_statement_timeout 30s",
+        ),
+    ],
+)
+def test_a_statement_past_its_limit_may_pass_and_names_the_setting(
+    error: psycopg.Error, named: str
+) -> None:
+    config = _config("postgresql://u@db/x", lock_timeout_s=1.5, statement_timeout_s=30.0)
+    assert type(classify(error, config, in_transaction=False)) is TransientWriteError
+    lost = classify(error, config, in_transaction=True)
+    assert type(lost) is TransactionLostError and named in str(lost)
+
+
+def test_a_statement_an_operator_cancelled_names_no_setting() -> None:
+    error = psycopg.errors.QueryCanceled("canceling statement due to user request")
+    lost = classify(error, _config("postgresql://u@db/x"), in_transaction=True)
+    assert type(lost) is TransactionLostError and "target_" not in str(lost)
+
+
+def test_a_sessions_limits_come_from_the_target_settings() -> None:
+    config = _config("postgresql://u@db/x", lock_timeout_s=0.0001, statement_timeout_s=0.0)
+    limits = dict(session_limits(config))
+    assert limits["lock_timeout"] == "1ms"  # a limit under a millisecond is not none
+    assert limits["statement_timeout"] == "0ms"  # 0: none
+    assert limits["idle_in_transaction_session_timeout"] == "300000ms"
+    defaults = dict(session_limits(_config("postgresql://u@db/x")))
+    assert (defaults["lock_timeout"], defaults["statement_timeout"]) == ("5000ms", "60000ms")
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("soon", "is not a duration"), ("-1s", "is not a duration"), ("30d", "must be at most")],
+)
+@pytest.mark.parametrize("option", ["target_lock_timeout", "target_statement_timeout"])
+def test_a_bad_limit_fails_naming_its_setting(option: str, value: str, problem: str) -> None:
+    env = {
+        "TWOPHASE_STAGING_URL": "postgresql+psycopg://u@db:5432/tp",
+        "TWOPHASE_TARGET_URL": "postgresql://u@db:5432/metrics",
+        f"TWOPHASE_{option.upper()}": value,
+    }
+    with pytest.raises(ConfigError) as refused:
+        load_config(env=env)
+    assert refused.value.option == f"TWOPHASE_{option.upper()}" and problem in str(refused.value)
 
 
 def test_a_failure_that_broke_the_connection_is_a_lost_transaction() -> None:

@@ -13,12 +13,20 @@ from twophase.config import InfluxConfig
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
+    EpochStartOverError,
     InfluxAuthError,
     InfluxNotFoundError,
     InfluxUnavailableError,
+    TransactionLostError,
     TransientWriteError,
 )
-from twophase.influx.sender import SPLIT_REQUESTS, BatchSender, RetryEvent, RetryPolicy
+from twophase.influx.sender import (
+    SPLIT_REQUESTS,
+    START_OVERS,
+    BatchSender,
+    RetryEvent,
+    RetryPolicy,
+)
 from twophase.points.batching import batches
 
 # --- RetryPolicy ----------------------------------------------------------------------
@@ -154,6 +162,41 @@ def test_deadline_raises_influx_unavailable() -> None:
     assert len(writer.bodies) > 5  # it did retry
     assert 30 <= clock.now - start <= 30 + 2 * writer.request_s  # gave up right at the deadline
     assert max(clock.sleeps) <= 4.0
+
+
+def _epoch(failures: list[Exception]) -> tuple[list[int], object]:
+    """A transactional target's epoch for ``repeat``: it fails with ``failures`` in
+    turn, then succeeds (its counts); the list of its tries."""
+    tries: list[int] = []
+
+    def send() -> tuple[int, int]:
+        tries.append(len(tries) + 1)
+        if failures:
+            raise failures.pop(0)
+        return (5, 0)
+
+    return tries, send
+
+
+def test_an_epoch_started_over_to_make_a_column_is_repeated_at_once() -> None:
+    clock = FakeClock()
+    sender = BatchSender(FakeInflux(clock), fake_config(1.0), sleep=clock.sleep, clock=clock)
+    tries, send = _epoch([EpochStartOverError("column w added")] * 3)
+    checks: list[int] = []
+    assert sender.repeat(send, 5, lambda: checks.append(1)) == (5, 0)  # type: ignore[arg-type]
+    assert tries == [1, 2, 3, 4] and clock.sleeps == []  # no backoff, no deadline spent
+    assert len(checks) == 3  # fenced before every repeat all the same
+
+
+def test_start_overs_past_their_bound_and_lost_transactions_are_an_outage() -> None:
+    clock = FakeClock()
+    sender = BatchSender(FakeInflux(clock), fake_config(1.0), sleep=clock.sleep, clock=clock)
+    tries, send = _epoch([EpochStartOverError("again")] * (START_OVERS + 100))
+    with pytest.raises(InfluxUnavailableError, match="again"):
+        sender.repeat(send, 5)  # type: ignore[arg-type]
+    assert len(tries) > START_OVERS and clock.sleeps  # then backed off, until the deadline
+    tries, send = _epoch([TransactionLostError("lost")])
+    assert sender.repeat(send, 5) == (5, 0) and len(clock.sleeps) > 0  # type: ignore[arg-type]
 
 
 def test_retry_after_beyond_the_deadline_gives_up_without_waiting() -> None:

@@ -97,6 +97,8 @@ class InfluxConfig:
     kind: str = default("target_kind")
     schema: str = default("target_schema")
     create_tables: bool = default("target_create_tables")
+    lock_timeout_s: float = default("target_lock_timeout")
+    statement_timeout_s: float = default("target_statement_timeout")
     api: str = default("influx_api")
     database: str | None = None
     retention_policy: str | None = None

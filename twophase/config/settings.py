@@ -34,6 +34,9 @@ CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 TARGET_ENV_PREFIX = ENV_PREFIX + "TARGET_"
 # Lines per staged chunk; a promote request (target_batch_points) holds whole chunks.
 _REQUEST_POINTS = 5000
+# The longest PostgreSQL timeout these settings take: PostgreSQL's own are whole
+# milliseconds in a 32-bit integer (just under 25 days), and 24 days is a round figure.
+PG_MAX_TIMEOUT_S = 24 * 86400
 
 
 def env_name(option: str) -> str:
@@ -462,6 +465,33 @@ SETTINGS: tuple[Setting, ...] = (
         help="PostgreSQL targets: create a measurement's table (and add a field's column)"
         " when missing; false: check the tables against what the sink writes",
         default=False,
+    ),
+    Setting(
+        name="target_lock_timeout",
+        section=INFLUX,
+        attr="lock_timeout_s",
+        kind="duration",
+        help=(
+            "PostgreSQL targets: longest one statement waits for a lock a reader or another "
+            "session holds, on a table or a row (PostgreSQL's lock_timeout); the epoch then "
+            "starts over, until target_retry_deadline, past which the target lags while the "
+            "others go on. A table's DDL waits in short tries within it. 0: wait without limit"
+        ),
+        default=5.0,
+        maximum=PG_MAX_TIMEOUT_S,
+    ),
+    Setting(
+        name="target_statement_timeout",
+        section=INFLUX,
+        attr="statement_timeout_s",
+        kind="duration",
+        help=(
+            "PostgreSQL targets: longest one statement may run (PostgreSQL's "
+            "statement_timeout, lock waits included); the epoch then starts over, as for "
+            "target_lock_timeout. 0: no limit"
+        ),
+        default=60.0,
+        maximum=PG_MAX_TIMEOUT_S,
     ),
     Setting(
         name="influx_api",

@@ -106,7 +106,11 @@ def _bool(setting: Setting, raw: Any, name: str) -> bool:
 
 
 def _duration(setting: Setting, raw: Any, name: str) -> float:
-    return parse_duration(raw, name)
+    seconds = parse_duration(raw, name)
+    if setting.maximum is not None and seconds > setting.maximum:
+        limit = setting.maximum
+        raise ConfigError(name, f"must be at most {limit:.0f}s ({limit / 86400:g} days)")
+    return seconds
 
 
 def _int(setting: Setting, raw: Any, name: str) -> int:

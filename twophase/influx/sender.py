@@ -24,6 +24,7 @@ from twophase.config import InfluxConfig
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
+    EpochStartOverError,
     InfluxUnavailableError,
     TransactionLostError,
 )
@@ -32,6 +33,9 @@ from twophase.targets.kind import TargetWriter
 
 log = logging.getLogger("twophase.influx.sender")
 T = TypeVar("T")
+# Epochs started over at once in a row (EpochStartOverError): each brought a table a new
+# column, which an epoch can need again only for as many bodies as bring new fields.
+START_OVERS = 16
 
 
 @dataclass(frozen=True)
@@ -135,9 +139,12 @@ class BatchSender:
         pass (the target unavailable, or a transactional target's transaction lost):
         a transactional target's whole epoch, which can only be sent again whole. The
         outage is timed and given up like one request's (``send``);
-        ``before_attempt`` runs before each repeat."""
+        ``before_attempt`` runs before each repeat. An epoch the target ended to make
+        a table (EpochStartOverError) is repeated at once, up to ``START_OVERS`` times
+        in a row: each made what it needed, so it is progress, not an outage."""
         delivery = _Delivery(self, before_attempt)
         began: float | None = None
+        start_overs = 0
         for attempt in itertools.count(1):
             if attempt > 1 and before_attempt is not None:
                 before_attempt()
@@ -145,6 +152,10 @@ class BatchSender:
             try:
                 return call()
             except (InfluxUnavailableError, TransactionLostError) as exc:
+                if isinstance(exc, EpochStartOverError) and start_overs < START_OVERS:
+                    start_overs += 1
+                    log.info("%s", exc)
+                    continue
                 began = sent_at if began is None else began
                 delivery.wait_or_give_up(attempt, lines, exc, began)
         raise AssertionError("unreachable")  # itertools.count never ends

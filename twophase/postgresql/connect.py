@@ -5,23 +5,32 @@ it comes from the password setting and is handed to libpq on its own, so no URL,
 line or error message ever carries it. TLS files become libpq parameters
 (``sslrootcert``, ``sslcert``, ``sslkey``), and a host that is not loopback gets
 verified TLS unless the URL chooses an ``sslmode``, as the staging store does
-([`twophase.config.sslmode`][twophase.config.sslmode]). Each session ends itself after
+([`twophase.config.sslmode`][twophase.config.sslmode]).
+
+Every session bounds its waits (``session_limits``): PostgreSQL ends it after
 ``IDLE_IN_TRANSACTION_S`` idle inside a transaction, so that a frozen delivery cannot
-hold an epoch's locks for ever.
+hold an epoch's locks for ever; and a statement gives up after ``target_lock_timeout``
+waiting for a lock (a reader's on a table, another session's on a row) and after
+``target_statement_timeout`` in all, so that a delivery never waits for ever on what
+others hold: the epoch fails retryably and starts over, and a target that cannot
+finish it in time is left lagging while the others go on.
 
 Every failure leaves here as a class of [`twophase.errors`][twophase.errors]
 (``classify``): what may pass (a lost connection, a server shutting down, too many
-connections) as ``TransientWriteError``, or ``TransactionLostError`` when it ended an
-open transaction; credentials or privileges refused as ``TargetAuthError``; a missing
-database as ``TargetNotFoundError``; anything else as ``TargetRequestError``.
+connections, a lock wait or a statement past its limit) as ``TransientWriteError``, or
+``TransactionLostError`` when it ended an open transaction; credentials or privileges
+refused as ``TargetAuthError``; a missing database as ``TargetNotFoundError``; anything
+else as ``TargetRequestError``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
 import psycopg
+from psycopg import sql
 
 from twophase.config import sslmode, urls
 from twophase.config.settings import INFLUX, SETTINGS, env_name
@@ -47,6 +56,7 @@ __all__ = [
     "create_tables",
     "display_url",
     "schema_of",
+    "session_limits",
 ]
 
 SCHEMES = ("postgresql", "postgres")  # the URL schemes that tell this kind
@@ -67,7 +77,20 @@ _KEEPALIVES = {
 # SQLSTATEs: what may pass, and what says the credentials or privileges are wrong.
 # 25006: a read-only server, a standby (after a failover, the next connection of a
 # multi-host URL may find the new primary).
-_TRANSIENT_STATES = ("57P01", "57P02", "57P03", "53300", "40001", "40P01", "57014", "25006")
+# 55P03: lock_not_available (past target_lock_timeout); 57014: query_canceled (past
+# target_statement_timeout, or cancelled by an operator).
+_TRANSIENT_STATES = (
+    "57P01",
+    "57P02",
+    "57P03",
+    "53300",
+    "40001",
+    "40P01",
+    "55P03",
+    "57014",
+    "25006",
+)
+_LIMITS = {"55P03": "target_lock_timeout", "57014": "target_statement_timeout"}
 _TRANSIENT_CLASSES = ("08", "53")  # connection exceptions, insufficient resources
 _AUTH_STATES = ("42501",)  # insufficient_privilege
 _AUTH_CLASSES = ("28",)  # invalid authorization specification
@@ -165,19 +188,37 @@ def connect(config: InfluxConfig, *, autocommit: bool = False) -> psycopg.Connec
     except psycopg.Error as exc:
         raise classify(exc, config, in_transaction=False) from None
     try:
-        # A session left in a transaction (its process frozen, a run that does not know
-        # it was replaced) would hold an epoch's lock and its tables' locks for ever:
-        # PostgreSQL ends it, and the epoch, never committed, starts over elsewhere.
-        conn.execute(
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-            (f"{int(IDLE_IN_TRANSACTION_S * 1000)}ms",),
-        )
+        limits = session_limits(config)
+        calls = sql.SQL(", ").join([sql.SQL("set_config(%s, %s, false)")] * len(limits))
+        conn.execute(sql.SQL("SELECT {}").format(calls), [v for pair in limits for v in pair])
         if not autocommit:
             conn.commit()
     except psycopg.Error as exc:
         conn.close()
         raise classify(exc, config, in_transaction=False) from None
     return conn
+
+
+def session_limits(config: InfluxConfig) -> list[tuple[str, str]]:
+    """The settings bounding every wait of a target session (name, value in ms).
+
+    A session left in a transaction (its process frozen, a run that does not know it
+    was replaced) would hold an epoch's lock and its tables' locks for ever:
+    PostgreSQL ends it after ``IDLE_IN_TRANSACTION_S``, and the epoch, never
+    committed, starts over elsewhere. ``lock_timeout`` and ``statement_timeout``
+    (``target_lock_timeout``, ``target_statement_timeout``; 0: none) end a statement
+    that waits on a reader's lock or runs too long, instead of the commit waiting on
+    it."""
+    return [
+        ("idle_in_transaction_session_timeout", f"{_ms(IDLE_IN_TRANSACTION_S)}ms"),
+        ("lock_timeout", f"{_ms(config.lock_timeout_s)}ms"),
+        ("statement_timeout", f"{_ms(config.statement_timeout_s)}ms"),
+    ]
+
+
+def _ms(seconds: float) -> int:
+    """Whole milliseconds, rounded up: a limit under one is not none (0 is)."""
+    return math.ceil(seconds * 1000) if seconds > 0 else 0
 
 
 def classify(
@@ -197,8 +238,18 @@ def classify(
     if state in _NOT_FOUND_STATES:
         return TargetNotFoundError(f"{where}: {text} ({state})")
     if state.startswith(_TRANSIENT_CLASSES) or state in _TRANSIENT_STATES:
-        return _lost(where, f"{text} ({state})", in_transaction)
+        return _lost(where, f"{text} ({state}){_limit(state, text, config)}", in_transaction)
     return TargetRequestError(f"{where} refused a statement: {text} ({state})")
+
+
+def _limit(state: str, text: str, config: InfluxConfig) -> str:
+    """The setting a statement ended by its limit ran into, for the message ('' for
+    any other failure: a statement an operator cancelled, say)."""
+    option = _LIMITS.get(state)
+    if option is None or "timeout" not in text:
+        return ""
+    seconds = config.lock_timeout_s if state == "55P03" else config.statement_timeout_s
+    return f", past {option} {seconds:g}s"
 
 
 def _without_state(

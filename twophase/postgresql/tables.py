@@ -13,15 +13,20 @@ Line protocol does not tell an unsigned integer from a signed one once read: bot
 integers, written to ``bigint`` within its range (a ``numeric(20,0)`` column, made by
 hand, takes the whole unsigned range).
 
+A tag column made by hand may be ``text`` or ``varchar``, never ``character(n)``: that
+type pads its values with spaces and ignores trailing ones when it compares them, so
+two tags would be one key.
+
 With ``target_create_tables`` a missing table is created from the first points seen
 (their tags and fields), and a field column missing later is added
-(``ALTER TABLE ... ADD COLUMN``); a tag the table lacks refuses that point, since the
-unique key cannot change under live data. Without it the table must exist with the
-shape above (``TargetRequestError`` naming the table and the column otherwise), and a
-point whose field has no column, or whose value the column cannot hold, is refused
-with the reason. DDL is taken under a transaction-level advisory lock on the table's
-name, so two writers creating the same table do not collide; it is idempotent
-(``IF NOT EXISTS``).
+(``ALTER TABLE ... ADD COLUMN``), each outside any epoch's transaction
+([`twophase.postgresql.ddl`][twophase.postgresql.ddl]); a tag the table lacks refuses
+that point, since the unique key cannot change under live data. Without it the table
+must exist with the shape above (``TargetTableError`` naming the table and the column
+otherwise), and a point whose field has no column, or whose value the column cannot
+hold, is refused with the reason. DDL is taken under a transaction-level advisory lock
+on the table's name, so two writers creating the same table do not collide; it is
+idempotent (``IF NOT EXISTS``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from twophase.errors import TargetRequestError
+from twophase.errors import TargetTableError
 from twophase.points.lineproto import FieldValue, ParsedPoint
 
 __all__ = [
@@ -68,9 +73,9 @@ _NUMERIC = re.compile(r"numeric(?:\((\d+)(?:,(\d+))?\))?")
 _LOCK_SPACE = "twophase.postgresql.table"  # advisory lock keys of table DDL
 
 
-def shown(schema: str, table: str) -> str:
-    """A table's name for messages, as SQL would quote it."""
-    return ".".join('"' + part.replace('"', '""') + '"' for part in (schema, table))
+def shown(*parts: str) -> str:
+    """A name for messages (a table's: its schema and its own), as SQL would quote it."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
 
 
 @dataclass(frozen=True)
@@ -262,37 +267,63 @@ def read_shape(cur: psycopg.Cursor[Any], schema: str, table: str) -> TableShape 
 def check_shape(
     schema: str, table: str, columns: Mapping[str, str], keys: Iterable[tuple[str, ...]]
 ) -> TableShape:
-    """The shape of a table with ``columns`` and unique ``keys``; TargetRequestError
+    """The shape of a table with ``columns`` and unique ``keys``; TargetTableError
     naming the table and the column when a sink cannot write to it: no ``time``
-    column of type timestamptz, or no unique key on ``time`` and text columns."""
+    column of type timestamptz, no unique key on ``time`` and text columns, or a tag
+    column of that key that is ``character(n)``."""
     label = shown(schema, table)
     kind = columns.get(TIME)
     if kind is None:
-        raise TargetRequestError(f"table {label} has no column {TIME!r} (timestamptz NOT NULL)")
+        raise TargetTableError(label, f"the table has no column {TIME!r} (timestamptz NOT NULL)")
     if kind != TIMESTAMPTZ:
-        raise TargetRequestError(
-            f"column {TIME!r} of table {label} is {kind}: it must be timestamptz (timestamp "
-            "with time zone), which keeps the instant whatever the session's time zone"
+        raise TargetTableError(
+            label,
+            f"column {TIME!r} is {kind}: it must be timestamptz (timestamp with time zone), "
+            "which keeps the instant whatever the session's time zone",
         )
     with_time = [key for key in keys if TIME in key]
     for key in with_time:
         others = [column for column in key if column != TIME]
-        if all(_is_text(columns[column]) for column in others):
+        if all(_is_text(columns[column]) or _pads(columns[column]) for column in others):
+            _check_unpadded(label, columns, others)
             return TableShape(schema, table, dict(columns), tuple(others))
     if with_time:
         column = next(c for c in with_time[0] if c != TIME and not _is_text(columns[c]))
-        raise TargetRequestError(
-            f"column {column!r} of table {label} is in its unique key on "
-            f"({', '.join(with_time[0])}) but is {columns[column]}: tag columns are text"
+        raise TargetTableError(
+            label,
+            f"column {column!r} is in its unique key on ({', '.join(with_time[0])}) but is "
+            f"{columns[column]}: tag columns are text",
         )
-    raise TargetRequestError(
-        f"table {label} has no unique key on ({TIME}, tag columns...): a point written again "
-        f"must replace its row (ALTER TABLE {label} ADD UNIQUE ({TIME}, <tags>))"
+    raise TargetTableError(
+        label,
+        f"the table has no unique key on ({TIME}, tag columns...): a point written again must "
+        f"replace its row (ALTER TABLE {label} ADD UNIQUE ({TIME}, <tags>))",
     )
 
 
+def _check_unpadded(label: str, columns: Mapping[str, str], tags: Iterable[str]) -> None:
+    """Refuse a ``character(n)`` tag column: it pads its values with spaces and compares
+    them without the trailing ones, so two tags that differ only there would be one
+    key, and an upsert holding both would fail every time it is sent."""
+    for tag in tags:
+        if _pads(columns[tag]):
+            raise TargetTableError(
+                label,
+                f"tag column {tag!r} is {columns[tag]}, which pads its values with spaces and "
+                "ignores trailing ones when it compares them (two tags would be one row): "
+                f"make it text or varchar (ALTER TABLE {label} ALTER COLUMN "
+                f"{shown(tag)} TYPE text)",
+            )
+
+
 def _is_text(kind: str) -> bool:
-    return kind in TEXT_TYPES or kind.startswith(("character varying(", "character("))
+    """A type a tag column may have: text, or varchar with or without a length."""
+    return kind in ("text", "character varying") or kind.startswith("character varying(")
+
+
+def _pads(kind: str) -> bool:
+    """``character(n)`` (``bpchar``), as ``format_type`` spells it."""
+    return kind == "bpchar" or kind.startswith("character(")
 
 
 def lock_table_name(cur: psycopg.Cursor[Any], schema: str, table: str) -> None:

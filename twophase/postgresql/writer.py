@@ -12,6 +12,14 @@ UPDATE``), inside a savepoint: a refused body leaves the transaction as it was
 before it, so that the sender can send its other lines again. ``commit`` writes the
 epoch's record (its counts) and commits: the rows and the record become visible together.
 
+A table or field column the body needs (``target_create_tables``) is made before its
+rows, on a connection opened for it, in short transactions of its own
+([`twophase.postgresql.ddl`][twophase.postgresql.ddl]), never in the epoch's: readers
+of the table do not wait for the epoch. A column for a table the epoch's transaction
+wrote to already cannot be added while it holds its lock: the epoch is ended, the
+column added, and ``EpochStartOverError`` raised (the delivery sends the epoch again
+at once). A made table or column stays when its epoch fails, and is found again.
+
 Idempotent twice over: a point written again replaces its row with itself (last write
 wins, field by field), and an epoch delivered again is skipped by its record. Outside
 ``begin``/``commit``, ``write`` commits each body on its own (an upsert, so a body sent
@@ -34,15 +42,17 @@ from psycopg import sql
 from twophase.bounded import inflate
 from twophase.errors import (
     BadPointsError,
+    EpochStartOverError,
     LineProtocolError,
     RetryableError,
     TargetRequestError,
     TransactionLostError,
+    TransientWriteError,
     TwoPhaseError,
     UsageError,
 )
 from twophase.points.lineproto import FieldValue, ParsedPoint, Tags, parse_line
-from twophase.postgresql import record, tables
+from twophase.postgresql import ddl, record, tables
 from twophase.postgresql.connect import classify, connect, create_tables, display_url, schema_of
 from twophase.postgresql.tables import TableShape
 
@@ -84,8 +94,9 @@ class PostgresWriter:
 
     One epoch at a time: ``begin`` waits while another epoch of this writer is open
     (a transactional kind delivers over one lane). The connection is opened on first
-    use and opened again after it was lost. Table shapes are cached, and read again
-    after any failure (a rolled-back transaction may have undone a table it created).
+    use and opened again after it was lost; another, for the time it takes to make a
+    table or its columns. Table shapes are cached, and read again after any failure (a
+    table may have changed meanwhile).
     """
 
     def __init__(self, config: InfluxConfig) -> None:
@@ -99,6 +110,7 @@ class PostgresWriter:
         self._epoch_lock = threading.Lock()
         self._holding = False
         self._open: tuple[str, int, str, int] | None = None  # sink, epoch, target, generation
+        self._touched: set[str] = set()  # the tables the open epoch wrote to
 
     # --- the epoch ---------------------------------------------------------
 
@@ -177,9 +189,7 @@ class PostgresWriter:
 
     def close(self) -> None:
         self.rollback()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._close_connection()
 
     # --- bodies --------------------------------------------------------------
 
@@ -187,10 +197,12 @@ class PostgresWriter:
         try:
             lines = self._lines(body, gzipped)
             conn = self._epoch_connection()
+            with conn.cursor() as cur:  # before the savepoint: the epoch may be ended
+                shapes = self._shapes_for(cur, lines, in_epoch=True)
+            self._touched.update(shapes)  # locked from here on, whatever the outcome
             with conn.transaction(), conn.cursor() as cur:  # a savepoint: the body's
-                self._write_lines(cur, lines)
-        except BadPointsError:
-            self._shapes.clear()  # the savepoint may have undone a table made for it
+                self._write_lines(cur, lines, shapes)
+        except BadPointsError:  # the body refused, rolled back to its savepoint: the epoch goes on
             raise
         except psycopg.Error as exc:
             refused = self._refused(exc)
@@ -209,10 +221,7 @@ class PostgresWriter:
         conn = self._connection()
         try:
             with conn.transaction(), conn.cursor() as cur:
-                self._write_lines(cur, lines)
-        except BadPointsError:
-            self._shapes.clear()
-            raise
+                self._write_lines(cur, lines, self._shapes_for(cur, lines, in_epoch=False))
         except psycopg.Error as exc:
             self._shapes.clear()
             refused = self._refused(exc)
@@ -230,14 +239,13 @@ class PostgresWriter:
         pieces = (piece for piece in body.split(b"\n") if piece.strip())
         return [_read_line(index, piece) for index, piece in enumerate(pieces)]
 
-    def _write_lines(self, cur: psycopg.Cursor[Any], lines: list[_Line]) -> None:
-        """Check every line, then upsert each measurement's rows (inside the caller's
-        transaction or savepoint): the first refused line raises before any row."""
-        groups: dict[str, list[_Line]] = {}
-        for line in lines:
-            if line.point is not None and line.problem is None:
-                groups.setdefault(line.point.measurement, []).append(line)
-        shapes = {m: self._shape(cur, m, group) for m, group in groups.items()}
+    def _write_lines(
+        self, cur: psycopg.Cursor[Any], lines: list[_Line], shapes: dict[str, TableShape]
+    ) -> None:
+        """Check every line against its table's ``shapes``, then upsert each
+        measurement's rows (inside the caller's transaction or savepoint): the first
+        refused line raises before any row."""
+        groups = _groups(lines)
         first = next((line for line in lines if self._problem(line, shapes)), None)
         if first is not None:
             reason = self._problem(first, shapes) or ""
@@ -258,12 +266,49 @@ class PostgresWriter:
 
     # --- tables ---------------------------------------------------------------
 
-    def _shape(self, cur: psycopg.Cursor[Any], measurement: str, lines: list[_Line]) -> TableShape:
-        """The measurement's table, created or given the body's new field columns with
-        ``target_create_tables``; TargetRequestError when it is missing without."""
-        shape = self._shapes.get(measurement)
-        if shape is None:
-            shape = tables.read_shape(cur, self._schema, measurement)
+    def _shapes_for(
+        self, cur: psycopg.Cursor[Any], lines: list[_Line], *, in_epoch: bool
+    ) -> dict[str, TableShape]:
+        """The table of each measurement of ``lines``, read (through ``cur``), and made
+        to take their points with ``target_create_tables`` (created, or given their new
+        field columns: ``_make``); TargetRequestError for a missing one without. In the
+        epoch, a table it wrote to already that needs a column ends the epoch first,
+        then EpochStartOverError once the column is there."""
+        shapes: dict[str, TableShape] = {}
+        wanted: dict[str, ddl.Wanted] = {}
+        for measurement, group in _groups(lines).items():
+            shape = self._shapes.get(measurement) or tables.read_shape(
+                cur, self._schema, measurement
+            )
+            need = self._wanted(measurement, shape, group)
+            if need is None:
+                assert shape is not None
+                shapes[measurement] = self._shapes[measurement] = shape
+            else:
+                wanted[measurement] = need
+        held = sorted(m for m in wanted if in_epoch and m in self._touched)
+        if held:
+            self._end(failed=True)  # its locks released: the columns' transaction can go on
+        for measurement, need in wanted.items():
+            shapes[measurement] = self._shapes[measurement] = self._make(
+                measurement, need, in_epoch=in_epoch
+            )
+        if held:
+            raise EpochStartOverError(
+                f"PostgreSQL target {display_url(self._config)}: "
+                f"{', '.join(tables.shown(self._schema, m) for m in held)} got new field "
+                "columns in a transaction of their own, which could not wait for the "
+                "epoch's (it had written to them): the epoch starts over, nothing of it "
+                "was committed"
+            )
+        return shapes
+
+    def _wanted(
+        self, measurement: str, shape: TableShape | None, lines: list[_Line]
+    ) -> ddl.Wanted | None:
+        """What the table must be given to take the lines' points (None: nothing, or
+        not ours to make without ``target_create_tables``, where the points are
+        checked against the table as it is)."""
         if shape is None and not self._create:
             raise TargetRequestError(
                 f"table {tables.shown(self._schema, measurement)} does not exist on PostgreSQL "
@@ -271,38 +316,34 @@ class PostgresWriter:
                 "text column per tag, a column per field, UNIQUE (time, tags...)), or set "
                 "target_create_tables"
             )
-        if self._create:
-            shape = self._made(cur, measurement, shape, lines)
-        assert shape is not None
-        self._shapes[measurement] = shape
-        return shape
-
-    def _made(
-        self,
-        cur: psycopg.Cursor[Any],
-        measurement: str,
-        shape: TableShape | None,
-        lines: list[_Line],
-    ) -> TableShape:
-        """The table made to take the lines' points: created, or its missing field
-        columns added, under the table's DDL lock (read again once it is held)."""
         points = [line.point for line in lines if line.point is not None]
         keys = {key for point in points for key in point.fields} - {tables.TIME}
-        if shape is not None and keys <= shape.columns.keys():
-            return shape  # the usual body: no column to make, no types to work out
+        if shape is not None and (not self._create or keys <= shape.columns.keys()):
+            return None  # the usual body: no column to make, no types to work out
         fields = {k: v for k, v in _field_types(points).items() if k != tables.TIME}
-        tables.lock_table_name(cur, self._schema, measurement)
-        shape = tables.read_shape(cur, self._schema, measurement)
-        if shape is None:
-            named = {key for point in points for key, _ in point.tags}
-            tags = sorted(named - set(fields) - {tables.TIME})
-            tables.create_table(cur, self._schema, measurement, tags, fields)
-        else:
-            missing = {k: v for k, v in fields.items() if k not in shape.columns}
-            tables.add_fields(cur, shape, missing)
-        made = tables.read_shape(cur, self._schema, measurement)
-        assert made is not None
-        return made
+        named = {key for point in points for key, _ in point.tags}
+        return ddl.Wanted(tuple(sorted(named - set(fields) - {tables.TIME})), fields)
+
+    def _make(self, measurement: str, wanted: ddl.Wanted, *, in_epoch: bool) -> TableShape:
+        """The table made (``ddl.make_table``) on a connection of its own, opened for
+        it (tables are made seldom); its failures classified as the epoch's when one is
+        open (``in_epoch``: one that may pass is then a lost transaction, the epoch
+        starting over)."""
+        try:
+            conn = connect(self._config, autocommit=True)
+        except TransientWriteError as exc:
+            if not in_epoch:
+                raise
+            raise TransactionLostError(f"{exc}; nothing of the epoch was committed") from None
+        try:
+            return ddl.make_table(
+                conn, self._schema, measurement, wanted, self._config.lock_timeout_s
+            )
+        except psycopg.Error as exc:
+            error = classify(exc, self._config, in_transaction=in_epoch, broken=conn.broken)
+            raise error from None
+        finally:
+            conn.close()
 
     # --- the connection ---------------------------------------------------------
 
@@ -362,9 +403,10 @@ class PostgresWriter:
 
     def _end(self, failed: bool = False, rollback: bool = False) -> None:
         """Close the epoch: its transaction rolled back when it ``failed`` (the shapes
-        forgotten then: it may have undone a table) or on ``rollback``, a lost connection
+        forgotten then: a table may have changed) or on ``rollback``, a lost connection
         dropped; the epoch lock released."""
         try:
+            self._touched.clear()
             if failed:
                 self._shapes.clear()
             if failed or rollback:
@@ -399,6 +441,15 @@ def _read_line(index: int, raw: bytes) -> _Line:
         problem = f"measurement {point.measurement!r} is the name of twophase's delivered record"
         return _Line(index, text, point, problem)
     return _Line(index, text, point, tables.names_problem(point))
+
+
+def _groups(lines: list[_Line]) -> dict[str, list[_Line]]:
+    """The lines that read as points, by measurement (in order of first use)."""
+    groups: dict[str, list[_Line]] = {}
+    for line in lines:
+        if line.point is not None and line.problem is None:
+            groups.setdefault(line.point.measurement, []).append(line)
+    return groups
 
 
 def _field_types(points: Sequence[ParsedPoint]) -> dict[str, str]:

@@ -74,8 +74,11 @@ class EpochWriter(Protocol):
     with its counts and commits: the epoch's rows and its record become visible
     together, or not at all. ``rollback`` ends an open transaction without a trace
     (safe to call when none is open). A lost connection raises
-    ``TransactionLostError`` from any step. One epoch at a time: the epoch is sent over
-    one lane.
+    ``TransactionLostError`` from any step (``EpochStartOverError`` when the writer
+    ended the transaction on purpose: the epoch is sent again at once). No step waits
+    without bound on what other sessions hold: it fails, as one that may pass, so that
+    a held-up target lags rather than holds the commit. One epoch at a time: the epoch
+    is sent over one lane.
 
     Idempotent: an epoch delivered twice in one generation is committed once; the
     second ``begin`` finds its record.
