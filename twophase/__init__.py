@@ -23,7 +23,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # output is the application's choice
 
 if TYPE_CHECKING:
