@@ -29,6 +29,14 @@ several gzip members, as InfluxDB reads it). ``count_writes = False`` turns
 the counting off, for a proxy whose counts nobody reads (the benchmark's):
 it spends no CPU parsing.
 
+``record = True`` keeps every write request forwarded upstream as well
+(``recorded()``: a :class:`Recorded` each, in the order the proxy got them,
+with the connection it came on, its lines as InfluxDB reads them, and the
+status of the server's answer once that came back; None while unanswered or
+when the client went away first): a test then sees each delivery, a point
+re-sent included, where the server's read-back shows a point written twice
+once.
+
 Only loopback upstreams are allowed. Every loop polls with a short timeout
 and checks the stop flag, so ``stop()`` ends everything within a second.
 """
@@ -36,6 +44,7 @@ and checks the stop flag, so ``stop()`` ends everything within a second.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import selectors
 import socket
@@ -43,7 +52,9 @@ import struct
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from devkit.daemon import wait_until
@@ -55,7 +66,9 @@ __all__ = [
     "MODES",
     "PASS",
     "STALL",
+    "AnswerReader",
     "FaultProxy",
+    "Recorded",
     "TokenBucket",
     "WriteCounter",
     "wait_until",
@@ -69,6 +82,23 @@ _LOOPBACK = ("127.0.0.1", "localhost")
 # What a link passes at once after being idle: small, so that a request pays
 # nearly all of its transmission time, as on a real link.
 BURST_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A write request the proxy forwarded: the connection it came on (numbered from 1
+    in the order the proxy accepted them), its lines (a gzip body decompressed; blank
+    lines and comments left out) and the status the server answered it with (None:
+    no answer came back)."""
+
+    connection: int
+    lines: tuple[bytes, ...]
+    status: int | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        """The server answered it with a success (2xx)."""
+        return self.status is not None and 200 <= self.status < 300
 
 
 class TokenBucket:
@@ -133,6 +163,8 @@ class FaultProxy:
         self.peak_connections = 0  # the most connections open at once
         self.delay_s = 0.0
         self.count_writes = True
+        self.record = False
+        self._recorded: list[Recorded] = []
         self._links: tuple[TokenBucket, TokenBucket] | None = None  # (upstream, downstream)
 
     @classmethod
@@ -175,6 +207,11 @@ class FaultProxy:
             self.lines = self.write_requests = self.connections = 0
             self.peak_connections = self.open_connections
 
+    def recorded(self) -> list[Recorded]:
+        """The write requests recorded so far (``record``), in the order they came."""
+        with self._lock:
+            return list(self._recorded)
+
     def start(self) -> FaultProxy:
         self._spawn(self._accept_loop)
         return self
@@ -208,16 +245,17 @@ class FaultProxy:
                 return
             with self._lock:
                 self.connections += 1
-            self._spawn(self._serve, client)
+                number = self.connections
+            self._spawn(self._serve, client, number)
 
-    def _serve(self, client: socket.socket) -> None:
+    def _serve(self, client: socket.socket, number: int = 0) -> None:
         mode = self._mode
         if mode == CUT:
             _reset(client)
         elif mode == STALL:
             self._swallow(client)
         else:
-            self._pump(client)
+            self._pump(client, number)
 
     def _swallow(self, client: socket.socket, *others: socket.socket) -> None:
         """Read and discard until the client gives up or the proxy stops; never answer."""
@@ -234,7 +272,7 @@ class FaultProxy:
                 except OSError:
                     return
 
-    def _pump(self, client: socket.socket) -> None:
+    def _pump(self, client: socket.socket, number: int) -> None:
         try:
             upstream = socket.create_connection(self._upstream, timeout=5)
         except OSError:
@@ -248,7 +286,7 @@ class FaultProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._opened(1)
         try:
-            self._pump_pair(client, upstream)
+            self._pump_pair(client, upstream, number)
         finally:
             self._opened(-1)
 
@@ -257,8 +295,12 @@ class FaultProxy:
             self.open_connections += change
             self.peak_connections = max(self.peak_connections, self.open_connections)
 
-    def _pump_pair(self, client: socket.socket, upstream: socket.socket) -> None:
-        counter = WriteCounter(self._count) if self.count_writes else None
+    def _pump_pair(self, client: socket.socket, upstream: socket.socket, number: int) -> None:
+        counter = answers = None
+        if self.record:
+            counter, answers = self._recorder(number)
+        elif self.count_writes:
+            counter = WriteCounter(self._count)
         with selectors.DefaultSelector() as selector:
             selector.register(client, selectors.EVENT_READ, upstream)
             selector.register(upstream, selectors.EVENT_READ, client)
@@ -266,7 +308,7 @@ class FaultProxy:
                 for key, _ in selector.select(_POLL_S):
                     source, sink = key.fileobj, key.data
                     assert isinstance(source, socket.socket)
-                    if not self._relay(source, sink, source is client, counter):
+                    if not self._relay(source, sink, source is client, counter, answers):
                         return
         _close(client, upstream)
 
@@ -276,6 +318,7 @@ class FaultProxy:
         sink: socket.socket,
         from_client: bool,
         counter: WriteCounter | None,
+        answers: AnswerReader | None = None,
     ) -> bool:
         """Move one chunk; False when the connection pair is finished (and closed)."""
         client, upstream = (source, sink) if from_client else (sink, source)
@@ -298,10 +341,7 @@ class FaultProxy:
             _reset(client)
             upstream.close()
             return False
-        if from_client and counter is not None:
-            counter.feed(data)
-        elif not from_client and self.delay_s:
-            time.sleep(self.delay_s)
+        self._observe(data, from_client, counter, answers)
         self._pace(data, from_client)
         try:
             sink.sendall(data)
@@ -309,6 +349,23 @@ class FaultProxy:
             _close(client, upstream)
             return False
         return True
+
+    def _observe(
+        self,
+        data: bytes,
+        from_client: bool,
+        counter: WriteCounter | None,
+        answers: AnswerReader | None,
+    ) -> None:
+        """Count (or record) what the client sends; read the answers; hold them ``delay_s``."""
+        if from_client:
+            if counter is not None:
+                counter.feed(data)
+            return
+        if answers is not None:
+            answers.feed(data)
+        if self.delay_s:
+            time.sleep(self.delay_s)
 
     def _pace(self, data: bytes, from_client: bool) -> None:
         """Hold ``data`` for its time on the link (nothing when the bandwidth is unlimited)."""
@@ -322,6 +379,34 @@ class FaultProxy:
             self.lines += lines
             self.write_requests += 1
 
+    def _recorder(self, number: int) -> tuple[WriteCounter, AnswerReader]:
+        """What records the requests of connection ``number`` and their answers, which
+        come back in the order of the requests (HTTP/1.1 without pipelining)."""
+        waiting: deque[int | None] = (
+            deque()
+        )  # each request's place in _recorded (None: not a write)
+
+        def on_request(body: bytes | None) -> None:
+            with self._lock:
+                if body is None:
+                    waiting.append(None)
+                    return
+                lines = _lines(body)
+                self.lines += len(lines)
+                self.write_requests += 1
+                waiting.append(len(self._recorded))
+                self._recorded.append(Recorded(number, lines))
+
+        def on_answer(status: int) -> None:
+            with self._lock:
+                place = waiting.popleft() if waiting else None
+                if place is not None:
+                    self._recorded[place] = dataclasses.replace(
+                        self._recorded[place], status=status
+                    )
+
+        return WriteCounter(self._count, on_request), AnswerReader(on_answer)
+
 
 class WriteCounter:
     """Incremental HTTP/1.1 request parser: reports the line count of each write body.
@@ -332,8 +417,13 @@ class WriteCounter:
     server refuses it).
     """
 
-    def __init__(self, on_write: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        on_write: Callable[[int], None],
+        on_request: Callable[[bytes | None], None] | None = None,
+    ) -> None:
         self._on_write = on_write
+        self._on_request = on_request  # instead of on_write: each request's decoded body
         self._buffer = bytearray()
         self._head: tuple[str, str, bool] | None = None  # method, path, gzipped
         self._need = 0
@@ -360,8 +450,12 @@ class WriteCounter:
         del self._buffer[: self._need]
         method, path, gzipped = self._head
         self._head = None
-        if method == "POST" and path in WRITE_PATHS:
-            self._on_write(count_lines(_decoded(body) if gzipped else body))
+        write = method == "POST" and path in WRITE_PATHS
+        decoded = (_decoded(body) if gzipped else body) if write else None
+        if self._on_request is not None:
+            self._on_request(decoded)
+        elif decoded is not None:
+            self._on_write(count_lines(decoded))
         return True
 
     def _parse_head(self, head: str) -> bool:
@@ -379,6 +473,79 @@ class WriteCounter:
         return True
 
 
+class AnswerReader:
+    """Incremental HTTP/1.1 response parser: reports the status of each answer.
+
+    A body is skipped by its ``Content-Length`` or its chunks (``Transfer-Encoding:
+    chunked``, without trailers); an answer of status 1xx, 204 or 304 has none. An
+    answer it cannot frame stops it (no more reports on that connection).
+    """
+
+    def __init__(self, on_answer: Callable[[int], None]) -> None:
+        self._on_answer = on_answer
+        self._buffer = bytearray()
+        self._skip = 0  # bytes of the current body still to skip
+        self._chunked = False
+        self._broken = False
+
+    def feed(self, data: bytes) -> None:
+        if self._broken:
+            return
+        self._buffer += data
+        while self._step():
+            pass
+
+    def _step(self) -> bool:
+        if self._skip:
+            taken = min(self._skip, len(self._buffer))
+            del self._buffer[:taken]
+            self._skip -= taken
+            return bool(self._buffer) and not self._skip
+        if self._chunked:
+            return self._chunk()
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        head = self._buffer[:end].decode("latin-1")
+        del self._buffer[: end + 4]
+        status_line, *header_lines = head.split("\r\n")
+        parts = status_line.split(" ")
+        if len(parts) < 2 or not parts[1].isdigit():
+            self._broken = True
+            return False
+        status = int(parts[1])
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if not (status < 200 or status in (204, 304)):
+            self._chunked = "chunked" in headers.get("transfer-encoding", "")
+            self._skip = 0 if self._chunked else int(headers.get("content-length", "0") or 0)
+        if status >= 200:
+            self._on_answer(status)
+        return True
+
+    def _chunk(self) -> bool:
+        end = self._buffer.find(b"\r\n")
+        if end < 0:
+            return False
+        size = int(bytes(self._buffer[:end]).split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            if len(self._buffer) < end + 4:
+                return False
+            del self._buffer[: end + 4]  # the last chunk and the empty line after it
+            self._chunked = False
+            return True
+        del self._buffer[: end + 2]
+        self._skip = size + 2  # the chunk and its CRLF
+        return True
+
+
+def _lines(body: bytes) -> tuple[bytes, ...]:
+    """A write body's lines as :func:`count_lines` counts them."""
+    return tuple(line for line in body.split(b"\n") if line.strip() and not line.startswith(b"#"))
+
+
 def _decoded(body: bytes) -> bytes:
     """A gzip body decompressed (every member, in order); empty when it is not gzip."""
     try:
@@ -389,7 +556,7 @@ def _decoded(body: bytes) -> bytes:
 
 def count_lines(body: bytes) -> int:
     """Line-protocol lines in a body (blank lines and comments do not count)."""
-    return sum(1 for line in body.split(b"\n") if line.strip() and not line.startswith(b"#"))
+    return len(_lines(body))
 
 
 def _reset(sock: socket.socket) -> None:

@@ -17,6 +17,7 @@ from tests.e2e.harness import (
     Job,
     Target,
     arm,
+    assert_exact,
     disarm,
     epochs,
     feed,
@@ -67,6 +68,11 @@ class Chain:
     def wait_exact(self) -> None:
         wait_exact(self.job, self.target, self.fed, MALFORMED)
 
+    def assert_exact(self) -> None:
+        """Exact now, read once (the job idle, every epoch COMMITTED)."""
+        wait_idle(self.job, self.target.staging_url, SINK)
+        assert_exact(self.target, self.fed, MALFORMED)
+
     def epochs(self) -> dict[str, list[dict[str, Any]]]:
         return {sink: epochs(self.target.staging_url, sink) for sink in SINKS}
 
@@ -113,6 +119,7 @@ def crash_and_recover(chain: Chain, point: str) -> None:
             if e["epoch"] == ep
         ),
     )
+    chain.assert_exact()  # still exact once they ran again
     after = chain.epochs()
     for sink, epoch in in_flight:  # recovered from its original writes, the re-run detected
         done = next(e for e in after[sink] if e["epoch"] == epoch)
@@ -180,3 +187,4 @@ def kill_at_every_point(chain: Chain, on_input: tuple[str, ...] = ON_INPUT) -> N
         chain.job = chain.start()
         assert chain.job.wait(KILL_TIMEOUT_S) == -signal.SIGKILL, (then, chain.job.tail())
         restart_exact(chain)
+    chain.assert_exact()  # the last kill's epochs ran again: still exact

@@ -327,22 +327,42 @@ def wait_exact(
     timeout: float = START_TIMEOUT_S,
     read: Reader = influx_stats,
 ) -> None:
-    """Wait until the running job has made InfluxDB and the dead letters exact."""
-    want_malformed = expected(files).malformed
+    """Wait until the running job has made InfluxDB and the dead letters exact (the
+    first moment they are: see ``assert_exact`` for a read once the job settled)."""
     problems: list[str] = []
 
     def exact() -> bool:
         nonlocal problems
-        problems = mismatches(target.influx, files, read)
-        dead = decided_dead_letters(target.staging_url, malformed_sink)
-        if dead != want_malformed:
-            problems.append(f"{dead} malformed lines dead-lettered, expected {want_malformed}")
+        problems = differences(target, files, malformed_sink, read)
         return not problems
 
     try:
         job.wait_for("exact results", exact, timeout)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nlast differences: {problems[:10]}") from None
+
+
+def differences(
+    target: Target, files: Sequence[Path], malformed_sink: str, read: Reader = influx_stats
+) -> list[str]:
+    """What InfluxDB and the dead letters hold that a crash-free run of ``files`` would
+    not (empty: exact)."""
+    want_malformed = expected(files).malformed
+    problems = mismatches(target.influx, files, read)
+    dead = decided_dead_letters(target.staging_url, malformed_sink)
+    if dead != want_malformed:
+        problems.append(f"{dead} malformed lines dead-lettered, expected {want_malformed}")
+    return problems
+
+
+def assert_exact(
+    target: Target, files: Sequence[Path], malformed_sink: str, read: Reader = influx_stats
+) -> None:
+    """InfluxDB and the dead letters exact, read once: after the epochs a kill left in
+    flight ran again, what they wrote must still be exact (not only exact once while
+    the job polled)."""
+    problems = differences(target, files, malformed_sink, read)
+    assert not problems, f"not exact after the re-run: {problems[:10]}"
 
 
 def query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:

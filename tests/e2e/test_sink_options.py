@@ -4,6 +4,7 @@ an append-mode stream exactly once. One in-process Spark session for the module.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from devkit.ports import free_port, start_own_influx
 from tests.e2e.harness import epochs, feed, query, without_password
-from tests.support import influx_count
+from tests.support import influx_count, influx_rows
 from twophase.config import InfluxConfig
 from twophase.errors import ConfigError
 from twophase.spark import foreach_batch_writer, parse_options
@@ -183,7 +184,9 @@ def test_append_stream_is_written_once_per_epoch(
     decided = epochs(staging_url, "raw")
     assert [e["state"] for e in decided] == ["COMMITTED", "COMMITTED"]
     staged = sum(e["points"] for e in decided)
-    assert staged > 0 and influx_count(influx, "raw") == staged
+    fed = fed_points(event_files[:2], ("stream_id", "user_id"))
+    assert staged > 0 and held_points(influx, "raw", ("stream_id", "user_id")) == fed
+    assert influx_count(influx, "raw") == len(fed)  # each point once
     (writes,) = query(staging_url, "SELECT count(*) FROM twophase_writes WHERE sink_id = 'raw'")
     assert writes[0] == sum(e["writes"] for e in decided)  # no orphan: nothing failed
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
@@ -195,6 +198,39 @@ def test_append_stream_is_written_once_per_epoch(
         }
     assert scraped["twophase_influx_sent_bytes_total"] > sent_before
     assert scraped["twophase_influx_responses_total"] >= 2  # one request per epoch at least
+
+
+def fed_points(files: list[Path], tags: tuple[str, ...]) -> set[tuple[Any, ...]]:
+    """The keys of the points the tests' queries write of the events in ``files``, read
+    from the files: each tag's value (None: no tag) and the time in ms, of every line
+    ``from_json`` reads with a numeric ``timestamp`` and a ``stream_id``, and no tag
+    an empty string (that row is a dead letter)."""
+    keys = set()
+    for path in files:
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # from_json: null, filtered out
+            if not isinstance(event, dict) or not isinstance(event.get("stream_id"), str):
+                continue
+            if "" in (event.get(t) for t in tags):  # a dead letter: no empty tag is stored
+                continue
+            stamp = event.get("timestamp")
+            if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+                # CAST(timestamp * 1000 AS BIGINT): truncated
+                keys.add((*(event.get(t) for t in tags), int(stamp * 1000)))
+    return keys
+
+
+def held_points(
+    influx: InfluxConfig, measurement: str, tags: tuple[str, ...]
+) -> set[tuple[Any, ...]]:
+    """The keys of the points InfluxDB holds of ``measurement``, as ``fed_points``."""
+    return {
+        (*(dict(held).get(t) for t in tags), time_ns // 1_000_000)
+        for time_ns, held, _ in influx_rows(influx, measurement)
+    }
 
 
 def test_a_watched_query_records_the_end_of_its_run(
@@ -277,9 +313,11 @@ def test_the_data_source_delivers_each_epoch_to_two_targets(
         assert query_.exception() is None
         decided = epochs(staging_url, "fan")
         assert [e["state"] for e in decided] == ["COMMITTED", "COMMITTED"]
-        staged = sum(e["points"] for e in decided)
         other = InfluxConfig(url=own.url, api="v1", database=influx.database)
-        assert staged > 0 and influx_count(influx, "fan") == influx_count(other, "fan") == staged
+        fed = fed_points(event_files[:2], ("stream_id",))
+        for each in (influx, other):  # read back, against what was fed
+            assert held_points(each, "fan", ("stream_id",)) == fed
+            assert influx_count(each, "fan") == len(fed)
         rows = query(
             staging_url,
             "SELECT target, count(*) FROM twophase_target_deliveries WHERE sink_id = 'fan'"

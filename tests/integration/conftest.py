@@ -16,6 +16,7 @@ from devkit import InfluxServer
 from devkit.ports import start_own_influx
 from tests.integration.crash_driver import MEASUREMENT
 from tests.integration.crash_helpers import dead_letters, run_driver
+from tests.integration.deliveries import Recording, recorded
 from tests.integration.fanout_helpers import Targets, proxied_targets
 from tests.support import (
     OWN_INFLUX_DB,
@@ -100,6 +101,13 @@ def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
     server = start_own_influx(tmp_path, OWN_INFLUX_DB)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def recording(influx: InfluxConfig) -> Iterator[Recording]:
+    """The ``influx`` target behind a fault proxy that records every write request."""
+    with recorded(influx) as each:
+        yield each
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,14 @@ from tests.integration.crash_helpers import (
     staging_summary,
     start_driver,
 )
+from tests.integration.deliveries import (
+    WHOLE,
+    Landing,
+    Recording,
+    check_deliveries,
+    recorded,
+    settled,
+)
 from tests.staging import scalar
 from tests.support import (
     REPO,
@@ -58,7 +66,7 @@ CRASHES = [
     ("after_stage", 5, 40),  # epoch 1, after some writes staged, before decide
     ("in_decide", 2, 40),  # epoch 1's vote written, its transaction not committed
     ("after_decide", 2, 40),  # epoch 1 decided, not promoted
-    ("promote_batch", 11, 40),  # epoch 1, after 2 of its 8 requests
+    ("promote_batch", 11, 40),  # epoch 1, after 3 of its 8 requests (the third refused)
     ("promote_batch", 3, 250),  # epoch 1, after its first request (twelve members)
     ("before_dead_letters", 1, 40),  # epoch 1's rejecting request sent, its letter unrecorded
     ("after_promote", 3, 40),  # epoch 2 fully sent, not marked COMMITTED
@@ -79,14 +87,14 @@ GZIP, TEXT = ("gzip", CHUNK_POINTS), ("none", None)  # compression, staging_chun
 MATRIX = (
     [(GZIP, "inline", 1, *c) for c in CRASHES]
     + [(GZIP, "background", 1, *c) for c in BACKGROUND_CRASHES]
-    + [(GZIP, "inline", 4, *c) for c in CRASHES if c[0] != "drain"]
+    + [(GZIP, "inline", 4, *c) for c in LANE_CRASHES if c[0] != "drain"]
     + [(GZIP, "background", 4, *c) for c in LANE_CRASHES]
 )
 # Text chunks (compression = none), one of 100 lines per write: 40-point requests cut
 # every chunk (9 requests per epoch), 250-point ones carry two whole chunks, then one.
 # The path staged before compression, and with compression = none: with --full.
 _TEXT_NTH = {("stage_rows", 40): 14, ("promote_batch", 40): 11}
-_TEXT_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15}
+_TEXT_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15, ("promote_batch", 250): 6}
 TEXT_CRASHES = [(p, _TEXT_NTH.get((p, b), n), b) for p, n, b in CRASHES]
 TEXT_BACKGROUND = [*TEXT_CRASHES, ("drain", 2, 40)]
 TEXT_LANES = [(p, _TEXT_LANE_NTH.get((p, b), n), b) for p, n, b in TEXT_BACKGROUND]
@@ -104,6 +112,42 @@ MATRIX_PARAMS = [
     )
     for m in MATRIX
 ]
+
+
+# Where each kill of the matrix lands, read from what InfluxDB acknowledged before it
+# (Landing). The kills in promotion over one lane: the points of epoch 1 acknowledged
+# (gzip: its third 40-point request is the one refused and taken apart, 100 points
+# after it, and 240 after its first of 250, refused too; text: 2 requests of 40, and
+# the first of 250, refused, 200). Over four lanes, the n-th request's answer leaves
+# up to three more under way: somewhere inside epoch 1.
+_PROMOTED = {  # (compression, point, batch): points of epoch 1 acknowledged, one lane
+    ("gzip", "promote_batch", 40): 100,
+    ("gzip", "promote_batch", 250): 240,
+    ("gzip", "before_dead_letters", 40): 100,
+    ("none", "promote_batch", 40): 80,
+    ("none", "promote_batch", 250): 200,
+    ("none", "before_dead_letters", 40): 100,
+}
+_STAGING = ("stage_rows", "in_stage", "after_stage")
+
+
+def landing(
+    layout: tuple[str, int | None], promotion: str, lanes: int, point: str, batch: int
+) -> Landing:
+    """Where the kill at ``point`` (its n-th time as the matrix gives it) lands."""
+    if point in _STAGING and promotion == "background":
+        return Landing(0, 0, WHOLE)  # epoch 1 stages while epoch 0 may still be sent
+    if point in (*_STAGING, "in_decide", "after_decide"):
+        return Landing(1, 0)  # epoch 0 delivered, nothing of epoch 1 sent
+    if point == "drain":  # epoch 2's commit waiting for epoch 1, which may still be sent
+        return Landing(1, 0, WHOLE)
+    if point == "after_promote":
+        return Landing(2, WHOLE)
+    if point in ("in_mark", "after_mark"):
+        return Landing(1, WHOLE)
+    if lanes > 1:
+        return Landing(1, 1, WHOLE - 1)
+    return Landing(1, _PROMOTED[(layout[0], point, batch)])
 
 
 def test_the_matrices_cover_every_named_crash_point() -> None:
@@ -144,13 +188,14 @@ def test_sigkill_at_each_step_then_recover(
     crash_free: dict[str, Any],
     staging_url: str,
     influx: InfluxConfig,
+    recording: Recording,
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "spark-commit-log"
     crash = f"{point}:{nth}"
     crashed = run_driver(
         staging_url,
-        influx,
+        recording.target,
         log,
         "run-1",
         crash,
@@ -160,6 +205,8 @@ def test_sigkill_at_each_step_then_recover(
         layout=layout,
     )
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+    before, where = settled(recording.proxy), landing(layout, promotion, lanes, point, batch)
+    where.check(before)  # the kill where the matrix says it is
     # It really died mid-sequence: some epoch is not COMMITTED, or not in Spark's log.
     summary = staging_summary(staging_url)["epochs"]
     committed = [row[0] for row in summary if row[1] == "COMMITTED"]
@@ -170,7 +217,7 @@ def test_sigkill_at_each_step_then_recover(
     decided = [row[0] for row in summary]
     restarted = run_driver(
         staging_url,
-        influx,
+        recording.target,
         log,
         "run-2",
         perturb=decided,
@@ -180,8 +227,12 @@ def test_sigkill_at_each_step_then_recover(
         layout=layout,
     )
     assert restarted.returncode == 0, restarted.stderr
-
-    assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing or doubled
+    # Nothing doubled: each epoch sent once, but the one the kill left with requests
+    # acknowledged and its mark uncommitted, which may be sent again, whole.
+    after = settled(recording.proxy)[len(before) :]
+    resend = None if point == "after_mark" else where.epoch
+    check_deliveries(before, after, EPOCHS, resend, ordered=lanes == 1)
+    assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]  # nothing missing
     assert dead_letters(staging_url) == crash_free["dead"]  # each rejection once
     assert staging_summary(staging_url)["epochs"] == every_epoch_committed()  # none pending
     if point == "after_mark" and promotion == "inline":  # in the background, Spark's log
@@ -372,7 +423,7 @@ TARGET_CRASHES = [
     ("after_stage", 5),
     ("in_decide", 2),  # epoch 1's vote, uncommitted
     ("after_decide", 2),  # epoch 1 decided, sent to neither target
-    ("promote_batch", 23),  # epoch 1, 5 of its 18 requests acknowledged
+    ("promote_batch", 23),  # epoch 1, 5 of its 18 requests acknowledged (100 points each)
     ("before_dead_letters", 1),  # epoch 1's rejecting request, in one target
     ("in_deliver", 3),  # epoch 1 in both, the mark recording the first, uncommitted
     ("in_deliver", 4),  # epoch 1 in both, the mark recording the second, uncommitted
@@ -380,11 +431,25 @@ TARGET_CRASHES = [
     ("in_mark", 2),  # epoch 1's mark, uncommitted
     ("after_mark", 2),  # epoch 1 COMMITTED, not in Spark's log: a replay
 ]
-# Four lanes: a write's lines staged in a chunk per lane (6 checks per write, as above).
-_TARGET_LANE_NTH = {"stage_rows": 20}
+# Four lanes: a write's lines staged in a chunk per lane (6 checks per write, as above);
+# 12 requests per target and epoch (24 promote_batch checks): 29 is 5 into epoch 1.
+_TARGET_LANE_NTH = {"stage_rows": 20, "promote_batch": 29}
 TARGET_MATRIX = [("inline", 1, *c) for c in TARGET_CRASHES] + [
     ("background", 4, p, _TARGET_LANE_NTH.get(p, n)) for p, n in [*TARGET_CRASHES, ("drain", 2)]
 ]
+
+
+def target_landing(promotion: str, point: str) -> Landing:
+    """Where a kill of the two-target matrix lands, in each target (see ``landing``)."""
+    if point in _STAGING and promotion == "background":
+        return Landing(0, 0, WHOLE)
+    if point in (*_STAGING, "in_decide", "after_decide"):
+        return Landing(1, 0)
+    if point in ("promote_batch", "before_dead_letters"):
+        return Landing(1, 100) if promotion == "inline" else Landing(1, 1, WHOLE - 1)
+    if point == "drain":
+        return Landing(1, 0, WHOLE)
+    return Landing(1, WHOLE)  # in_deliver, after_promote, in_mark, after_mark
 
 
 @pytest.fixture
@@ -394,6 +459,13 @@ def influx_b(influx_url: str) -> Iterator[InfluxConfig]:
     create_influx_database(influx_url, name)
     yield InfluxConfig(url=influx_url, api="v1", database=name)
     drop_influx_database(influx_url, name)
+
+
+@pytest.fixture
+def recording_b(influx_b: InfluxConfig) -> Iterator[Recording]:
+    """Target b behind a fault proxy that records every write request."""
+    with recorded(influx_b) as each:
+        yield each
 
 
 def target_dead_letters(url: str) -> list[tuple[Any, ...]]:
@@ -446,17 +518,29 @@ def test_sigkill_at_each_step_of_a_two_target_promotion(
     staging_url: str,
     influx: InfluxConfig,
     influx_b: InfluxConfig,
+    recording: Recording,
+    recording_b: Recording,
     tmp_path: Path,
 ) -> None:
-    log, b = tmp_path / "spark-commit-log", target_b(influx_b)
+    log, b = tmp_path / "spark-commit-log", target_b(influx_b, recording_b.target.url)
     options: dict[str, Any] = dict(promotion=promotion, lanes=lanes, extra=b)
-    crashed = run_driver(staging_url, influx, log, "run-1", f"{point}:{nth}", **options)
+    a = recording.target
+    crashed = run_driver(staging_url, a, log, "run-1", f"{point}:{nth}", **options)
     assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+    proxies = (recording.proxy, recording_b.proxy)
+    before = [settled(proxy) for proxy in proxies]
+    where = target_landing(promotion, point)
+    for each in before:  # the kill where the matrix says it is, in each target
+        where.check(each)
     summary = staging_summary(staging_url)["epochs"]
     decided = [row[0] for row in summary]
-    restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, **options)
+    restarted = run_driver(staging_url, a, log, "run-2", perturb=decided, **options)
     assert restarted.returncode == 0, restarted.stderr
-    for target in (influx, influx_b):  # each target: nothing missing or doubled
+    resend = None if point == "after_mark" else where.epoch
+    for proxy, sent in zip(proxies, before, strict=True):  # each target: nothing doubled
+        after = settled(proxy)[len(sent) :]
+        check_deliveries(sent, after, EPOCHS, resend, ordered=lanes == 1)
+    for target in (influx, influx_b):  # each target: nothing missing
         assert influx_rows(target, MEASUREMENT) == crash_free["rows"]
     assert target_dead_letters(staging_url) == per_target(crash_free["dead"])
     assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
@@ -485,6 +569,7 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
     log = tmp_path / "spark-commit-log"
     with FaultProxy.for_url(influx_b.url).start() as proxy:
         proxy.set_mode(CUT)
+        proxy.record = True
         b = target_b(influx_b, proxy.url)
         crashed = run_driver(staging_url, influx, log, "run-1", f"{point}:{nth}", extra=b)
         assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
@@ -504,8 +589,12 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
         assert len(influx_rows(influx_b, MEASUREMENT)) == 2 * PARTITIONS * POINTS_PER_PARTITION
         cursor = "SELECT delivered_epoch FROM twophase_targets WHERE target = 'b'"
         assert scalar(staging_url, cursor) == 0
+        before = settled(proxy)
+        Landing(1, WHOLE).check(before)  # what b was sent says so too
         done = subprocess.run(recover, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+        after = settled(proxy)[len(before) :]
+    check_deliveries(before, after, EPOCHS, resend=1)  # epoch 1's record was uncommitted
     assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
     assert influx_rows(influx, MEASUREMENT) == crash_free["rows"]
     assert target_dead_letters(staging_url) == per_target(crash_free["dead"])
@@ -529,6 +618,20 @@ AVAILABILITY_CRASHES = [
 ]
 
 
+# Where each kill lands in b (its catch-up sends 0 and 1, then 2), and the epoch it
+# leaves to be sent to b again: sent, or in part, and unrecorded.
+B_LANDINGS = {
+    ("in_deliver", 1): (Landing(0, WHOLE), 0),
+    ("promote_batch", 12): (Landing(1, 100), 1),  # 9 requests of epoch 0, 3 of 1
+    ("in_deliver", 3): (Landing(2, WHOLE), 2),
+    ("in_mark", 1): (Landing(2, WHOLE), 2),
+    ("in_plan", 1): (Landing(0, 0), None),  # before anything is sent
+    ("promote_batch", 1): (Landing(0, 40), 0),
+    ("after_promote", 1): (Landing(2, WHOLE), 2),
+    ("after_mark", 1): (Landing(2, WHOLE), None),
+}
+
+
 @pytest.mark.parametrize(("point", "nth"), AVAILABILITY_CRASHES)
 def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
     point: str,
@@ -546,6 +649,7 @@ def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
     ):
         a = InfluxConfig(url=pa.url, api="v1", database=influx.database)
         b = (*target_b(influx_b, pb.url), "--retry-deadline", "3")
+        pa.record = pb.record = True
 
         def decided() -> list[int]:
             return [row[0] for row in staging_summary(staging_url)["epochs"]]
@@ -562,6 +666,9 @@ def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
             staging_url, a, log, "run-3", f"{point}:{nth}", perturb=decided(), extra=b
         )
         assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+        before = settled(pb)
+        where, resend = B_LANDINGS[(point, nth)]
+        where.check(before)
         restarted = run_driver(staging_url, a, log, "run-4", perturb=decided(), extra=b)
         assert restarted.returncode == 0, restarted.stderr  # on b alone
         assert influx_rows(influx_b, MEASUREMENT) == crash_free["rows"]
@@ -570,6 +677,8 @@ def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
         recover, env = recover_command(staging_url, (influx, pa.url), (influx_b, pb.url))
         done = subprocess.run(recover, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+        check_deliveries(before, settled(pb)[len(before) :], EPOCHS, resend)
+        check_deliveries(settled(pa), [], EPOCHS, None)  # a: each epoch once, all along
     for target in (influx, influx_b):  # each target: nothing missing or doubled
         assert influx_rows(target, MEASUREMENT) == crash_free["rows"]
     assert target_dead_letters(staging_url) == per_target(crash_free["dead"])

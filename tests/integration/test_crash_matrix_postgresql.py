@@ -2,9 +2,11 @@
 PostgreSQL database (target b), its driver SIGKILLed at every protocol step, among
 them the two of b's transaction (its bodies sent, uncommitted; committed on b, not yet
 recorded in the staging store). After the restart both targets hold exactly what a
-crash-free run leaves: InfluxDB the same points, PostgreSQL the same rows, each
-epoch's once (b's own record of delivered epochs holds each epoch once), and the
-point PostgreSQL refuses is b's dead letter."""
+crash-free run leaves: InfluxDB the same points, PostgreSQL the same rows, and the
+point PostgreSQL refuses is b's dead letter. Each epoch reaches a once (its recording
+proxy shows each request) but the one a kill left unrecorded, sent again whole; and b
+commits each epoch once (a trigger on b's record of delivered epochs counts every
+write of it, in the epoch's transaction: a second delivery of an epoch would add one)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from tests.integration.crash_helpers import (
     run_driver,
     staging_summary,
 )
+from tests.integration.deliveries import Recording, check_deliveries, settled
 from tests.support import (
     admin_conninfo,
     create_database,
@@ -34,6 +37,7 @@ from tests.support import (
     unique,
 )
 from twophase.config import InfluxConfig
+from twophase.postgresql.record import record_ddl
 
 # Per epoch: 9 requests of 40 points to a (18 promote_batch checks with b's), one
 # transaction on b, each target's delivery recorded in the mark's transaction.
@@ -66,6 +70,41 @@ def pg_target(base_staging_url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[s
     url = make_url(base_staging_url)
     monkeypatch.setenv("PGPASSWORD", url.password or "")
     return name, f"postgresql://{url.username}@{url.host}:{url.port}/{name}"
+
+
+# Every write of b's record of an epoch, counted in the epoch's transaction on b.
+_AUDIT = (
+    "CREATE TABLE record_writes (epoch bigint NOT NULL)",
+    "CREATE FUNCTION count_record_write() RETURNS trigger LANGUAGE plpgsql AS"
+    " $$BEGIN INSERT INTO record_writes VALUES (NEW.epoch); RETURN NEW; END$$",
+    "CREATE TRIGGER counted AFTER INSERT OR UPDATE ON public.twophase_delivered"
+    " FOR EACH ROW EXECUTE FUNCTION count_record_write()",
+)
+
+
+def audit_deliveries(base_staging_url: str, name: str) -> None:
+    """b's record table made beforehand (as a DBA may: the kind uses it as it finds it)
+    with a trigger counting each committed write of an epoch's record."""
+    with psycopg.connect(admin_conninfo(base_staging_url, name)) as conn:
+        conn.execute(record_ddl("public"))
+        for statement in _AUDIT:
+            conn.execute(statement)
+
+
+def committed_deliveries(base_staging_url: str, name: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(admin_conninfo(base_staging_url, name)) as conn:
+        return conn.execute(
+            "SELECT epoch, count(*) FROM record_writes GROUP BY epoch ORDER BY epoch"
+        ).fetchall()
+
+
+def resent(promotion: str, point: str) -> int | None:
+    """The epoch a kill at ``point`` may leave to be sent to a again: the one it left
+    decided and unrecorded (epoch 1), or, in the background, epoch 0, still being sent
+    while epoch 1 stages; none once its mark committed."""
+    if point == "after_mark":
+        return None
+    return 0 if promotion == "background" and point in ("stage_rows", "in_stage") else 1
 
 
 def pg_rows(base_staging_url: str, name: str) -> list[tuple[Any, ...]]:
@@ -120,23 +159,29 @@ def test_sigkill_at_each_step_with_a_postgresql_target(
     base_staging_url: str,
     staging_url: str,
     influx: InfluxConfig,
+    recording: Recording,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     target, target_url = pg_target(base_staging_url, monkeypatch)
     try:
-        log = tmp_path / "spark-commit-log"
+        audit_deliveries(base_staging_url, target)
+        log, a = tmp_path / "spark-commit-log", recording.target
         options: dict[str, Any] = dict(
             promotion=promotion, lanes=lanes, extra=("--influx-url-b", target_url)
         )
-        crashed = run_driver(staging_url, influx, log, "run-1", f"{point}:{nth}", **options)
+        crashed = run_driver(staging_url, a, log, "run-1", f"{point}:{nth}", **options)
         assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
+        before = settled(recording.proxy)
         decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
-        restarted = run_driver(staging_url, influx, log, "run-2", perturb=decided, **options)
+        restarted = run_driver(staging_url, a, log, "run-2", perturb=decided, **options)
         assert restarted.returncode == 0, restarted.stderr
+        after = settled(recording.proxy)[len(before) :]
+        check_deliveries(before, after, EPOCHS, resent(promotion, point), ordered=lanes == 1)
         assert influx_rows(influx, MEASUREMENT) == crash_free_pg["rows"]
         assert pg_rows(base_staging_url, target) == crash_free_pg["pg"]
         assert pg_records(base_staging_url, target) == [("b", e, 1) for e in range(EPOCHS)]
+        assert committed_deliveries(base_staging_url, target) == [(e, 1) for e in range(EPOCHS)]
         assert staging_summary(staging_url)["epochs"] == every_epoch_committed()
         assert _target_letters(staging_url) == crash_free_pg["dead"]
     finally:

@@ -209,6 +209,7 @@ def test_a_quarantined_target_whose_backlog_is_delivered_is_live_again(
         quarantine_b(tp, two, lease, 2)
         done = tp.catch_up.run(lease, ["b"], quarantined=True)
     assert done.delivered == (("b", 0), ("b", 1))
+    expect(two.direct["b"], [0, 1])  # b read back: what the report says it was sent
     assert target_rows(staging_url, SINK)["b"]["state"] == "live"
 
 

@@ -1,13 +1,22 @@
-"""The test kit's proxy, without a network: its link pacing on a fake clock, and its
-count of the lines in write bodies, plain and gzip."""
+"""The test kit's proxy, without a server: its link pacing on a fake clock, its count of
+the lines in write bodies, plain and gzip, its reading of the answers, and its
+recording of each write (through a socket of the test's own on loopback)."""
 
 from __future__ import annotations
 
 import gzip
+import socket
 
 import pytest
 
-from devkit.faultproxy import TokenBucket, WriteCounter
+from devkit.faultproxy import (
+    AnswerReader,
+    FaultProxy,
+    Recorded,
+    TokenBucket,
+    WriteCounter,
+    wait_until,
+)
 from tests.fakes import FakeClock
 
 MBIT = 1_000_000
@@ -98,3 +107,58 @@ def test_a_body_that_is_not_gzip_counts_as_a_write_of_no_lines() -> None:
 
 def test_other_requests_are_not_writes() -> None:
     assert counted(request(b"q=SHOW DATABASES", path="/query")) == []
+
+
+def answered(*data: bytes) -> list[int]:
+    statuses: list[int] = []
+    reader = AnswerReader(statuses.append)
+    for piece in data:
+        reader.feed(piece)
+    return statuses
+
+
+def test_answers_are_read_whatever_frames_their_bodies() -> None:
+    """An answer without a body (204), one with a Content-Length, a chunked one, an
+    interim 100: each status once, in order, however the bytes are cut."""
+    data = (
+        b"HTTP/1.1 204 No Content\r\nX-Influxdb-Version: 1.6.7\r\n\r\n"
+        b'HTTP/1.1 400 Bad Request\r\nContent-Length: 23\r\n\r\n{"error":"partial wr"}\n'
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        b"HTTP/1.1 204 No Content\r\n\r\n"
+    )
+    assert answered(data) == [204, 400, 200, 204]
+    assert answered(*[data[i : i + 5] for i in range(0, len(data), 5)]) == [204, 400, 200, 204]
+
+
+def test_a_recording_proxy_keeps_each_write_and_its_answer() -> None:
+    """Every write request forwarded, its lines (a gzip body read decompressed) and its
+    answer's status, matched to it on its connection; other requests left out."""
+    answers = (
+        b"HTTP/1.1 204 No Content\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+    )
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        with FaultProxy("127.0.0.1", server.getsockname()[1]) as proxy:
+            proxy.record = True
+            with socket.create_connection(("127.0.0.1", proxy.port)) as client:
+                client.sendall(
+                    request(b"m v=1 1\nm v=2 2\n")
+                    + request(b"q=SHOW DATABASES", path="/query")
+                    + request(gzip.compress(b"m v=3 3\n"), gzipped=True)
+                )
+                upstream, _ = server.accept()
+                with upstream:
+                    upstream.sendall(answers)
+                    received = b""
+                    while received.count(b"HTTP/1.1 ") < 3:
+                        received += client.recv(65536)
+            assert wait_until(lambda: proxy.open_connections == 0, 5, 0.02)
+            assert proxy.recorded() == [
+                Recorded(1, (b"m v=1 1", b"m v=2 2"), 204),
+                Recorded(1, (b"m v=3 3",), 400),
+            ]
+            assert [r.acknowledged for r in proxy.recorded()] == [True, False]

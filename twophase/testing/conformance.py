@@ -19,6 +19,8 @@ real protocol and read the target back through its kind's ``Readback``:
 * a re-sent body changes nothing (an overwriting kind: the same body twice; a
   transactional one: the same body in the transactions of two epochs, and the first
   epoch's record found again);
+* a point's key is its measurement, tag set and time: points of one time that differ
+  in their tags only are each held;
 * an epoch delivered twice, and re-sent by an operator, is held once;
 * a transactional kind's record names the generation: one of another generation is
   inert, one of its own is found again; a sink reset, the next query's epochs (numbered
@@ -211,6 +213,18 @@ class TargetConformance:
             else:
                 writer.write(body)
                 writer.write(gzip.compress(body), gzipped=True)  # as staged chunks go out
+        finally:
+            writer.close()
+        self.holds(target, case, expected(lines))
+
+    def test_points_differing_in_tags_only_are_each_held(
+        self, target: InfluxConfig, case: Case
+    ) -> None:
+        lines = [*case.lines(0, _POINTS), *case.lines(0, _POINTS, host="b")]  # same times
+        writer = self.writer(target)
+        try:
+            with _epoch(writer, target, case, 0, len(lines)):
+                writer.write("\n".join(lines).encode())
         finally:
             writer.close()
         self.holds(target, case, expected(lines))
@@ -450,7 +464,8 @@ def _in_two_epochs(writer: EpochWriter, case: Case, body: bytes, points: int) ->
         assert writer.begin(case.sink, epoch, _NAME) is None
         writer.write(body)
         writer.commit(points, 0)
-    assert writer.begin(case.sink, 0, _NAME) == (points, 0)
+    found = writer.begin(case.sink, 0, _NAME)
+    assert found == (points, 0), f"the first epoch's record not found again: {found}"
 
 
 @contextlib.contextmanager
