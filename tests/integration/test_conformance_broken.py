@@ -96,9 +96,9 @@ class LostRecord(PostgresWriter):
     """Never finds an epoch's record: every delivery of an epoch writes it again."""
 
     def begin(
-        self, sink_id: str, epoch: int, target: str, again: bool = False
+        self, sink_id: str, epoch: int, target: str, again: bool = False, *, generation: int = 0
     ) -> tuple[int, int] | None:
-        return super().begin(sink_id, epoch, target, again=True)
+        return super().begin(sink_id, epoch, target, again=True, generation=generation)
 
 
 @contextlib.contextmanager
