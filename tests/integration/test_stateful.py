@@ -77,6 +77,8 @@ SEED = "seed"  # a key only the seed writes (left out of what a target is found 
 LATER = 400 * 86400.0  # seconds the clock moves on: past retention and history
 SESSION_TIMEOUT = "1s"  # staging_session_timeout: a transaction idle longer is ended
 SLOW_S = 1.5  # a slow target's pause before each request: past the session timeout
+RECOVERY_THREAD = "stateful-recovery"  # the run's other process's recovery
+LANE_THREAD = "twophase-lane"  # an overwriting target's requests go on these threads
 MEMORY = ("ow", "tx")  # the in-process targets (overwriting, transactional)
 SPARE_NAMES = ("ow2", "tx2", "ow3")  # names targets are added or renamed to
 
@@ -103,7 +105,7 @@ class Crash(BaseException):
 class Faults:
     """Stands for ``twophase.faults.crash_point`` in every module: raises ``Crash`` at the
     n-th hit of the armed point (and at every point of the dead process after it), or
-    pauses there once (``pause``). The catch-up worker's hits are not counted: its
+    pauses there once in the recovery thread of ``recovery_lock_lost`` (``pause``). The catch-up worker's hits are not counted: its
     timing is its own."""
 
     def __init__(self) -> None:
@@ -121,7 +123,7 @@ class Faults:
         self.seen.append(name)
         if self.pause is not None and self.pause[0] == name:
             _, seconds, paused = self.pause
-            if threading.current_thread() is not threading.main_thread():
+            if threading.current_thread().name.startswith((RECOVERY_THREAD, LANE_THREAD)):
                 self.pause = None
                 paused.set()
                 time.sleep(seconds)
@@ -235,7 +237,8 @@ def servers(staging_url: str, influx_url: str, base_staging_url: str) -> Iterato
     )
     staging = staging_config_for(
         staging_url, staging_session_timeout=SESSION_TIMEOUT, history_retention="1h",
-        retention="1h", gc_interval="0",
+        retention="1h", gc_interval="0", staging_chunk_points=2, compression="none",
+        promote_connections=1,
     )
     with postgresql_target(base_staging_url, "st_pg") as (pg, _), memory_kinds.registered():
         pg = dataclasses.replace(pg, batch_points=2, retry_deadline_s=10)
@@ -625,7 +628,7 @@ class SinkMachine(RuleBasedStateMachine):
 
         # the run's other process (a claim on the driver, a commit in a worker)
         other = TwoPhase.open(self.config())
-        thread = threading.Thread(target=recovering, args=(other,), name="stateful-recovery")
+        thread = threading.Thread(target=recovering, args=(other,), name=RECOVERY_THREAD)
         thread.start()
         if not paused.wait(5):  # nothing left to recover: the race cannot be run
             thread.join(30)
@@ -779,8 +782,8 @@ class SinkMachine(RuleBasedStateMachine):
 def stateful_settings(full: bool) -> settings:
     """The default run: seeded and bounded; ``--full`` runs longer; the environment
     (``TWOPHASE_STATEFUL_EXAMPLES``, ``_STEPS``, ``_SEED``) sizes a run of hours."""
-    examples = int(os.environ.get("TWOPHASE_STATEFUL_EXAMPLES", 200 if full else 5))
-    steps = int(os.environ.get("TWOPHASE_STATEFUL_STEPS", 40 if full else 12))
+    examples = int(os.environ.get("TWOPHASE_STATEFUL_EXAMPLES", 200 if full else 25))
+    steps = int(os.environ.get("TWOPHASE_STATEFUL_STEPS", 40 if full else 15))
     seed = os.environ.get("TWOPHASE_STATEFUL_SEED")
     return settings(
         max_examples=examples,
@@ -817,3 +820,76 @@ def test_the_implementation_follows_the_model_long(
     servers: Servers, faults: Faults
 ) -> None:
     run_machine(servers, faults, True)
+
+
+# --- replays: shrunk sequences pasted from a failure's output ------------------------------
+
+
+def replay(servers: Servers, faults: Faults, steps: Any) -> set[str]:
+    """Run ``steps(state)`` (the lines hypothesis printed, ``state.`` calls) on a fresh
+    machine; the known defects it found."""
+    SinkMachine.servers, SinkMachine.faults = servers, faults
+    FOUND.clear()
+    state = SinkMachine()
+    try:
+        steps(state)
+    finally:
+        state.teardown()
+    return set(FOUND)
+
+
+def _check(state: SinkMachine) -> None:
+    state.history_bounded()
+    state.targets_hold_what_the_model_says()
+
+
+def _reset_then_epoch_0(state: SinkMachine) -> None:
+    state.commit(batch=Batch((("k0", 1.5), ("k1", 2.5)), True))
+    _check(state)
+    state.operator_reset()
+    _check(state)
+    state.commit(batch=Batch((("k0", 3.5),), False))
+    _check(state)
+
+
+def _slow_resend(state: SinkMachine) -> None:
+    state.commit(batch=Batch((("k0", 1.5), ("k1", 2.5), ("k2", 3.5)), False))
+    _check(state)
+    state.operator_resend(slow=True)
+    _check(state)
+
+
+def _recovery_lock_lost(state: SinkMachine) -> None:
+    state.commit(batch=Batch((("k0", 0.5),), False))
+    _check(state)
+    state.recovery_lock_lost(
+        first=Batch((("k0", 1.5), ("k1", 1.5), ("k2", 1.5)), False),
+        second=Batch((("k0", 2.5), ("k1", 2.5), ("k2", 2.5)), False),
+    )
+    _check(state)
+
+
+def _renamed_target_then_gc(state: SinkMachine) -> None:
+    state.commit(batch=Batch((("k0", 0.5),), False))
+    _check(state)
+    state.rename_target(old="ow", new="ow2")
+    _check(state)
+    state.operator_gc()
+    _check(state)
+
+
+@pytest.mark.parametrize(
+    ("defect", "steps"),
+    [
+        pytest.param(PG_RESET, _reset_then_epoch_0, id="reset"),
+        pytest.param(RESEND_OPEN_TX, _slow_resend, id="slow-resend"),
+        pytest.param(RECOVERY_LOCK, _recovery_lock_lost, id="recovery-lock"),
+        pytest.param(UNCONFIGURED_BLOCKS_GC, _renamed_target_then_gc, id="unconfigured-gc"),
+    ],
+)
+def test_replay(servers: Servers, faults: Faults, defect: str, steps: Any) -> None:
+    """Each known defect's sequence: it finds the defect while the defect is known (take
+    it out of KNOWN_DEFECTS once fixed, and the sequence must pass)."""
+    found = replay(servers, faults, steps)
+    if defect in KNOWN_DEFECTS:
+        assert defect in found, f"{defect} is known, and the sequence no longer finds it"
