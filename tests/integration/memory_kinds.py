@@ -165,8 +165,12 @@ class MemoryReadback:
                 if m == measurement and start <= t <= end
             ]
         return [
-            {"name": measurement, "tags": dict(tags), "columns": ["time", *fields],
-             "values": [[t, *fields.values()]]}
+            {
+                "name": measurement,
+                "tags": dict(tags),
+                "columns": ["time", *fields],
+                "values": [[t, *fields.values()]],
+            }
             for tags, t, fields in found
         ]
 

@@ -16,7 +16,9 @@ the check fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -32,7 +34,6 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
-    initialize,
     invariant,
     precondition,
     rule,
@@ -40,6 +41,7 @@ from hypothesis.stateful import (
 )
 
 import twophase.faults
+import twophase.operations
 from tests.integration import memory_kinds
 from tests.model import COMMITTED, FAILED, PRECOMMITTED, REPLAY, SinkModel
 from tests.support import (
@@ -59,6 +61,9 @@ from twophase.protocol.requeue import RequeueFilter
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.locks import LOCK_SEED
 from twophase.targets import make_writer
+
+# `twophase targets remove`, where this tree has it: the rule remove_target runs then.
+REMOVE = getattr(twophase.operations, "remove_target", None)
 
 # --- known defects: a check of one of these records its failure instead of failing -----
 
@@ -85,11 +90,12 @@ SPARE_NAMES = ("ow2", "tx2", "ow3")  # names targets are added or renamed to
 
 def known(machine: Any, defect: str, ok: bool, message: str) -> None:
     """A check that a known defect fails: while the defect is known, its failure is
-    recorded and the example ends there (its later steps are skipped)."""
+    recorded with the steps that led to it, and the example ends there (its later steps
+    are skipped)."""
     if ok:
         return
     if defect in KNOWN_DEFECTS:
-        FOUND.setdefault(defect, message)
+        FOUND.setdefault(defect, "\n    ".join([message, *machine.trail]))
         machine.broken = True
         return
     raise AssertionError(f"{message} [{defect}]")
@@ -105,8 +111,8 @@ class Crash(BaseException):
 class Faults:
     """Stands for ``twophase.faults.crash_point`` in every module: raises ``Crash`` at the
     n-th hit of the armed point (and at every point of the dead process after it), or
-    pauses there once in the recovery thread of ``recovery_lock_lost`` (``pause``). The catch-up worker's hits are not counted: its
-    timing is its own."""
+    pauses there once in the recovery thread of ``recovery_lock_lost`` (``pause``). The
+    catch-up worker's hits are not counted: its timing is its own."""
 
     def __init__(self) -> None:
         self.armed: tuple[str, int] | None = None
@@ -211,7 +217,9 @@ batches = st.builds(
 
 def lines_of(measurement: str, points: dict[str, float | str]) -> list[str]:
     return [
-        f'{measurement},k={k} v="{v}" {T0}' if isinstance(v, str) else f"{measurement},k={k} v={v} {T0}"
+        f'{measurement},k={k} v="{v}" {T0}'
+        if isinstance(v, str)
+        else f"{measurement},k={k} v={v} {T0}"
         for k, v in points.items()
     ]
 
@@ -232,12 +240,22 @@ def servers(staging_url: str, influx_url: str, base_staging_url: str) -> Iterato
     name = unique("st")
     create_influx_database(influx_url, name)
     influx = InfluxConfig(
-        url=influx_url, api="v1", database=name, retry_deadline_s=10, retry_initial_s=0.05,
-        retry_max_s=0.5, batch_points=2,
+        url=influx_url,
+        api="v1",
+        database=name,
+        retry_deadline_s=10,
+        retry_initial_s=0.05,
+        retry_max_s=0.5,
+        batch_points=2,
     )
     staging = staging_config_for(
-        staging_url, staging_session_timeout=SESSION_TIMEOUT, history_retention="1h",
-        retention="1h", gc_interval="0", staging_chunk_points=2, compression="none",
+        staging_url,
+        staging_session_timeout=SESSION_TIMEOUT,
+        history_retention="1h",
+        retention="1h",
+        gc_interval="0",
+        staging_chunk_points=2,
+        compression="none",
         promote_connections=1,
     )
     with postgresql_target(base_staging_url, "st_pg") as (pg, _), memory_kinds.registered():
@@ -251,8 +269,12 @@ def servers(staging_url: str, influx_url: str, base_staging_url: str) -> Iterato
 def memory_target(store: str, transactional: bool) -> InfluxConfig:
     scheme = "memtx" if transactional else "memow"
     return InfluxConfig(
-        url=f"{scheme}://{store}", batch_points=2, retry_deadline_s=0.3, retry_initial_s=0.02,
-        retry_max_s=0.05, timeout_s=2,
+        url=f"{scheme}://{store}",
+        batch_points=2,
+        retry_deadline_s=0.3,
+        retry_initial_s=0.02,
+        retry_max_s=0.05,
+        timeout_s=2,
     )
 
 
@@ -261,8 +283,14 @@ def step(*conditions: Any, **strategies: Any) -> Any:
     example (past one, the model and the implementation no longer agree by design)."""
 
     def wrap(method: Any) -> Any:
+        @functools.wraps(method)
+        def traced(self: SinkMachine, **args: Any) -> Any:
+            shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
+            self.trail.append(f"state.{method.__name__}({shown})")
+            return method(self, **args)
+
         ready = precondition(lambda self: not self.broken and all(c(self) for c in conditions))
-        return ready(rule(**strategies)(method))
+        return ready(rule(**strategies)(traced))
 
     return wrap
 
@@ -294,10 +322,12 @@ class SinkMachine(RuleBasedStateMachine):
             self.model.add_target(name)
         self.next_epoch = 0
         self.cursors: dict[str, int] = {}  # the highest cursor seen per target (and query)
+        self.renamed: set[str] = set()  # names the sink has that are no longer configured
         self.queries = 0
         self.tp: TwoPhase | None = None
         self.lease: Any = None
         self.broken = False  # a known defect was found: the example's later steps skip
+        self.trail: list[str] = []  # the rules run, as hypothesis prints them
         self.lock_race = ""  # the defect a check failing now points at (a race just run)
         self.seed()
         self.start()
@@ -319,7 +349,10 @@ class SinkMachine(RuleBasedStateMachine):
         targets = tuple(TargetConfig(n, c) for n, c in self.configured.items())
         first = next(iter(self.configured.values()))
         influx = dataclasses.replace(
-            first, targets=targets, min_targets=self.model.min_targets, target_deadline_s=0.3,
+            first,
+            targets=targets,
+            min_targets=self.model.min_targets,
+            target_deadline_s=0.3,
             retry_deadline_s=1,
         )
         return TwoPhaseConfig(self.servers.staging, influx)
@@ -365,7 +398,10 @@ class SinkMachine(RuleBasedStateMachine):
     def stage_and_commit(self, tp: TwoPhase, lease: Any, epoch: int, batch: Batch) -> Any:
         points = batch.points(f"bad{self.model.resets}e{epoch}")
         message = tp.stager.stage(
-            self.sink, epoch, lines_of(self.measurement, points), run_id=lease.run_id,
+            self.sink,
+            epoch,
+            lines_of(self.measurement, points),
+            run_id=lease.run_id,
             query_id=lease.query_id,
         )
         return tp.committer.commit(lease, epoch, [message])
@@ -456,15 +492,22 @@ class SinkMachine(RuleBasedStateMachine):
     def memory_names(self) -> list[str]:
         return sorted(n for n in self.configured if n in self.stores)
 
-    @step(lambda self: any(t.up for n, t in self.model.targets.items() if n in self.stores), data=st.data())
+    @step(
+        lambda self: any(t.up for n, t in self.model.targets.items() if n in self.stores),
+        data=st.data(),
+    )
     def target_down(self, data: st.DataObject) -> None:
-        name = data.draw(st.sampled_from([n for n in self.memory_names() if self.model.targets[n].up]))
+        name = data.draw(
+            st.sampled_from([n for n in self.memory_names() if self.model.targets[n].up])
+        )
         memory_kinds.store_of(self.configured[name].url).down = True
         self.model.set_up(name, False)
 
     @step(lambda self: any(not t.up for t in self.model.targets.values()), data=st.data())
     def target_up(self, data: st.DataObject) -> None:
-        name = data.draw(st.sampled_from(sorted(n for n, t in self.model.targets.items() if not t.up)))
+        name = data.draw(
+            st.sampled_from(sorted(n for n, t in self.model.targets.items() if not t.up))
+        )
         memory_kinds.store_of(self.configured[name].url).down = False
         self.model.set_up(name, True)
 
@@ -478,7 +521,7 @@ class SinkMachine(RuleBasedStateMachine):
     @step(lambda self: len(self.configured) < 7, name=st.sampled_from(SPARE_NAMES))
     def add_target(self, name: str) -> None:
         """The query restarts with a new target (a store of its own, empty)."""
-        if name in self.configured:
+        if name in self.configured or name in self.renamed:
             return
         self.stop()
         self.stores[name] = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -490,16 +533,26 @@ class SinkMachine(RuleBasedStateMachine):
     def rename_target(self, old: str, new: str) -> None:
         """The query restarts with a target renamed in its configuration (same store):
         the old name is no longer configured."""
-        if old not in self.configured or new in self.configured or old not in self.stores:
+        if old not in self.configured or old not in self.stores:
+            return
+        if new in self.configured or new in self.renamed:
             return
         self.stop()
         self.configured[new] = self.configured.pop(old)
         self.stores[new] = self.stores.pop(old)
         self.model.rename_target(old, new)
+        self.renamed.add(old)
         self.cursors.pop(old, None)
         self.start()
 
-    @step(lambda self: any(memory_kinds.store_of(c.url).strict for n, c in self.configured.items() if n in self.stores), data=st.data())
+    @step(
+        lambda self: any(
+            memory_kinds.store_of(c.url).strict
+            for n, c in self.configured.items()
+            if n in self.stores
+        ),
+        data=st.data(),
+    )
     def accept_refused(self, data: st.DataObject) -> None:
         """A memory target's store is changed to take what it refused (strings)."""
         name = data.draw(st.sampled_from(self.memory_names()))
@@ -544,7 +597,10 @@ class SinkMachine(RuleBasedStateMachine):
             self.model.resend()
         self.start()
 
-    @step(lambda self: any(t.dead for n, t in self.model.targets.items() if n in self.configured), data=st.data())
+    @step(
+        lambda self: any(t.dead for n, t in self.model.targets.items() if n in self.configured),
+        data=st.data(),
+    )
     def operator_requeue(self, data: st.DataObject) -> None:
         """``twophase dead-letters --requeue --target NAME``."""
         names = sorted(n for n, t in self.model.targets.items() if t.dead and n in self.configured)
@@ -590,6 +646,31 @@ class SinkMachine(RuleBasedStateMachine):
         self.cursors = {}
         self.start()
 
+    @step(
+        lambda self: REMOVE is not None and len(self.removable()) > 0,
+        data=st.data(),
+    )
+    def remove_target(self, data: st.DataObject) -> None:
+        """``twophase targets remove NAME``: a memory target taken out of the
+        configuration and removed from the sink, or a name a rename left behind."""
+        name = data.draw(st.sampled_from(self.removable()), label="target")
+        self.stop()
+        self.configured.pop(name, None)
+        self.stores.pop(name, None)
+        assert REMOVE is not None
+        REMOVE(self.config(), self.sink, name, guard=FORCE)
+        self.model.targets.pop(name, None)
+        self.renamed.discard(name)
+        self.model.orphan_dead = {(t, k) for t, k in self.model.orphan_dead if t != name}
+        self.start()
+
+    def removable(self) -> list[str]:
+        """Targets the sink has that may be removed: a configured memory target (one
+        other target stays), or one no longer configured."""
+        gone = sorted({t for t, _ in self.model.orphan_dead} | self.renamed)
+        kept = [n for n in self.memory_names() if len(self.configured) > 1]
+        return [*gone, *kept]
+
     @precondition(lambda self: self.broken)
     @rule()
     def known_defect_found(self) -> None:
@@ -609,10 +690,8 @@ class SinkMachine(RuleBasedStateMachine):
         (its lock is gone) rather than send the older epoch over the newer one."""
         epoch = self.next_epoch
         self.faults.arm("after_decide", 1)
-        try:
+        with contextlib.suppress(Crash):
             self.stage_and_commit(self.tp, self.lease, epoch, first)
-        except Crash:
-            pass
         self.faults.armed, self.faults.dead = None, False  # the process lives on
         self.model.decide(epoch, first.points(f"bad{self.model.resets}e{epoch}"))
         paused = threading.Event()
@@ -623,7 +702,7 @@ class SinkMachine(RuleBasedStateMachine):
         def recovering(other: TwoPhase) -> None:
             try:
                 other.committer.recover(self.lease)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 failure.append(exc)
 
         # the run's other process (a claim on the driver, a commit in a worker)
@@ -641,7 +720,9 @@ class SinkMachine(RuleBasedStateMachine):
         self.model.recover()
         try:
             self.stage_and_commit(self.tp, self.lease, epoch + 1, second)
-            want = self.model.commit(epoch + 1, second.points(f"bad{self.model.resets}e{epoch + 1}"))
+            want = self.model.commit(
+                epoch + 1, second.points(f"bad{self.model.resets}e{epoch + 1}")
+            )
             assert want == COMMITTED, want
             self.next_epoch = epoch + 2
         finally:
@@ -697,7 +778,9 @@ class SinkMachine(RuleBasedStateMachine):
         if name in self.stores:
             return memory_kinds.store_of(config.url).held(self.measurement)
         if name == "influx":
-            series = influx_query(config, f'SELECT v FROM "{self.measurement}" GROUP BY k')
+            # the measurement is the machine's own name: no user input
+            query = f'SELECT v FROM "{self.measurement}" GROUP BY k'  # noqa: S608
+            series = influx_query(config, query)
             return {s["tags"]["k"]: s["values"][0][1] for s in series if s["tags"]["k"] != SEED}
         readback = PostgresReadback(config)
         try:
@@ -731,7 +814,11 @@ class SinkMachine(RuleBasedStateMachine):
         want |= self.model.orphan_dead
         message = f"dead letters {sorted(got)}, the model says {sorted(want)}"
         odd = {t for t, _ in got ^ want}
-        if self.model.resets and odd and all(self.kind_is_transactional(t) for t in odd if t in self.configured):
+        if (
+            self.model.resets
+            and odd
+            and all(self.kind_is_transactional(t) for t in odd if t in self.configured)
+        ):
             known(self, PG_RESET, False, message)  # the epoch was never sent to them
             return
         assert got == want, message
@@ -743,7 +830,12 @@ class SinkMachine(RuleBasedStateMachine):
             commits = memory_kinds.store_of(self.configured[name].url).commits
             firsts = [c for c in commits if c[0] == self.sink and not c[3]]
             twice = len(firsts) != len(set(firsts))
-            known(self, self.lock_race or RECOVERY_LOCK, not twice, f"target {name} took an epoch twice: {firsts}")
+            known(
+                self,
+                self.lock_race or RECOVERY_LOCK,
+                not twice,
+                f"target {name} took an epoch twice: {firsts}",
+            )
 
     @invariant()
     def history_bounded(self) -> None:
@@ -754,7 +846,8 @@ class SinkMachine(RuleBasedStateMachine):
             return
         [(kept,)] = self.store_rows(
             "SELECT count(*) FROM twophase_epochs WHERE sink_id = %s AND epoch >= 0"
-            " AND epoch <= %s", floor
+            " AND epoch <= %s",
+            floor,
         )
         known(
             self,
@@ -770,10 +863,8 @@ class SinkMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.faults.armed, self.faults.dead, self.faults.pause = None, False, None
         if self.tp is not None:
-            try:
+            with contextlib.suppress(TwoPhaseError):
                 self.tp.close()
-            except TwoPhaseError:
-                pass
 
 
 # --- runs ----------------------------------------------------------------------------------
@@ -816,9 +907,7 @@ def test_the_implementation_follows_the_model(
 
 
 @pytest.mark.full
-def test_the_implementation_follows_the_model_long(
-    servers: Servers, faults: Faults
-) -> None:
+def test_the_implementation_follows_the_model_long(servers: Servers, faults: Faults) -> None:
     run_machine(servers, faults, True)
 
 

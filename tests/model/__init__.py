@@ -212,7 +212,9 @@ class SinkModel:
         target still lacking one holds it back, and, the floor being a prefix, every
         epoch after it)."""
         for epoch in sorted(e for e in self.committed if e >= 0):
-            if any(epoch >= t.from_epoch and epoch not in t.delivered for t in self.targets.values()):
+            if any(
+                epoch >= t.from_epoch and epoch not in t.delivered for t in self.targets.values()
+            ):
                 break
             self.purged.add(epoch)
             self.compacted.add(epoch)
