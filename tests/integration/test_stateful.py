@@ -529,14 +529,18 @@ class SinkMachine(RuleBasedStateMachine):
         self.model.add_target(name)
         self.start()
 
-    @step(old=st.sampled_from(MEMORY + SPARE_NAMES), new=st.sampled_from(SPARE_NAMES))
-    def rename_target(self, old: str, new: str) -> None:
-        """The query restarts with a target renamed in its configuration (same store):
-        the old name is no longer configured."""
-        if old not in self.configured or old not in self.stores:
-            return
-        if new in self.configured or new in self.renamed:
-            return
+    def free_names(self) -> list[str]:
+        return [n for n in SPARE_NAMES if n not in self.configured and n not in self.renamed]
+
+    @step(lambda self: self.memory_names() and self.free_names(), data=st.data())
+    def rename_target(self, data: st.DataObject) -> None:
+        """The query restarts with a memory target renamed in its configuration (same
+        store): the old name is no longer configured."""
+        old = data.draw(st.sampled_from(self.memory_names()), label="old")
+        new = data.draw(st.sampled_from(self.free_names()), label="new")
+        self.rename(old, new)
+
+    def rename(self, old: str, new: str) -> None:
         self.stop()
         self.configured[new] = self.configured.pop(old)
         self.stores[new] = self.stores.pop(old)
@@ -898,17 +902,15 @@ def run_machine(servers: Servers, faults: Faults, full: bool) -> None:
             print(f"known defect {defect} found: {message}")
 
 
-def test_the_implementation_follows_the_model(
-    servers: Servers, faults: Faults, request: pytest.FixtureRequest
-) -> None:
-    from tests.conftest import full_run
-
-    run_machine(servers, faults, full_run(request.config))
+def test_the_implementation_follows_the_model(servers: Servers, faults: Faults) -> None:
+    """The default run: seeded, bounded (``--full`` adds the long one below)."""
+    run_machine(servers, faults, full=False)
 
 
 @pytest.mark.full
 def test_the_implementation_follows_the_model_long(servers: Servers, faults: Faults) -> None:
-    run_machine(servers, faults, True)
+    """The long run (``--full``): more and longer examples."""
+    run_machine(servers, faults, full=True)
 
 
 # --- replays: shrunk sequences pasted from a failure's output ------------------------------
@@ -961,7 +963,7 @@ def _recovery_lock_lost(state: SinkMachine) -> None:
 def _renamed_target_then_gc(state: SinkMachine) -> None:
     state.commit(batch=Batch((("k0", 0.5),), False))
     _check(state)
-    state.rename_target(old="ow", new="ow2")
+    state.rename("ow", "ow2")  # rename_target's draws: old 'ow', new 'ow2'
     _check(state)
     state.operator_gc()
     _check(state)
