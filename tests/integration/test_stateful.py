@@ -848,9 +848,11 @@ class SinkMachine(RuleBasedStateMachine):
         floor = self.model.floor()
         if floor is None or self.broken:
             return
+        # an epoch a dead letter names keeps its record (its letters are read through it)
         [(kept,)] = self.store_rows(
-            "SELECT count(*) FROM twophase_epochs WHERE sink_id = %s AND epoch >= 0"
-            " AND epoch <= %s",
+            "SELECT count(*) FROM twophase_epochs e WHERE sink_id = %s AND epoch >= 0"
+            " AND epoch <= %s AND NOT EXISTS (SELECT 1 FROM twophase_dead_letters d"
+            " WHERE d.sink_id = e.sink_id AND d.epoch = e.epoch)",
             floor,
         )
         known(
@@ -964,6 +966,10 @@ def _renamed_target_then_gc(state: SinkMachine) -> None:
     state.commit(batch=Batch((("k0", 0.5),), False))
     _check(state)
     state.rename("ow", "ow2")  # rename_target's draws: old 'ow', new 'ow2'
+    _check(state)
+    state.commit(batch=Batch((("k0", 1.5),), False))
+    _check(state)
+    state.commit(batch=Batch((("k0", 2.5),), False))
     _check(state)
     state.operator_gc()
     _check(state)

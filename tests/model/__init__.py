@@ -208,16 +208,22 @@ class SinkModel:
 
     def expire(self) -> None:
         """The clock moved past retention and history, and GC ran: the staged points of
-        every COMMITTED epoch that every target holds go, and so do their records (a
-        target still lacking one holds it back, and, the floor being a prefix, every
-        epoch after it)."""
-        for epoch in sorted(e for e in self.committed if e >= 0):
-            if any(
-                epoch >= t.from_epoch and epoch not in t.delivered for t in self.targets.values()
-            ):
+        every COMMITTED epoch that every target holds go; the records go too, in epoch
+        order up to the first epoch some target lacks, and never the last COMMITTED
+        epoch's (a target added later starts after it)."""
+        done = sorted(e for e in self.committed if e >= 0)
+        for epoch in done:
+            if not self._lacking(epoch):
+                self.purged.add(epoch)
+        for epoch in done:
+            if epoch >= done[-1] or epoch not in self.purged:
                 break
-            self.purged.add(epoch)
             self.compacted.add(epoch)
+
+    def _lacking(self, epoch: int) -> bool:
+        return any(
+            epoch >= t.from_epoch and epoch not in t.delivered for t in self.targets.values()
+        )
 
     def floor(self) -> int | None:
         """The highest compacted epoch (every epoch up to it is compacted)."""

@@ -98,18 +98,18 @@ def test_a_renamed_target_keeps_its_store_and_its_letters_stay_under_the_old_nam
     assert ("a", "bad") in model.orphan_dead
 
 
-def test_expiry_compacts_only_what_every_target_holds() -> None:
+def test_expiry_compacts_only_what_every_target_holds_and_keeps_the_last() -> None:
     model = two_targets()
     model.commit(0, {"k": 1.0})
     model.set_up("b", False)
     model.commit(1, {"k": 2.0})
     model.commit(2, {"k": 3.0})
     model.expire()
-    assert model.floor() == 0 and model.compacted == {0}
+    assert model.floor() == 0 and model.purged == {0}
     model.set_up("b", True)
     model.catch_up()
     model.expire()
-    assert model.floor() == 2
+    assert model.floor() == 1 and model.purged == {0, 1, 2}  # epoch 2's record stays
 
 
 def test_a_removed_target_holds_nothing_back() -> None:
@@ -117,6 +117,9 @@ def test_a_removed_target_holds_nothing_back() -> None:
     model.add_target("c")
     model.set_up("c", False)
     model.commit(0, {"k": 1.0})
+    model.commit(1, {"k": 2.0})
+    model.expire()
+    assert model.floor() is None
     model.remove_target("c")
     model.expire()
     assert model.floor() == 0
