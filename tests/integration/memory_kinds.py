@@ -33,8 +33,9 @@ class Store:
     name: str
     points: dict[Key, dict[str, Any]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # every body it took
-    records: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
-    commits: list[tuple[str, str, int, bool]] = field(default_factory=list)  # + again
+    # (sink, target, generation, epoch) -> counts, and every commit (+ again)
+    records: dict[tuple[str, str, int, int], tuple[int, int]] = field(default_factory=dict)
+    commits: list[tuple[str, str, int, int, bool]] = field(default_factory=list)
     down: bool = False
     slow_s: float = 0.0
     strict: bool = True
@@ -104,22 +105,22 @@ class OverwritingWriter:
 
 class TransactionalWriter:
     """An EpochWriter: an epoch's bodies applied together at ``commit`` with its record,
-    keyed (sink, target, epoch) as the kind's contract describes."""
+    keyed (sink, target, generation, epoch) as the kind's contract describes."""
 
     def __init__(self, config: Any) -> None:
         self.store = store_of(config.url)
-        self._open: tuple[str, str, int, bool] | None = None
+        self._open: tuple[str, str, int, int, bool] | None = None
         self._pending: list[tuple[Key, dict[str, Any]]] = []
 
     def begin(
-        self, sink_id: str, epoch: int, target: str, again: bool = False
+        self, sink_id: str, epoch: int, target: str, again: bool = False, *, generation: int = 0
     ) -> tuple[int, int] | None:
         self.store.check()
         with self.store.lock:
-            found = self.store.records.get((sink_id, target, epoch))
+            found = self.store.records.get((sink_id, target, generation, epoch))
         if found is not None and not again:
             return found
-        self._open, self._pending = (sink_id, target, epoch, again), []
+        self._open, self._pending = (sink_id, target, generation, epoch, again), []
         return None
 
     def write(self, body: bytes, gzipped: bool = False) -> None:
@@ -139,11 +140,11 @@ class TransactionalWriter:
         if self._open is None or self.store.down:
             self._open = None
             raise TransactionLostError(f"store {self.store.name}: no transaction")
-        sink_id, target, epoch, again = self._open
+        sink_id, target, generation, epoch, again = self._open
         with self.store.lock:
             self.store.apply(self._pending)
-            self.store.records[(sink_id, target, epoch)] = (delivered, rejected)
-            self.store.commits.append((sink_id, target, epoch, again))
+            self.store.records[(sink_id, target, generation, epoch)] = (delivered, rejected)
+            self.store.commits.append((sink_id, target, generation, epoch, again))
         self._open, self._pending = None, []
 
     def rollback(self) -> None:

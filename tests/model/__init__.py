@@ -46,6 +46,7 @@ class TargetModel:
     holds: dict[str, Value] = field(default_factory=dict)  # what a read-back finds
     strict: bool = True  # its store refuses a string value (a float field or column)
     dead: dict[str, Value] = field(default_factory=dict)  # refused, not requeued since
+    configured: bool = True  # False: the sink has it, the configuration no longer names it
 
     def cursor(self, committed: Iterable[int]) -> int | None:
         """The highest COMMITTED epoch such that it holds every owed one up to it."""
@@ -78,7 +79,6 @@ class SinkModel:
     purged: set[int] = field(default_factory=set)  # staged points gone (past retention)
     compacted: set[int] = field(default_factory=set)  # records gone (past history)
     corrections: int = 0  # corrections decided (epochs -1, -2, ...)
-    orphan_dead: set[tuple[str, str]] = field(default_factory=set)  # of renamed targets
 
     # --- targets -----------------------------------------------------------------------
 
@@ -89,23 +89,25 @@ class SinkModel:
         self.targets[name] = TargetModel(name, from_epoch=start)
 
     def rename_target(self, old: str, new: str) -> None:
-        """A configured target's name changed: the store's sees a removed target and a new
-        one (same store, so it holds what the old name held)."""
-        before = self.targets.pop(old)
+        """A configured target's name changed: the sink keeps the old name, which nothing
+        delivers to any more (it holds GC back until removed), and gets a new one (same
+        store, so it holds what the old name held); the old name keeps its letters."""
+        before = self.targets[old]
         self.add_target(new)
         fresh = self.targets[new]
-        fresh.holds, fresh.strict, fresh.up = before.holds, before.strict, before.up
-        self.orphan_dead |= {(old, key) for key in before.dead}
+        fresh.holds, fresh.strict, fresh.up = dict(before.holds), before.strict, before.up
+        before.configured, before.up = False, False
 
     def remove_target(self, name: str) -> None:
-        """Removed from the sink: its dead letters go with it."""
+        """Removed from the sink (``twophase targets remove``): its dead letters go with
+        it, and it holds nothing back any more."""
         del self.targets[name]
 
     def set_up(self, name: str, up: bool) -> None:
         self.targets[name].up = up
 
     def owed(self, epoch: int) -> list[TargetModel]:
-        return [t for t in self.targets.values() if t.from_epoch <= epoch]
+        return [t for t in self.targets.values() if t.configured and t.from_epoch <= epoch]
 
     def up_targets(self) -> list[TargetModel]:
         return [t for t in self.targets.values() if t.up]

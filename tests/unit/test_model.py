@@ -90,12 +90,19 @@ def test_a_new_target_is_owed_the_epochs_after_the_last_committed() -> None:
     assert model.expected("c") == {"j": 2.0}
 
 
-def test_a_renamed_target_keeps_its_store_and_its_letters_stay_under_the_old_name() -> None:
+def test_a_renamed_target_keeps_its_store_and_the_old_name_holds_gc_back() -> None:
     model = two_targets()
     model.commit(0, {"k": 1.0, "bad": "x"})
     model.rename_target("a", "z")
     assert model.expected("z") == {"k": 1.0} and not model.targets["z"].dead
-    assert ("a", "bad") in model.orphan_dead
+    assert model.targets["a"].dead == {"bad": "x"}  # its letters stay under the old name
+    model.commit(1, {"k": 2.0})
+    model.commit(2, {"k": 3.0})
+    model.expire()
+    assert model.floor() == 0  # the old name lacks 1: it holds the floor below it
+    model.remove_target("a")
+    model.expire()
+    assert model.floor() == 1
 
 
 def test_expiry_compacts_only_what_every_target_holds_and_keeps_the_last() -> None:
