@@ -134,13 +134,14 @@ def test_requeue_refuses_a_live_run_and_bad_flags(
 
 # Every step of a requeue: staged but not decided, the correction's decision written but
 # not committed, decided, mid-promotion (the second of several requests), all sent but
-# not marked, marked.
+# not marked, marked. The default run kills once before the decision (in_requeue) and
+# at each step after it but one (after_promote, between the requests and the mark).
 CRASH_STEPS = (
-    "after_stage",
+    pytest.param("after_stage", marks=pytest.mark.full),
     "in_requeue",
     "after_decide",
     "promote_batch:2",
-    "after_promote",
+    pytest.param("after_promote", marks=pytest.mark.full),
     "after_mark",
 )
 UNDECIDED = ("after_stage", "in_requeue")  # the letters are still the sink's to requeue
