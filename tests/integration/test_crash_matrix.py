@@ -92,7 +92,8 @@ MATRIX = (
 )
 # Text chunks (compression = none), one of 100 lines per write: 40-point requests cut
 # every chunk (9 requests per epoch), 250-point ones carry two whole chunks, then one.
-# The path staged before compression, and with compression = none: with --full.
+# The path staged before compression, and with compression = none: two kills in the
+# default run (TEXT_DEFAULT), the rest with --full.
 _TEXT_NTH = {("stage_rows", 40): 14, ("promote_batch", 40): 11}
 _TEXT_LANE_NTH = {("stage_rows", 40): 20, ("promote_batch", 40): 15, ("promote_batch", 250): 6}
 TEXT_CRASHES = [(p, _TEXT_NTH.get((p, b), n), b) for p, n, b in CRASHES]
@@ -104,11 +105,27 @@ MATRIX += (
     + [(TEXT, "inline", 4, *c) for c in TEXT_LANES if c[0] != "drain"]
     + [(TEXT, "background", 4, *c) for c in TEXT_LANES]
 )
+# The default run: every point once per promotion mode, inline over one lane and in
+# the background over four; in the other two modes, over compressed chunks, the points
+# the lanes change (a write's chunk per lane, the requests cut from them, the hand-off);
+# over text chunks, a kill mid-COPY and one mid-promotion. The rest: with --full.
+DEFAULT_MODES = {("inline", 1), ("background", 4)}
+LANE_POINTS = {"stage_rows", "promote_batch", "drain"}
+TEXT_DEFAULT = {("inline", 1, "promote_batch", 40), ("background", 4, "stage_rows", 40)}
+
+
+def in_default_run(m: tuple[Any, ...]) -> bool:
+    layout, promotion, lanes, point, _, batch = m
+    if layout == TEXT:
+        return (promotion, lanes, point, batch) in TEXT_DEFAULT
+    return (promotion, lanes) in DEFAULT_MODES or point in LANE_POINTS
+
+
 MATRIX_PARAMS = [
     pytest.param(
         *m,
         id=f"{m[0][0]}-{m[1]}-{m[2]}lane-{m[3]}-{m[5]}",
-        marks=[pytest.mark.full] if m[0] == TEXT else [],
+        marks=[] if in_default_run(m) else [pytest.mark.full],
     )
     for m in MATRIX
 ]
@@ -161,7 +178,7 @@ def test_the_matrices_cover_every_named_crash_point() -> None:
         assert {m[3] for m in MATRIX if m[0] == layout} == in_steps | {"drain"}
     at_restart = {second.split(":")[0] for _, _, second, _ in RESTART_CRASHES}
     assert {promotion for promotion, _, _, _ in RESTART_CRASHES} == {"inline", "background"}
-    targets = {point for point, _ in TARGET_CRASHES} | {p for p, _ in TARGET_DOWN_CRASHES}
+    targets = {point for point, _ in TARGET_CRASHES} | {p.values[0] for p in TARGET_DOWN_CRASHES}
     targets |= {param.values[0] for param in AVAILABILITY_CRASHES}
     covered = in_steps | {"drain"} | at_restart | targets | set(ELSEWHERE)
     assert covered == set(CRASH_POINTS), set(CRASH_POINTS) ^ covered
@@ -437,6 +454,17 @@ _TARGET_LANE_NTH = {"stage_rows": 20, "promote_batch": 29}
 TARGET_MATRIX = [("inline", 1, *c) for c in TARGET_CRASHES] + [
     ("background", 4, p, _TARGET_LANE_NTH.get(p, n)) for p, n in [*TARGET_CRASHES, ("drain", 2)]
 ]
+# Before the decision nothing knows of the targets: those kills are the one-target
+# matrix's (in both modes), and here with --full.
+BEFORE_TARGETS = {"stage_rows", "in_stage", "after_stage", "in_decide"}
+TARGET_PARAMS = [
+    pytest.param(
+        *m,
+        id=f"{m[0]}-{m[1]}lane-{m[2]}-{m[3]}",
+        marks=[pytest.mark.full] if m[2] in BEFORE_TARGETS else [],
+    )
+    for m in TARGET_MATRIX
+]
 
 
 def target_landing(promotion: str, point: str) -> Landing:
@@ -504,11 +532,7 @@ def target_b(influx: InfluxConfig, url: str | None = None) -> tuple[str, ...]:
     return ("--influx-url-b", url or influx.url, "--influx-db-b", str(influx.database))
 
 
-@pytest.mark.parametrize(
-    ("promotion", "lanes", "point", "nth"),
-    TARGET_MATRIX,
-    ids=[f"{m[0]}-{m[1]}lane-{m[2]}-{m[3]}" for m in TARGET_MATRIX],
-)
+@pytest.mark.parametrize(("promotion", "lanes", "point", "nth"), TARGET_PARAMS)
 def test_sigkill_at_each_step_of_a_two_target_promotion(
     promotion: str,
     lanes: int,
@@ -552,8 +576,15 @@ def test_sigkill_at_each_step_of_a_two_target_promotion(
 # Target b down (its fault proxy cutting every connection) through the crash and the
 # restart: every epoch is COMMITTED with a alone; b is brought back, and `twophase
 # recover` delivers its backlog, killed once in its own catch-up (in_deliver) first.
-TARGET_DOWN_CRASHES = [("after_decide", 2), ("promote_batch", 14), ("in_deliver", 2)]
-TARGET_DOWN_CRASHES += [("in_mark", 2), ("after_mark", 2)]
+# The default run: a kill mid-promotion, in the mark's record of a alone, and after
+# the mark (a replay); the rest with --full. Each case's recover is killed too.
+TARGET_DOWN_CRASHES = [
+    pytest.param("after_decide", 2, id="after_decide-2", marks=pytest.mark.full),
+    pytest.param("promote_batch", 14, id="promote_batch-14"),
+    pytest.param("in_deliver", 2, id="in_deliver-2"),
+    pytest.param("in_mark", 2, id="in_mark-2", marks=pytest.mark.full),
+    pytest.param("after_mark", 2, id="after_mark-2"),
+]
 
 
 @pytest.mark.parametrize(("point", "nth"), TARGET_DOWN_CRASHES)
@@ -607,10 +638,13 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
 # finishes on b alone; a comes back and `twophase recover` catches it up. Both targets
 # then hold exactly what a crash-free run writes.
 AVAILABILITY_CRASHES = [
+    # the default run: a kill in each half of the take-over (b's catch-up, epoch 2)
     pytest.param("in_deliver", 1, id="in_deliver-1"),  # b's catch-up: epoch 0's record
-    pytest.param("promote_batch", 12, id="promote_batch-12"),  # b's catch-up, in epoch 1
+    pytest.param(  # b's catch-up, in epoch 1
+        "promote_batch", 12, id="promote_batch-12", marks=pytest.mark.full
+    ),
     pytest.param("in_deliver", 3, id="in_deliver-3"),  # epoch 2 in b, its record
-    pytest.param("in_mark", 1, id="in_mark-1"),  # epoch 2's mark, uncommitted
+    pytest.param("in_mark", 1, id="in_mark-1", marks=pytest.mark.full),  # epoch 2's mark
     pytest.param("in_plan", 1, id="in_plan-1", marks=pytest.mark.full),  # the recovery's plan
     pytest.param("promote_batch", 1, id="promote_batch-1", marks=pytest.mark.full),
     pytest.param("after_promote", 1, id="after_promote-1", marks=pytest.mark.full),
