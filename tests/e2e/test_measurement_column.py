@@ -28,6 +28,7 @@ from tests.e2e.harness import (
     SINKS,
     Key,
     Target,
+    assert_exact,
     feed,
     influx_stats,
     mismatches,
@@ -61,6 +62,9 @@ class MetricChain(Chain):
 
     def wait_exact(self) -> None:
         wait_exact(self.job, self.target, self.fed, MALFORMED, read=per_metric)
+
+    def assert_exact(self) -> None:
+        assert_exact(self.target, self.fed, MALFORMED, read=per_metric)
 
 
 def check_measurements(influx: InfluxConfig) -> None:
