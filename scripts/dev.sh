@@ -186,7 +186,9 @@ cmd_test() {
     FIRST_RC=0
     lint_steps
     docs_build
-    run_step "pytest" "$VENV/bin/pytest" "$@"
+    # Two workers: the Spark tests on one, one after the other (tests/conftest.py groups
+    # them), the rest on both; `-n 0` among the arguments runs everything in one process.
+    run_step "pytest" "$VENV/bin/pytest" -n 2 --dist loadgroup "$@"
     finish
 }
 

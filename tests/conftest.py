@@ -50,6 +50,12 @@ URL_FIXTURES = {
 SERVER_MARKERS = ("integration", "e2e")
 
 
+# Under pytest-xdist (`-n 2 --dist loadgroup`, as `scripts/dev.sh test` runs it) the
+# tests that start Spark run one after the other on one worker: each Spark job takes
+# both cores while it starts, and two at once would only make each slower.
+SPARK_FOLDERS = ("e2e", "soak")
+SPARK_GROUP = "spark"
+
 # `--full` or TWOPHASE_FULL=1 (any value but empty or 0): also run the tests marked `full`.
 FULL_ENV = "TWOPHASE_FULL"
 
@@ -74,6 +80,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection sees the items
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         try:
@@ -83,6 +90,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = FOLDER_MARKERS.get(folder)
         if marker is not None:
             item.add_marker(marker)
+        if folder in SPARK_FOLDERS:
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
     if full_run(config):
         return
     named = named_on_command_line(config)

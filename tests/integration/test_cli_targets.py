@@ -17,7 +17,7 @@ from devkit.faultproxy import CUT, PASS
 from tests.integration.cli_helpers import Cli, make_cli, sql
 from tests.integration.fanout_helpers import Pair, target_rows, two_targets
 from tests.staging import M, lines, stage
-from tests.support import NO_CACHE, influx_count, scrape, two_phase, value
+from tests.support import NO_CACHE, influx_count, influx_query, scrape, two_phase, value
 from twophase.config import InfluxConfig, StagingConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease
@@ -342,6 +342,37 @@ def test_a_resend_never_puts_an_epoch_before_an_older_one_a_target_lacks(
     assert every.code == 0, every.err
     assert influx_count(pair.b_direct, M) == N  # epoch 0 again, never epoch 1 first
     assert influx_count(pair.a, M) == 2 * N
+
+
+def rewrites(epoch: int) -> list[str]:
+    """N points that every epoch writes again (same keys and times), valued by epoch."""
+    return [f"{M},host=a,n={i} v={epoch}.5 1700000000000000000" for i in range(N)]
+
+
+def test_a_resend_that_fails_on_one_target_leaves_no_other_holding_an_older_value(
+    fan: TwoPhase, pair: Pair, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = fan.committer.claim(SINK, "r1", "q1")
+    for epoch in range(2):  # epoch 1 rewrites epoch 0's points
+        messages = stage(fan, SINK, epoch, [rewrites(epoch)], run="r1")
+        assert fan.committer.commit(lease, epoch, messages).state == EpochState.COMMITTED
+    fan.runs.end(SINK, "r1", "stopped")
+    pair.proxy.set_mode(CUT)  # b goes down during the resend
+    monkeypatch.setenv("TWOPHASE_TARGET_RETRY_DEADLINE", "2s")
+    failed = cli("resend", "--sink", SINK, "--all")
+    assert failed.code != 0
+    pair.proxy.set_mode(PASS)
+    for target in (pair.a, pair.b_direct):  # a re-sent whole (it comes first), b untouched
+        assert rows(target) == {f"{i}": 1.5 for i in range(N)}
+    events = "SELECT detail FROM twophase_epoch_events WHERE event = 'resent' ORDER BY epoch"
+    assert [d for (d,) in sql(cli.staging_url, events)] == [
+        f"re-sent {N} points, 0 rejected, to a"
+    ] * 2  # the history names the targets that took each epoch
+
+
+def rows(target: InfluxConfig) -> dict[str, float]:
+    series = influx_query(target, f'SELECT v FROM "{M}" GROUP BY n')  # noqa: S608
+    return {s["tags"]["n"]: s["values"][0][1] for s in series}
 
 
 def test_twophase_gc_quarantines_a_target_lagging_past_target_max_lag(

@@ -47,6 +47,7 @@ class TargetModel:
     strict: bool = True  # its store refuses a string value (a float field or column)
     dead: dict[str, Value] = field(default_factory=dict)  # refused, not requeued since
     configured: bool = True  # False: the sink has it, the configuration no longer names it
+    registered: bool = True  # False: not the sink's since a reset (its dead letters stay)
 
     def cursor(self, committed: Iterable[int]) -> int | None:
         """The highest COMMITTED epoch such that it holds every owed one up to it."""
@@ -186,20 +187,31 @@ class SinkModel:
         target.take(correction, values)
         return True
 
-    def resend(self) -> None:
-        """``twophase resend`` of every retained epoch: each target that holds them takes
-        them again, in order (what it refused before and takes now lands; its dead
-        letter stays listed)."""
-        for target in self.targets.values():
-            for epoch in sorted(e for e in self.committed if e >= 0):
-                if epoch in target.delivered and epoch not in self.purged:
-                    for key, value in self.decided[epoch].items():
-                        if not (target.strict and isinstance(value, str)):
-                            target.holds[key] = value
+    def resend(self, order: Iterable[str]) -> bool:
+        """``twophase resend`` of every retained epoch, to the targets named in
+        ``order``, one after the other: each takes the epochs it holds again, in order
+        (what it refused before and takes now lands; its dead letter stays listed).
+        False when it stops at a target that is down and holds one of them (the targets
+        after it get nothing), or when no epoch is retained (refused)."""
+        retained = sorted(e for e in self.committed if e >= 0 and e not in self.purged)
+        if not retained:
+            return False
+        for name in order:
+            target = self.targets[name]
+            epochs = [e for e in retained if e in target.delivered]
+            if epochs and not target.up:
+                return False
+            for epoch in epochs:
+                for key, value in self.decided[epoch].items():
+                    if not (target.strict and isinstance(value, str)):
+                        target.holds[key] = value
+        return True
 
     def reset(self) -> None:
         """A new query: the epochs and the targets' cursors are forgotten; the targets
-        keep what they hold and are registered again at the next claim, from epoch 0."""
+        keep what they hold and the configured ones are registered again at the next
+        claim, from epoch 0 (a name the configuration no longer has is the sink's no
+        more)."""
         if self.pending:
             raise ValueError("reset refused while epochs are PRECOMMITTED")
         self.resets += 1
@@ -207,6 +219,7 @@ class SinkModel:
         self.purged, self.compacted = set(), set()
         for target in self.targets.values():
             target.delivered, target.from_epoch = set(), 0
+            target.registered = target.configured
 
     def expire(self) -> None:
         """The clock moved past retention and history, and GC ran: the staged points of
@@ -224,7 +237,9 @@ class SinkModel:
 
     def _lacking(self, epoch: int) -> bool:
         return any(
-            epoch >= t.from_epoch and epoch not in t.delivered for t in self.targets.values()
+            epoch >= t.from_epoch and epoch not in t.delivered
+            for t in self.targets.values()
+            if t.registered
         )
 
     def floor(self) -> int | None:

@@ -136,7 +136,33 @@ def test_resend_lands_what_a_target_now_takes() -> None:
     model = two_targets()
     model.commit(0, {"k": 1.0, "bad": "x"})
     model.targets["a"].strict = False
-    model.resend()
+    assert model.resend(["a", "b"])
     assert model.expected("a") == {"k": 1.0, "bad": "x"}
     assert model.targets["a"].dead == {"bad": "x"}  # its letter stays listed
     assert model.expected("b") == {"k": 1.0}
+
+
+def test_a_reset_forgets_a_name_no_longer_configured_and_keeps_its_letters() -> None:
+    model = two_targets()
+    model.commit(0, {"k": 1.0, "bad": "x"})
+    model.rename_target("a", "z")
+    model.reset()
+    model.commit(0, {"k": 2.0})
+    model.commit(1, {"k": 3.0})
+    model.expire()
+    assert model.floor() == 0  # the old name, forgotten by the reset, holds nothing back
+    assert model.targets["a"].dead == {"bad": "x"}
+
+
+def test_resend_stops_at_a_target_that_is_down_and_the_ones_after_it_get_nothing() -> None:
+    model = two_targets()
+    model.commit(0, {"k": 1.0})
+    model.commit(1, {"k": 2.0})
+    model.targets["a"].holds["k"] = 0.5  # lost and restored from an old backup
+    model.targets["b"].holds["k"] = 0.5
+    model.set_up("a", False)
+    assert not model.resend(["b", "a"])
+    assert model.expected("b") == {"k": 2.0}  # whole: epoch 1's value stands
+    model.targets["b"].holds["k"] = 0.5
+    assert not model.resend(["a", "b"])
+    assert model.expected("b") == {"k": 0.5}  # after the target that is down: untouched

@@ -84,10 +84,10 @@ def resend(
         _warn_about_behind(tp, sink_id, only.name if only else None, hooks)
         lease = tp.ledger.begin_run(sink_id, f"{CLI_RUN_PREFIX}{uuid.uuid4()}", None)
         chosen_targets = [d for d in tp.deliveries.values() if only is None or d.name == only.name]
-        Resender(tp.db, tp.ledger, tp.targets, chosen_targets).resend(
+        resent = Resender(tp.db, tp.ledger, tp.targets, chosen_targets).resend(
             lease, plan, actor(), on_epoch
         )
-    return ResendReport(sink_id, tuple(done), plan.skipped_aborted, plan.skipped_purged)
+    return ResendReport(sink_id, tuple(resent), plan.skipped_aborted, plan.skipped_purged)
 
 
 def _refuse_behind(tp: TwoPhase, sink_id: str, target: str, last: int) -> None:

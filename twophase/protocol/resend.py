@@ -4,9 +4,12 @@
 For when InfluxDB lost data a COMMITTED epoch delivered (restored from an old
 backup, a measurement dropped by mistake). Re-sending is safe for the same
 reason promotion may run twice: an epoch's point set is fixed (I1) and
-InfluxDB overwrites a point with the same measurement, tag set and timestamp.
-Epochs are re-sent in increasing order, so when a later epoch rewrote a point
-of an earlier one (update output mode), its value is the one left standing.
+a target overwrites a point with the same measurement, tag set and timestamp.
+Each target takes the epochs in increasing order, so when a later epoch
+rewrote a point of an earlier one (update output mode), its value is the one
+left standing; and one target after the other, so a resend that fails on one
+target (down, slow past its deadline) leaves no other half-way, holding an
+earlier epoch's value over a later one's.
 
 Not to be confused with a Spark replay (Spark running a batch again, which
 the ledger detects and skips): a resend is an operator's decision. Epoch
@@ -28,10 +31,11 @@ newer one (I5).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from twophase.errors import StagingUnavailableError, StateError
+from twophase.errors import StagingUnavailableError, StateError, TwoPhaseError
 from twophase.model import EpochPlan, EpochState, Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
@@ -120,59 +124,86 @@ class Resender:
         actor: str,
         on_epoch: Callable[[ResentEpoch], None] | None = None,
     ) -> list[ResentEpoch]:
-        """Re-send the plan's epochs in increasing order; stop at the first failure.
+        """Re-send the plan's epochs, one target after the other, each target's in
+        increasing order; stop at the first failure.
 
-        Each epoch goes to every target of the deliveries that holds it and every
-        epoch before it; a target still lacking one is left to its catch-up (sent
-        now, it would hold the epoch before an older one, I9). Raises what
-        promotion raises (InfluxUnavailableError after the retry deadline,
-        PermanentError when staged points changed after the decision,
-        FencedError once a newer run holds the sink than ``lease``) and
-        StateError when an epoch was purged or reset meanwhile. Epochs re-sent
-        before a failure stay re-sent (and recorded).
+        A target takes every epoch of the plan before the next target takes any, so a
+        failure leaves each other target with all of them re-sent or none: never an
+        earlier epoch's value standing over the later epoch's that rewrote it. Each
+        epoch goes to every target of the deliveries that holds it and every epoch
+        before it; a target still lacking one is left to its catch-up (sent now, it
+        would hold the epoch before an older one, I9). Raises what promotion raises
+        (TargetUnavailableError after the retry deadline, PermanentError when staged
+        points changed after the decision, FencedError once a newer run holds the
+        sink than ``lease``) and StateError when an epoch was purged or reset
+        meanwhile. Epochs re-sent before a failure stay re-sent (and recorded).
         """
         check = self._ledger.watch(lease)  # one for the whole resend: fenced is final
-        done = []
-        for epoch in sorted(plan.epochs):
-            result = self.resend_epoch(plan.sink_id, epoch, actor, check)
-            done.append(result)
-            if on_epoch is not None:
-                on_epoch(result)
-        return done
+        epochs = sorted(plan.epochs)
+        ready = {epoch: self._ready(plan.sink_id, epoch) for epoch in epochs}
+        plans: dict[int, EpochPlan] = {}
+        took: dict[int, list[str]] = {}  # the targets that took each epoch, in order
+        done: dict[int, ResentEpoch] = {}  # counts: the first target's that took it
+        try:
+            for delivery in self._deliveries:
+                for epoch in (e for e in epochs if delivery.name in ready[e]):
+                    if epoch not in plans:
+                        plans[epoch] = self._retained(plan.sink_id, epoch)
+                    counts = self._send(delivery, plans[epoch], check)
+                    took.setdefault(epoch, []).append(delivery.name)
+                    if epoch not in done:
+                        done[epoch] = ResentEpoch(plan.sink_id, epoch, *counts)
+                        if on_epoch is not None:
+                            on_epoch(done[epoch])
+            for epoch in (e for e in epochs if e not in done):  # no target could take it
+                self._retained(plan.sink_id, epoch)
+                done[epoch] = ResentEpoch(plan.sink_id, epoch, 0, 0)
+                if on_epoch is not None:
+                    on_epoch(done[epoch])
+        except BaseException:
+            with contextlib.suppress(TwoPhaseError):  # the failure is what to report
+                self._record(done.values(), took, actor)
+            raise
+        self._record(done.values(), took, actor)
+        return [done[e] for e in epochs]
 
-    def resend_epoch(
-        self, sink_id: str, epoch: int, actor: str, check: Callable[[], None]
-    ) -> ResentEpoch:
-        """Re-send one COMMITTED epoch; ``check`` runs before every request and retry.
-        Counts are the first target's that took it ((0, 0): none could)."""
+    def _ready(self, sink_id: str, epoch: int) -> set[str]:
+        """The deliveries' targets owed ``epoch`` that hold it and every epoch before."""
         names = [d.name for d in self._deliveries]
         owed = {p.target for p in self._targets.places(sink_id, epoch, names) if p.owed}
         after = self._targets.places(sink_id, epoch + 1, names)
-        ready = {p.target for p in after if p.caught_up and p.target in owed}
-        plan = self._retained(sink_id, epoch)
+        return {p.target for p in after if p.caught_up and p.target in owed}
+
+    def _send(
+        self, delivery: TargetDelivery, plan: EpochPlan, check: Callable[[], None]
+    ) -> tuple[int, int]:
+        """One epoch to one target through its delivery's own loop: the same batching and
+        order, dead letters recorded once, and the I1 check that the lines read back are
+        the decided ones; ``check`` runs before every request and retry."""
         try:
-            # The deliveries' own loop: same batching and order, dead letters recorded
-            # once, and the I1 check that the lines read back are the decided ones.
-            sent = [d.send(plan, before_request=check) for d in self._deliveries if d.name in ready]
+            return delivery.send(plan, before_request=check)
         except Exception as exc:
-            self._not_purged_meanwhile(sink_id, epoch, exc)
+            self._not_purged_meanwhile(plan.sink_id, plan.epoch, exc)
             raise
-        delivered, rejected = sent[0] if sent else (0, 0)
+
+    def _record(
+        self, resent: Iterable[ResentEpoch], took: Mapping[int, list[str]], actor: str
+    ) -> None:
+        """Each re-sent epoch's ``resent`` event, naming the targets that took it (none
+        once the epoch is gone: reset meanwhile)."""
         with self._db.transaction() as cur:
-            cur.execute(
-                "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
-                " SELECT %s, %s, 'resent', %s, %s WHERE EXISTS (SELECT 1 FROM twophase_epochs"
-                " WHERE sink_id = %s AND epoch = %s)",
-                (
-                    sink_id,
-                    epoch,
-                    actor,
-                    f"re-sent {delivered} points, {rejected} rejected",
-                    sink_id,
-                    epoch,
-                ),
-            )
-        return ResentEpoch(sink_id, epoch, delivered, rejected)
+            for epoch in resent:
+                targets = ", ".join(took.get(epoch.epoch, ())) or "no target"
+                detail = (
+                    f"re-sent {epoch.points_sent} points, {epoch.points_rejected} rejected,"
+                    f" to {targets}"
+                )
+                cur.execute(
+                    "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+                    " SELECT %s, %s, 'resent', %s, %s WHERE EXISTS (SELECT 1 FROM"
+                    " twophase_epochs WHERE sink_id = %s AND epoch = %s)",
+                    (epoch.sink_id, epoch.epoch, actor, detail, epoch.sink_id, epoch.epoch),
+                )
 
     def _retained(self, sink_id: str, epoch: int) -> EpochPlan:
         """The epoch's decided writes, read in one short transaction with the check that
