@@ -870,7 +870,7 @@ class SinkMachine(RuleBasedStateMachine):
 def stateful_settings(full: bool) -> settings:
     """The default run: seeded and bounded; ``--full`` runs longer; the environment
     (``TWOPHASE_STATEFUL_EXAMPLES``, ``_STEPS``, ``_SEED``) sizes a run of hours."""
-    examples = int(os.environ.get("TWOPHASE_STATEFUL_EXAMPLES", 200 if full else 15))
+    examples = int(os.environ.get("TWOPHASE_STATEFUL_EXAMPLES", 400 if full else 15))
     steps = int(os.environ.get("TWOPHASE_STATEFUL_STEPS", 40 if full else 22))
     seed = os.environ.get("TWOPHASE_STATEFUL_SEED")
     return settings(
