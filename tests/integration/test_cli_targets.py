@@ -367,7 +367,7 @@ def test_a_resend_that_fails_on_one_target_leaves_no_other_holding_an_older_valu
     events = "SELECT detail FROM twophase_epoch_events WHERE event = 'resent' ORDER BY epoch"
     assert [d for (d,) in sql(cli.staging_url, events)] == [
         f"re-sent {N} points, 0 rejected, to a"
-    ] * 2  # the history names the targets that took each epoch
+    ] * 2  # the history names the target that took each epoch (b took none)
 
 
 def rows(target: InfluxConfig) -> dict[str, float]:

@@ -187,14 +187,20 @@ class SinkModel:
         target.take(correction, values)
         return True
 
+    def retained(self) -> list[int]:
+        """The COMMITTED epochs whose points GC has not purged, in order (corrections,
+        whose purge the model does not follow, left out)."""
+        return sorted(e for e in self.committed if e >= 0 and e not in self.purged)
+
     def resend(self, order: Iterable[str]) -> bool:
         """``twophase resend`` of every retained epoch, to the targets named in
         ``order``, one after the other: each takes the epochs it holds again, in order
         (what it refused before and takes now lands; its dead letter stays listed).
         False when it stops at a target that is down and holds one of them (the targets
-        after it get nothing), or when no epoch is retained (refused)."""
-        retained = sorted(e for e in self.committed if e >= 0 and e not in self.purged)
-        if not retained:
+        after it get nothing), or when it is refused: no epoch is retained, or one is
+        PRECOMMITTED."""
+        retained = self.retained()
+        if not retained or self.pending:  # refused: nothing to send, or recover first
             return False
         for name in order:
             target = self.targets[name]

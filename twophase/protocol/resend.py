@@ -31,11 +31,10 @@ newer one (I5).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from twophase.errors import StagingUnavailableError, StateError, TwoPhaseError
+from twophase.errors import StagingUnavailableError, StateError
 from twophase.model import EpochPlan, EpochState, Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
@@ -142,29 +141,26 @@ class Resender:
         epochs = sorted(plan.epochs)
         ready = {epoch: self._ready(plan.sink_id, epoch) for epoch in epochs}
         plans: dict[int, EpochPlan] = {}
-        took: dict[int, list[str]] = {}  # the targets that took each epoch, in order
         done: dict[int, ResentEpoch] = {}  # counts: the first target's that took it
-        try:
-            for delivery in self._deliveries:
-                for epoch in (e for e in epochs if delivery.name in ready[e]):
-                    if epoch not in plans:
-                        plans[epoch] = self._retained(plan.sink_id, epoch)
-                    counts = self._send(delivery, plans[epoch], check)
-                    took.setdefault(epoch, []).append(delivery.name)
-                    if epoch not in done:
-                        done[epoch] = ResentEpoch(plan.sink_id, epoch, *counts)
-                        if on_epoch is not None:
-                            on_epoch(done[epoch])
-            for epoch in (e for e in epochs if e not in done):  # no target could take it
-                self._retained(plan.sink_id, epoch)
-                done[epoch] = ResentEpoch(plan.sink_id, epoch, 0, 0)
-                if on_epoch is not None:
-                    on_epoch(done[epoch])
-        except BaseException:
-            with contextlib.suppress(TwoPhaseError):  # the failure is what to report
-                self._record(done.values(), took, actor)
-            raise
-        self._record(done.values(), took, actor)
+        for delivery in self._deliveries:
+            for epoch in (e for e in epochs if delivery.name in ready[e]):
+                if epoch not in plans:
+                    plans[epoch] = self._retained(plan.sink_id, epoch)
+                resent = ResentEpoch(
+                    plan.sink_id, epoch, *self._send(delivery, plans[epoch], check)
+                )
+                # recorded as it is done: a kill leaves the history of what went before
+                self._record(resent, delivery.name, actor)
+                if epoch not in done:
+                    done[epoch] = resent
+                    if on_epoch is not None:
+                        on_epoch(resent)
+        for epoch in (e for e in epochs if e not in done):  # no target could take it
+            self._retained(plan.sink_id, epoch)
+            done[epoch] = ResentEpoch(plan.sink_id, epoch, 0, 0)
+            self._record(done[epoch], None, actor)
+            if on_epoch is not None:
+                on_epoch(done[epoch])
         return [done[e] for e in epochs]
 
     def _ready(self, sink_id: str, epoch: int) -> set[str]:
@@ -186,24 +182,20 @@ class Resender:
             self._not_purged_meanwhile(plan.sink_id, plan.epoch, exc)
             raise
 
-    def _record(
-        self, resent: Iterable[ResentEpoch], took: Mapping[int, list[str]], actor: str
-    ) -> None:
-        """Each re-sent epoch's ``resent`` event, naming the targets that took it (none
-        once the epoch is gone: reset meanwhile)."""
+    def _record(self, epoch: ResentEpoch, target: str | None, actor: str) -> None:
+        """The epoch's ``resent`` event for one target (``None``: no target could take
+        it); none once the epoch is gone (reset meanwhile)."""
+        detail = (
+            f"re-sent {epoch.points_sent} points, {epoch.points_rejected} rejected,"
+            f" to {target or 'no target'}"
+        )
         with self._db.transaction() as cur:
-            for epoch in resent:
-                targets = ", ".join(took.get(epoch.epoch, ())) or "no target"
-                detail = (
-                    f"re-sent {epoch.points_sent} points, {epoch.points_rejected} rejected,"
-                    f" to {targets}"
-                )
-                cur.execute(
-                    "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
-                    " SELECT %s, %s, 'resent', %s, %s WHERE EXISTS (SELECT 1 FROM"
-                    " twophase_epochs WHERE sink_id = %s AND epoch = %s)",
-                    (epoch.sink_id, epoch.epoch, actor, detail, epoch.sink_id, epoch.epoch),
-                )
+            cur.execute(
+                "INSERT INTO twophase_epoch_events (sink_id, epoch, event, run_id, detail)"
+                " SELECT %s, %s, 'resent', %s, %s WHERE EXISTS (SELECT 1 FROM"
+                " twophase_epochs WHERE sink_id = %s AND epoch = %s)",
+                (epoch.sink_id, epoch.epoch, actor, detail, epoch.sink_id, epoch.epoch),
+            )
 
     def _retained(self, sink_id: str, epoch: int) -> EpochPlan:
         """The epoch's decided writes, read in one short transaction with the check that
