@@ -418,8 +418,8 @@ class SinkMachine(RuleBasedStateMachine):
     @step(lambda self: self.model.last_committed() is not None, batch=batches, data=st.data())
     def replay_committed(self, batch: Batch, data: st.DataObject) -> None:
         """Spark re-runs a committed epoch (its values computed again): nothing changes."""
-        retained = sorted(e for e in self.model.committed if e >= 0)
-        epoch = data.draw(st.sampled_from(retained), label="epoch")
+        committed = sorted(e for e in self.model.committed if e >= 0)
+        epoch = data.draw(st.sampled_from(committed), label="epoch")
         # An epoch whose record is kept is found at once; a compacted one goes through the
         # commit's recovery of what is pending first, which fails where the model says.
         recovered = epoch not in self.model.compacted or self.model.recover()
@@ -655,8 +655,9 @@ class SinkMachine(RuleBasedStateMachine):
         self.queries += 1
         self.next_epoch = 0
         self.cursors = {}
-        self.forgotten |= self.renamed  # the reset forgot the sink's targets, and the
-        self.renamed = set()  # claim registers the configured ones only
+        # the reset forgot the sink's targets; the claim registers the configured ones only
+        self.forgotten |= self.renamed
+        self.renamed = set()
         self.start()
 
     @step(
@@ -1019,13 +1020,11 @@ def test_a_second_delivery_fails_the_machine(servers: Servers, faults: Faults) -
     """The machine sees a second delivery where none is allowed: a transactional memory
     target that loses its records takes the epoch a crash left undecided in the mark a
     second time when the restart recovers it, and the check after the step fails."""
-    SinkMachine.servers, SinkMachine.faults = servers, faults
-    FOUND.clear()
-    state = SinkMachine()
-    try:
+
+    def steps(state: SinkMachine) -> None:
         memory_kinds.store_of(state.configured["tx"].url).records = _Forgetful()
         state.crash_in_commit(point="after_promote", nth=1, batch=Batch((("k0", 1.5),), False))
         with pytest.raises(AssertionError, match="took an epoch twice"):
             state.targets_hold_what_the_model_says()
-    finally:
-        state.teardown()
+
+    replay(servers, faults, steps)
