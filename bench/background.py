@@ -82,8 +82,8 @@ def measure_background(ctx: Context) -> dict[str, Any]:
 
 def _open(ctx: Context, mode: str) -> TwoPhase:
     config = ctx.scratch.config(MAIN, f"tp_{mode}")
-    influx = dataclasses.replace(config.influx, promotion=mode)
-    return TwoPhase.open(dataclasses.replace(config, influx=influx))
+    influx = dataclasses.replace(config.target, promotion=mode)
+    return TwoPhase.open(dataclasses.replace(config, target=influx))
 
 
 def _warm_up(ctx: Context, sides: dict[str, Consecutive], direct: DirectSide) -> None:

@@ -35,7 +35,7 @@ from bench import rss
 from bench.direct import DirectWriter
 from bench.lines import epoch_lines, iter_lines
 from bench.sides import QUERY_ID
-from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import InfluxDBSettings, TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.protocol.runtime import TwoPhase
 from twophase.protocol.stager import Stager
 from twophase.store.database import Database
@@ -55,7 +55,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def promote(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
+def promote(args: argparse.Namespace, influx: TargetConfig) -> dict[str, Any]:
     started = time.perf_counter()
     staging = load_staging_config(env={}, staging_url=args.staging_url)
     with TwoPhase.open(TwoPhaseConfig(staging, influx)) as tp:
@@ -71,11 +71,11 @@ def promote(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
     )
 
 
-def direct(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
+def direct(args: argparse.Namespace, influx: TargetConfig) -> dict[str, Any]:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     epochs = [] if args.stream else [epoch_lines(args.points, seed) for seed in seeds]
     started = time.perf_counter()
-    writer = DirectWriter(influx.url, influx.database or "")
+    writer = DirectWriter(influx.url, influx.influxdb.database or "")
     opened = time.perf_counter()
     before, reset = rss.current_kb(), rss.reset_peak()
     if args.stream:
@@ -91,7 +91,7 @@ def direct(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
     )
 
 
-def stage(args: argparse.Namespace, influx: InfluxConfig) -> dict[str, Any]:
+def stage(args: argparse.Namespace, influx: TargetConfig) -> dict[str, Any]:
     overrides = {} if args.spool_memory is None else {"staging_spool_memory": args.spool_memory}
     staging = load_staging_config(env={}, staging_url=args.staging_url, **overrides)
     (seed,) = (int(s) for s in args.seeds.split(","))
@@ -121,7 +121,9 @@ def _result(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    influx = InfluxConfig(url=args.influx_url, api="v1", database=args.influx_db)
+    influx = TargetConfig(
+        url=args.influx_url, influxdb=InfluxDBSettings(api="v1", database=args.influx_db)
+    )
     result = {"promote": promote, "direct": direct, "stage": stage}[args.mode](args, influx)
     print(json.dumps(result), flush=True)
     return 0

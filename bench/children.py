@@ -77,7 +77,7 @@ def promote_child(ctx: Context, sink: str, influx_role: str = TP_INFLUX) -> dict
         "--influx-url",
         influx.url,
         "--influx-db",
-        str(influx.database),
+        str(influx.influxdb.database),
         "--sink",
         sink,
     )
@@ -87,7 +87,7 @@ def direct_child(
     ctx: Context, points: int, seeds: list[int], stream: bool, influx_role: str = DIRECT_INFLUX
 ) -> dict[str, Any]:
     influx = ctx.scratch.influx(influx_role)
-    args = ["direct", "--influx-url", influx.url, "--influx-db", str(influx.database)]
+    args = ["direct", "--influx-url", influx.url, "--influx-db", str(influx.influxdb.database)]
     args += ["--points", str(points), "--seeds", ",".join(map(str, seeds))]
     return run_child(*args, *(["--stream"] if stream else []))
 

@@ -26,7 +26,7 @@ from bench.fanout_parts import Influxes, addresses, influx_servers
 from bench.servers import admin_conninfo
 from bench.stats import compared, rotated
 from bench.taskcpu import tasks_cpu_s
-from twophase.config import InfluxConfig
+from twophase.config import InfluxDBSettings, TargetConfig
 from twophase.points.builder import PointSpec
 
 SPEC = PointSpec(MEASUREMENT, TAGS, None, TIME, "ms")
@@ -127,8 +127,11 @@ def measure_throughput(ctx: Context, sizes: tuple[tuple[int, int], ...]) -> dict
 
 
 def _stub_influxes(ctx: Context, a: Blackhole, b: Blackhole) -> Influxes:
-    def make(url: str, name: str) -> InfluxConfig:
-        return InfluxConfig(url=url, api="v1", database=f"{ctx.scratch.prefix}_stub_{name}")
+    def make(url: str, name: str) -> TargetConfig:
+        return TargetConfig(
+            url=url,
+            influxdb=InfluxDBSettings(api="v1", database=f"{ctx.scratch.prefix}_stub_{name}"),
+        )
 
     return Influxes((a.url, b.url), make, (a.pid, b.pid))
 

@@ -157,7 +157,7 @@ def csv_run(
         with server_cpu(ctx, database) as servers:
             run = run_job(cmd, env, work / f"{name}.stderr", side, STEADY_AFTER, QUERY)
         if side != NOOP:
-            _check(influx.url, str(influx.database), points, side)
+            _check(influx.url, str(influx.influxdb.database), points, side)
         return _figures(run, servers, points)
     finally:
         ctx.scratch.drop(name)

@@ -55,7 +55,7 @@ from bench.lines import Seeds
 from bench.servers import Scratch, Servers, admin_conninfo, scratch
 from bench.sides import BenchError
 from bench.stats import compared
-from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig
+from twophase.config import StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.protocol.runtime import TwoPhase
 
 POINTS = 100_000
@@ -124,7 +124,7 @@ def measure(run: Run) -> dict[str, Any]:
 def _setting(run: Run, name: str, delay: float) -> dict[str, Any]:
     tag = "rt" if delay else "lo"
 
-    def make(url: str, database: str) -> InfluxConfig:
+    def make(url: str, database: str) -> TargetConfig:
         return run.influxes.make(url, f"{tag}_{database}")
 
     with addresses(run.influxes.urls, make, delay) as at, _bench(run, tag, at) as bench:
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _setup(plan: Plan, dev_server: bool) -> dict[str, Any]:
-    defaults = InfluxConfig(url="http://unused")  # the settings a sink gets by default
+    defaults = TargetConfig(url="http://unused")  # the settings a sink gets by default
     return {
         "influxd": "the dev server (two databases)" if dev_server else "two of the run's own",
         "points_per_epoch": POINTS,

@@ -20,7 +20,7 @@ from bench.servers import Scratch
 from bench.sides import QUERY_ID, BenchError
 from devkit.faultproxy import CUT, PASS
 from devkit.ports import start_own_influx
-from twophase.config import InfluxConfig, TargetConfig
+from twophase.config import InfluxDBSettings, NamedTarget, TargetConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease
 from twophase.protocol.runtime import TwoPhase
@@ -41,37 +41,37 @@ class Addresses:
     while it is down. A sink of its own per database: b's backlog then lands after
     the epochs b already holds, as it would, not into the past of another sink's."""
 
-    dbs: dict[str, InfluxConfig]
+    dbs: dict[str, TargetConfig]
     cut: str
     proxy_pids: tuple[int, ...]
 
-    def single(self) -> InfluxConfig:
+    def single(self) -> TargetConfig:
         return self.dbs["one"]
 
-    def fan(self) -> InfluxConfig:
+    def fan(self) -> TargetConfig:
         return _targets(self.dbs["two_a"], self.dbs["two_b"])
 
-    def outage(self) -> InfluxConfig:
+    def outage(self) -> TargetConfig:
         down = dataclasses.replace(
             self.dbs["down_b"], url=self.cut, retry_deadline_s=DOWN_ROUND_S, retry_max_s=0.5
         )
         return _targets(self.dbs["down_a"], down)
 
-    def back(self) -> InfluxConfig:
+    def back(self) -> TargetConfig:
         """The outage's sink once b is back (its address its own again)."""
         return _targets(self.dbs["down_a"], self.dbs["down_b"])
 
 
-def _targets(a: InfluxConfig, b: InfluxConfig) -> InfluxConfig:
-    return dataclasses.replace(a, targets=(TargetConfig("a", a), TargetConfig("b", b)))
+def _targets(a: TargetConfig, b: TargetConfig) -> TargetConfig:
+    return dataclasses.replace(a, targets=(NamedTarget("a", a), NamedTarget("b", b)))
 
 
-def create_database(url: str, name: str) -> InfluxConfig:
+def create_database(url: str, name: str) -> TargetConfig:
     query_v1(url, None, f'CREATE DATABASE "{name}"', method="POST")
-    return InfluxConfig(url=url, api="v1", database=name)
+    return TargetConfig(url=url, influxdb=InfluxDBSettings(api="v1", database=name))
 
 
-MakeDb = Callable[[str, str], InfluxConfig]  # (server URL, name): a new database there
+MakeDb = Callable[[str, str], TargetConfig]  # (server URL, name): a new database there
 # database -> (server: 0 is a's, 1 is b's; route: whose proxy)
 _DATABASES = {
     "one": (0, "one"),
@@ -139,10 +139,12 @@ def influx_servers(made: Scratch, dev_server: bool) -> Iterator[Influxes]:
         )
 
 
-def points_in(config: InfluxConfig) -> int:
+def points_in(config: TargetConfig) -> int:
     """The points in the configuration's database (one field every point has)."""
-    assert config.database is not None
-    series = query_v1(config.url, config.database, "SELECT count(bytes_cdn) FROM stream_stats")
+    assert config.influxdb.database is not None
+    series = query_v1(
+        config.url, config.influxdb.database, "SELECT count(bytes_cdn) FROM stream_stats"
+    )
     return int(series[0]["values"][0][1]) if series else 0
 
 

@@ -77,7 +77,7 @@ from bench.spark_runs import (
     reached,
 )
 from bench.stats import Summary, entry, skipped
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 SIDES = {
     "inline": ["--sink", "twophase", "--promotion", "inline"],
@@ -209,7 +209,7 @@ def _command(side: str, folder: Path, work: Path) -> list[str]:
 
 
 def _stream(
-    job: Job, folder: Path, influx: InfluxConfig, size: Size
+    job: Job, folder: Path, influx: TargetConfig, size: Size
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Feed ``size.files`` files, one a second, and poll until each one's aggregate is
     readable; the landing and the first-seen times per file index."""
@@ -326,9 +326,9 @@ class Poller:
     """Reads InfluxDB back over one kept-alive connection: the summed ``events`` per
     1-second window."""
 
-    def __init__(self, influx: InfluxConfig) -> None:
+    def __init__(self, influx: TargetConfig) -> None:
         self._pool = urllib3.connection_from_url(influx.url, maxsize=1, timeout=5.0)
-        self._database = str(influx.database)
+        self._database = str(influx.influxdb.database)
 
     def windows(self, low: int, high: int) -> dict[int, int]:
         """Window (its end, epoch seconds) -> events summed over its series, for the

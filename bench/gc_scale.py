@@ -33,7 +33,7 @@ from bench.cpu import backend_pids
 from bench.lines import Seeds, iter_lines
 from bench.servers import Scratch, admin_conninfo
 from bench.taskcpu import tasks_cpu_s
-from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig
+from twophase.config import InfluxDBSettings, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.model import EpochState
 from twophase.protocol.runtime import TwoPhase
 
@@ -182,7 +182,7 @@ def measure_gc(
 ) -> dict[str, Any]:
     """Fill, copy into partitions, then time both ways of emptying, half and half."""
     staging = dataclasses.replace(staging, gc_interval_s=0.0)  # no collection but ours
-    influx = InfluxConfig(url=hole.url, api="v1", database="scale")
+    influx = TargetConfig(url=hole.url, influxdb=InfluxDBSettings(api="v1", database="scale"))
     timer = Timer(made)
     with (
         TwoPhase.open(TwoPhaseConfig(staging, influx)) as tp,

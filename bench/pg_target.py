@@ -65,7 +65,7 @@ from bench.spark_runs import (
     rotated_runs,
     run_job,
 )
-from twophase.config import InfluxConfig, env_name
+from twophase.config import TargetConfig, env_name
 
 ENTRY = ["-m", "bench.pg_target_job"]
 SIDES = (TWOPHASE, PLAIN)
@@ -121,7 +121,7 @@ def target_env(staging_url: str | None, target: Target) -> dict[str, str]:
     """A job's environment (:func:`bench.spark_runs.job_env`'s) pointed at ``target``:
     the kind, ``target_create_tables`` and the password for twophase, ``PGPASSWORD``
     for the plain writer; no InfluxDB setting left over."""
-    env = job_env(staging_url, InfluxConfig(url=target.url))
+    env = job_env(staging_url, TargetConfig(url=target.url))
     for name in ("influx_api", "influx_db", "targets"):
         env.pop(env_name(name), None)
     env |= {

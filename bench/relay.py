@@ -59,7 +59,13 @@ from bench.report import RESULTS, checkout, command, finish, machine, stamp, wri
 from bench.servers import Scratch, Servers, admin_conninfo, scratch
 from bench.stats import Summary, entry
 from bench.taskcpu import tasks_cpu_s
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config import (
+    InfluxDBSettings,
+    NamedTarget,
+    StagingConfig,
+    TargetConfig,
+    TwoPhaseConfig,
+)
 from twophase.model import CommitMessage, EpochState, Lease
 from twophase.protocol.runtime import TwoPhase
 
@@ -102,7 +108,7 @@ class Route:
     epoch: int = 0
 
     @classmethod
-    def open(cls, staging: StagingConfig, influx: InfluxConfig, sink_id: str) -> Route:
+    def open(cls, staging: StagingConfig, influx: TargetConfig, sink_id: str) -> Route:
         tp = TwoPhase.open(TwoPhaseConfig(staging, influx))
         return cls(tp, sink_id, tp.begin_run(sink_id, uuid.uuid4().hex, "bench-relay"))
 
@@ -235,12 +241,22 @@ class Compression:
     def __init__(self, made: Scratch, name: str, hole: Blackhole, stack: ExitStack) -> None:
         self.name = name
         staging = staging_config(made, name)
-        sink = InfluxConfig(url=hole.url, api="v1", database="blackhole")
+        sink = TargetConfig(url=hole.url, influxdb=InfluxDBSettings(api="v1", database="blackhole"))
         two = dataclasses.replace(
             sink,
             targets=(
-                TargetConfig("a", dataclasses.replace(sink, database="a")),
-                TargetConfig("b", dataclasses.replace(sink, database="b")),
+                NamedTarget(
+                    "a",
+                    dataclasses.replace(
+                        sink, influxdb=dataclasses.replace(sink.influxdb, database="a")
+                    ),
+                ),
+                NamedTarget(
+                    "b",
+                    dataclasses.replace(
+                        sink, influxdb=dataclasses.replace(sink.influxdb, database="b")
+                    ),
+                ),
             ),
         )
         configs = {"influx": made.influx(f"relay_{name}"), "blackhole": sink, "two_targets": two}

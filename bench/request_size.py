@@ -34,7 +34,7 @@ from bench.lines import epoch_lines
 from bench.proxies import ProxyProcess
 from bench.report import RESULTS, command, finish, machine, stamp, write_json
 from bench.servers import Scratch, Servers, scratch
-from twophase.config import InfluxConfig, TwoPhaseConfig
+from twophase.config import TargetConfig, TwoPhaseConfig
 from twophase.influx.api import make_writer
 from twophase.model import EpochPlan
 from twophase.protocol.runtime import TwoPhase
@@ -61,15 +61,15 @@ def staged(config: TwoPhaseConfig, points: int) -> EpochPlan:
 
 def sized(config: TwoPhaseConfig, url: str, size: int, per_point: int) -> TwoPhaseConfig:
     influx = dataclasses.replace(
-        config.influx, url=url, batch_points=size, batch_bytes=size * per_point
+        config.target, url=url, batch_points=size, batch_bytes=size * per_point
     )
-    return dataclasses.replace(config, influx=influx)
+    return dataclasses.replace(config, target=influx)
 
 
 class Counted:
     """The configured writer, counting its requests (lanes write from threads)."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._inner = make_writer(config)
         self._lock = threading.Lock()
         self.requests = 0
@@ -112,7 +112,7 @@ def opened(
         sides = {}
         for size in sizes:
             each = sized(config, url, size, per_point)
-            writer = Counted(each.influx)
+            writer = Counted(each.target)
             tp = stack.enter_context(TwoPhase.open(each, writer=writer))
             sides[size] = Side(tp, writer)
         yield sides
@@ -150,8 +150,8 @@ def plan_points(plan: EpochPlan) -> int:
 def measure(made: Scratch, args: argparse.Namespace) -> dict[str, Any]:
     config = made.config(MAIN, TP_INFLUX)
     plan = staged(config, args.points)
-    links: dict[str, Any] = {"loopback": measure_link(config, plan, config.influx.url, args)}
-    with ProxyProcess(config.influx.url, DELAY_S) as proxy:
+    links: dict[str, Any] = {"loopback": measure_link(config, plan, config.target.url, args)}
+    with ProxyProcess(config.target.url, DELAY_S) as proxy:
         links["20 ms"] = measure_link(config, plan, proxy.url, args)
     return links
 

@@ -154,7 +154,7 @@ def _twophase_runs(ctx: Context, stack: ExitStack, link: Link, url: str) -> dict
 def _open(ctx: Context, role: str, url: str, how: Protocol) -> TwoPhase:
     config = ctx.scratch.config(MAIN, role)
     staging = dataclasses.replace(config.staging, lanes=how.lanes, compression=how.compression)
-    influx = dataclasses.replace(config.influx, url=url, promotion=how.promotion)
+    influx = dataclasses.replace(config.target, url=url, promotion=how.promotion)
     return TwoPhase.open(TwoPhaseConfig(staging, influx))
 
 

@@ -21,7 +21,13 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
-from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import (
+    InfluxDBSettings,
+    StagingConfig,
+    TargetConfig,
+    TwoPhaseConfig,
+    load_staging_config,
+)
 from twophase.influx.query import query_v1
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,12 +124,14 @@ class Scratch:
     def staging(self, role: str) -> StagingConfig:
         return load_staging_config(env={}, staging_url=self.staging_url(role))
 
-    def influx(self, role: str) -> InfluxConfig:
+    def influx(self, role: str) -> TargetConfig:
         name = self._influx.get(role)
         if name is None:
             name = self._influx[role] = f"{self.prefix}_{role}"
             influx_admin(self.servers, f'CREATE DATABASE "{name}"')
-        return InfluxConfig(url=self.servers.influx_url, api="v1", database=name)
+        return TargetConfig(
+            url=self.servers.influx_url, influxdb=InfluxDBSettings(api="v1", database=name)
+        )
 
     def drop(self, role: str) -> None:
         """Drop the staging and the InfluxDB database of ``role`` now, where made

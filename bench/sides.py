@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.direct import DirectWriter, PartitionedWriter
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.model import EpochState
 from twophase.protocol.committer import Committer
 from twophase.protocol.runtime import TwoPhase
@@ -85,9 +85,9 @@ class DirectSide:
     name = "direct"
 
     def __init__(
-        self, config: InfluxConfig, connections: int = 1, gzip_level: int | None = None
+        self, config: TargetConfig, connections: int = 1, gzip_level: int | None = None
     ) -> None:
-        database = config.database or ""
+        database = config.influxdb.database or ""
         self.writer: DirectWriter | PartitionedWriter = (
             DirectWriter(config.url, database, gzip_level=gzip_level)
             if connections == 1

@@ -168,7 +168,7 @@ def _run(ctx: Context, side: str, link: Link, input_dir: Path, expected: int) ->
         with reached(link, influx.url) as url:
             env = job_env(staging, dataclasses.replace(influx, url=url))
             run = run_job(cmd, env, work / f"{name}.stderr", side, STEADY_AFTER, QUERY)
-        got = _count(influx.url, str(influx.database))
+        got = _count(influx.url, str(influx.influxdb.database))
         if got != expected:
             raise BenchError(f"{side}: InfluxDB holds {got} points, expected {expected}")
         return run

@@ -34,7 +34,7 @@ from bench.proxies import ProxyProcess
 from bench.servers import REPO
 from bench.sides import BenchError
 from bench.stats import rotated
-from twophase.config import ALIASES, InfluxConfig, env_name
+from twophase.config import ALIASES, TargetConfig, env_name
 
 MASTER = "local[2,4]"  # local[2] would run each task once: one failed task fails the query
 TIMEOUT_S = 600
@@ -117,7 +117,7 @@ def missing(job: Path | None = None) -> str | None:
     return None
 
 
-def job_env(staging_url: str | None, influx: InfluxConfig) -> dict[str, str]:
+def job_env(staging_url: str | None, influx: TargetConfig) -> dict[str, str]:
     """The job's environment: the scratch staging database (None: none, for a job that
     does not stage) and InfluxDB database."""
     former = {env_name(alias) for alias in ALIASES}  # the current names are set below
@@ -131,7 +131,7 @@ def job_env(staging_url: str | None, influx: InfluxConfig) -> dict[str, str]:
         **({} if staging_url is None else {"TWOPHASE_STAGING_URL": staging_url}),
         "TWOPHASE_TARGET_URL": influx.url,
         "TWOPHASE_INFLUX_API": "v1",
-        "TWOPHASE_INFLUX_DB": str(influx.database),
+        "TWOPHASE_INFLUX_DB": str(influx.influxdb.database),
         "PYSPARK_PYTHON": sys.executable,
         "PYTHONPATH": str(REPO),
     }

@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 
-from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import InfluxDBSettings, TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.protocol.runtime import TwoPhase
 
 
@@ -34,7 +34,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=100, help="epochs measured")
     ap.add_argument("--offset", type=int, default=0, help="epochs run by earlier children")
     args = ap.parse_args()
-    influx = InfluxConfig(url=args.influx_url, api="v1", database=args.influx_db)
+    influx = TargetConfig(
+        url=args.influx_url, influxdb=InfluxDBSettings(api="v1", database=args.influx_db)
+    )
     config = TwoPhaseConfig(load_staging_config(env={}, staging_url=args.staging_url), influx)
     millis = []
     with TwoPhase.open(config) as tp:

@@ -71,7 +71,7 @@ def compare(trees: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
     per_child = args.warm + args.epochs
     with scratch(servers) as made:
         staging = {v: made.staging_url(v, tree) for v, tree in trees.items()}
-        databases = {v: made.influx(v).database or "" for v in trees}
+        databases = {v: made.influx(v).influxdb.database or "" for v in trees}
         for number in range(args.rounds):
             order = list(trees) if number % 2 == 0 else list(reversed(trees))
             for version in order:

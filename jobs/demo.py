@@ -209,7 +209,7 @@ def main() -> int:
     (work / "events").mkdir(parents=True)
     generate(work / "events", files=args.files, events_per_file=args.events_per_file)
     shutil.copytree(work / "events", work / "input")
-    query_v1(config.influx.url, None, f'CREATE DATABASE "{database}"', method="POST")
+    query_v1(config.target.url, None, f'CREATE DATABASE "{database}"', method="POST")
     env = {
         **os.environ,
         "TWOPHASE_INFLUX_DB": database,
@@ -237,7 +237,7 @@ def main() -> int:
         return 1
 
     want = expected(event_files(work / "events"))
-    got = influx_stats(config.influx.url, database)
+    got = influx_stats(config.target.url, database)
     problems = mismatches(want, got)
     facts = staging_facts(conninfo, sink)
     print()

@@ -132,7 +132,9 @@ def settings() -> str:
         sections.setdefault(setting.section, []).append(setting)
     titles = {
         "staging": "The staging store",
-        "influx": "InfluxDB and promotion",
+        "target": "Targets and promotion",
+        "postgresql": "PostgreSQL targets",
+        "influxdb": "InfluxDB targets",
         "points": "Rows to points",
         "exporter": "The exporter (`twophase metrics serve`)",
     }
@@ -213,7 +215,7 @@ def _connection_dests() -> set[str]:
 
 
 def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
-    from twophase.config import BY_NAME, INFLUX
+    from twophase.config import BY_NAME, STAGING
 
     connection = _connection_dests()
     common = {"help", "json", "debug", "log_format"}
@@ -230,7 +232,7 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
             rows.append(("`ACTION`", f"one of {names}"))
             continue
         if action.dest in connection:
-            talks_to.add("InfluxDB" if BY_NAME[action.dest].section == INFLUX else "staging")
+            talks_to.add("staging" if BY_NAME[action.dest].section == STAGING else "targets")
             continue
         if action.dest in common:
             continue
@@ -239,8 +241,8 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
         out.append(_table(("argument", "meaning"), rows))
     if talks_to:
         servers = "the staging store"
-        if "InfluxDB" in talks_to:
-            servers += " and InfluxDB"
+        if "targets" in talks_to:
+            servers += " and the targets"
         out.append(f"Talks to {servers}: takes their [connection flags](#connection-flags).\n")
     if parser.epilog:
         out.append(parser.epilog.strip() + "\n")

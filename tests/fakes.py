@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import BadPointsError, BatchTooLargeError, FencedError
 from twophase.influx.sender import BatchSender
 from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, StagedChunk, WriteRef
@@ -107,8 +107,8 @@ class LineSender:
         return rejected
 
 
-def fake_config(deadline_s: float = 60.0) -> InfluxConfig:
-    return InfluxConfig(
+def fake_config(deadline_s: float = 60.0) -> TargetConfig:
+    return TargetConfig(
         url="http://fake", retry_initial_s=0.5, retry_max_s=4.0, retry_deadline_s=deadline_s
     )
 

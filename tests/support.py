@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,9 +25,11 @@ from sqlalchemy.engine import make_url
 from tests.docs_examples import program
 from twophase.config import (
     ExporterConfig,
-    InfluxConfig,
+    InfluxDBSettings,
+    PostgreSQLSettings,
     Secret,
     StagingConfig,
+    TargetConfig,
     TwoPhaseConfig,
     load_staging_config,
 )
@@ -39,6 +42,25 @@ if TYPE_CHECKING:  # at run time two_phase() imports it, when first called
     from twophase.protocol.runtime import TwoPhase
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def target_config(url: str, **fields: Any) -> TargetConfig:
+    """A target's configuration from fields by name: a kind's own (``database``,
+    ``schema``...) go to its section."""
+    return changed(TargetConfig(url=url), **fields)
+
+
+def changed(config: TargetConfig, **fields: Any) -> TargetConfig:
+    """``config`` with fields replaced by name, a kind's own in its section."""
+    own = {
+        "influxdb": {k: fields.pop(k) for k in list(fields) if k in _INFLUXDB_FIELDS},
+        "postgresql": {k: fields.pop(k) for k in list(fields) if k in _POSTGRESQL_FIELDS},
+    }
+    return dataclasses.replace(config, **fields).with_settings(own)
+
+
+_INFLUXDB_FIELDS = {f.name for f in dataclasses.fields(InfluxDBSettings)}
+_POSTGRESQL_FIELDS = {f.name for f in dataclasses.fields(PostgreSQLSettings)}
 
 
 def require_env(name: str) -> str:
@@ -103,21 +125,21 @@ def drop_database(base_url: str, name: str, attempts: int = 20) -> None:
 
 
 @contextmanager
-def postgresql_target(base_url: str, prefix: str) -> Iterator[tuple[InfluxConfig, str]]:
+def postgresql_target(base_url: str, prefix: str) -> Iterator[tuple[TargetConfig, str]]:
     """A PostgreSQL target in a database of its own on the staging server (its tables made
     from what it is sent), and that database's admin conninfo; dropped afterwards."""
     name = unique(prefix)
     create_database(base_url, name)
     base = DbUrl.parse(base_url)
     assert base.password is not None
-    config = InfluxConfig(
+    config = TargetConfig(
         url=f"postgresql://{base.user}@{base.hosts}/{name}",
         password=Secret(base.password),
-        create_tables=True,
         timeout_s=5,
         retry_deadline_s=20,
         retry_initial_s=0.05,
         retry_max_s=1,
+        postgresql=PostgreSQLSettings(create_tables=True),
     )
     try:
         yield config, admin_conninfo(base_url, name)
@@ -163,12 +185,12 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def influx_query(config: InfluxConfig, q: str) -> list[dict[str, Any]]:
+def influx_query(config: TargetConfig, q: str) -> list[dict[str, Any]]:
     password = config.password.reveal() if config.password else None
-    return query_v1(config.url, config.database, q, config.username, password)
+    return query_v1(config.url, config.influxdb.database, q, config.username, password)
 
 
-def influx_rows(config: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
+def influx_rows(config: TargetConfig, measurement: str) -> list[tuple[Any, ...]]:
     """Every point of a measurement as sorted (time, tags..., fields...) tuples."""
     rows: list[tuple[Any, ...]] = []
     # InfluxQL has no bind parameters for identifiers: quote it (test data only).
@@ -183,12 +205,12 @@ def influx_rows(config: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]
     return sorted(rows, key=repr)
 
 
-def influx_count(config: InfluxConfig, measurement: str) -> int:
+def influx_count(config: TargetConfig, measurement: str) -> int:
     return len(influx_rows(config, measurement))
 
 
 @contextmanager
-def two_phase(staging: StagingConfig, influx: InfluxConfig, **parts: Any) -> Iterator[TwoPhase]:
+def two_phase(staging: StagingConfig, influx: TargetConfig, **parts: Any) -> Iterator[TwoPhase]:
     from twophase.protocol.runtime import TwoPhase
 
     tp = TwoPhase.open(TwoPhaseConfig(staging, influx), **parts)

@@ -28,12 +28,12 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # output is the a
 
 if TYPE_CHECKING:
     from twophase.config import (
-        InfluxConfig,
         StagingConfig,
+        TargetConfig,
         TwoPhaseConfig,
         load_config,
-        load_influx_config,
         load_staging_config,
+        load_target_config,
     )
     from twophase.errors import (
         CheckpointResetError,
@@ -54,12 +54,12 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _HOMES = {
-    "InfluxConfig": "twophase.config",
     "StagingConfig": "twophase.config",
+    "TargetConfig": "twophase.config",
     "TwoPhaseConfig": "twophase.config",
     "load_config": "twophase.config",
-    "load_influx_config": "twophase.config",
     "load_staging_config": "twophase.config",
+    "load_target_config": "twophase.config",
     "CheckpointResetError": "twophase.errors",
     "ConfigError": "twophase.errors",
     "FencedError": "twophase.errors",
@@ -88,7 +88,6 @@ __all__ = [
     "DeadLetter",
     "EpochState",
     "FencedError",
-    "InfluxConfig",
     "InfluxUnavailableError",
     "Lease",
     "PermanentError",
@@ -99,17 +98,26 @@ __all__ = [
     "StagingConfig",
     "StagingUnavailableError",
     "StateError",
+    "TargetConfig",
     "TwoPhase",
     "TwoPhaseConfig",
     "TwoPhaseError",
     "__version__",
     "load_config",
-    "load_influx_config",
     "load_staging_config",
+    "load_target_config",
 ]
+# Names of a former version -> the module that serves them, with a DeprecationWarning
+# on every use (never cached here, so each use warns).
+_FORMER = {
+    "InfluxConfig": "twophase.config",
+    "load_influx_config": "twophase.config",
+}
 
 
 def __getattr__(name: str) -> Any:
+    if name in _FORMER:
+        return getattr(importlib.import_module(_FORMER[name]), name)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'twophase' has no attribute {name!r}")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import StagingDeadlineError, StagingUnavailableError
 
 log = logging.getLogger("twophase.retry")
@@ -56,7 +56,7 @@ class RetryPolicy:
             raise ValueError("jitter must be a fraction between 0 and 1")
 
     @classmethod
-    def from_config(cls, config: InfluxConfig) -> RetryPolicy:
+    def from_config(cls, config: TargetConfig) -> RetryPolicy:
         return cls(config.retry_initial_s, config.retry_max_s, config.retry_deadline_s)
 
     @classmethod

@@ -15,7 +15,7 @@ import pytest
 from jobs.generate_events import generate
 from tests.e2e.harness import Target, kill_leftovers
 from tests.integration import conftest as integration
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 # The integration fixtures, by name: a fresh staging database (cloned from a
 # migrated template) and a fresh InfluxDB database per test.
@@ -38,7 +38,7 @@ def event_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 @pytest.fixture
-def target(staging_url: str, influx: InfluxConfig) -> Target:
+def target(staging_url: str, influx: TargetConfig) -> Target:
     return Target(staging_url, influx)
 
 

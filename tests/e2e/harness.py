@@ -29,7 +29,7 @@ from sqlalchemy.engine import URL, make_url
 
 from jobs.generate_events import expected
 from tests.support import REPO, admin_conninfo, influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 JOB = REPO / "jobs" / "session_metrics.py"
 # The job's two sinks as the e2e tests name them: the stats and its dead letters.
@@ -51,7 +51,7 @@ class Target:
     """Where a job writes: one staging database and one InfluxDB database."""
 
     staging_url: str
-    influx: InfluxConfig
+    influx: TargetConfig
 
     def env(self, **extra: str) -> dict[str, str]:
         """The job's environment: its servers, small InfluxDB batches, no crash armed."""
@@ -60,7 +60,7 @@ class Target:
             TWOPHASE_STAGING_URL=self.staging_url,
             TWOPHASE_TARGET_URL=self.influx.url,
             TWOPHASE_INFLUX_API="v1",
-            TWOPHASE_INFLUX_DB=str(self.influx.database),
+            TWOPHASE_INFLUX_DB=str(self.influx.influxdb.database),
             TWOPHASE_TARGET_BATCH_POINTS="5",  # several InfluxDB requests per epoch
             TWOPHASE_TARGET_RETRY_DEADLINE="60s",
             PYSPARK_PYTHON=sys.executable,
@@ -280,7 +280,7 @@ def feed(input_dir: Path, files: Iterable[Path]) -> None:
 # --- checks -------------------------------------------------------------------------------
 
 
-def influx_stats(influx: InfluxConfig) -> dict[Key, dict[str, Any]]:
+def influx_stats(influx: TargetConfig) -> dict[Key, dict[str, Any]]:
     """Every stream_stats point: key -> fields."""
     stats = {}
     for time_ns, tags, fields in influx_rows(influx, MEASUREMENT):
@@ -299,11 +299,11 @@ def expected_stats(files: Iterable[Path]) -> dict[Key, dict[str, int]]:
     }
 
 
-Reader = Callable[[InfluxConfig], dict[Key, dict[str, Any]]]
+Reader = Callable[[TargetConfig], dict[Key, dict[str, Any]]]
 
 
 def mismatches(
-    influx: InfluxConfig, files: Sequence[Path], read: Reader = influx_stats
+    influx: TargetConfig, files: Sequence[Path], read: Reader = influx_stats
 ) -> list[str]:
     """Differences between InfluxDB and the expected aggregates (empty: exact); ``read``
     gives what InfluxDB holds by key (the job's default measurement unless told)."""

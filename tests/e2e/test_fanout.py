@@ -57,7 +57,7 @@ from tests.e2e.harness import (
 from tests.e2e.harness import feed as copy_files
 from tests.integration.cli_helpers import make_cli
 from tests.support import unique
-from twophase.config import InfluxConfig
+from twophase.config import InfluxDBSettings, TargetConfig
 
 NAMES = ("a", "b", "vm")
 B_DATABASE = "e2e"  # b's database, on the test's own influxd
@@ -83,14 +83,14 @@ class FanTarget(Target):
 @dataclass(frozen=True)
 class Fan:
     target: FanTarget
-    b: InfluxConfig  # b's database read directly, not through the proxy
+    b: TargetConfig  # b's database read directly, not through the proxy
     proxy: FaultProxy  # in front of b
     vm_url: str
     vm_db: str  # the db label of this test's points in VictoriaMetrics
 
 
 @pytest.fixture
-def fan(staging_url: str, influx: InfluxConfig, tmp_path: Path) -> Iterator[Fan]:
+def fan(staging_url: str, influx: TargetConfig, tmp_path: Path) -> Iterator[Fan]:
     server = start_own_influx(tmp_path, B_DATABASE)
     vm = start_own_victoria_metrics(tmp_path, dedup_interval=None)  # keeps every sample
     vm_url = vm.url
@@ -104,7 +104,7 @@ def fan(staging_url: str, influx: InfluxConfig, tmp_path: Path) -> Iterator[Fan]
         "TWOPHASE_MIN_TARGETS": "1",
         "TWOPHASE_TARGET_RETRY_MAX": "1s",  # b's catch-up resumes within a second of its return
     }
-    b = InfluxConfig(url=server.url, api="v1", database=B_DATABASE)
+    b = TargetConfig(url=server.url, influxdb=InfluxDBSettings(api="v1", database=B_DATABASE))
     try:
         yield Fan(FanTarget(staging_url, influx, tuple(settings.items())), b, proxy, vm_url, vm_db)
     finally:

@@ -46,7 +46,7 @@ from tests.e2e.harness import (
     wait_idle,
 )
 from tests.e2e.harness import feed as copy_files
-from twophase.config import InfluxConfig, default
+from twophase.config import InfluxDBSettings, TargetConfig, default
 
 DATABASE = "e2e"
 FILES_PER_STEP = 2  # with --max-files-per-trigger 2: one epoch per step, 20-40 points
@@ -65,8 +65,8 @@ def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
     server.stop()
 
 
-def influx_at(url: str) -> InfluxConfig:
-    return InfluxConfig(url=url, api="v1", database=DATABASE)
+def influx_at(url: str) -> TargetConfig:
+    return TargetConfig(url=url, influxdb=InfluxDBSettings(api="v1", database=DATABASE))
 
 
 class Inputs:

@@ -36,12 +36,12 @@ from tests.e2e.harness import (
     wait_exact,
 )
 from tests.support import influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 FLAG = "--measurement-per-metric"
 
 
-def per_metric(influx: InfluxConfig) -> dict[Key, dict[str, Any]]:
+def per_metric(influx: TargetConfig) -> dict[Key, dict[str, Any]]:
     """The exact aggregates (events and byte sums), each read from its own measurement:
     key -> {metric: value}, as ``influx_stats`` reads them from one measurement."""
     stats: dict[Key, dict[str, Any]] = {}
@@ -67,7 +67,7 @@ class MetricChain(Chain):
         assert_exact(self.target, self.fed, MALFORMED, read=per_metric)
 
 
-def check_measurements(influx: InfluxConfig) -> None:
+def check_measurements(influx: TargetConfig) -> None:
     """One measurement per metric, no other; the approximate one has every key too."""
     assert influx_stats(influx) == {}  # nothing under the single-measurement name
     keys = set(per_metric(influx))

@@ -69,7 +69,7 @@ from tests.e2e.harness import (
 )
 from tests.e2e.harness import feed as copy_files
 from tests.support import admin_conninfo, create_database, drop_database, unique
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 NAMES = ("influx", "pg")
 RECORD_TABLE = "twophase_delivered"  # pg's own record of the epochs it holds
@@ -107,7 +107,7 @@ class Servers:
 
 
 @pytest.fixture
-def servers(staging_url: str, base_staging_url: str, influx: InfluxConfig) -> Iterator[Servers]:
+def servers(staging_url: str, base_staging_url: str, influx: TargetConfig) -> Iterator[Servers]:
     name = unique("tp_pg_target")
     create_database(base_staging_url, name)
     base = make_url(base_staging_url)

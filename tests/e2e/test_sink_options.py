@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from devkit.ports import free_port, start_own_influx
 from tests.e2e.harness import epochs, feed, query, without_password
 from tests.support import influx_count, influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import InfluxDBSettings, TargetConfig
 from twophase.errors import ConfigError
 from twophase.spark import foreach_batch_writer, parse_options
 from twophase.spark.options import DEAD_LETTERS
@@ -136,7 +136,7 @@ def test_options_are_validated_without_spark(staging_url: str) -> None:
 
 
 def test_append_stream_is_written_once_per_epoch(
-    spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig, event_files: list[Path]
+    spark: Any, tmp_path: Path, staging_url: str, influx: TargetConfig, event_files: list[Path]
 ) -> None:
     """Raw events through the data source (append mode, row time from the event); the
     driver serves its InfluxDB request metrics on ``metrics_port``."""
@@ -170,7 +170,7 @@ def test_append_stream_is_written_once_per_epoch(
             time="ms",
             precision="ms",
             staging_url=no_password,
-            influx_db=str(influx.database),
+            influx_db=str(influx.influxdb.database),
             influx_api="v1",
             influx_url=influx.url,
             metrics_port=str(port),
@@ -224,7 +224,7 @@ def fed_points(files: list[Path], tags: tuple[str, ...]) -> set[tuple[Any, ...]]
 
 
 def held_points(
-    influx: InfluxConfig, measurement: str, tags: tuple[str, ...]
+    influx: TargetConfig, measurement: str, tags: tuple[str, ...]
 ) -> set[tuple[Any, ...]]:
     """The keys of the points InfluxDB holds of ``measurement``, as ``fed_points``."""
     return {
@@ -234,7 +234,7 @@ def held_points(
 
 
 def test_a_watched_query_records_the_end_of_its_run(
-    spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig
+    spark: Any, tmp_path: Path, staging_url: str, influx: TargetConfig
 ) -> None:
     """``watch_query``: Spark's termination event ends the run (a stopped query), so
     ``status`` shows it ended and ``recover`` needs no --force."""
@@ -244,7 +244,7 @@ def test_a_watched_query_records_the_end_of_its_run(
 
     settings = {
         "staging_url": without_password(staging_url),
-        "influx_db": str(influx.database),
+        "influx_db": str(influx.influxdb.database),
         "influx_api": "v1",
         "target_url": influx.url,
     }
@@ -274,14 +274,14 @@ def test_a_watched_query_records_the_end_of_its_run(
 
 
 def test_the_data_source_delivers_each_epoch_to_two_targets(
-    spark: Any, tmp_path: Path, staging_url: str, influx: InfluxConfig, event_files: list[Path]
+    spark: Any, tmp_path: Path, staging_url: str, influx: TargetConfig, event_files: list[Path]
 ) -> None:
     """The data source's commit (in a Python worker of its own) fans out: option
     ``targets`` names the dev InfluxDB and a server of the test's own, with the same
     database on both; each epoch lands in both, recorded per target."""
     from pyspark.sql import functions as F
 
-    own = start_own_influx(tmp_path / "influxd", str(influx.database))
+    own = start_own_influx(tmp_path / "influxd", str(influx.influxdb.database))
     try:
         feed(tmp_path / "input", event_files[:2])
         lines = spark.readStream.format("text").option("maxFilesPerTrigger", "1")
@@ -301,7 +301,7 @@ def test_the_data_source_delivers_each_epoch_to_two_targets(
                 time="ms",
                 precision="ms",
                 staging_url=without_password(staging_url),
-                influx_db=str(influx.database),
+                influx_db=str(influx.influxdb.database),
                 influx_api="v1",
                 targets=f"a={influx.url},b={own.url}",
             )
@@ -313,7 +313,9 @@ def test_the_data_source_delivers_each_epoch_to_two_targets(
         assert query_.exception() is None
         decided = epochs(staging_url, "fan")
         assert [e["state"] for e in decided] == ["COMMITTED", "COMMITTED"]
-        other = InfluxConfig(url=own.url, api="v1", database=influx.database)
+        other = TargetConfig(
+            url=own.url, influxdb=InfluxDBSettings(api="v1", database=influx.influxdb.database)
+        )
         fed = fed_points(event_files[:2], ("stream_id",))
         for each in (influx, other):  # read back, against what was fed
             assert held_points(each, "fan", ("stream_id",)) == fed

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.e2e.harness import without_password
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.spark import commit, master, parse_options, register
 
 WARNING = (
@@ -43,7 +43,7 @@ def local2(base_staging_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[A
 def test_a_local_master_without_task_retries_is_warned_of_once(
     local2: Any,
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -54,7 +54,7 @@ def test_a_local_master_without_task_retries_is_warned_of_once(
             "sink_id": "master",
             "measurement": "m",
             "staging_url": without_password(staging_url),
-            "influx_db": str(influx.database),
+            "influx_db": str(influx.influxdb.database),
             "influx_api": "v1",
             "target_url": influx.url,
         }

@@ -18,7 +18,7 @@ from devkit.ports import free_port
 from tests.e2e.harness import SINK, Target, arm, disarm, epochs, fired, mismatches, start_job
 from tests.staging import terminate_others
 from tests.support import alembic, unique
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 FILES = 12
 SECRET = f"Outage-{uuid.uuid4().hex}"  # the staging password: must appear in no output
@@ -58,7 +58,7 @@ def fault(server: PostgresServer, url: str, kind: str) -> None:
 
 def test_nine_postgres_faults_on_local2_do_not_fail_the_job(
     private_postgres: PostgresServer,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     event_files: list[Path],
     work: Path,
 ) -> None:

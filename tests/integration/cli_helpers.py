@@ -21,7 +21,7 @@ import pytest
 from tests.staging import lines, stage
 from tests.support import REPO, admin_conninfo, begin_run
 from twophase.cli import main
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.points.builder import Rejected
 from twophase.protocol.runtime import TwoPhase
 
@@ -53,11 +53,11 @@ class Cli:
     """``cli(*args)`` runs main() in this process (fast); ``cli.run(*args)`` runs the
     installed console script in a subprocess, configured through TWOPHASE_* only."""
 
-    def __init__(self, staging_url: str, influx: InfluxConfig):
+    def __init__(self, staging_url: str, influx: TargetConfig):
         self.staging_url = staging_url
         self.influx = influx
         self.flags = ["--staging-url", staging_url, "--target-url", influx.url]
-        self.flags += ["--influx-api", "v1", "--influx-db", influx.database or ""]
+        self.flags += ["--influx-api", "v1", "--influx-db", influx.influxdb.database or ""]
 
     def __call__(self, *args: str, stdin: str = "") -> Result:
         out, err = io.StringIO(), io.StringIO()
@@ -78,7 +78,7 @@ class Cli:
             "TWOPHASE_STAGING_URL": self.staging_url,
             "TWOPHASE_TARGET_URL": self.influx.url,
             "TWOPHASE_INFLUX_API": "v1",
-            "TWOPHASE_INFLUX_DB": self.influx.database or "",
+            "TWOPHASE_INFLUX_DB": self.influx.influxdb.database or "",
             "TWOPHASE_TARGET_RETRY_DEADLINE": "20s",
         }
 
@@ -106,7 +106,7 @@ def _stdin(stream: io.StringIO) -> Any:
         sys.stdin = saved
 
 
-def make_cli(staging_url: str, influx: InfluxConfig) -> Cli:
+def make_cli(staging_url: str, influx: TargetConfig) -> Cli:
     if not SCRIPT.exists():
         pytest.fail(f"{SCRIPT} is missing: `pip install -e .` installs the console script")
     return Cli(staging_url, influx)

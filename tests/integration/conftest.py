@@ -31,7 +31,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.protocol.runtime import TwoPhase
 
 
@@ -74,22 +74,21 @@ def influx_url() -> str:
 
 
 @pytest.fixture
-def influx(influx_url: str) -> Iterator[InfluxConfig]:
+def influx(influx_url: str) -> Iterator[TargetConfig]:
     name = unique("tp")
     create_influx_database(influx_url, name)
-    yield InfluxConfig(
+    yield TargetConfig(
         url=influx_url,
-        api="v1",
-        database=name,
         retry_deadline_s=20,
         retry_initial_s=0.05,
         retry_max_s=1,
+        influxdb=InfluxDBSettings(api="v1", database=name),
     )
     drop_influx_database(influx_url, name)
 
 
 @pytest.fixture
-def tp(staging: StagingConfig, influx: InfluxConfig) -> Iterator[TwoPhase]:
+def tp(staging: StagingConfig, influx: TargetConfig) -> Iterator[TwoPhase]:
     with two_phase(staging, influx) as parts:
         yield parts
 
@@ -104,7 +103,7 @@ def own_influx(tmp_path: Path) -> Iterator[InfluxServer]:
 
 
 @pytest.fixture
-def recording(influx: InfluxConfig) -> Iterator[Recording]:
+def recording(influx: TargetConfig) -> Iterator[Recording]:
     """The ``influx`` target behind a fault proxy that records every write request."""
     with recorded(influx) as each:
         yield each
@@ -121,7 +120,7 @@ def crash_free(
     name, db = unique("tp_clean"), unique("clean")
     url = create_database(base_staging_url, name, template=template_db)
     create_influx_database(influx_url, db)
-    influx = InfluxConfig(url=influx_url, api="v1", database=db)
+    influx = TargetConfig(url=influx_url, influxdb=InfluxDBSettings(api="v1", database=db))
     done = run_driver(url, influx, tmp_path_factory.mktemp("clean") / "log", "clean")
     assert done.returncode == 0, done.stderr
     yield {"rows": influx_rows(influx, MEASUREMENT), "dead": dead_letters(url)}

@@ -21,7 +21,13 @@ import dataclasses
 import os
 from pathlib import Path
 
-from twophase.config import InfluxConfig, TargetConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import (
+    InfluxDBSettings,
+    NamedTarget,
+    TargetConfig,
+    TwoPhaseConfig,
+    load_staging_config,
+)
 from twophase.faults import PLAN_ENV
 from twophase.protocol.runtime import TwoPhase
 
@@ -115,24 +121,31 @@ def main() -> None:
             append_log(log, epoch)
 
 
-def influx_config(args: argparse.Namespace) -> InfluxConfig:
+def influx_config(args: argparse.Namespace) -> TargetConfig:
     """One target; with ``--influx-url-b``, targets a and b (b given up after 1 s)."""
-    config = InfluxConfig(
+    config = TargetConfig(
         url=args.influx_url,
-        api="v1",
-        database=args.influx_db,
         batch_points=args.batch_points,
         retry_deadline_s=args.retry_deadline,
         retry_initial_s=0.05,
         retry_max_s=1,
         promotion=args.promotion,
+        influxdb=InfluxDBSettings(api="v1", database=args.influx_db),
     )
     if args.influx_url_b is None:
         return config
-    b = dataclasses.replace(config, url=args.influx_url_b, database=args.influx_db_b)
+    b = dataclasses.replace(
+        config,
+        url=args.influx_url_b,
+        influxdb=dataclasses.replace(config.influxdb, database=args.influx_db_b),
+    )
     if args.influx_url_b.startswith("postgresql:"):  # its tables made from what it is sent
-        b = dataclasses.replace(b, database=None, create_tables=True)
-    targets = (TargetConfig("a", config), TargetConfig("b", b))
+        b = dataclasses.replace(
+            b,
+            influxdb=dataclasses.replace(b.influxdb, database=None),
+            postgresql=dataclasses.replace(b.postgresql, create_tables=True),
+        )
+    targets = (NamedTarget("a", config), NamedTarget("b", b))
     return dataclasses.replace(config, targets=targets, target_deadline_s=1.0)
 
 

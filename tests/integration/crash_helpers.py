@@ -15,7 +15,7 @@ import psycopg
 
 from tests.integration.crash_driver import BAD_EPOCH, PARTITIONS, POINTS_PER_PARTITION
 from tests.support import REPO, admin_conninfo
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 EPOCHS = 4
 
@@ -32,7 +32,7 @@ def run_driver(*args: Any, **kwargs: Any) -> subprocess.CompletedProcess[str]:
 
 def start_driver(
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     log: Path,
     run_id: str,
     crash: str | None = None,
@@ -69,7 +69,7 @@ def start_driver(
         "--influx-url",
         influx.url,
         "--influx-db",
-        str(influx.database),
+        str(influx.influxdb.database),
         "--sink",
         SINK,
         "--epochs",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from devkit.faultproxy import FaultProxy, Recorded, wait_until
 from tests.integration.crash_driver import PARTITIONS, POINTS_PER_PARTITION, epoch_lines
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 _BASE_NS = 1_600_000_000_000_000_000  # the crash driver's times: see epoch_lines
 _EPOCH_NS = 10_000_000_000
@@ -33,12 +33,12 @@ class Recording:
     """A target behind a fault proxy that records every write request: the target's
     settings pointed at the proxy (``target``), and the proxy."""
 
-    target: InfluxConfig
+    target: TargetConfig
     proxy: FaultProxy
 
 
 @contextlib.contextmanager
-def recorded(influx: InfluxConfig) -> Iterator[Recording]:
+def recorded(influx: TargetConfig) -> Iterator[Recording]:
     """``influx`` behind a recording fault proxy, while inside."""
     with FaultProxy.for_url(influx.url) as proxy:
         proxy.record = True

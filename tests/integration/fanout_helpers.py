@@ -17,14 +17,16 @@ from tests.integration.cli_helpers import sql
 from tests.staging import M, lines
 from tests.support import (
     admin_conninfo,
+    changed,
     create_influx_database,
     drop_influx_database,
     influx_count,
     influx_query,
+    target_config,
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig
+from twophase.config import NamedTarget, StagingConfig, TargetConfig
 from twophase.influx.api import make_writer
 from twophase.model import Lease
 from twophase.protocol.runtime import TwoPhase
@@ -34,17 +36,17 @@ from twophase.protocol.runtime import TwoPhase
 class Pair:
     """Targets ``a`` (direct) and ``b`` (through ``proxy``), and the sink's config."""
 
-    a: InfluxConfig
-    b: InfluxConfig
-    b_direct: InfluxConfig  # b's database without the proxy (for reading it)
+    a: TargetConfig
+    b: TargetConfig
+    b_direct: TargetConfig  # b's database without the proxy (for reading it)
     proxy: FaultProxy
-    config: InfluxConfig
+    config: TargetConfig
 
 
 @contextmanager
 def two_targets(influx_url: str, **settings: Any) -> Iterator[Pair]:
     """Databases on the test server for targets a and b, b behind a fault proxy;
-    ``settings``: InfluxConfig fields (``min_targets``, ``target_deadline_s``...)."""
+    ``settings``: TargetConfig fields (``min_targets``, ``target_deadline_s``...)."""
     names = unique("tpa"), unique("tpb")
     for name in names:
         create_influx_database(influx_url, name)
@@ -52,12 +54,12 @@ def two_targets(influx_url: str, **settings: Any) -> Iterator[Pair]:
     # a target's own retry deadline is the sink's unless the test sets one for both
     deadline = settings.get("retry_deadline_s", 20)
     shared = dict(api="v1", retry_deadline_s=deadline, retry_initial_s=0.05, retry_max_s=0.5)
-    a = InfluxConfig(url=influx_url, database=names[0], **shared)
-    b_direct = InfluxConfig(url=influx_url, database=names[1], **shared)
+    a = target_config(influx_url, **shared, database=names[0])
+    b_direct = target_config(influx_url, **shared, database=names[1])
     b = dataclasses.replace(b_direct, url=proxy.url)
-    config = dataclasses.replace(
+    config = changed(
         a,
-        targets=(TargetConfig("a", a), TargetConfig("b", b)),
+        targets=(NamedTarget("a", a), NamedTarget("b", b)),
         **{"target_deadline_s": 1.0, **settings},
     )
     try:
@@ -100,14 +102,14 @@ def points(epoch: int) -> list[str]:
     return [*lines(epoch, N), f"{M},host=last v={epoch} 1700000000000000000"]
 
 
-def expect(target: InfluxConfig, epochs: list[int]) -> None:
+def expect(target: TargetConfig, epochs: list[int]) -> None:
     """The target holds exactly these epochs' points, the last one's value last."""
     assert influx_count(target, M) == N * len(epochs) + 1
     series = influx_query(target, "SELECT v FROM proto WHERE host = 'last'")
     assert series[0]["values"][0][1] == max(epochs)
 
 
-def write_points(influx: InfluxConfig, lines_: list[str]) -> None:
+def write_points(influx: TargetConfig, lines_: list[str]) -> None:
     writer = make_writer(influx)
     try:
         writer.write("\n".join(lines_).encode())
@@ -124,9 +126,9 @@ def dead_letter_targets(url: str) -> dict[str, int]:
 class Targets:
     """Targets a and b, each behind its proxy; ``direct``: each database without it."""
 
-    config: InfluxConfig
+    config: TargetConfig
     proxies: dict[str, FaultProxy]
-    direct: dict[str, InfluxConfig]
+    direct: dict[str, TargetConfig]
 
     def down(self, *names: str) -> None:
         for name in names:
@@ -136,10 +138,10 @@ class Targets:
         for name in names:
             self.proxies[name].set_mode(PASS)
 
-    def with_targets(self, *names: str, **settings: Any) -> InfluxConfig:
+    def with_targets(self, *names: str, **settings: Any) -> TargetConfig:
         """The sink's configuration naming only ``names`` (others removed from it)."""
         chosen = tuple(t for t in self.config.targets if t.name in names)
-        return dataclasses.replace(self.config, targets=chosen, **settings)
+        return changed(self.config, targets=chosen, **settings)
 
 
 @contextmanager
@@ -152,16 +154,13 @@ def proxied_targets(
     proxies = {name: FaultProxy.for_url(influx_url).start() for name in names}
     shared = dict(api="v1", retry_deadline_s=4, retry_initial_s=0.05, retry_max_s=0.3)
     direct = {
-        name: InfluxConfig(url=influx_url, database=db, **shared)  # type: ignore[arg-type]
-        for name, db in databases.items()
+        name: target_config(influx_url, **shared, database=db) for name, db in databases.items()
     }
     targets = tuple(
-        TargetConfig(name, dataclasses.replace(direct[name], url=proxies[name].url))
+        NamedTarget(name, dataclasses.replace(direct[name], url=proxies[name].url))
         for name in names
     )
-    config = dataclasses.replace(
-        direct[names[0]], targets=targets, **{"target_deadline_s": 1.0, **settings}
-    )
+    config = changed(direct[names[0]], targets=targets, **{"target_deadline_s": 1.0, **settings})
     try:
         yield Targets(config, proxies, direct)
     finally:
@@ -173,7 +172,7 @@ def proxied_targets(
 
 @contextmanager
 def without_worker(
-    staging: StagingConfig, config: InfluxConfig, sink: str
+    staging: StagingConfig, config: TargetConfig, sink: str
 ) -> Iterator[tuple[TwoPhase, Lease]]:
     """The sink claimed with no catch-up worker: a lagging target stays behind until
     the test, or the availability rule, delivers its backlog."""

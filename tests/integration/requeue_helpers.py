@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.staging import stage
 from tests.support import begin_run, influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.influx.query import query_v1
 from twophase.protocol.runtime import TwoPhase
 
@@ -47,7 +47,7 @@ def expected(measurement: str) -> list[tuple[Any, ...]]:
     return sorted(rows)
 
 
-def held(influx: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
+def held(influx: TargetConfig, measurement: str) -> list[tuple[Any, ...]]:
     """(epoch, n, v) of every point InfluxDB holds, duplicates included (none may be)."""
     out = []
     for _, tags, fields in influx_rows(influx, measurement):
@@ -57,7 +57,7 @@ def held(influx: InfluxConfig, measurement: str) -> list[tuple[Any, ...]]:
     return sorted(out)
 
 
-def rejected_store(tp: TwoPhase, influx: InfluxConfig) -> int:
+def rejected_store(tp: TwoPhase, influx: TargetConfig) -> int:
     """Commit the epochs after the conflicting write: their ``rq`` points are dead letters."""
     influx_write(influx, LEGACY)
     lease = begin_run(tp, SINK, "r1", "q1")
@@ -68,13 +68,15 @@ def rejected_store(tp: TwoPhase, influx: InfluxConfig) -> int:
     return EPOCHS * BAD_PER_EPOCH
 
 
-def influx_write(influx: InfluxConfig, line: str) -> None:
+def influx_write(influx: TargetConfig, line: str) -> None:
     import urllib.request
 
-    url = f"{influx.url}/write?db={influx.database}&precision=ns"
+    url = f"{influx.url}/write?db={influx.influxdb.database}&precision=ns"
     urllib.request.urlopen(urllib.request.Request(url, data=line.encode(), method="POST"))
 
 
-def drop_conflicting(influx: InfluxConfig) -> None:
+def drop_conflicting(influx: TargetConfig) -> None:
     """The operator's fix: the measurement holding the conflicting field goes."""
-    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{CONFLICTED}"', method="POST")
+    query_v1(
+        influx.url, influx.influxdb.database, f'DROP MEASUREMENT "{CONFLICTED}"', method="POST"
+    )

@@ -17,7 +17,7 @@ from tests.fakes import FakeClock
 from tests.integration.cli_helpers import sql
 from tests.staging import INTERVAL_S, STAGED_POINTS, committer_of, lines, scalar, stage
 from tests.support import admin_conninfo, begin_run, staging_config_for, two_phase
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.model import EpochState
 from twophase.protocol.runtime import TwoPhase
 
@@ -34,7 +34,7 @@ WAITING = (
 
 
 @pytest.fixture
-def expiring(staging_url: str, influx: InfluxConfig) -> Iterator[TwoPhase]:
+def expiring(staging_url: str, influx: TargetConfig) -> Iterator[TwoPhase]:
     """The parts over a store whose ended epochs expire at once (retention 0)."""
     with two_phase(staging_config_for(staging_url, retention="0s"), influx) as tp:
         yield tp
@@ -48,7 +48,7 @@ def wait_until(what: str, done: Callable[[], bool], timeout_s: float = 30.0) -> 
 
 
 def test_expired_epochs_and_orphans_go_without_an_operator(
-    staging_url: str, influx: InfluxConfig
+    staging_url: str, influx: TargetConfig
 ) -> None:
     staging = staging_config_for(staging_url, retention="0s", gc_interval="200ms")
     with two_phase(staging, influx) as tp:
@@ -119,7 +119,7 @@ def test_a_commit_does_not_wait_for_a_collection(expiring: Any, staging_url: str
         committer.close()
 
 
-def test_gc_interval_0_never_collects(staging_url: str, influx: InfluxConfig) -> None:
+def test_gc_interval_0_never_collects(staging_url: str, influx: TargetConfig) -> None:
     staging = staging_config_for(staging_url, retention="0s", gc_interval="0s")
     with two_phase(staging, influx) as tp:
         lease = begin_run(tp, "s", "r1", "q1")

@@ -4,24 +4,29 @@ PRECOMMITTED; the same point key written twice in an epoch keeps its winner."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from devkit import InfluxServer
 from tests.staging import M, epoch_row, lines, stage
-from tests.support import OWN_INFLUX_DB, begin_run, influx_count, influx_rows, two_phase
-from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
+from tests.support import (
+    OWN_INFLUX_DB,
+    begin_run,
+    changed,
+    influx_count,
+    influx_rows,
+    two_phase,
+)
+from twophase.config import BACKGROUND, InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.model import EpochState
 
 
-def background(influx: InfluxConfig, **more: object) -> InfluxConfig:
-    return dataclasses.replace(influx, promotion=BACKGROUND, **more)  # type: ignore[arg-type]
+def background(influx: TargetConfig, **more: object) -> TargetConfig:
+    return changed(influx, promotion=BACKGROUND, **more)
 
 
 def test_commit_returns_once_decided_and_the_next_commit_waits(
-    staging: StagingConfig, influx: InfluxConfig
+    staging: StagingConfig, influx: TargetConfig
 ) -> None:
     with two_phase(staging, background(influx, batch_points=50)) as tp:
         lease = begin_run(tp, "s", "r1", "q1")
@@ -39,13 +44,12 @@ def test_commit_returns_once_decided_and_the_next_commit_waits(
 def test_a_failed_background_promotion_is_raised_by_the_next_commit(
     staging: StagingConfig, own_influx: InfluxServer
 ) -> None:
-    influx = InfluxConfig(
+    influx = TargetConfig(
         url=own_influx.url,
-        api="v1",
-        database=OWN_INFLUX_DB,
         retry_initial_s=0.1,
         retry_max_s=0.5,
         retry_deadline_s=2,
+        influxdb=InfluxDBSettings(api="v1", database=OWN_INFLUX_DB),
     )
     with two_phase(staging, background(influx)) as tp:
         lease = begin_run(tp, "s", "r1", "q1")
@@ -70,7 +74,7 @@ def test_a_failed_background_promotion_is_raised_by_the_next_commit(
 
 @pytest.mark.parametrize("resends", [1, 3])
 def test_the_same_point_key_twice_in_an_epoch_keeps_its_winner(
-    staging: StagingConfig, influx: InfluxConfig, resends: int
+    staging: StagingConfig, influx: TargetConfig, resends: int
 ) -> None:
     """Two tasks write the same point key with different values: the epoch's fixed order
     decides the winner, whichever thread promotes and however often it is sent (I4)."""
@@ -87,7 +91,7 @@ def test_the_same_point_key_twice_in_an_epoch_keeps_its_winner(
 
 
 def test_drain_waits_for_a_promotion_in_flight(
-    staging: StagingConfig, influx: InfluxConfig
+    staging: StagingConfig, influx: TargetConfig
 ) -> None:
     with two_phase(staging, background(influx, batch_points=10)) as tp:
         lease = begin_run(tp, "s", "r1", "q1")

@@ -96,16 +96,16 @@ def test_bad_rows_are_dead_lettered_with_reasons_and_the_rest_arrives(
         assert f'"host": {json.dumps(bad["host"])}' in payload  # the row itself is kept
     delivered = len(good) + len(ODD_ROWS)
     assert counts(staging_url, 0) == (delivered, len(BAD_ROWS), delivered, 0)
-    assert len(influx_rows(tp.config.influx, SPEC.measurement)) == delivered
+    assert len(influx_rows(tp.config.target, SPEC.measurement)) == delivered
 
     hosts = {
         s["tags"]["host"]: s["tags"]["dc"]
-        for s in influx_query(tp.config.influx, 'SELECT * FROM "bad input" GROUP BY *')
+        for s in influx_query(tp.config.target, 'SELECT * FROM "bad input" GROUP BY *')
     }
     assert hosts["a b,c=d"] == 'q"uote'
     assert hosts["ünïcödé ✓"] == "日本"
     odd_field = influx_query(
-        tp.config.influx, 'SELECT "field with space,comma=eq" FROM "bad input" WHERE host = \'h22\''
+        tp.config.target, 'SELECT "field with space,comma=eq" FROM "bad input" WHERE host = \'h22\''
     )
     assert odd_field[0]["values"][0][1] == 1.25
 
@@ -128,7 +128,7 @@ def test_field_type_change_between_epochs_is_a_promote_dead_letter(
     assert "field type conflict" in reason
     assert 'v="now a string"' in payload
     assert counts(staging_url, 1) == (5, 0, 4, 1)
-    assert len(influx_rows(tp.config.influx, SPEC.measurement)) == 9
+    assert len(influx_rows(tp.config.target, SPEC.measurement)) == 9
     # Re-promoting (e.g. a replay) does not record the rejection twice.
     tp.committer.commit(lease, 1, [])
     assert len(dead_letters(staging_url)) == 1

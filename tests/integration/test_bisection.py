@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support import influx_count
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import BadPointsError
 from twophase.influx import sender as sender_module
 from twophase.influx.sender import SPLIT_REQUESTS, BatchSender
@@ -30,7 +30,7 @@ BASE = 1_700_000_000_000_000_000
 class Counting:
     """A real writer whose requests are counted."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._writer = V1Writer(config)
         self.requests = 0
 
@@ -46,7 +46,7 @@ class Counting:
 
 
 @pytest.fixture
-def writer(influx: InfluxConfig) -> Any:
+def writer(influx: TargetConfig) -> Any:
     counting = Counting(influx)
     counting.write(f"typed v=1i {BASE}".encode())  # field v of "typed" is an integer
     counting.requests = 0
@@ -54,7 +54,7 @@ def writer(influx: InfluxConfig) -> Any:
     counting.close()
 
 
-def send(writer: Counting, influx: InfluxConfig, lines: list[str]) -> list[tuple[int, str]]:
+def send(writer: Counting, influx: TargetConfig, lines: list[str]) -> list[tuple[int, str]]:
     return BatchSender(writer, influx).send("\n".join(lines).encode(), len(lines), lambda: lines)
 
 
@@ -62,7 +62,7 @@ def conflicting(n: int, start: int = 1) -> list[str]:
     return [f"typed,n={i} v={i}.5 {BASE + i}" for i in range(start, start + n)]
 
 
-def test_influx_1x_says_how_many_points_it_dropped(influx: InfluxConfig, writer: Counting) -> None:
+def test_influx_1x_says_how_many_points_it_dropped(influx: TargetConfig, writer: Counting) -> None:
     with pytest.raises(BadPointsError) as all_bad:
         writer.write("\n".join(conflicting(7)).encode())
     assert (all_bad.value.dropped, all_bad.value.every_line) == (7, False)
@@ -81,7 +81,7 @@ def test_influx_1x_says_how_many_points_it_dropped(influx: InfluxConfig, writer:
 
 @pytest.mark.parametrize("n", [1, 300, 5000])
 def test_a_body_of_points_all_refused_costs_one_request(
-    influx: InfluxConfig, writer: Counting, n: int
+    influx: TargetConfig, writer: Counting, n: int
 ) -> None:
     rejected = send(writer, influx, conflicting(n))
     assert writer.requests == 1
@@ -91,7 +91,7 @@ def test_a_body_of_points_all_refused_costs_one_request(
 
 
 def test_a_body_of_lines_none_parsed_costs_one_request(
-    influx: InfluxConfig, writer: Counting
+    influx: TargetConfig, writer: Counting
 ) -> None:
     lines = [f"unparsed,n={i} v= {i}" for i in range(2000)]
     rejected = send(writer, influx, lines)
@@ -100,7 +100,7 @@ def test_a_body_of_lines_none_parsed_costs_one_request(
 
 
 def test_a_body_with_scattered_bad_lines_is_bisected_under_the_cap(
-    influx: InfluxConfig, writer: Counting
+    influx: TargetConfig, writer: Counting
 ) -> None:
     """5,000 lines, 50 of them scattered type conflicts: each isolated, every good line
     written, in far fewer requests than the cap."""
@@ -117,7 +117,7 @@ def test_a_body_with_scattered_bad_lines_is_bisected_under_the_cap(
 
 
 def test_past_the_cap_the_unresolved_lines_are_dead_letters_saying_so(
-    influx: InfluxConfig, writer: Counting, monkeypatch: pytest.MonkeyPatch
+    influx: TargetConfig, writer: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every third line bad, and a cap of 30 requests: nothing lost (every line is
     delivered or a dead letter), nothing twice, and the good lines among the ones left

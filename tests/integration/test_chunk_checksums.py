@@ -17,7 +17,7 @@ import pytest
 from devkit.faultproxy import FaultProxy
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import admin_conninfo, begin_run, influx_rows, staging_config_for, two_phase
-from twophase.config import GZIP, UNCOMPRESSED, InfluxConfig
+from twophase.config import GZIP, UNCOMPRESSED, TargetConfig
 from twophase.errors import PermanentError
 from twophase.model import EpochState, StagedChunk
 
@@ -28,7 +28,7 @@ VALUE = re.compile(r" v=([0-9.]+),")
 
 
 @pytest.fixture
-def counted(influx: InfluxConfig) -> Iterator[FaultProxy]:
+def counted(influx: TargetConfig) -> Iterator[FaultProxy]:
     with FaultProxy.for_url(influx.url) as proxy:
         yield proxy
 
@@ -70,7 +70,7 @@ def change_chunk(staging_url: str, chunk: int) -> None:
 @pytest.mark.parametrize("compression", [UNCOMPRESSED, GZIP])
 @pytest.mark.parametrize("lanes", [1, 4])
 def test_a_chunk_changed_after_the_decision_never_reaches_the_target(
-    staging_url: str, influx: InfluxConfig, counted: FaultProxy, compression: str, lanes: int
+    staging_url: str, influx: TargetConfig, counted: FaultProxy, compression: str, lanes: int
 ) -> None:
     staging = staging_config_for(
         staging_url,

@@ -16,7 +16,7 @@ import pytest
 from devkit import InfluxServer
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import OWN_INFLUX_DB, admin_conninfo, begin_run, influx_count, two_phase
-from twophase.config import BACKGROUND, INLINE, InfluxConfig, StagingConfig
+from twophase.config import BACKGROUND, INLINE, InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.points.builder import Rejected
 from twophase.protocol.runtime import TwoPhase
@@ -50,7 +50,7 @@ def crashed_run(
 
 @pytest.mark.parametrize("promotion", [INLINE, BACKGROUND])
 def test_a_claim_promotes_what_an_older_run_left_without_any_commit(
-    promotion: str, staging: StagingConfig, influx: InfluxConfig, staging_url: str
+    promotion: str, staging: StagingConfig, influx: TargetConfig, staging_url: str
 ) -> None:
     config = dataclasses.replace(influx, promotion=promotion)
     with two_phase(staging, config) as crashed:
@@ -85,7 +85,7 @@ def test_a_claim_leaves_the_epochs_of_its_own_run_to_its_commits(
 
 
 def test_a_recovery_waits_for_the_one_under_way_and_sends_nothing_twice(
-    tp: TwoPhase, staging: StagingConfig, influx: InfluxConfig, staging_url: str
+    tp: TwoPhase, staging: StagingConfig, influx: TargetConfig, staging_url: str
 ) -> None:
     """The claim of a query's start (on the driver) and the first commit of the same run
     (in a Python worker, for the data source) may both find an epoch pending: one sends
@@ -138,14 +138,14 @@ class StartedQuery:
 
 @pytest.fixture
 def spark_sinks(
-    staging_url: str, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
+    staging_url: str, influx: TargetConfig, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[dict[str, str]]:
     """The data source's options of sink ``dash`` (its dead letters: ``dash.malformed``),
     in a driver process of their own (fresh per-process parts and leases)."""
     monkeypatch.setenv("TWOPHASE_STAGING_URL", staging_url)
     monkeypatch.setenv("TWOPHASE_TARGET_URL", influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
-    monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.database))
+    monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.influxdb.database))
     monkeypatch.setattr(commit, "_parts", {})
     monkeypatch.setattr(commit, "_leases", {})
     yield {"sink_id": "dash", "measurement": M, "dead_letter_sink": "dash.malformed"}
@@ -154,7 +154,7 @@ def spark_sinks(
 
 
 def test_claim_query_recovers_both_sinks_of_a_query_that_has_no_batch_to_run(
-    spark_sinks: dict[str, str], influx: InfluxConfig, staging_url: str
+    spark_sinks: dict[str, str], influx: TargetConfig, staging_url: str
 ) -> None:
     options = parse_options(spark_sinks)
     crashed_run(commit.two_phase(options), "dash", range(3), run="run-1")
@@ -171,7 +171,7 @@ def test_claim_query_recovers_both_sinks_of_a_query_that_has_no_batch_to_run(
 
 
 def test_a_foreach_batch_writers_empty_first_batch_recovers(
-    spark_sinks: dict[str, str], influx: InfluxConfig
+    spark_sinks: dict[str, str], influx: TargetConfig
 ) -> None:
     """A batch with nothing to decide still claims for its run, and the claim recovers."""
     options = parse_options({k: v for k, v in spark_sinks.items() if k != "dead_letter_sink"})
@@ -207,7 +207,12 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
         commit.claim(sink, "run-2", "q1")
         assert parts.ledger.pending("dash") == []
         assert (
-            influx_count(InfluxConfig(url=own_influx.url, api="v1", database=OWN_INFLUX_DB), M)
+            influx_count(
+                TargetConfig(
+                    url=own_influx.url, influxdb=InfluxDBSettings(api="v1", database=OWN_INFLUX_DB)
+                ),
+                M,
+            )
             == 30
         )
     finally:
@@ -216,7 +221,7 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
 
 
 def test_a_commits_log_line_says_where_the_epochs_time_went(
-    spark_sinks: dict[str, str], influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+    spark_sinks: dict[str, str], influx: TargetConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Staging (as the foreachBatch writer timed it), recovery, the decision and the
     promotion, each in milliseconds, in the line and as ``steps_ms``."""

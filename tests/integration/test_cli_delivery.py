@@ -26,14 +26,14 @@ from tests.integration.cli_helpers import (
 from tests.integration.crash_driver import MEASUREMENT, PARTITIONS, POINTS_PER_PARTITION
 from tests.staging import lines, stage
 from tests.support import REPO, begin_run, influx_count, influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import FencedError
 from twophase.influx.query import query_v1
 from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
-def cli(staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(staging_url: str, influx: TargetConfig) -> Cli:
     return make_cli(staging_url, influx)
 
 
@@ -58,7 +58,7 @@ def test_recover_is_refused_while_a_live_run_owns_the_sink(
 def test_recover_promotes_in_order_and_reports(tp: TwoPhase, cli: Cli, staging_url: str) -> None:
     known_store(tp)
     make_idle(staging_url)
-    before = influx_count(tp.config.influx, M)
+    before = influx_count(tp.config.target, M)
     result = cli("recover", "--json")
     assert result.code == 0, result.err
     assert result.json() == {
@@ -68,7 +68,7 @@ def test_recover_promotes_in_order_and_reports(tp: TwoPhase, cli: Cli, staging_u
     }
     assert "recover: 10/10 points s#3 (100%)" in result.err  # plain progress lines off a terminal
     assert "PRECOMMITTED" not in states(staging_url).values()
-    assert influx_count(tp.config.influx, M) == before + 10
+    assert influx_count(tp.config.target, M) == before + 10
     owner = sql(staging_url, "SELECT owner_run_id FROM twophase_sinks WHERE sink_id = 's'")
     assert owner[0][0].startswith("cli-")
     assert cli("status", "--json").json()["sinks"][0]["owner_live"] is False  # the CLI's own run
@@ -87,7 +87,7 @@ def test_recover_force_fences_the_live_run(tp: TwoPhase, cli: Cli, staging_url: 
 
 
 def test_recover_after_a_driver_crash_end_to_end(
-    cli: Cli, staging_url: str, influx: InfluxConfig, tmp_path: Path
+    cli: Cli, staging_url: str, influx: TargetConfig, tmp_path: Path
 ) -> None:
     """A real driver process SIGKILLed half-way through promoting epoch 1 (decided,
     partly sent); `twophase recover` completes it: no PRECOMMITTED epoch is left and
@@ -98,7 +98,7 @@ def test_recover_after_a_driver_crash_end_to_end(
         [
             *(sys.executable, "-m", "tests.integration.crash_driver"),
             *("--staging-url", staging_url, "--influx-url", influx.url),
-            *("--influx-db", influx.database or "", "--sink", SINK, "--epochs", "3"),
+            *("--influx-db", influx.influxdb.database or "", "--sink", SINK, "--epochs", "3"),
             *("--spark-log", str(tmp_path / "log"), "--run-id", "run-1"),
         ],
         cwd=REPO,
@@ -129,7 +129,7 @@ def test_recover_after_a_driver_crash_end_to_end(
 def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
     tp.committer.recover(begin_run(tp, SINK, "r2", "q1"))
-    committed = influx_rows(tp.config.influx, M)
+    committed = influx_rows(tp.config.target, M)
     assert len(committed) == 45  # 4 epochs x 10 of s (one rejected), 5 of t
 
     ok = cli.run("verify", "--sink", SINK)
@@ -138,8 +138,8 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli
         "OK: InfluxDB holds exactly the staged points (sink 's', epochs 0-3: 40 points in 3 series)"
     )
 
-    config = tp.config.influx
-    query_v1(config.url, config.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    config = tp.config.target
+    query_v1(config.url, config.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
     lost = cli.run("verify", "--sink", SINK, "--json")
     assert lost.code == 1
     report = lost.json()
@@ -159,7 +159,7 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli
     crash = {"TWOPHASE_CRASH_AT": "promote_batch:3"}
     killed = cli.run("resend", "--sink", SINK, "--all", env=cli.env() | crash)
     assert killed.code == -9, (killed.code, killed.err)
-    assert len(influx_rows(tp.config.influx, M)) == 30  # epochs 0-2 (epoch 3 not yet)
+    assert len(influx_rows(tp.config.target, M)) == 30  # epochs 0-2 (epoch 3 not yet)
     resent = cli.run("resend", "--sink", SINK, "--all", "--json")
     assert resent.code == 0, resent.err
     assert resent.json() == {
@@ -175,7 +175,7 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli
     }
     assert "resend: 41/41 points (100%)" in resent.err
     sink_t = [r for r in committed if ("host", "t") in r[1]]
-    assert influx_rows(tp.config.influx, M) == [r for r in committed if r not in sink_t]
+    assert influx_rows(tp.config.target, M) == [r for r in committed if r not in sink_t]
     assert cli.run("verify", "--sink", SINK).code == 0
     events = sql(
         cli.staging_url, "SELECT count(*) FROM twophase_epoch_events WHERE event = 'resent'"
@@ -193,8 +193,8 @@ def test_a_query_that_claims_the_sink_stops_a_resend(
     never land after the query's newer one."""
     known_store(tp)
     tp.committer.recover(begin_run(tp, SINK, "r2", "q1"))
-    config = tp.config.influx
-    query_v1(config.url, config.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    config = tp.config.target
+    query_v1(config.url, config.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
     make_idle(cli.staging_url)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"at": "promote_batch:1", "pause_s": 5}))
@@ -244,7 +244,7 @@ def test_resend_refuses_what_it_cannot_send(tp: TwoPhase, cli: Cli, staging_url:
 
 def test_verify_reports_changed_and_extra_points(tp: TwoPhase, cli: Cli) -> None:
     known_store(tp)
-    config = tp.config.influx
+    config = tp.config.target
     base = 1_700_000_000_000_000_000
     body = f"{M},host=a,n=1 v=99 {base + 1}\n{M},host=a,n=1 v=5 {base + 2 * 10**12 + 2}"
     next(iter(tp.deliveries.values()))._sender.send(body.encode(), 2, body.splitlines)
@@ -264,7 +264,7 @@ def test_verify_reports_changed_and_extra_points(tp: TwoPhase, cli: Cli) -> None
     assert notes == [
         "not verified: epoch 3 is PRECOMMITTED (not delivered yet; run `twophase recover`)"
     ]
-    assert config.database  # the per-test database, not the shared one
+    assert config.influxdb.database  # the per-test database, not the shared one
 
 
 def test_verify_of_an_old_epoch_accounts_for_later_rewrites(tp: TwoPhase, cli: Cli) -> None:
@@ -309,8 +309,8 @@ def test_verify_exits_as_diff_does(tp: TwoPhase, cli: Cli) -> None:
     assert down_json.code == error["exit_code"] == 2 and down_json.out == ""
     assert "cannot connect" in error["error"] and error["setting"] is None
 
-    config = tp.config.influx
-    query_v1(config.url, config.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    config = tp.config.target
+    query_v1(config.url, config.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
     differs = cli.run("verify", "--sink", SINK)
     assert differs.code == 1, differs.err
     assert differs.out.splitlines()[-1].startswith("DIFFERENCES in 3 series")

@@ -20,7 +20,7 @@ from tests.integration.cli_helpers import (
 )
 from tests.staging import M, lines, stage
 from tests.support import begin_run, influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.points.builder import Rejected
@@ -28,7 +28,7 @@ from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
-def cli(tp: TwoPhase, staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(tp: TwoPhase, staging_url: str, influx: TargetConfig) -> Cli:
     known_store(tp)
     return make_cli(staging_url, influx)
 
@@ -169,7 +169,7 @@ def dead_letters_of(staging_url: str, sink: str = SINK) -> list[tuple[Any, ...]]
 
 
 def test_a_reset_and_the_gc_after_it_keep_the_dead_letters_of_decided_writes(
-    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: TargetConfig
 ) -> None:
     """A reset forgets the epochs, which makes every write an orphan; the gc past the
     orphan grace removes them, but the dead letters of the writes the epochs had chosen
@@ -219,7 +219,7 @@ def test_a_reset_and_the_gc_after_it_keep_the_dead_letters_of_decided_writes(
 
     # The cause fixed (the measurement whose field type refused the point dropped), the
     # kept promote-time letter is requeued as the sink's first correction, once.
-    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    query_v1(influx.url, influx.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
     requeued = cli("dead-letters", "--sink", SINK, "--requeue")
     assert requeued.code == 0, requeued.err
     assert "requeued 1 dead letter of epoch 2 as correction c1: 1 delivered" in requeued.out

@@ -8,12 +8,12 @@ import pytest
 
 from tests.integration.cli_helpers import SINK, Cli, known_store, make_cli, make_idle
 from tests.support import create_database, drop_database, unique
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
-def cli(staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(staging_url: str, influx: TargetConfig) -> Cli:
     return make_cli(staging_url, influx)
 
 

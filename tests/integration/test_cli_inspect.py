@@ -19,7 +19,7 @@ from tests.integration.cli_helpers import (
     make_idle,
     sql,
 )
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.points.builder import Rejected
 from twophase.protocol.runtime import TwoPhase
 
@@ -80,7 +80,7 @@ DEAD_LETTER_KEYS = {
 
 
 @pytest.fixture
-def cli(tp: TwoPhase, staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(tp: TwoPhase, staging_url: str, influx: TargetConfig) -> Cli:
     known_store(tp)
     return make_cli(staging_url, influx)
 

@@ -18,7 +18,7 @@ from tests.integration.cli_helpers import Cli, make_cli, sql
 from tests.integration.fanout_helpers import Pair, target_rows, two_targets
 from tests.staging import M, lines, stage
 from tests.support import NO_CACHE, influx_count, influx_query, scrape, two_phase, value
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import StagingConfig, TargetConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease
 from twophase.operations import start_exporter
@@ -63,12 +63,17 @@ def fan(staging: StagingConfig, pair: Pair) -> Iterator[TwoPhase]:
 def cli(staging_url: str, pair: Pair, monkeypatch: pytest.MonkeyPatch) -> Cli:
     """``twophase`` configured as the sink's job is: TWOPHASE_TARGETS a and b, b's own
     database in TWOPHASE_TARGET_B_INFLUX_DB."""
-    monkeypatch.setenv("TWOPHASE_TARGET_B_INFLUX_DB", pair.b.database or "")
+    monkeypatch.setenv("TWOPHASE_TARGET_B_INFLUX_DB", pair.b.influxdb.database or "")
     monkeypatch.setenv("TWOPHASE_TARGET_RETRY_DEADLINE", "20s")
     cli = make_cli(staging_url, pair.a)
     cli.flags = [
         *("--staging-url", staging_url, "--influx-api", "v1"),
-        *("--targets", f"a={pair.a.url},b={pair.b.url}", "--influx-db", pair.a.database or ""),
+        *(
+            "--targets",
+            f"a={pair.a.url},b={pair.b.url}",
+            "--influx-db",
+            pair.a.influxdb.database or "",
+        ),
     ]
     return cli
 
@@ -109,8 +114,8 @@ def ageless(target: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in target.items() if k not in ("sink_id", "lag_seconds")}
 
 
-def drop(target: InfluxConfig) -> None:
-    query_v1(target.url, target.database, f'DROP MEASUREMENT "{M}"', method="POST")
+def drop(target: TargetConfig) -> None:
+    query_v1(target.url, target.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
 
 
 def test_status_and_targets_show_a_lagging_target(
@@ -370,7 +375,7 @@ def test_a_resend_that_fails_on_one_target_leaves_no_other_holding_an_older_valu
     ] * 2  # the history names the target that took each epoch (b took none)
 
 
-def rows(target: InfluxConfig) -> dict[str, float]:
+def rows(target: TargetConfig) -> dict[str, float]:
     series = influx_query(target, f'SELECT v FROM "{M}" GROUP BY n')  # noqa: S608
     return {s["tags"]["n"]: s["values"][0][1] for s in series}
 

@@ -11,7 +11,7 @@ import pytest
 from tests.integration.cli_helpers import BAD_POINT, make_cli, make_idle, records, sql
 from tests.staging import M, lines, scalar, stage
 from tests.support import begin_run, influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import CheckpointResetError
 from twophase.model import EpochState
 from twophase.protocol.gc import GarbageCollector
@@ -35,14 +35,14 @@ def test_a_replay_of_a_compacted_epoch_is_skipped_and_a_reset_checkpoint_refused
     assert (report.epochs_purged, report.epochs_compacted, report.compacted_through) == (6, 5, 4)
     assert scalar(staging_url, FLOOR, "s") == 4
     assert records(staging_url) == {"epochs": [5], "writes": [5], "events": [5], "deliveries": [5]}
-    before = influx_rows(tp.config.influx, M)
+    before = influx_rows(tp.config.target, M)
 
     # I4: a restart from an old checkpoint replays a compacted epoch with other content.
     lease2 = begin_run(tp, "s", "r2", "q1")
     replay = stage(tp, "s", 2, [lines(2, 7, value_offset=100)], run="r2")
     outcome = tp.committer.commit(lease2, 2, replay)
     assert (outcome.state, outcome.replay, outcome.promoted) == (EpochState.COMMITTED, True, None)
-    assert influx_rows(tp.config.influx, M) == before
+    assert influx_rows(tp.config.target, M) == before
     assert scalar(staging_url, "SELECT replays_detected FROM twophase_sinks") == 1
     ids = [uuid.UUID(m.write_id) for m in replay]
     replayed = "SELECT count(*) FROM twophase_writes WHERE write_id = ANY(%s)"
@@ -95,7 +95,7 @@ def test_the_floor_waits_for_targets_and_pending_epochs_and_letters_keep_their_e
 
 
 def test_status_and_epochs_say_how_far_the_history_was_compacted(
-    tp: TwoPhase, staging_url: str, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
+    tp: TwoPhase, staging_url: str, influx: TargetConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     for epoch in range(4):

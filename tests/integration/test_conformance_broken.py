@@ -31,7 +31,7 @@ import pytest
 from tests.plugins.twophase_sqlite_target import _SCHEMA, SqliteWriter, _connected
 from tests.plugins.twophase_sqlite_target import KIND as SQLITE
 from tests.support import postgresql_target
-from twophase.config import InfluxConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.errors import BadPointsError
 from twophase.points.lineproto import parse_line
 from twophase.postgresql import KIND as POSTGRESQL
@@ -41,7 +41,7 @@ from twophase.testing import TargetConformance
 from twophase.testing.support import Case
 
 
-def _path(config: InfluxConfig) -> str:
+def _path(config: TargetConfig) -> str:
     return urlsplit(config.url).path
 
 
@@ -137,7 +137,7 @@ class _Kit(TargetConformance):
     """The kit's checks, called directly (not collected: no ``Test`` prefix)."""
 
     @contextlib.contextmanager
-    def unavailable(self, config: InfluxConfig) -> Iterator[InfluxConfig]:
+    def unavailable(self, config: TargetConfig) -> Iterator[TargetConfig]:
         """A SQLite file locked by another connection (as the SQLite kind's own tests
         make it unavailable); a server's port nothing listens on."""
         if urlsplit(config.url).scheme != "sqlite":
@@ -159,7 +159,7 @@ class _Kit(TargetConformance):
 def kit_staging(staging_url: str) -> TwoPhaseConfig:
     """The checks' staging store: the test's own database."""
     staging = load_staging_config(env={}, staging_url=staging_url)
-    return TwoPhaseConfig(staging, InfluxConfig(url="http://unused.invalid"))
+    return TwoPhaseConfig(staging, TargetConfig(url="http://unused.invalid"))
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def empty(base_staging_url: str, tmp_path: Path) -> Iterator[Callable[[TargetKin
             else:
                 fast = {"retry_deadline_s": 5, "retry_initial_s": 0.05, "retry_max_s": 0.5}
                 pair = [
-                    InfluxConfig(url=f"sqlite://{tmp_path / name}", **fast)  # type: ignore[arg-type]
+                    TargetConfig(url=f"sqlite://{tmp_path / name}", **fast)  # type: ignore[arg-type]
                     for name in ("points.db", "other.db")
                 ]
             first, second = (dataclasses.replace(c, kind=kind.name) for c in pair)
@@ -184,7 +184,7 @@ def empty(base_staging_url: str, tmp_path: Path) -> Iterator[Callable[[TargetKin
         yield made
 
 
-Targets = tuple[InfluxConfig, InfluxConfig]
+Targets = tuple[TargetConfig, TargetConfig]
 
 
 def _run(check: str, targets: Targets, staging: TwoPhaseConfig) -> None:

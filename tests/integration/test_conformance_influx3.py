@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.influx3 import Influx3, serve
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxDBSettings, Secret, TargetConfig
 from twophase.points.lineproto import parse_line
 from twophase.targets import Readback
 from twophase.testing import TargetConformance
@@ -29,20 +29,18 @@ def influx3_server() -> Iterator[Any]:
     """Start a stand-in; yields a function giving a config of a new one each call."""
     started = []
 
-    def start() -> InfluxConfig:
+    def start() -> TargetConfig:
         token = f"v3-{uuid.uuid4().hex}"
         state = Influx3(token)
         server, url = serve(state)
         started.append((server, url))
         SERVERS[url] = state
-        return InfluxConfig(
+        return TargetConfig(
             url=url,
-            api="v3",
-            database="conformance",
-            token=Secret(token),
             retry_deadline_s=20,
             retry_initial_s=0.05,
             retry_max_s=1,
+            influxdb=InfluxDBSettings(api="v3", database="conformance", token=Secret(token)),
         )
 
     yield start
@@ -84,12 +82,12 @@ class Influx3Readback:
 
 class TestInflux3Conformance(TargetConformance):
     @pytest.fixture
-    def target(self, influx3_server: Any) -> InfluxConfig:
+    def target(self, influx3_server: Any) -> TargetConfig:
         return influx3_server()
 
     @pytest.fixture
-    def second_target(self, influx3_server: Any) -> InfluxConfig:
+    def second_target(self, influx3_server: Any) -> TargetConfig:
         return influx3_server()
 
-    def readback(self, config: InfluxConfig) -> Readback:
+    def readback(self, config: TargetConfig) -> Readback:
         return Influx3Readback(SERVERS[config.url])

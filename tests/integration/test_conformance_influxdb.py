@@ -19,7 +19,7 @@ import urllib3
 from devkit.faultproxy import wait_until
 from devkit.ports import free_port
 from tests.support import create_influx_database, drop_influx_database, influx_admin, unique
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxDBSettings, Secret, TargetConfig
 from twophase.influx.query import query_v1
 from twophase.testing import TargetConformance
 from twophase.testing.support import Case
@@ -35,7 +35,7 @@ def _pings(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def secured_influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxConfig]:
+def secured_influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TargetConfig]:
     """An influxd that requires credentials, its admin's settings (the right ones)."""
     root: Path = tmp_path_factory.mktemp("influxd-secured")
     http, rpc = free_port(), free_port()
@@ -56,8 +56,11 @@ def secured_influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxC
         assert wait_until(lambda: _pings(url), 30), (root / "log").read_text()[-2000:]
         influx_admin(url, f"CREATE USER admin WITH PASSWORD '{PASSWORD}' WITH ALL PRIVILEGES")
         query_v1(url, None, 'CREATE DATABASE "secured"', "admin", Secret(PASSWORD), method="POST")
-        yield InfluxConfig(
-            url=url, api="v1", database="secured", username="admin", password=Secret(PASSWORD)
+        yield TargetConfig(
+            url=url,
+            username="admin",
+            password=Secret(PASSWORD),
+            influxdb=InfluxDBSettings(api="v1", database="secured"),
         )
     finally:
         proc.terminate()
@@ -66,23 +69,25 @@ def secured_influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxC
 
 class TestInfluxDB1Conformance(TargetConformance):
     @pytest.fixture
-    def target(self, influx: InfluxConfig) -> InfluxConfig:
+    def target(self, influx: TargetConfig) -> TargetConfig:
         return influx  # a database of the test's own (tests/integration/conftest.py)
 
     @pytest.fixture
-    def second_target(self, influx: InfluxConfig) -> Iterator[InfluxConfig]:
-        other = InfluxConfig(url=influx.url, api="v1", database=unique("tp_other"))
-        create_influx_database(influx.url, str(other.database))
+    def second_target(self, influx: TargetConfig) -> Iterator[TargetConfig]:
+        other = TargetConfig(
+            url=influx.url, influxdb=InfluxDBSettings(api="v1", database=unique("tp_other"))
+        )
+        create_influx_database(influx.url, str(other.influxdb.database))
         yield other
-        drop_influx_database(influx.url, str(other.database))
+        drop_influx_database(influx.url, str(other.influxdb.database))
 
     def test_bad_credentials_are_an_auth_error(
-        self, target: InfluxConfig, case: Case, secured_influx: InfluxConfig
+        self, target: TargetConfig, case: Case, secured_influx: TargetConfig
     ) -> None:
         self.secured = secured_influx
         super().test_bad_credentials_are_an_auth_error(target, case)
 
-    def bad_credentials(self, config: InfluxConfig) -> InfluxConfig | None:
+    def bad_credentials(self, config: TargetConfig) -> TargetConfig | None:
         """The secured server's admin with a wrong password (the kit's default)."""
         right = dataclasses.replace(self.secured, timeout_s=config.timeout_s)
         return super().bad_credentials(right)

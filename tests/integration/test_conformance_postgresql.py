@@ -9,20 +9,20 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import postgresql_target
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.testing import TargetConformance
 
 
-def _database(base_staging_url: str, prefix: str) -> Iterator[InfluxConfig]:
+def _database(base_staging_url: str, prefix: str) -> Iterator[TargetConfig]:
     with postgresql_target(base_staging_url, prefix) as (config, _):
         yield config
 
 
 class TestPostgreSQLConformance(TargetConformance):
     @pytest.fixture
-    def target(self, base_staging_url: str) -> Iterator[InfluxConfig]:
+    def target(self, base_staging_url: str) -> Iterator[TargetConfig]:
         yield from _database(base_staging_url, "tp_conformance")
 
     @pytest.fixture
-    def second_target(self, base_staging_url: str) -> Iterator[InfluxConfig]:
+    def second_target(self, base_staging_url: str) -> Iterator[TargetConfig]:
         yield from _database(base_staging_url, "tp_conformance_other")

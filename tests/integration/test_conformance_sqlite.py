@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.staging import lines, stage
-from twophase.config import InfluxConfig, load_config
+from tests.support import target_config
+from twophase.config import TargetConfig, load_config
 from twophase.errors import BadPointsError, TargetNotFoundError
 from twophase.model import EpochState
 from twophase.protocol.runtime import TwoPhase
@@ -52,9 +53,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TargetKind]:
         kinds.cache_clear()
 
 
-def sqlite_config(path: Path, scheme: str = "sqlite", **settings: object) -> InfluxConfig:
+def sqlite_config(path: Path, scheme: str = "sqlite", **settings: object) -> TargetConfig:
     fast = {"retry_deadline_s": 20, "retry_initial_s": 0.05, "retry_max_s": 1}
-    return InfluxConfig(url=f"{scheme}://{path}", **{**fast, **settings})  # type: ignore[arg-type]
+    return target_config(f"{scheme}://{path}", **{**fast, **settings})
 
 
 def test_the_kind_is_found_through_its_entry_point_only(installed: TargetKind) -> None:
@@ -62,7 +63,7 @@ def test_the_kind_is_found_through_its_entry_point_only(installed: TargetKind) -
     dist = importlib.metadata.distribution("twophase-sqlite-target")
     points = [p.value for p in dist.entry_points if p.group == ENTRY_POINT_GROUP]
     assert points == [f"{PACKAGE}:KIND", f"{PACKAGE}:TX_KIND"]
-    assert kind_of(InfluxConfig(url="sqlite:///tmp/points.db")) is installed
+    assert kind_of(TargetConfig(url="sqlite:///tmp/points.db")) is installed
 
 
 def test_a_sink_delivers_to_it_end_to_end(
@@ -106,15 +107,15 @@ class TestSqliteConformance(TargetConformance):
     scheme = "sqlite"
 
     @pytest.fixture
-    def target(self, installed: TargetKind, tmp_path: Path) -> InfluxConfig:
+    def target(self, installed: TargetKind, tmp_path: Path) -> TargetConfig:
         return sqlite_config(tmp_path / "points.db", self.scheme)
 
     @pytest.fixture
-    def second_target(self, tmp_path: Path) -> InfluxConfig:
+    def second_target(self, tmp_path: Path) -> TargetConfig:
         return sqlite_config(tmp_path / "other.db", self.scheme)
 
     @contextlib.contextmanager
-    def unavailable(self, config: InfluxConfig) -> Iterator[InfluxConfig]:
+    def unavailable(self, config: TargetConfig) -> Iterator[TargetConfig]:
         """The file locked by another connection: a store that does not answer in time."""
         holder = sqlite3.connect(urlsplit(config.url).path, isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")
@@ -132,5 +133,5 @@ class TestTransactionalSqliteConformance(TestSqliteConformance):
 
     scheme = "sqlitetx"
 
-    def test_the_kind_is_transactional(self, target: InfluxConfig) -> None:
+    def test_the_kind_is_transactional(self, target: TargetConfig) -> None:
         assert kind_of(target).name == "sqlitetx" and kind_of(target).transactional

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import urllib3
 
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxDBSettings, Secret, TargetConfig
 from twophase.targets import Readback
 from twophase.testing import TargetConformance
 
@@ -75,24 +75,25 @@ class TestVictoriaMetricsConformance(TargetConformance):
     keeps_last_write = False
 
     @pytest.fixture
-    def target(self, vm_url: str) -> InfluxConfig:
-        return InfluxConfig(
+    def target(self, vm_url: str) -> TargetConfig:
+        return TargetConfig(
             url=vm_url,
-            api="v1",
-            database="conformance",
             retry_deadline_s=20,
             retry_initial_s=0.05,
             retry_max_s=1,
+            influxdb=InfluxDBSettings(api="v1", database="conformance"),
         )
 
     @pytest.fixture
-    def second_target(self, target: InfluxConfig) -> InfluxConfig:
-        return dataclasses.replace(target, database="conformance-b")
+    def second_target(self, target: TargetConfig) -> TargetConfig:
+        return dataclasses.replace(
+            target, influxdb=dataclasses.replace(target.influxdb, database="conformance-b")
+        )
 
-    def readback(self, config: InfluxConfig) -> Readback:
-        return VmReadback(config.url, str(config.database))
+    def readback(self, config: TargetConfig) -> Readback:
+        return VmReadback(config.url, str(config.influxdb.database))
 
-    def bad_credentials(self, config: InfluxConfig) -> InfluxConfig | None:
+    def bad_credentials(self, config: TargetConfig) -> TargetConfig | None:
         return None  # no authentication: any token is taken
 
     def refused_line(self, measurement: str, time_ns: int) -> str | None:
@@ -106,21 +107,20 @@ class TestVictoriaMetricsV2Conformance(TestVictoriaMetricsConformance):
     ``keeps_last_write`` False allows."""
 
     @pytest.fixture
-    def target(self, vm_url: str) -> InfluxConfig:
-        return InfluxConfig(
+    def target(self, vm_url: str) -> TargetConfig:
+        return TargetConfig(
             url=vm_url,
-            api="v2",
-            bucket="conformance",
-            org="o",
-            token=Secret("unused"),
             retry_deadline_s=20,
             retry_initial_s=0.05,
             retry_max_s=1,
+            influxdb=InfluxDBSettings(
+                api="v2", bucket="conformance", org="o", token=Secret("unused")
+            ),
         )
 
     @pytest.fixture
-    def second_target(self, target: InfluxConfig) -> InfluxConfig:
+    def second_target(self, target: TargetConfig) -> TargetConfig:
         return target
 
-    def readback(self, config: InfluxConfig) -> Readback:
+    def readback(self, config: TargetConfig) -> Readback:
         return VmReadback(config.url, "")  # points without a db label

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import CheckpointResetError, ConfigError, FencedError
 from twophase.spark import commit
 from twophase.spark.commit import await_claim, claim
@@ -20,12 +20,12 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def sink(
-    staging_url: str, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
+    staging_url: str, influx: TargetConfig, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[SinkOptions]:
     monkeypatch.setenv("TWOPHASE_STAGING_URL", staging_url)
     monkeypatch.setenv("TWOPHASE_TARGET_URL", influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
-    monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.database))
+    monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.influxdb.database))
     # The per-process parts and leases are keyed by explicit settings, not the environment:
     # this test's database needs parts of its own.
     monkeypatch.setattr(commit, "_parts", {})

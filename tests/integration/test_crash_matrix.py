@@ -51,7 +51,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig
+from twophase.config import InfluxDBSettings, TargetConfig
 from twophase.faults import CRASH_POINTS
 
 # (crash point, n-th time reached, points per InfluxDB request): each lands inside
@@ -204,7 +204,7 @@ def test_sigkill_at_each_step_then_recover(
     batch: int,
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     recording: Recording,
     tmp_path: Path,
 ) -> None:
@@ -296,7 +296,7 @@ def test_sigkill_in_the_last_epoch_then_restart_with_no_new_input(
     point: str,
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     tmp_path: Path,
 ) -> None:
     log, plan = tmp_path / "spark-commit-log", tmp_path / "crash-plan.json"
@@ -393,7 +393,7 @@ def test_sigkill_again_while_the_restart_claims_and_recovers(
     extra: Sequence[str],
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "spark-commit-log"
@@ -499,16 +499,16 @@ def check_landings(
 
 
 @pytest.fixture
-def influx_b(influx_url: str) -> Iterator[InfluxConfig]:
+def influx_b(influx_url: str) -> Iterator[TargetConfig]:
     """Target b's database on the same server (target a's: the ``influx`` fixture)."""
     name = unique("tpb")
     create_influx_database(influx_url, name)
-    yield InfluxConfig(url=influx_url, api="v1", database=name)
+    yield TargetConfig(url=influx_url, influxdb=InfluxDBSettings(api="v1", database=name))
     drop_influx_database(influx_url, name)
 
 
 @pytest.fixture
-def recording_b(influx_b: InfluxConfig) -> Iterator[Recording]:
+def recording_b(influx_b: TargetConfig) -> Iterator[Recording]:
     """Target b behind a fault proxy that records every write request."""
     with recorded(influx_b) as each:
         yield each
@@ -529,7 +529,7 @@ def per_target(dead: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def recover_command(
-    staging_url: str, a: tuple[InfluxConfig, str], b: tuple[InfluxConfig, str]
+    staging_url: str, a: tuple[TargetConfig, str], b: tuple[TargetConfig, str]
 ) -> tuple[list[str], dict[str, str]]:
     """`twophase recover` of the sink with targets a and b (each: its database, and the
     URL it is reached at), and its environment."""
@@ -537,8 +537,8 @@ def recover_command(
         **os.environ,
         "TWOPHASE_STAGING_URL": staging_url,
         "TWOPHASE_TARGETS": f"a={a[1]},b={b[1]}",
-        "TWOPHASE_TARGET_A_INFLUX_DB": str(a[0].database),
-        "TWOPHASE_TARGET_B_INFLUX_DB": str(b[0].database),
+        "TWOPHASE_TARGET_A_INFLUX_DB": str(a[0].influxdb.database),
+        "TWOPHASE_TARGET_B_INFLUX_DB": str(b[0].influxdb.database),
         "TWOPHASE_INFLUX_API": "v1",
         "TWOPHASE_TARGET_BATCH_POINTS": "40",
     }
@@ -546,8 +546,8 @@ def recover_command(
     return [str(SCRIPT), "recover", "--sink", SINK, "--force"], env
 
 
-def target_b(influx: InfluxConfig, url: str | None = None) -> tuple[str, ...]:
-    return ("--influx-url-b", url or influx.url, "--influx-db-b", str(influx.database))
+def target_b(influx: TargetConfig, url: str | None = None) -> tuple[str, ...]:
+    return ("--influx-url-b", url or influx.url, "--influx-db-b", str(influx.influxdb.database))
 
 
 @pytest.mark.parametrize(("promotion", "lanes", "point", "nth"), TARGET_PARAMS)
@@ -558,8 +558,8 @@ def test_sigkill_at_each_step_of_a_two_target_promotion(
     nth: int,
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
-    influx_b: InfluxConfig,
+    influx: TargetConfig,
+    influx_b: TargetConfig,
     recording: Recording,
     recording_b: Recording,
     tmp_path: Path,
@@ -611,8 +611,8 @@ def test_sigkill_with_one_target_down_then_recover_catches_it_up(
     nth: int,
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
-    influx_b: InfluxConfig,
+    influx: TargetConfig,
+    influx_b: TargetConfig,
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "spark-commit-log"
@@ -690,8 +690,8 @@ def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
     nth: int,
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
-    influx_b: InfluxConfig,
+    influx: TargetConfig,
+    influx_b: TargetConfig,
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "spark-commit-log"
@@ -699,7 +699,9 @@ def test_sigkill_while_a_lagging_target_takes_over_from_one_that_is_down(
         FaultProxy.for_url(influx.url).start() as pa,
         FaultProxy.for_url(influx_b.url).start() as pb,
     ):
-        a = InfluxConfig(url=pa.url, api="v1", database=influx.database)
+        a = TargetConfig(
+            url=pa.url, influxdb=InfluxDBSettings(api="v1", database=influx.influxdb.database)
+        )
         b = (*target_b(influx_b, pb.url), "--retry-deadline", "3")
         pa.record = pb.record = True
 

@@ -36,7 +36,7 @@ from tests.support import (
     influx_rows,
     unique,
 )
-from twophase.config import InfluxConfig
+from twophase.config import InfluxDBSettings, TargetConfig
 from twophase.postgresql.record import record_ddl
 
 # Per epoch: 9 requests of 40 points to a (18 promote_batch checks with b's), one
@@ -146,7 +146,7 @@ def crash_free_pg(
         staging_name, db = unique("tp_clean"), unique("clean")
         url = create_database(base_staging_url, staging_name, template=template_db)
         create_influx_database(influx_url, db)
-        influx = InfluxConfig(url=influx_url, api="v1", database=db)
+        influx = TargetConfig(url=influx_url, influxdb=InfluxDBSettings(api="v1", database=db))
         target, target_url = pg_target(base_staging_url, monkeypatch)
         log = tmp_path_factory.mktemp("clean-pg") / "log"
         done = run_driver(url, influx, log, "clean", extra=("--influx-url-b", target_url))
@@ -170,7 +170,7 @@ def test_sigkill_at_each_step_with_a_postgresql_target(
     crash_free_pg: dict[str, Any],
     base_staging_url: str,
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     recording: Recording,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

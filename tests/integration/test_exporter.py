@@ -30,7 +30,7 @@ from tests.support import (
     two_phase,
     value,
 )
-from twophase.config import ExporterConfig, InfluxConfig, StagingConfig
+from twophase.config import ExporterConfig, StagingConfig, TargetConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.model import Lease
 from twophase.operations import exporter as exporter_module
@@ -130,7 +130,7 @@ def test_an_unreachable_store_is_store_up_zero_until_it_is_back(
 
 
 def test_the_driver_serves_its_influx_request_metrics(
-    staging: StagingConfig, influx: InfluxConfig
+    staging: StagingConfig, influx: TargetConfig
 ) -> None:
     port = free_port()
     metered = dataclasses.replace(influx, metrics_port=port)
@@ -191,7 +191,7 @@ def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: TwoPhase, exporter: Exp
 
 
 def test_automatic_gc_lowers_the_retained_bytes(
-    staging_url: str, influx: InfluxConfig, exporter: Exporter
+    staging_url: str, influx: TargetConfig, exporter: Exporter
 ) -> None:
     retained_sql = "SELECT sum(octet_length(body_gz)) FROM twophase_staged_chunks"
     with two_phase(staging_config_for(staging_url, retention="0s"), influx) as tp:

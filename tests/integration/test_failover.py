@@ -23,7 +23,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig, load_staging_config
+from twophase.config import StagingConfig, TargetConfig, load_staging_config
 from twophase.model import EpochState
 
 SINK = "failover"
@@ -70,7 +70,7 @@ def epoch_lines(epoch: int, offset: float = 0.0) -> list[list[str]]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("pair", ["sync"], indirect=True)
 def test_failover_with_synchronous_replication_is_exact(
-    pair: tuple[Primary, Standby], influx: InfluxConfig
+    pair: tuple[Primary, Standby], influx: TargetConfig
 ) -> None:
     primary, standby = pair
     config, promoted_url = staging_on(pair)
@@ -114,7 +114,7 @@ def caught_up(primary: Primary, standby: Standby) -> bool:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("pair", ["async"], indirect=True)
 def test_asynchronous_replication_can_forget_a_decided_epoch(
-    pair: tuple[Primary, Standby], influx: InfluxConfig
+    pair: tuple[Primary, Standby], influx: TargetConfig
 ) -> None:
     """What async replication loses: a commit the primary acknowledged before its
     standby had it. Here the standby is held back while epoch 1 commits; after the

@@ -23,7 +23,7 @@ from tests.integration.fanout_helpers import (
 )
 from tests.staging import M, scalar, stage
 from tests.support import influx_count, influx_query, two_phase
-from twophase.config import StagingConfig, TargetConfig
+from twophase.config import NamedTarget, StagingConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
@@ -135,7 +135,7 @@ def test_a_target_added_to_a_sink_starts_at_the_next_epoch(
     assert target_rows(staging_url, SINK) == {
         "default": {"state": "live", "delivered": 1, "from": 0}
     }
-    carried = (TargetConfig("default", pair.a), pair.config.targets[1])
+    carried = (NamedTarget("default", pair.a), pair.config.targets[1])
     with two_phase(staging, dataclasses.replace(pair.config, targets=carried)) as fan:
         lease = fan.committer.claim(SINK, "r2", "q1")
         commit(fan, lease, 2)

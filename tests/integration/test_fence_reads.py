@@ -14,7 +14,7 @@ import pytest
 
 from devkit.faultproxy import wait_until
 from tests.support import admin_conninfo, begin_run, two_phase
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import FencedError, StagingDeadlineError, StateError
 from twophase.model import Lease
 from twophase.protocol.ledger import Ledger
@@ -195,7 +195,7 @@ def test_closing_the_ledger_ends_its_session(ledger: Ledger, staging: StagingCon
     ledger.close()  # idempotent
 
 
-def test_closing_the_parts_ends_the_session(staging: StagingConfig, influx: InfluxConfig) -> None:
+def test_closing_the_parts_ends_the_session(staging: StagingConfig, influx: TargetConfig) -> None:
     with two_phase(staging, influx) as tp:
         tp.ledger.check_lease(begin_run(tp, SINK, "rA", "q1"))
         pid = fence_pid(tp.ledger)

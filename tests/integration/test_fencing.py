@@ -20,7 +20,7 @@ import pytest
 from devkit.faultproxy import CUT, PASS, FaultProxy, wait_until
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import begin_run, influx_count, influx_query, two_phase
-from twophase.config import BACKGROUND, INLINE, InfluxConfig, StagingConfig
+from twophase.config import BACKGROUND, INLINE, StagingConfig, TargetConfig
 from twophase.errors import FencedError
 from twophase.influx.api import make_writer
 from twophase.model import EpochState
@@ -29,7 +29,7 @@ KEY = f"{M},host=key v=%s 1600000000000000000"  # one point key, written by epoc
 OLD, NEW = 1.5, 2.5
 
 
-def key_value(influx: InfluxConfig) -> Any:
+def key_value(influx: TargetConfig) -> Any:
     """The value InfluxDB holds for the point key (None when it holds none)."""
     series = influx_query(influx, f"SELECT v FROM \"{M}\" WHERE host = 'key'")  # noqa: S608
     values = [row[1] for item in series for row in item.get("values") or []]
@@ -38,12 +38,12 @@ def key_value(influx: InfluxConfig) -> Any:
 
 
 @pytest.fixture
-def proxy(influx: InfluxConfig) -> Iterator[FaultProxy]:
+def proxy(influx: TargetConfig) -> Iterator[FaultProxy]:
     with FaultProxy.for_url(influx.url) as running:
         yield running
 
 
-def zombie_config(influx: InfluxConfig, proxy: FaultProxy, promotion: str) -> InfluxConfig:
+def zombie_config(influx: TargetConfig, proxy: FaultProxy, promotion: str) -> TargetConfig:
     """The zombie's InfluxDB: through the proxy, retrying for long, 20 points a request."""
     return dataclasses.replace(
         influx,
@@ -59,7 +59,7 @@ def zombie_config(influx: InfluxConfig, proxy: FaultProxy, promotion: str) -> In
 @pytest.mark.parametrize("lanes", [1, 4])
 @pytest.mark.parametrize("promotion", [INLINE, BACKGROUND])
 def test_a_zombie_retries_nothing_once_a_newer_run_committed_a_newer_value(
-    staging: StagingConfig, influx: InfluxConfig, proxy: FaultProxy, promotion: str, lanes: int
+    staging: StagingConfig, influx: TargetConfig, proxy: FaultProxy, promotion: str, lanes: int
 ) -> None:
     staging = dataclasses.replace(staging, lanes=lanes)
     epoch0 = [KEY % OLD, *lines(0, 100, host="a"), *lines(0, 100, host="b")]
@@ -116,7 +116,7 @@ class FencesAfter:
 
 @pytest.mark.lanes(1)  # one request at a time: the count after the fencing is exact
 def test_a_fenced_inline_promotion_stops_before_its_next_request(
-    staging: StagingConfig, influx: InfluxConfig
+    staging: StagingConfig, influx: TargetConfig
 ) -> None:
     small = dataclasses.replace(influx, batch_points=10)
     with two_phase(staging, small) as newer:

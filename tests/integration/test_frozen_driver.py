@@ -24,7 +24,7 @@ from tests.integration.crash_helpers import (
     start_driver,
 )
 from tests.support import influx_rows
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 SESSION = ("--session-timeout", "3s")  # staging_session_timeout of every driver here
 # Where the first driver is frozen, and what it holds there:
@@ -44,7 +44,7 @@ def test_a_new_run_finishes_beside_a_frozen_one_which_thawed_lands_nothing(
     killed_at: str | None,
     crash_free: dict[str, Any],
     staging_url: str,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     tmp_path: Path,
 ) -> None:
     log, plan = tmp_path / "spark-commit-log", tmp_path / "plan.json"

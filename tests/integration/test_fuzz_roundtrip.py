@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 
 from tests.fuzz import examples, plain_number, points
 from tests.support import Influx
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import ConfigError, PointError
 from twophase.points.builder import PointBuilder, PointSpec
 
@@ -44,9 +44,9 @@ def same(stored: Any, written: Any) -> bool:
 
 
 @pytest.fixture
-def scratch(influx: InfluxConfig) -> Influx:
+def scratch(influx: TargetConfig) -> Influx:
     """The test's fresh InfluxDB database, through the plain 1.x HTTP API."""
-    return Influx(influx.url, str(influx.database))
+    return Influx(influx.url, str(influx.influxdb.database))
 
 
 @settings(

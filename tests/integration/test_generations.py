@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from tests.support import postgresql_target
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config import NamedTarget, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.errors import TransientWriteError
 from twophase.model import CommitMessage, EpochState
 from twophase.operations import Guard, recover, reset, resync
@@ -46,8 +46,8 @@ class Sink:
     """A sink of two targets, ``influx`` and ``pg``, and the PostgreSQL one's database."""
 
     config: TwoPhaseConfig
-    influx: InfluxConfig
-    pg: InfluxConfig
+    influx: TargetConfig
+    pg: TargetConfig
     pg_admin: str
     case: Case
 
@@ -64,9 +64,9 @@ class Sink:
 
 
 @pytest.fixture
-def sink(base_staging_url: str, staging: StagingConfig, influx: InfluxConfig) -> Iterator[Sink]:
+def sink(base_staging_url: str, staging: StagingConfig, influx: TargetConfig) -> Iterator[Sink]:
     with postgresql_target(base_staging_url, "tp_generation") as (pg, admin):
-        both = (TargetConfig("influx", influx), TargetConfig("pg", pg))
+        both = (NamedTarget("influx", influx), NamedTarget("pg", pg))
         config = TwoPhaseConfig(staging, dataclasses.replace(influx, targets=both))
         yield Sink(config, influx, pg, admin, Case.new())
 

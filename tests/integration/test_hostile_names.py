@@ -13,7 +13,7 @@ from tests.encoders import ENCODERS, encode
 from tests.fuzz import HOSTILE, any_text, examples
 from tests.integration.cli_helpers import make_cli
 from tests.support import Influx, admin_conninfo, begin_run
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import ConfigError
 from twophase.model import EpochState
 from twophase.points.builder import PointBuilder, PointSpec
@@ -48,7 +48,7 @@ def deliver(
 @pytest.mark.parametrize("encoder", ENCODERS)
 @pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
 def test_hostile_names_are_stored_and_shown_as_data(
-    name: str, encoder: str, tp: TwoPhase, staging: StagingConfig, influx: InfluxConfig
+    name: str, encoder: str, tp: TwoPhase, staging: StagingConfig, influx: TargetConfig
 ) -> None:
     url = staging.url.reveal()
     measurement, column = "m" + name, "c" + name
@@ -60,7 +60,7 @@ def test_hostile_names_are_stored_and_shown_as_data(
     deliver(tp, name, measurement, column, encoder=encoder)
     counts = table_counts(url)  # every table still there, one sink
     assert counts["twophase_sinks"] == 1 and counts["twophase_epochs"] == 1
-    stored = Influx(influx.url, str(influx.database)).points()
+    stored = Influx(influx.url, str(influx.influxdb.database)).points()
     assert list(stored) == [measurement]
     assert {tags[column] for _, tags, _ in stored[measurement]} == {"v0'--", "v1'--", "v2'--"}
     cli = make_cli(url, influx)

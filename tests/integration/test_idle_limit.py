@@ -18,7 +18,7 @@ from tests.integration.cli_helpers import make_idle, sql
 from tests.staging import M, lines, stage
 from tests.support import admin_conninfo, begin_run, influx_count, staging_config_for, two_phase
 from twophase import operations as ops
-from twophase.config import InfluxConfig, TwoPhaseConfig
+from twophase.config import TargetConfig, TwoPhaseConfig
 from twophase.errors import StateError
 from twophase.influx.query import query_v1
 from twophase.model import DeadLetter, EpochPlan, Phase
@@ -34,13 +34,13 @@ DELAY_S = 0.5  # each answer held this long by the proxy
 
 
 @pytest.fixture
-def slow(influx: InfluxConfig) -> Iterator[FaultProxy]:
+def slow(influx: TargetConfig) -> Iterator[FaultProxy]:
     with FaultProxy.for_url(influx.url) as proxy:
         yield proxy
 
 
 def test_resend_of_several_epochs_to_a_slow_target_outlasts_the_idle_limit(
-    staging_url: str, influx: InfluxConfig, slow: FaultProxy
+    staging_url: str, influx: TargetConfig, slow: FaultProxy
 ) -> None:
     """Each epoch takes longer to re-send than the idle limit (larger ones through the
     read cursor): every epoch is re-sent, the target holds every point."""
@@ -53,7 +53,7 @@ def test_resend_of_several_epochs_to_a_slow_target_outlasts_the_idle_limit(
         for epoch in range(EPOCHS):
             tp.committer.commit(lease, epoch, stage(tp, SINK, epoch, [lines(epoch, POINTS)]))
     assert influx_count(influx, M) == EPOCHS * POINTS
-    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    query_v1(influx.url, influx.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
     make_idle(staging_url, SINK)
 
     slow.delay_s = DELAY_S

@@ -17,7 +17,7 @@ import pytest
 from devkit.faultproxy import FaultProxy, wait_until
 from tests.staging import epoch_row, stage
 from tests.support import admin_conninfo, begin_run, influx_count, influx_rows, two_phase
-from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
+from twophase.config import BACKGROUND, StagingConfig, TargetConfig
 from twophase.errors import FencedError
 from twophase.protocol.lanes import LaneChooser
 
@@ -35,7 +35,7 @@ def series_lines(epoch: int, task: int, series: int, per: int, value: float) -> 
 
 
 @pytest.fixture
-def proxy(influx: InfluxConfig) -> Iterator[FaultProxy]:
+def proxy(influx: TargetConfig) -> Iterator[FaultProxy]:
     with FaultProxy.for_url(influx.url) as running:
         yield running
 
@@ -57,7 +57,7 @@ def lanes_of(staging: StagingConfig, sink: str) -> dict[str, set[int]]:
 
 
 def test_each_series_keeps_to_one_lane_and_the_lanes_send_at_once(
-    staging: StagingConfig, influx: InfluxConfig, proxy: FaultProxy
+    staging: StagingConfig, influx: TargetConfig, proxy: FaultProxy
 ) -> None:
     four = dataclasses.replace(staging, lanes=4)
     slow = dataclasses.replace(influx, url=proxy.url, batch_points=25)
@@ -78,7 +78,7 @@ def test_each_series_keeps_to_one_lane_and_the_lanes_send_at_once(
 
 @pytest.mark.parametrize("lanes", [1, 4])
 def test_the_same_point_key_from_two_tasks_keeps_its_winner(
-    staging: StagingConfig, influx: InfluxConfig, lanes: int
+    staging: StagingConfig, influx: TargetConfig, lanes: int
 ) -> None:
     """Task 1 writes every key of task 0 again with another value: the later write in the
     epoch's order wins, after the first promotion and after every re-promotion, over 1
@@ -102,7 +102,7 @@ def test_the_same_point_key_from_two_tasks_keeps_its_winner(
     assert {dict(row[2])["task"] for row in winner} == {1}
 
 
-def test_dead_letters_and_bisection_per_lane(staging: StagingConfig, influx: InfluxConfig) -> None:
+def test_dead_letters_and_bisection_per_lane(staging: StagingConfig, influx: TargetConfig) -> None:
     four = dataclasses.replace(staging, lanes=4)
     small = dataclasses.replace(influx, batch_points=8)
     good = series_lines(1, 0, 20, 3, 1.5)
@@ -129,7 +129,7 @@ def test_dead_letters_and_bisection_per_lane(staging: StagingConfig, influx: Inf
 
 @pytest.mark.parametrize("lanes", [1, 4])
 def test_a_fenced_background_promoter_sends_nothing_more(
-    staging: StagingConfig, influx: InfluxConfig, proxy: FaultProxy, lanes: int
+    staging: StagingConfig, influx: TargetConfig, proxy: FaultProxy, lanes: int
 ) -> None:
     """A newer run takes the sink while epoch 0 promotes in the background: the old
     run's promoter stops before its next request (at most one request per lane was

@@ -23,7 +23,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import (
     FencedError,
     InfluxUnavailableError,
@@ -83,7 +83,7 @@ def test_a_held_lock_knows_when_its_session_ended(staging: StagingConfig, stagin
 
 @pytest.mark.lanes(1)  # one request at a time: none under way when the lock goes
 def test_a_recovery_that_lost_its_lock_stops_before_its_next_request(
-    staging: StagingConfig, influx: InfluxConfig, staging_url: str
+    staging: StagingConfig, influx: TargetConfig, staging_url: str
 ) -> None:
     """The recovery lock's session ends between two requests of the epoch it recovers
     (a PostgreSQL restart, a cut connection): another process of the run may now take
@@ -198,7 +198,7 @@ def test_a_live_runs_holder_is_waited_for_never_ended(tp: TwoPhase) -> None:
 
 
 def test_a_waiter_looks_only_at_the_holders_of_its_own_database(
-    tp: TwoPhase, base_staging_url: str, template_db: str, influx: InfluxConfig
+    tp: TwoPhase, base_staging_url: str, template_db: str, influx: TargetConfig
 ) -> None:
     """Two staging stores on one server, a sink of the same name in each: a waiter of
     one ends its own store's fenced holder and never the other store's live holder (of

@@ -13,7 +13,7 @@ import pytest
 from tests.encoders import ENCODERS, encode
 from tests.fuzz import HOSTILE
 from tests.support import Influx, admin_conninfo, begin_run
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.model import EpochState
 from twophase.points.builder import PointBuilder, PointSpec
 from twophase.protocol.runtime import TwoPhase
@@ -50,12 +50,12 @@ def commit(tp: TwoPhase, sink_id: str, items: Any, epoch: int = 0) -> Any:
 
 @pytest.mark.parametrize("encoder", ENCODERS)
 def test_three_measurements_from_one_column_arrive_exactly(
-    encoder: str, tp: TwoPhase, staging_url: str, influx: InfluxConfig
+    encoder: str, tp: TwoPhase, staging_url: str, influx: TargetConfig
 ) -> None:
     outcome = commit(tp, "multi", encode(PointBuilder(SPEC), rows(), encoder))
     assert outcome.state == EpochState.COMMITTED
 
-    stored = Influx(influx.url, str(influx.database)).points()
+    stored = Influx(influx.url, str(influx.influxdb.database)).points()
     assert sorted(stored) == sorted(MEASUREMENTS)
     for index, measurement in enumerate(MEASUREMENTS):
         expected = {(T0 + i, f"h{i}", float(i)) for i in range(index, 30, 3)}
@@ -72,7 +72,7 @@ def test_three_measurements_from_one_column_arrive_exactly(
 
 @pytest.mark.parametrize("encoder", ENCODERS)
 def test_hostile_measurement_values_are_measurements_or_dead_letters(
-    encoder: str, tp: TwoPhase, staging_url: str, influx: InfluxConfig
+    encoder: str, tp: TwoPhase, staging_url: str, influx: TargetConfig
 ) -> None:
     values = [*HOSTILE, "a,b c=d", 'q"uote', "日本"]
     items = list(
@@ -86,6 +86,6 @@ def test_hostile_measurement_values_are_measurements_or_dead_letters(
     # Only a backslash at the end or before a space does not read back unchanged.
     assert set(values) - set(accepted) == {"\\", "\\\\ "}
     assert commit(tp, "hostile", items).state == EpochState.COMMITTED
-    stored = Influx(influx.url, str(influx.database)).points()
+    stored = Influx(influx.url, str(influx.influxdb.database)).points()
     assert sorted(stored) == sorted(accepted)
     assert len(dead_letters(staging_url)) == len(values) - len(accepted)

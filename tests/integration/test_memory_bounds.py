@@ -16,7 +16,7 @@ import pytest
 from tests.staging import stage
 from tests.support import admin_conninfo, begin_run, influx_count, influx_query
 from twophase import operations as ops
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import InflateLimitError
 from twophase.influx.kind import InfluxReadback
 from twophase.influx.writers import V1Writer
@@ -61,14 +61,14 @@ def committed_epoch(tp: TwoPhase) -> None:
     tp.runs.end(SINK, "r1", "stopped")
 
 
-def verifier(tp: TwoPhase, influx: InfluxConfig, pass_points: int) -> Verifier:
+def verifier(tp: TwoPhase, influx: TargetConfig, pass_points: int) -> Verifier:
     return Verifier(
         Views(tp.db), StagedReader(tp.db), InfluxReadback(influx), pass_points=pass_points
     )
 
 
 def test_verify_of_a_large_epoch_holds_one_pass_at_a_time(
-    tp: TwoPhase, influx: InfluxConfig
+    tp: TwoPhase, influx: TargetConfig
 ) -> None:
     """30,000 points verified in 6 passes of 5,000: the same report as one pass, at a
     fraction of its memory."""
@@ -98,7 +98,7 @@ def test_verify_of_a_large_epoch_holds_one_pass_at_a_time(
 
 
 def test_a_decompression_bomb_in_a_staged_chunk_is_refused_without_inflating_it(
-    tp: TwoPhase, influx: InfluxConfig, staging_url: str
+    tp: TwoPhase, influx: TargetConfig, staging_url: str
 ) -> None:
     """A staged chunk replaced by 256 MiB of zeros in a 250 KB gzip member whose trailer
     says 64 bytes: verify stops inflating it at 65 bytes."""
@@ -135,7 +135,7 @@ def letter_lines(name: str = "held") -> list[str]:
     return [f'{name},n={i} v={i}.5,pad="{PAD}" {BASE + i}' for i in range(LETTERS)]
 
 
-def refused_store(tp: TwoPhase, influx: InfluxConfig, sink: str = SINK, name: str = "held") -> None:
+def refused_store(tp: TwoPhase, influx: TargetConfig, sink: str = SINK, name: str = "held") -> None:
     """3,000 points of 4 KB refused by a field type conflict: dead letters of epoch 0."""
     V1Writer(influx).write(f'{name} v="text" {BASE - 1}'.encode())
     lines = letter_lines(name)
@@ -156,7 +156,7 @@ def corrections(staging_url: str, sink: str = SINK) -> list[tuple[int, str, int]
 
 
 def test_requeue_of_many_letters_runs_in_batches_one_correction_each(
-    tp: TwoPhase, influx: InfluxConfig, staging_url: str, monkeypatch: pytest.MonkeyPatch
+    tp: TwoPhase, influx: TargetConfig, staging_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches of at most 500 letters: six corrections, each decided and promoted before
     the next batch is read, holding a sixth of what one correction of every letter
@@ -190,7 +190,7 @@ def test_requeue_of_many_letters_runs_in_batches_one_correction_each(
 
 
 def test_requeue_batches_are_bounded_by_bytes_too(
-    tp: TwoPhase, influx: InfluxConfig, staging_url: str, monkeypatch: pytest.MonkeyPatch
+    tp: TwoPhase, influx: TargetConfig, staging_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     refused_store(tp, influx)
     influx_query(influx, 'DROP MEASUREMENT "held"')
@@ -206,7 +206,7 @@ def test_requeue_batches_are_bounded_by_bytes_too(
 
 
 def test_a_requeue_cut_between_batches_leaves_the_rest_to_the_next(
-    tp: TwoPhase, influx: InfluxConfig, staging_url: str, monkeypatch: pytest.MonkeyPatch
+    tp: TwoPhase, influx: TargetConfig, staging_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The second batch's decision fails: the first correction is delivered, the rest of
     the letters are as they were, and the same command again carries them once."""

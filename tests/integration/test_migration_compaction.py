@@ -17,7 +17,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 FLOOR = "SELECT sink_id, compacted_through FROM twophase_sinks ORDER BY sink_id"
 
@@ -30,7 +30,7 @@ def db_at_0009(base_staging_url: str) -> Iterator[str]:
 
 
 def test_the_floor_is_added_empty_and_dropped_by_the_downgrade(
-    db_at_0009: str, influx: InfluxConfig
+    db_at_0009: str, influx: TargetConfig
 ) -> None:
     sql(db_at_0009, "INSERT INTO twophase_sinks (sink_id, last_decided_epoch) VALUES ('old', 7)")
     up = alembic("upgrade", "head", url=db_at_0009)

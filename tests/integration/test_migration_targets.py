@@ -20,7 +20,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.model import EpochState
 
 
@@ -67,7 +67,7 @@ def _one_server_history(url: str) -> None:
 
 
 def test_a_sink_of_one_server_gets_its_default_target_with_its_history(
-    db_at_0008: str, influx: InfluxConfig
+    db_at_0008: str, influx: TargetConfig
 ) -> None:
     _one_server_history(db_at_0008)
     up = alembic("upgrade", "head", url=db_at_0008)

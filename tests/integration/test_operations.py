@@ -88,8 +88,8 @@ def test_verify_and_resend_after_a_loss(tp: TwoPhase, staging_url: str) -> None:
     ops.recover(tp.config, SINK, Guard(force=True))
     ((default, checked),) = [(r.target, r.report) for r in ops.verify(tp.config, SINK)]
     assert default == "default" and checked.ok
-    influx = tp.config.influx
-    query_v1(influx.url, influx.database, f'DROP MEASUREMENT "{M}"', method="POST")
+    influx = tp.config.target
+    query_v1(influx.url, influx.influxdb.database, f'DROP MEASUREMENT "{M}"', method="POST")
     (lost,) = [r.report for r in ops.verify(tp.config, SINK)]
     assert not lost.ok and sum(d.missing for d in lost.differences) == 40
     make_idle(staging_url)
@@ -158,7 +158,7 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: TwoPhase)
         def close(self) -> None:
             self.inner.close()
 
-    config = replace(tp.config, influx=replace(tp.config.influx, batch_points=7))
+    config = replace(tp.config, target=replace(tp.config.target, batch_points=7))
     with TwoPhase.open(config, writer=Recording(tp.writer)) as parts:
         lease = begin_run(parts, SINK, "r1", "q1")
         # staged in the order 2, 0, 1; partitions 0 and 2 write the same keys
@@ -177,7 +177,7 @@ def test_promote_resend_and_verify_read_an_epoch_in_the_same_order(tp: TwoPhase)
         )
         verified = list(staged_lines(parts.reader, parts.reader.plan(SINK, 0), set()))
     assert sent[0] == sent[1] == verified == for_part[0] + for_part[1] + for_part[2]
-    values = {row[0]: dict(row[2])["v"] for row in influx_rows(tp.config.influx, M)}
+    values = {row[0]: dict(row[2])["v"] for row in influx_rows(tp.config.target, M)}
     base = 1_700_000_000_000_000_000  # lines(0, ...)'s first timestamp
     assert [values[base + i] for i in range(12)] == [i + 0.5 for i in range(12)]
 

@@ -22,7 +22,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig
+from twophase.config import InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.influx.api import make_writer
 from twophase.model import EpochState
@@ -53,9 +53,12 @@ class StopsInfluxAfter:
         self.inner.close()
 
 
-def outage_config(server: InfluxServer, **retry: Any) -> InfluxConfig:
-    return InfluxConfig(
-        url=server.url, api="v1", database=OWN_INFLUX_DB, retry_initial_s=0.1, **retry
+def outage_config(server: InfluxServer, **retry: Any) -> TargetConfig:
+    return TargetConfig(
+        url=server.url,
+        retry_initial_s=0.1,
+        **retry,
+        influxdb=InfluxDBSettings(api="v1", database=OWN_INFLUX_DB),
     )
 
 
@@ -98,7 +101,7 @@ def own_postgres(tmp_path: Path) -> Iterator[PostgresServer]:
 
 
 def test_postgres_restarted_between_epochs(
-    own_postgres: PostgresServer, influx: InfluxConfig
+    own_postgres: PostgresServer, influx: TargetConfig
 ) -> None:
     name = unique("restart")
     own_postgres.create_database(name)

@@ -24,10 +24,11 @@ from tests.support import (
     create_database,
     drop_database,
     influx_rows,
+    target_config,
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, Secret, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config import NamedTarget, Secret, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.config.urls import DbUrl
 from twophase.errors import (
     BadPointsError,
@@ -56,8 +57,8 @@ class Target:
     url: str  # the target's URL as a user writes it: no password
     password: str
 
-    def config(self, **settings: Any) -> InfluxConfig:
-        return InfluxConfig(url=self.url, password=Secret(self.password), timeout_s=5.0, **settings)
+    def config(self, **settings: Any) -> TargetConfig:
+        return target_config(self.url, password=Secret(self.password), timeout_s=5.0, **settings)
 
     def writer(self, **settings: Any) -> PostgresWriter:
         return PostgresWriter(self.config(**settings))
@@ -814,7 +815,7 @@ def test_a_session_ends_a_statement_past_its_limits(target: Target) -> None:
 FAN = "fan-pg"
 
 
-def _fan(influx: InfluxConfig, target: Target) -> InfluxConfig:
+def _fan(influx: TargetConfig, target: Target) -> TargetConfig:
     """A sink delivering to InfluxDB (``influx``) and to the PostgreSQL target (``pg``),
     either enough (min_targets 1), a commit's round of a second."""
     pg = target.config(
@@ -826,7 +827,7 @@ def _fan(influx: InfluxConfig, target: Target) -> InfluxConfig:
     )
     return dataclasses.replace(
         influx,
-        targets=(TargetConfig("influx", influx), TargetConfig("pg", pg)),
+        targets=(NamedTarget("influx", influx), NamedTarget("pg", pg)),
         min_targets=1,
         target_deadline_s=1.0,
     )
@@ -838,7 +839,7 @@ BASE = 1_700_000_000_000_000_000  # epoch 0's first point, as lines(0, n) stamps
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("lock", ["table", "row"])
 def test_a_readers_lock_leaves_the_postgresql_target_lagging_not_the_sink_stopped(
-    lock: str, target: Target, staging: StagingConfig, influx: InfluxConfig, staging_url: str
+    lock: str, target: Target, staging: StagingConfig, influx: TargetConfig, staging_url: str
 ) -> None:
     """An open transaction on the target holds, for ``table``, ACCESS SHARE on the
     measurement's table while epoch 1 brings a new field (its column to add); for

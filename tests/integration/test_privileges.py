@@ -30,7 +30,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig, TwoPhaseConfig
+from twophase.config import StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.errors import FrozenHolderError
 from twophase.model import CommitMessage, EpochState
 from twophase.operations import start_exporter
@@ -61,7 +61,7 @@ class Roles:
     def staging(self, kind: str, **overrides: Any) -> StagingConfig:
         return staging_config_for(self.urls[kind], **overrides)
 
-    def cli(self, kind: str, influx: InfluxConfig) -> Cli:
+    def cli(self, kind: str, influx: TargetConfig) -> Cli:
         return Cli(self.urls[kind], influx)
 
 
@@ -128,7 +128,7 @@ def _drop(owner: str, roles: list[str], drop_database: Callable[[], None]) -> No
                 conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def _grant(roles: Roles, influx: InfluxConfig) -> Result:
+def _grant(roles: Roles, influx: TargetConfig) -> Result:
     flags = [arg for kind, name in roles.names.items() for arg in (f"--{kind}", name)]
     return Cli(roles.owner_url, influx)("db", "grants", *flags, "--apply")
 
@@ -157,7 +157,7 @@ def _refused(url: str, statement: str) -> str:
 
 
 def test_the_job_and_the_exporter_run_under_roles_of_least_privilege(
-    roles: Roles, influx: InfluxConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    roles: Roles, influx: TargetConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="twophase")
     granted = _grant(roles, influx)
@@ -175,7 +175,7 @@ def test_the_job_and_the_exporter_run_under_roles_of_least_privilege(
     assert [r.getMessage() for r in caplog.records if "permission denied" in r.getMessage()] == []
 
 
-def _executors_and_driver(roles: Roles, influx: InfluxConfig) -> None:
+def _executors_and_driver(roles: Roles, influx: TargetConfig) -> None:
     """The executors stage, the driver claims, decides, promotes, marks, discards a
     replay's writes, collects orphans and ends its run."""
     with Database(roles.staging("executor")) as executors:
@@ -203,7 +203,7 @@ def _executors_and_driver(roles: Roles, influx: InfluxConfig) -> None:
     assert left == (0,)  # the replay's writes discarded, the orphan collected
 
 
-def _operator(roles: Roles, influx: InfluxConfig) -> None:
+def _operator(roles: Roles, influx: TargetConfig) -> None:
     """The operator's commands that change the store: recover the epoch the driver left
     decided, resend one, requeue the refused point (refused again: a dead letter once
     more)."""
@@ -218,7 +218,7 @@ def _operator(roles: Roles, influx: InfluxConfig) -> None:
     assert (requeued.json()["correction"], requeued.json()["requeued"]) == (1, 1)
 
 
-def _reader(roles: Roles, influx: InfluxConfig, tmp_path: Path) -> None:
+def _reader(roles: Roles, influx: TargetConfig, tmp_path: Path) -> None:
     """The exporter, verify and every command that only reads."""
     exporter = start_exporter(roles.staging("reader"), port=0, host="127.0.0.1")
     try:
@@ -246,7 +246,7 @@ def _reader(roles: Roles, influx: InfluxConfig, tmp_path: Path) -> None:
         assert done.code == 0, (command, done.err)
 
 
-def _refusals(roles: Roles, influx: InfluxConfig) -> None:
+def _refusals(roles: Roles, influx: TargetConfig) -> None:
     """Each role is refused what is not its kind's."""
     assert "twophase_epochs" in _refused(
         roles.urls["reader"], "UPDATE twophase_epochs SET state = 'ABORTED'"
@@ -269,7 +269,7 @@ def _refusals(roles: Roles, influx: InfluxConfig) -> None:
     assert regrant.code == 1 and "that owns the staging schema" in regrant.err  # nor grant
 
 
-def _collect_and_reset(roles: Roles, influx: InfluxConfig) -> None:
+def _collect_and_reset(roles: Roles, influx: TargetConfig) -> None:
     """The driver's GC purges what retention no longer keeps and compacts the history;
     the operator resets the sink, and its `gc` removes the writes that made orphans,
     and a failed task's."""
@@ -289,7 +289,7 @@ def _collect_and_reset(roles: Roles, influx: InfluxConfig) -> None:
 
 
 def test_the_operator_ends_a_frozen_drivers_session_as_a_member_of_its_role(
-    roles: Roles, influx: InfluxConfig
+    roles: Roles, influx: TargetConfig
 ) -> None:
     """PostgreSQL lets a role end only its own sessions (or a member of that role): a
     frozen driver's lock session is ended by the operator's recover once the operator
@@ -318,7 +318,7 @@ DEADLINE_S = 2.0  # the operator's staging_retry_deadline in the frozen-holder t
 
 
 def test_an_operator_that_may_not_end_a_frozen_drivers_session_says_how_and_gives_up(
-    roles: Roles, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+    roles: Roles, influx: TargetConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without the driver's role (nor pg_signal_backend), the operator's recover finds
     the frozen driver's recovery lock session and may not end it: it says so once, with
@@ -340,7 +340,7 @@ def test_an_operator_that_may_not_end_a_frozen_drivers_session_says_how_and_give
 
 
 def test_an_operator_resync_gives_up_on_a_frozen_drivers_target_lock(
-    roles: Roles, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+    roles: Roles, influx: TargetConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The same with a target's lock: a resync of the target the frozen driver was
     catching up fails after staging_retry_deadline, naming the grants."""
@@ -369,7 +369,7 @@ FORCE = Guard(force=True)
 
 def _frozen_out(
     roles: Roles,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     caplog: pytest.LogCaptureFixture,
     command: Callable[[TwoPhaseConfig], object],
 ) -> FrozenHolderError:

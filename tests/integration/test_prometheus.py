@@ -28,7 +28,7 @@ from devkit import InfluxServer, PrometheusServer, ServiceError
 from devkit.ports import free_port
 from tests.staging import lines, stage
 from tests.support import OWN_INFLUX_DB, begin_run, two_phase
-from twophase.config import ExporterConfig, InfluxConfig, StagingConfig
+from twophase.config import ExporterConfig, InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.errors import InfluxUnavailableError
 from twophase.operations import exporter
 from twophase.protocol.runtime import TwoPhase
@@ -160,13 +160,12 @@ def prometheus(tmp_path: Path, metrics_port: int) -> Iterator[PrometheusServer]:
 def test_prometheus_sees_an_influx_outage_and_its_recovery(
     staging: StagingConfig, own_influx: InfluxServer, prometheus: PrometheusServer
 ) -> None:
-    influx = InfluxConfig(
+    influx = TargetConfig(
         url=own_influx.url,
-        api="v1",
-        database=OWN_INFLUX_DB,
         retry_deadline_s=2,
         retry_initial_s=0.05,
         retry_max_s=0.5,
+        influxdb=InfluxDBSettings(api="v1", database=OWN_INFLUX_DB),
     )
     outage: tuple[float, float] | None = None
     with two_phase(staging, influx) as tp:

@@ -20,7 +20,7 @@ def test_stage_decide_promote_commit(tp: TwoPhase, staging_url: str) -> None:
     lease = begin_run(tp, "s", "r1", "q1")
     messages = stage(tp, "s", 0, [lines(0, 30)[:10], lines(0, 30)[10:]])
     assert [m.points for m in messages] == [10, 20]
-    assert influx_count(tp.config.influx, M) == 0  # phase 1 sends nothing
+    assert influx_count(tp.config.target, M) == 0  # phase 1 sends nothing
 
     decision = tp.ledger.decide(lease, 0, messages)
     assert (decision.state, decision.replay, decision.points_staged) == (
@@ -28,11 +28,11 @@ def test_stage_decide_promote_commit(tp: TwoPhase, staging_url: str) -> None:
         False,
         30,
     )
-    assert influx_count(tp.config.influx, M) == 0  # nor does the vote
+    assert influx_count(tp.config.target, M) == 0  # nor does the vote
 
     result = tp.promoter.promote(lease, 0)
     assert (result.delivered, result.rejected) == (30, 0)
-    assert influx_count(tp.config.influx, M) == 30
+    assert influx_count(tp.config.target, M) == 30
     row = epoch_row(staging_url, "s", 0)
     assert row | {"attempts": 1} == {
         "state": EpochState.COMMITTED,
@@ -82,20 +82,20 @@ def test_discard_removes_only_unchosen_writes(tp: TwoPhase, staging_url: str) ->
     assert scalar(staging_url, STAGED_POINTS) == 4
     assert tp.gc.discard([m.write_id for m in failed_attempt]) == 0  # idempotent
     tp.promoter.promote(lease, 0)
-    assert influx_count(tp.config.influx, M) == 4
+    assert influx_count(tp.config.target, M) == 4
 
 
 def test_replay_of_committed_epoch_is_skipped_and_counted(tp: TwoPhase, staging_url: str) -> None:
     """I4: a re-run with different content changes nothing in InfluxDB."""
     lease = begin_run(tp, "s", "r1", "q1")
     tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 10)]))
-    before = influx_rows(tp.config.influx, M)
+    before = influx_rows(tp.config.target, M)
 
     lease2 = begin_run(tp, "s", "r2", "q1")  # restart from the same checkpoint
     replay = stage(tp, "s", 0, [lines(0, 12, value_offset=100)], run="r2")
     outcome = tp.committer.commit(lease2, 0, replay)
     assert (outcome.state, outcome.replay, outcome.promoted) == (EpochState.COMMITTED, True, None)
-    assert influx_rows(tp.config.influx, M) == before
+    assert influx_rows(tp.config.target, M) == before
     assert epoch_row(staging_url, "s", 0)["replays"] == 1
     assert scalar(staging_url, "SELECT replays_detected FROM twophase_sinks") == 1
     replay_ids = [uuid.UUID(m.write_id) for m in replay]
@@ -117,7 +117,7 @@ def test_replay_of_precommitted_epoch_completes_from_original_writes(tp: TwoPhas
     outcome = tp.committer.commit(lease2, 0, stage(tp, "s", 0, [lines(0, 3, 7.5)], run="r2"))
     assert outcome.recovered == (0,)
     assert outcome.replay and outcome.state == EpochState.COMMITTED
-    got = influx_rows(tp.config.influx, M)
+    got = influx_rows(tp.config.target, M)
     assert len(got) == 10
     assert sorted(dict(r[2])["v"] for r in got) == [float(i) for i in range(10)]
 
@@ -153,11 +153,11 @@ def test_newer_run_fences_older_run(tp: TwoPhase, staging_url: str) -> None:
         tp.ledger.mark_committed(zombie, 0, 3, 0)
     with pytest.raises(FencedError):
         tp.promoter.promote(zombie, 0)
-    assert influx_count(tp.config.influx, M) == 0
+    assert influx_count(tp.config.target, M) == 0
     assert scalar(staging_url, "SELECT count(*) FROM twophase_epochs WHERE epoch = 1") == 0
     assert epoch_row(staging_url, "s", 0)["state"] == EpochState.PRECOMMITTED
     tp.committer.recover(fresh)
-    assert influx_count(tp.config.influx, M) == 3
+    assert influx_count(tp.config.target, M) == 3
 
 
 def test_reset_checkpoint_is_refused_then_allowed_after_reset(tp: TwoPhase) -> None:
@@ -203,7 +203,7 @@ def test_operator_abort(tp: TwoPhase, staging_url: str) -> None:
     # a replay of the aborted epoch is detected and not sent
     outcome = tp.committer.commit(lease, 0, stage(tp, "s", 0, [lines(0, 3)]))
     assert (outcome.state, outcome.replay) == (EpochState.ABORTED, True)
-    assert influx_count(tp.config.influx, M) == 0
+    assert influx_count(tp.config.target, M) == 0
 
 
 def test_committed_epoch_cannot_be_aborted_and_mark_is_idempotent(tp: TwoPhase) -> None:
@@ -308,12 +308,12 @@ def test_promotion_is_repeatable(tp: TwoPhase) -> None:
     plan = tp.ledger.plan_promotion(lease, 0)  # a promotion that "crashed" after planning
     assert len(plan.writes) == 1
     tp.promoter.promote(lease, 0)
-    first = influx_rows(tp.config.influx, M)
+    first = influx_rows(tp.config.target, M)
     tp.ledger.record_error("s", 0, "simulated")
     with psycopg.connect(admin_conninfo(tp.config.staging.psycopg_conninfo())) as conn:
         conn.execute("UPDATE twophase_epochs SET state = 'PRECOMMITTED'")
     tp.promoter.promote(lease, 0)
-    assert influx_rows(tp.config.influx, M) == first
+    assert influx_rows(tp.config.target, M) == first
 
 
 def test_fenced_run_cannot_claim_the_sink_back(tp: TwoPhase) -> None:
@@ -342,7 +342,7 @@ def test_partition_writes_take_one_write_per_partition_of_the_run(tp: TwoPhase) 
     assert tp.reader.partition_writes("s", 4, "r2", "q1") == []
     lease = begin_run(tp, "s", "r1", "q1")
     assert tp.committer.commit(lease, 4, chosen).promoted.delivered == 5
-    assert influx_count(tp.config.influx, M) == 5
+    assert influx_count(tp.config.target, M) == 5
 
 
 def test_writes_staged_into_another_store_are_named_as_such(tp: TwoPhase) -> None:

@@ -17,7 +17,7 @@ import urllib3
 
 from devkit.faultproxy import BURST_BYTES, FaultProxy
 from tests.support import influx_count
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 
 RATE_BPS = 20_000_000
 TOTAL_BYTES = 2_500_000
@@ -26,7 +26,7 @@ SLACK = 0.9  # of the time the link takes at least: room for a timer's rounding
 
 
 @pytest.fixture
-def proxy(influx: InfluxConfig) -> Iterator[FaultProxy]:
+def proxy(influx: TargetConfig) -> Iterator[FaultProxy]:
     with FaultProxy.for_url(influx.url) as made:
         yield made
 
@@ -49,10 +49,10 @@ def post(pool: urllib3.PoolManager, url: str, body: bytes, gzipped: bool = False
 
 
 def send_all(
-    proxy: FaultProxy, influx: InfluxConfig, parts: list[bytes], connections: int
+    proxy: FaultProxy, influx: TargetConfig, parts: list[bytes], connections: int
 ) -> float:
     """Seconds to POST ``parts``, spread over ``connections`` connections writing at once."""
-    url = f"{proxy.url}/write?{urlencode({'db': influx.database, 'precision': 'ns'})}"
+    url = f"{proxy.url}/write?{urlencode({'db': influx.influxdb.database, 'precision': 'ns'})}"
     pools = [urllib3.PoolManager(maxsize=1, retries=False) for _ in range(connections)]
     shares = [parts[i::connections] for i in range(connections)]
 
@@ -73,7 +73,7 @@ def send_all(
     ids=["one connection", "a link shared by connections", "with a delay"],
 )
 def test_a_write_takes_at_least_its_time_on_the_link(
-    proxy: FaultProxy, influx: InfluxConfig, connections: int, delay_s: float
+    proxy: FaultProxy, influx: TargetConfig, connections: int, delay_s: float
 ) -> None:
     proxy.bandwidth_bps = RATE_BPS
     proxy.delay_s = delay_s
@@ -96,11 +96,11 @@ def test_an_unlimited_link_is_the_default(proxy: FaultProxy) -> None:
 
 
 def test_a_gzip_body_of_several_members_is_counted_and_stored(
-    proxy: FaultProxy, influx: InfluxConfig
+    proxy: FaultProxy, influx: TargetConfig
 ) -> None:
     parts = bodies(3, 10_000)
     body = b"".join(gzip.compress(part + b"\n") for part in parts)
-    url = f"{proxy.url}/write?{urlencode({'db': influx.database, 'precision': 'ns'})}"
+    url = f"{proxy.url}/write?{urlencode({'db': influx.influxdb.database, 'precision': 'ns'})}"
     pool = urllib3.PoolManager(maxsize=1, retries=False)
     assert post(pool, url, body, gzipped=True) == 204
     assert (proxy.write_requests, proxy.lines) == (1, 300)

@@ -28,12 +28,12 @@ from tests.integration.requeue_helpers import (
 )
 from tests.staging import stage
 from tests.support import begin_run
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.protocol.runtime import TwoPhase
 
 
 @pytest.fixture
-def cli(staging_url: str, influx: InfluxConfig) -> Cli:
+def cli(staging_url: str, influx: TargetConfig) -> Cli:
     return make_cli(staging_url, influx)
 
 
@@ -47,7 +47,7 @@ def letters(staging_url: str) -> list[tuple[Any, ...]]:
 
 
 def test_rejected_again_stay_dead_letters_once(
-    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: TargetConfig
 ) -> None:
     rejected = rejected_store(tp, influx)
     dry = cli("dead-letters", "--sink", SINK, "--requeue", "--dry-run", "--json")
@@ -83,7 +83,7 @@ def test_rejected_again_stay_dead_letters_once(
 
 
 def test_an_aborted_correction_gives_its_dead_letters_back(
-    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: TargetConfig
 ) -> None:
     rejected = rejected_store(tp, influx)
     drop_conflicting(influx)
@@ -107,7 +107,7 @@ def test_an_aborted_correction_gives_its_dead_letters_back(
 
 
 def test_stage_time_dead_letters_are_not_requeued(
-    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: TargetConfig
 ) -> None:
     from twophase.points.builder import Rejected
 
@@ -122,7 +122,7 @@ def test_stage_time_dead_letters_are_not_requeued(
 
 
 def test_requeue_refuses_a_live_run_and_bad_flags(
-    tp: TwoPhase, cli: Cli, influx: InfluxConfig
+    tp: TwoPhase, cli: Cli, influx: TargetConfig
 ) -> None:
     rejected_store(tp, influx)
     begin_run(tp, SINK, "r2", "q1")  # a new run of the query, live
@@ -149,7 +149,7 @@ UNDECIDED = ("after_stage", "in_requeue")  # the letters are still the sink's to
 
 @pytest.mark.parametrize("crash_at", CRASH_STEPS)
 def test_sigkill_at_each_step_of_a_requeue_then_recover(
-    tp: TwoPhase, cli: Cli, staging_url: str, influx: InfluxConfig, crash_at: str
+    tp: TwoPhase, cli: Cli, staging_url: str, influx: TargetConfig, crash_at: str
 ) -> None:
     rejected = rejected_store(tp, influx)
     drop_conflicting(influx)

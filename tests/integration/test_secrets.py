@@ -245,7 +245,7 @@ def commits(servers: Servers, seen: Seen) -> None:
 
 
 def epoch(config: TwoPhaseConfig, number: int, seen: Seen, sink: str = SINK) -> Any:
-    with two_phase(config.staging, config.influx, serve_metrics=True) as tp:
+    with two_phase(config.staging, config.target, serve_metrics=True) as tp:
         lease = begin_run(tp, sink, f"run-{number}", "query")
         staged = lines(number, 20)
         message = tp.stager.stage(sink, number, staged, run_id=lease.run_id, query_id="query")

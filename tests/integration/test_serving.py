@@ -21,7 +21,7 @@ from devkit.ports import free_port
 from scripts.tlskit import Kit, make_kit
 from tests.integration.cli_helpers import SCRIPT
 from tests.support import REPO, two_phase
-from twophase.config import ExporterConfig, InfluxConfig, StagingConfig, load_exporter_config
+from twophase.config import ExporterConfig, StagingConfig, TargetConfig, load_exporter_config
 from twophase.errors import ConfigError
 from twophase.operations import start_exporter
 from twophase.operations.exporter import Exporter
@@ -131,7 +131,7 @@ def test_an_endpoint_that_cannot_work_is_a_config_error_naming_its_setting(
 
 
 def test_the_driver_serves_its_metrics_over_mutual_tls(
-    staging: StagingConfig, influx: InfluxConfig, kit: Kit
+    staging: StagingConfig, influx: TargetConfig, kit: Kit
 ) -> None:
     port = free_port()
     metered = dataclasses.replace(

@@ -23,7 +23,7 @@ from tests.integration.fanout_helpers import (
 )
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import influx_count, two_phase
-from twophase.config import StagingConfig, TargetConfig
+from twophase.config import NamedTarget, StagingConfig
 from twophase.errors import PermanentError
 from twophase.model import EpochState, Lease, StagedChunk
 from twophase.protocol.reader import StagedReader
@@ -40,7 +40,7 @@ def pair(influx_url: str) -> Iterator[Pair]:
         small = {
             n: dataclasses.replace(c, batch_points=BATCH) for n, c in (("a", pair.a), ("b", pair.b))
         }
-        targets = tuple(TargetConfig(name, config) for name, config in small.items())
+        targets = tuple(NamedTarget(name, config) for name, config in small.items())
         yield dataclasses.replace(pair, config=dataclasses.replace(pair.config, targets=targets))
 
 

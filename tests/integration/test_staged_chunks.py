@@ -22,7 +22,7 @@ from tests.support import (
     two_phase,
     unique,
 )
-from twophase.config import GZIP, UNCOMPRESSED, InfluxConfig, StagingConfig
+from twophase.config import GZIP, UNCOMPRESSED, StagingConfig, TargetConfig
 from twophase.model import EpochPlan, LineChecksum, StagedChunk, WriteRef
 from twophase.points.builder import Rejected
 from twophase.protocol.reader import StagedReader
@@ -62,7 +62,7 @@ def test_a_large_write_is_staged_in_chunks_and_promoted_whole(
     assert write_lines(tp.reader, message.write_id) == list(enumerate(points))
     tp.committer.commit(lease, 0, [message])
     assert epoch_row(staging_url, "s", 0)["delivered"] == 12_001
-    assert len(influx_rows(tp.config.influx, M)) == 12_001
+    assert len(influx_rows(tp.config.target, M)) == 12_001
 
 
 def stored_digest(url: str) -> str:
@@ -128,7 +128,7 @@ def test_point_rejected_inside_a_coalesced_request_is_addressed_by_seq(
         ).fetchall()
     assert [row[:4] for row in letters] == [(messages[1].write_id, 3, "promote", conflicting[3])]
     assert "field type conflict" in letters[0][4]
-    assert len(influx_rows(tp.config.influx, M)) == 5 + 14
+    assert len(influx_rows(tp.config.target, M)) == 5 + 14
 
 
 # --- migration 0002 ------------------------------------------------------------------
@@ -197,7 +197,7 @@ def _lines_at_0001(url: str) -> list[tuple[int, str]]:
 
 
 def test_migration_moves_staged_lines_into_chunks_and_back(
-    db_at_0001: str, influx: InfluxConfig
+    db_at_0001: str, influx: TargetConfig
 ) -> None:
     """An epoch decided before the upgrade is promoted after it, byte for byte (its
     checksums still hold); the downgrade gives back the same lines."""
@@ -260,7 +260,7 @@ def test_an_epoch_of_many_writes_is_read_in_plan_order_through_one_cursor(
     ]
     assert got == expected
     assert tp.promoter.promote(lease, 0).delivered == sum(map(len, parts))
-    assert len(influx_rows(tp.config.influx, M)) == sum(map(len, parts))
+    assert len(influx_rows(tp.config.target, M)) == sum(map(len, parts))
 
 
 def test_migration_keeps_the_bounds_of_lines_holding_newlines(db_at_0001: str) -> None:
@@ -339,7 +339,7 @@ def _chunk_texts(url: str) -> list[tuple[str | None, bool]]:
 
 
 def test_migration_0008_keeps_text_chunks_and_its_downgrade_decompresses(
-    db_at_0007: str, influx: InfluxConfig
+    db_at_0007: str, influx: TargetConfig
 ) -> None:
     """Chunks staged as text before the upgrade stay as they are and are promoted after
     it (their checksums over the lines still hold); a compressed epoch staged after it

@@ -32,7 +32,7 @@ from tests.integration.requeue_helpers import SINK as RQ_SINK
 from tests.staging import M, epoch_row, in_thread, lines, scalar, stage, terminate_others, wait_for
 from tests.support import admin_conninfo, alembic, begin_run, influx_count, two_phase, unique
 from twophase import faults
-from twophase.config import InfluxConfig, StagingConfig, load_staging_config
+from twophase.config import StagingConfig, TargetConfig, load_staging_config
 from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
 from twophase.model import CommitMessage, EpochState, Lease
 from twophase.points.builder import Rejected
@@ -98,7 +98,7 @@ def replays(url: str, sink_id: str) -> int:
 def test_a_restart_while_the_driver_decides_is_ridden_out(
     server: PostgresServer,
     staging: StagingConfig,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     mode: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -123,7 +123,7 @@ def test_a_restart_while_the_driver_decides_is_ridden_out(
 
 
 def test_a_terminated_connection_while_deciding_is_ridden_out(
-    staging: StagingConfig, influx: InfluxConfig
+    staging: StagingConfig, influx: TargetConfig
 ) -> None:
     url = staging.url.reveal()
     with two_phase(staging, influx) as tp:
@@ -161,7 +161,7 @@ class AckLost(Database):
 
 
 def test_a_decide_whose_commit_landed_is_read_back_not_counted_as_a_replay(
-    staging: StagingConfig, influx: InfluxConfig
+    staging: StagingConfig, influx: TargetConfig
 ) -> None:
     url = staging.url.reveal()
     db = AckLost(staging)
@@ -204,7 +204,7 @@ def events(url: str, sink_id: str, name: str, *, epoch: int | None = None, run: 
 
 
 def test_a_mark_whose_commit_landed_is_repeated_not_counted_twice(
-    staging: StagingConfig, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+    staging: StagingConfig, influx: TargetConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The mark's COMMIT lands, its answer is lost: the repeat finds the epoch COMMITTED
     and returns; the epoch is committed, and counted, once."""
@@ -237,7 +237,7 @@ def test_a_mark_whose_commit_landed_is_repeated_not_counted_twice(
 
 
 def test_a_claim_whose_commit_landed_returns_the_lease_it_committed(
-    staging: StagingConfig, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+    staging: StagingConfig, influx: TargetConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The claim's COMMIT lands, its answer is lost: the repeat finds the run owning the
     sink and returns its lease, with the token committed (grown once, not twice); the
@@ -281,7 +281,7 @@ class LoseTheDecisionsAnswer(Stager):
 
 
 def test_a_requeue_whose_decision_landed_is_read_back_not_refused(
-    staging: StagingConfig, influx: InfluxConfig, caplog: pytest.LogCaptureFixture
+    staging: StagingConfig, influx: TargetConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The COMMIT of the requeue's decision lands, its answer is lost: the repeat finds
     the correction recorded with the write it staged and returns it (not "another
@@ -328,7 +328,7 @@ def test_a_requeue_whose_decision_landed_is_read_back_not_refused(
 
 
 def test_staging_waits_for_a_store_that_is_down_before_it_reads_its_input(
-    server: PostgresServer, staging: StagingConfig, influx: InfluxConfig
+    server: PostgresServer, staging: StagingConfig, influx: TargetConfig
 ) -> None:
     with two_phase(staging, influx) as tp:
         lease = begin_run(tp, SINK, "r1", "q1")
@@ -416,7 +416,7 @@ def read_once(items: list[str | Rejected], box: dict[str, int]) -> Iterator[str 
         yield item
 
 
-def reference(staging: StagingConfig, influx: InfluxConfig, items: list[str | Rejected]) -> Any:
+def reference(staging: StagingConfig, influx: TargetConfig, items: list[str | Rejected]) -> Any:
     """The message of ``items`` staged without a fault (another sink: the checksum to expect)."""
     with two_phase(staging, influx) as tp:
         return Stager(tp.db, staging).stage("reference", 0, list(items))
@@ -452,7 +452,7 @@ def restart(server: PostgresServer) -> None:
 def test_a_copy_cut_mid_way_is_repeated_under_the_same_write_id(
     server: PostgresServer,
     staging: StagingConfig,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -487,7 +487,7 @@ def test_a_copy_cut_mid_way_is_repeated_under_the_same_write_id(
 
 def test_a_generator_past_the_memory_bound_is_repeated_from_the_spools_file(
     staging: StagingConfig,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -518,7 +518,7 @@ def test_a_generator_past_the_memory_bound_is_repeated_from_the_spools_file(
 
 def test_a_list_is_repeated_without_a_spool(
     staging: StagingConfig,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -547,7 +547,7 @@ def test_a_list_is_repeated_without_a_spool(
 @pytest.mark.parametrize("input_kind", ["generator", "list"])
 def test_a_staging_whose_commit_landed_is_read_back_not_staged_twice(
     staging: StagingConfig,
-    influx: InfluxConfig,
+    influx: TargetConfig,
     monkeypatch: pytest.MonkeyPatch,
     input_kind: str,
 ) -> None:
@@ -578,7 +578,7 @@ def test_a_staging_whose_commit_landed_is_read_back_not_staged_twice(
 
 
 def test_a_write_id_found_staged_at_insert_is_read_back(
-    staging: StagingConfig, influx: InfluxConfig, monkeypatch: pytest.MonkeyPatch
+    staging: StagingConfig, influx: TargetConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An attempt whose write id is already staged (the cut attempt's COMMIT landed after
     the read-back looked) meets the primary key and returns the staged write's message."""
@@ -595,7 +595,7 @@ def test_a_write_id_found_staged_at_insert_is_read_back(
 
 
 def test_past_the_deadline_a_step_fails_retryable_and_a_restart_recovers(
-    server: PostgresServer, staging: StagingConfig, influx: InfluxConfig, tmp_path: Path
+    server: PostgresServer, staging: StagingConfig, influx: TargetConfig, tmp_path: Path
 ) -> None:
     short = load_staging_config(
         env={}, staging_url=staging.url.reveal(), **{**SETTINGS, "staging_retry_deadline": "3s"}

@@ -53,7 +53,13 @@ from tests.support import (
     staging_config_for,
     unique,
 )
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config import (
+    InfluxDBSettings,
+    NamedTarget,
+    StagingConfig,
+    TargetConfig,
+    TwoPhaseConfig,
+)
 from twophase.errors import FencedError, TwoPhaseError
 from twophase.faults import CRASH_POINTS
 from twophase.operations import Guard, recover, requeue, resend, reset, resync
@@ -221,22 +227,21 @@ def lines_of(measurement: str, points: dict[str, float | str]) -> list[str]:
 class Servers:
     staging: StagingConfig
     staging_url: str
-    influx: InfluxConfig
-    pg: InfluxConfig
+    influx: TargetConfig
+    pg: TargetConfig
 
 
 @pytest.fixture
 def servers(staging_url: str, influx_url: str, base_staging_url: str) -> Iterator[Servers]:
     name = unique("st")
     create_influx_database(influx_url, name)
-    influx = InfluxConfig(
+    influx = TargetConfig(
         url=influx_url,
-        api="v1",
-        database=name,
         retry_deadline_s=10,
         retry_initial_s=0.05,
         retry_max_s=0.5,
         batch_points=2,
+        influxdb=InfluxDBSettings(api="v1", database=name),
     )
     staging = staging_config_for(
         staging_url,
@@ -256,9 +261,9 @@ def servers(staging_url: str, influx_url: str, base_staging_url: str) -> Iterato
             drop_influx_database(influx_url, name)
 
 
-def memory_target(store: str, transactional: bool) -> InfluxConfig:
+def memory_target(store: str, transactional: bool) -> TargetConfig:
     scheme = "memtx" if transactional else "memow"
-    return InfluxConfig(
+    return TargetConfig(
         url=f"{scheme}://{store}",
         batch_points=2,
         retry_deadline_s=0.3,
@@ -301,7 +306,7 @@ class SinkMachine(RuleBasedStateMachine):
         self.sink, self.measurement = f"st-{tag}", f"st_{tag}"
         self.model = SinkModel()
         # configured targets: name -> settings; memory ones -> their store's name
-        self.configured: dict[str, InfluxConfig] = {}
+        self.configured: dict[str, TargetConfig] = {}
         self.stores: dict[str, str] = {}
         for name in MEMORY:
             self.stores[name] = f"{name}-{tag}"
@@ -338,7 +343,7 @@ class SinkMachine(RuleBasedStateMachine):
     # --- the query's process ---------------------------------------------------------
 
     def config(self) -> TwoPhaseConfig:
-        targets = tuple(TargetConfig(n, c) for n, c in self.configured.items())
+        targets = tuple(NamedTarget(n, c) for n, c in self.configured.items())
         first = next(iter(self.configured.values()))
         influx = dataclasses.replace(
             first,

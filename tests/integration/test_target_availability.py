@@ -36,7 +36,7 @@ from tests.support import (
     two_phase,
 )
 from twophase import operations as ops
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config import NamedTarget, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.errors import (
     FencedError,
     InfluxUnavailableError,
@@ -63,7 +63,7 @@ def epoch_state(url: str, epoch: int) -> str:
     return sql(url, "SELECT state FROM twophase_epochs WHERE epoch = %s", epoch)[0][0]
 
 
-def full(staging: StagingConfig, influx: InfluxConfig) -> TwoPhaseConfig:
+def full(staging: StagingConfig, influx: TargetConfig) -> TwoPhaseConfig:
     return TwoPhaseConfig(staging, influx)
 
 
@@ -279,16 +279,16 @@ def test_each_target_url_is_stored_without_credentials_and_a_change_reported(
     staging: StagingConfig, two: Targets, staging_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = dataclasses.replace(
-        two.config.targets[1].influx,
+        two.config.targets[1].config,
         url=two.proxies["b"].url.replace("http://", "http://user:s3cret@"),
     )
-    targets = (two.config.targets[0], TargetConfig("b", secret))
+    targets = (two.config.targets[0], NamedTarget("b", secret))
     with two_phase(staging, dataclasses.replace(two.config, targets=targets)) as tp:
         tp.committer.claim(SINK, "r1", "q1")
     stored = dict(sql(staging_url, "SELECT target, url FROM twophase_targets"))
     assert stored["b"] == two.proxies["b"].url  # http://127.0.0.1:PORT, nothing more
-    moved = dataclasses.replace(two.config.targets[1].influx, url=two.proxies["a"].url)
-    targets = (two.config.targets[0], TargetConfig("b", moved))
+    moved = dataclasses.replace(two.config.targets[1].config, url=two.proxies["a"].url)
+    targets = (two.config.targets[0], NamedTarget("b", moved))
     with (
         caplog.at_level(logging.WARNING),
         two_phase(staging, dataclasses.replace(two.config, targets=targets)) as tp,
@@ -312,7 +312,7 @@ def test_operator_commands_never_create_targets(
         lease = tp.committer.claim(SINK, "r1", "q1")
         commit(tp, lease, 0)
     typo = dataclasses.replace(
-        two.config, targets=(*two.config.targets, TargetConfig("c", two.config.targets[0].influx))
+        two.config, targets=(*two.config.targets, NamedTarget("c", two.config.targets[0].config))
     )
     warnings: list[str] = []
     hooks = ops.Hooks(warn=warnings.append)
@@ -444,7 +444,7 @@ def test_the_catch_up_worker_outlives_a_failure_of_its_own_bookkeeping(
 
 
 def test_a_promote_time_letter_of_one_target_names_it(
-    staging: StagingConfig, influx: InfluxConfig, staging_url: str
+    staging: StagingConfig, influx: TargetConfig, staging_url: str
 ) -> None:
     """One target is the case N = 1: its letters name it (``default``), no sentinel."""
     write_points(influx, ['clash,host=z v="text" 1700000000000000001'])

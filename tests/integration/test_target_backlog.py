@@ -18,8 +18,8 @@ import pytest
 from tests.integration.cli_helpers import sql
 from tests.integration.fanout_helpers import Targets, proxied_targets, target_rows, without_worker
 from tests.staging import M, lines, stage
-from tests.support import influx_count, two_phase
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig
+from tests.support import changed, influx_count, two_phase
+from twophase.config import NamedTarget, StagingConfig, TargetConfig
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.runtime import TwoPhase
@@ -61,10 +61,10 @@ def quarantine_events(url: str) -> list[str]:
     return [detail for (detail,) in rows]
 
 
-def paced(config: InfluxConfig, name: str, **fields: Any) -> InfluxConfig:
+def paced(config: TargetConfig, name: str, **fields: Any) -> TargetConfig:
     """The sink's configuration with target ``name``'s own settings changed."""
     targets = tuple(
-        TargetConfig(t.name, dataclasses.replace(t.influx, **fields)) if t.name == name else t
+        NamedTarget(t.name, changed(t.config, **fields)) if t.name == name else t
         for t in config.targets
     )
     return dataclasses.replace(config, targets=targets)

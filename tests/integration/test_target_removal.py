@@ -22,7 +22,7 @@ from tests.integration.cli_helpers import BAD_POINT, Cli, make_cli, on_terminal,
 from tests.integration.fanout_helpers import Pair, deliveries, target_rows, two_targets
 from tests.staging import lines, stage
 from tests.support import two_phase
-from twophase.config import InfluxConfig, StagingConfig, TargetConfig, TwoPhaseConfig
+from twophase.config import NamedTarget, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.model import EpochState, Lease
 from twophase.operations import Guard, RequeueFilter, requeue
 from twophase.protocol.catchup import target_lock
@@ -45,9 +45,9 @@ def pair(influx_url: str) -> Iterator[Pair]:
         yield pair
 
 
-def only_a(pair: Pair) -> InfluxConfig:
+def only_a(pair: Pair) -> TargetConfig:
     """The sink's configuration once b is taken out of it."""
-    return dataclasses.replace(pair.config, targets=(TargetConfig("a", pair.a),))
+    return dataclasses.replace(pair.config, targets=(NamedTarget("a", pair.a),))
 
 
 def cli_for(staging_url: str, pair: Pair, *names: str) -> Cli:
@@ -57,7 +57,7 @@ def cli_for(staging_url: str, pair: Pair, *names: str) -> Cli:
     cli.flags = [
         *("--staging-url", staging_url, "--influx-api", "v1"),
         *("--targets", ",".join(f"{n}={urls[n]}" for n in names)),
-        *("--influx-db", pair.a.database or ""),
+        *("--influx-db", pair.a.influxdb.database or ""),
     ]
     return cli
 
@@ -276,7 +276,10 @@ def test_sigkill_in_remove_then_again(staging_url: str, behind: Pair) -> None:
     pair = behind
     cli = cli_for(staging_url, pair, "a")
     env = {k: v for k, v in cli.env().items() if k != "TWOPHASE_TARGET_URL"}
-    env |= {"TWOPHASE_TARGETS": f"a={pair.a.url}", "TWOPHASE_INFLUX_DB": pair.a.database or ""}
+    env |= {
+        "TWOPHASE_TARGETS": f"a={pair.a.url}",
+        "TWOPHASE_INFLUX_DB": pair.a.influxdb.database or "",
+    }
     before = _snapshot(staging_url)
     killed = cli.run(*REMOVE, "--yes", env=env | {"TWOPHASE_CRASH_AT": "in_remove"})
     assert killed.code == -9, (killed.code, killed.err)

@@ -24,11 +24,11 @@ from scripts.tlskit import REMOTE_NAME, HttpsInflux, Kit, TlsPostgres, make_kit
 from tests.staging import lines
 from tests.support import REPO, begin_run, two_phase
 from twophase.config import (
-    InfluxConfig,
     StagingConfig,
-    load_influx_config,
+    TargetConfig,
     load_setting,
     load_staging_config,
+    load_target_config,
     sslmode,
 )
 from twophase.errors import ConfigError
@@ -60,10 +60,10 @@ class Servers:
         given = {**files, "staging_connect_timeout": "20s", **settings}
         return load_staging_config(env={}, staging_url=url, **{k: v for k, v in given.items() if v})
 
-    def influx_config(self, host: str = "localhost", **settings: str) -> InfluxConfig:
+    def influx_config(self, host: str = "localhost", **settings: str) -> TargetConfig:
         url = self.influx.url.replace("localhost", host)
         given = {"target_tls_ca": str(self.kit.ca), "target_retry_deadline": "60s", **settings}
-        return load_influx_config(
+        return load_target_config(
             env={},
             target_url=url,
             influx_api="v1",
@@ -289,6 +289,8 @@ def test_a_weaker_sslmode_written_for_it_is_honoured_with_one_warning(
     assert len(warnings) == 1, warnings
     assert "sslmode=require" in warnings[0] and REMOTE_NAME in warnings[0]
     assert no_secret(*warnings)
+    with two_phase(servers.staging(), servers.influx_config()) as tp:
+        begin_run(tp, SINK, "r1", "q1")  # the sink status reads, whichever test runs first
     env = servers.env() | {"TWOPHASE_STAGING_URL": config.url.reveal()}
     del env["TWOPHASE_STAGING_TLS_CA"]
     status = twophase_cli(env, "status", "--sink", SINK)

@@ -15,7 +15,7 @@ import pytest
 from tests.integration.influx3 import Influx3, serve
 from tests.staging import stage
 from tests.support import two_phase
-from twophase.config import InfluxConfig, Secret, StagingConfig
+from twophase.config import InfluxDBSettings, Secret, StagingConfig, TargetConfig
 from twophase.errors import ConfigError, InfluxAuthError
 from twophase.influx.api import make_writer
 from twophase.influx.sender import BatchSender
@@ -28,17 +28,15 @@ BASE = 1_700_000_000_000_000_000
 
 
 @pytest.fixture
-def influx3() -> Iterator[tuple[Influx3, InfluxConfig]]:
+def influx3() -> Iterator[tuple[Influx3, TargetConfig]]:
     state = Influx3(TOKEN)
     server, url = serve(state)
-    config = InfluxConfig(
+    config = TargetConfig(
         url=url,
-        api="v3",
-        database="dash",
-        token=Secret(TOKEN),
         retry_initial_s=0.05,
         retry_max_s=1,
         retry_deadline_s=20,
+        influxdb=InfluxDBSettings(api="v3", database="dash", token=Secret(TOKEN)),
     )
     yield state, config
     server.shutdown()
@@ -55,7 +53,7 @@ def lines(count: int, bad: tuple[int, ...] = ()) -> list[str]:
 
 
 def test_an_epoch_with_refused_points_is_delivered_without_bisection(
-    influx3: tuple[Influx3, InfluxConfig], staging: StagingConfig, staging_url: str
+    influx3: tuple[Influx3, TargetConfig], staging: StagingConfig, staging_url: str
 ) -> None:
     state, config = influx3
     with two_phase(staging, config) as tp:
@@ -86,7 +84,7 @@ def test_an_epoch_with_refused_points_is_delivered_without_bisection(
 
 
 def test_a_busy_server_is_retried_after_the_time_it_asks(
-    influx3: tuple[Influx3, InfluxConfig],
+    influx3: tuple[Influx3, TargetConfig],
 ) -> None:
     state, config = influx3
     state.unavailable, state.retry_after = 2, "1"
@@ -101,7 +99,7 @@ def test_a_busy_server_is_retried_after_the_time_it_asks(
 
 
 def test_a_wrong_token_is_an_auth_error_that_names_the_setting_not_the_token(
-    influx3: tuple[Influx3, InfluxConfig],
+    influx3: tuple[Influx3, TargetConfig],
 ) -> None:
     state, config = influx3
     state.token = "another"
@@ -116,6 +114,6 @@ def test_a_wrong_token_is_an_auth_error_that_names_the_setting_not_the_token(
 
 def test_the_v3_api_needs_a_database() -> None:
     with pytest.raises(ConfigError) as missing:
-        make_writer(InfluxConfig(url="http://127.0.0.1:1", api="v3"))
+        make_writer(TargetConfig(url="http://127.0.0.1:1", influxdb=InfluxDBSettings(api="v3")))
     assert missing.value.option == "TWOPHASE_INFLUX_DB"
     assert "InfluxDB 3 API" in str(missing.value)

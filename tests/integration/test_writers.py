@@ -29,7 +29,7 @@ from devkit.faultproxy import CUT, DROP_REPLY, PASS, STALL, FaultProxy, wait_unt
 from devkit.ports import start_own_victoria_metrics
 from tests.fakes import LineSender
 from tests.support import begin_run, create_influx_database, drop_influx_database, two_phase
-from twophase.config import InfluxConfig, Secret, StagingConfig
+from twophase.config import InfluxDBSettings, Secret, StagingConfig, TargetConfig
 from twophase.errors import (
     ConfigError,
     InfluxAuthError,
@@ -53,9 +53,9 @@ def points(n: int, measurement: str = "m", start: int = T0) -> list[str]:
     return [f"{measurement},host=h{i % 4} f={i}i {start + i * 1_000_000}" for i in range(n)]
 
 
-def values(config: InfluxConfig) -> list[list[Any]]:
+def values(config: TargetConfig) -> list[list[Any]]:
     """[time, f] of every point of measurement m, in time order."""
-    series = query_v1(config.url, config.database, 'SELECT "f" FROM "m"')
+    series = query_v1(config.url, config.influxdb.database, 'SELECT "f" FROM "m"')
     return [row for s in series for row in s["values"]]
 
 
@@ -68,23 +68,23 @@ def sender(
     """Fast retries; lines in batches of ``max_points`` (see LineSender)."""
     callback = events.append if events is not None else None
     retry = {"retry_initial_s": 0.05, "retry_max_s": 0.5, "retry_deadline_s": deadline_s}
-    config = InfluxConfig(url="http://unused", **retry)
+    config = TargetConfig(url="http://unused", **retry)
     return LineSender(BatchSender(writer, config, on_attempt_failed=callback), max_points)
 
 
 @pytest.fixture
-def influx(influx_url: str) -> Iterator[InfluxConfig]:
+def influx(influx_url: str) -> Iterator[TargetConfig]:
     """A fresh database of its own."""
     name = f"tw_{uuid.uuid4().hex[:12]}"
     create_influx_database(influx_url, name)
-    yield InfluxConfig(url=influx_url, api="v1", database=name)
+    yield TargetConfig(url=influx_url, influxdb=InfluxDBSettings(api="v1", database=name))
     drop_influx_database(influx_url, name)
 
 
 # --- InfluxDB 1.x ---------------------------------------------------------------------
 
 
-def test_v1_round_trip_is_exact_and_resending_changes_nothing(influx: InfluxConfig) -> None:
+def test_v1_round_trip_is_exact_and_resending_changes_nothing(influx: TargetConfig) -> None:
     lines = [
         f'm,host=a,isp=big\\ isp bytes=10i,rate=0.25,ok=true,note="x \\"q\\"" {T0}',
         f"m,host=b,isp=small bytes=-3i,rate=1e-3,ok=false {T0 + 1}",
@@ -93,7 +93,7 @@ def test_v1_round_trip_is_exact_and_resending_changes_nothing(influx: InfluxConf
     for _ in range(2):
         writer.write("\n".join(lines).encode())
     writer.close()
-    series = query_v1(influx.url, influx.database, 'SELECT * FROM "m" GROUP BY *')
+    series = query_v1(influx.url, influx.influxdb.database, 'SELECT * FROM "m" GROUP BY *')
     got = {
         s["tags"]["host"]: (
             s["tags"],
@@ -122,7 +122,7 @@ def gzip_members(lines: list[str], parts: int) -> bytes:
     return b"".join(gzip.compress(("\n".join(run) + "\n").encode()) for run in runs)
 
 
-def test_v1_takes_gzip_members_end_to_end_as_one_body(influx: InfluxConfig) -> None:
+def test_v1_takes_gzip_members_end_to_end_as_one_body(influx: TargetConfig) -> None:
     lines = points(30)
     writer = V1Writer(influx)
     writer.write(gzip_members(lines, 3), gzipped=True)
@@ -130,7 +130,7 @@ def test_v1_takes_gzip_members_end_to_end_as_one_body(influx: InfluxConfig) -> N
     assert values(influx) == [[T0 + i * 1_000_000, i] for i in range(30)]
 
 
-def test_field_type_conflict_is_isolated_and_the_rest_delivered(influx: InfluxConfig) -> None:
+def test_field_type_conflict_is_isolated_and_the_rest_delivered(influx: TargetConfig) -> None:
     writer = V1Writer(influx)
     writer.write(f"m f=1i {T0}".encode())  # f is now an integer field in InfluxDB
     lines = points(40, start=T0 + 1000)
@@ -147,31 +147,43 @@ def test_field_type_conflict_is_isolated_and_the_rest_delivered(influx: InfluxCo
     assert values(influx) == expected
 
 
-def test_missing_database_is_not_found(influx: InfluxConfig) -> None:
-    missing = dataclasses.replace(influx, database=f"nope_{uuid.uuid4().hex[:8]}")
+def test_missing_database_is_not_found(influx: TargetConfig) -> None:
+    missing = dataclasses.replace(
+        influx,
+        influxdb=dataclasses.replace(influx.influxdb, database=f"nope_{uuid.uuid4().hex[:8]}"),
+    )
     with pytest.raises(InfluxNotFoundError) as caught:
         V1Writer(missing).write(b"m f=1i 1")
-    assert str(caught.value).startswith(f"database not found: {missing.database!r}")
+    assert str(caught.value).startswith(f"database not found: {missing.influxdb.database!r}")
     assert "TWOPHASE_INFLUX_DB" in str(caught.value)
 
 
-def test_missing_retention_policy_is_not_found_and_not_retried(influx: InfluxConfig) -> None:
+def test_missing_retention_policy_is_not_found_and_not_retried(influx: TargetConfig) -> None:
     events: list[RetryEvent] = []
-    writer = V1Writer(dataclasses.replace(influx, retention_policy="nope"))
+    writer = V1Writer(
+        dataclasses.replace(
+            influx, influxdb=dataclasses.replace(influx.influxdb, retention_policy="nope")
+        )
+    )
     with pytest.raises(InfluxNotFoundError, match="TWOPHASE_INFLUX_RP"):
         sender(writer, events=events).send(points(3))
     assert events == []
 
 
-def test_v2_api_on_influxdb_16_is_not_found_with_a_hint(influx: InfluxConfig) -> None:
-    config = dataclasses.replace(influx, api="v2", bucket=influx.database, org="-")
+def test_v2_api_on_influxdb_16_is_not_found_with_a_hint(influx: TargetConfig) -> None:
+    config = dataclasses.replace(
+        influx,
+        influxdb=dataclasses.replace(
+            influx.influxdb, api="v2", bucket=influx.influxdb.database, org="-"
+        ),
+    )
     with pytest.raises(InfluxNotFoundError, match="TWOPHASE_INFLUX_API=v1"):
         V2Writer(config).write(b"m f=1i 1")
 
 
-def test_resolve_api_on_influxdb(influx: InfluxConfig) -> None:
-    auto = dataclasses.replace(influx, api="auto")
-    assert resolve_api(auto).api == "v1"
+def test_resolve_api_on_influxdb(influx: TargetConfig) -> None:
+    auto = dataclasses.replace(influx, influxdb=dataclasses.replace(influx.influxdb, api="auto"))
+    assert resolve_api(auto).influxdb.api == "v1"
     writer = make_writer(auto)  # resolved at the first write
     writer.write(f"m f=7i {T0}".encode())
     assert values(influx) == [[T0, 7]]
@@ -179,9 +191,13 @@ def test_resolve_api_on_influxdb(influx: InfluxConfig) -> None:
     assert isinstance(writer._inner, V1Writer)
 
 
-def test_auto_api_while_influxdb_is_down_is_retried_not_fatal(influx: InfluxConfig) -> None:
+def test_auto_api_while_influxdb_is_down_is_retried_not_fatal(influx: TargetConfig) -> None:
     """make_writer does not ping: an outage at process start is retried like any other."""
-    down = dataclasses.replace(influx, api="auto", url=f"http://127.0.0.1:{free_port()}")
+    down = dataclasses.replace(
+        influx,
+        url=f"http://127.0.0.1:{free_port()}",
+        influxdb=dataclasses.replace(influx.influxdb, api="auto"),
+    )
     writer = make_writer(down)
     with pytest.raises(InfluxUnavailableError):
         writer.write(b"m f=1i 1")
@@ -189,7 +205,11 @@ def test_auto_api_while_influxdb_is_down_is_retried_not_fatal(influx: InfluxConf
 
 def test_resolve_api_unreachable() -> None:
     with pytest.raises(InfluxUnavailableError):
-        resolve_api(InfluxConfig(url=f"http://127.0.0.1:{free_port()}", database="x"))
+        resolve_api(
+            TargetConfig(
+                url=f"http://127.0.0.1:{free_port()}", influxdb=InfluxDBSettings(database="x")
+            )
+        )
 
 
 # --- credentials: a dedicated influxd with auth-enabled = true ------------------------
@@ -253,13 +273,12 @@ def _pings(url: str) -> bool:
         return False
 
 
-def _secured(url: str, username: str | None, password: str | None) -> InfluxConfig:
-    return InfluxConfig(
+def _secured(url: str, username: str | None, password: str | None) -> TargetConfig:
+    return TargetConfig(
         url=url,
-        api="v1",
-        database="secured",
         username=username,
         password=Secret(password) if password is not None else None,
+        influxdb=InfluxDBSettings(api="v1", database="secured"),
     )
 
 
@@ -289,7 +308,12 @@ def test_missing_write_privilege_is_403(auth_influx: str) -> None:
 
 def test_right_credentials_write_and_read(auth_influx: str) -> None:
     config = _secured(auth_influx, "admin", ADMIN_PASSWORD)
-    assert resolve_api(dataclasses.replace(config, api="auto")).api == "v1"
+    assert (
+        resolve_api(
+            dataclasses.replace(config, influxdb=dataclasses.replace(config.influxdb, api="auto"))
+        ).influxdb.api
+        == "v1"
+    )
     assert sender(V1Writer(config)).send(points(3, "authed")) == []
     series = query_v1(
         auth_influx, "secured", 'SELECT COUNT("f") FROM "authed"', "admin", Secret(ADMIN_PASSWORD)
@@ -315,7 +339,9 @@ def test_v2_writer_against_victoria_metrics(vm_url: str) -> None:
         f"{measurement},host=h{i} f={i}i,g={i / 2} {(now_ms - i * 1000) * 1_000_000}"
         for i in range(5)
     ]
-    config = InfluxConfig(url=vm_url, api="v2", bucket="b", org="o", token=Secret("unused"))
+    config = TargetConfig(
+        url=vm_url, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o", token=Secret("unused"))
+    )
     writer = V2Writer(config)
     assert sender(writer).send(lines) == []
     writer.close()
@@ -334,7 +360,9 @@ def test_v2_writer_sends_gzip_members_end_to_end_to_victoria_metrics(vm_url: str
     measurement = f"tp_{uuid.uuid4().hex[:10]}"
     now_ms = time.time_ns() // 1_000_000
     lines = [f"{measurement},host=h{i} f={i}i {(now_ms - i * 1000) * 1_000_000}" for i in range(9)]
-    config = InfluxConfig(url=vm_url, api="v2", bucket="b", org="o", token=Secret("unused"))
+    config = TargetConfig(
+        url=vm_url, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o", token=Secret("unused"))
+    )
     writer = V2Writer(config)
     writer.write(gzip_members(lines, 3), gzipped=True)
     writer.close()
@@ -347,9 +375,14 @@ def test_resolve_api_on_victoria_metrics_asks_for_an_explicit_api(vm_url: str) -
     ping = urllib3.request("GET", f"{vm_url}/ping", retries=False, timeout=5)
     assert ping.status == 204 and "X-Influxdb-Version" not in ping.headers
     with pytest.raises(ConfigError) as caught:
-        resolve_api(InfluxConfig(url=vm_url, bucket="b", org="o"))
+        resolve_api(TargetConfig(url=vm_url, influxdb=InfluxDBSettings(bucket="b", org="o")))
     assert caught.value.option == "TWOPHASE_INFLUX_API"
-    assert resolve_api(InfluxConfig(url=vm_url, api="v2", bucket="b", org="o")).api == "v2"
+    assert (
+        resolve_api(
+            TargetConfig(url=vm_url, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o"))
+        ).influxdb.api
+        == "v2"
+    )
 
 
 # --- a re-sent body on VictoriaMetrics -------------------------------------------------
@@ -401,8 +434,10 @@ def recent_lines(measurement: str, n: int) -> list[str]:
     ]
 
 
-def v2_config(vm_url: str) -> InfluxConfig:
-    return InfluxConfig(url=vm_url, api="v2", bucket="b", org="o", token=Secret("unused"))
+def v2_config(vm_url: str) -> TargetConfig:
+    return TargetConfig(
+        url=vm_url, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o", token=Secret("unused"))
+    )
 
 
 def write_twice(vm_url: str, body: bytes) -> None:
@@ -530,7 +565,9 @@ def test_a_string_value_cannot_inject_a_point_into_victoria_metrics(
 
 def test_v2_writer_transport_faults_are_transient(vm_url: str) -> None:
     with FaultProxy.for_url(vm_url) as proxy:
-        config = InfluxConfig(url=proxy.url, api="v2", bucket="b", org="o", timeout_s=1)
+        config = TargetConfig(
+            url=proxy.url, timeout_s=1, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o")
+        )
         writer = V2Writer(config)
         proxy.set_mode(CUT)
         with pytest.raises(TransientWriteError, match=r"connection broken|cannot connect"):
@@ -550,24 +587,24 @@ def test_v2_writer_transport_faults_are_transient(vm_url: str) -> None:
 
 
 @pytest.fixture
-def proxy(influx: InfluxConfig) -> Iterator[FaultProxy]:
+def proxy(influx: TargetConfig) -> Iterator[FaultProxy]:
     with FaultProxy.for_url(influx.url) as p:
         yield p
 
 
-def _through(proxy: FaultProxy, influx: InfluxConfig, timeout_s: float = 2.0) -> V1Writer:
+def _through(proxy: FaultProxy, influx: TargetConfig, timeout_s: float = 2.0) -> V1Writer:
     return V1Writer(dataclasses.replace(influx, url=proxy.url, timeout_s=timeout_s))
 
 
-def test_proxy_counts_the_lines_it_forwards(proxy: FaultProxy, influx: InfluxConfig) -> None:
+def test_proxy_counts_the_lines_it_forwards(proxy: FaultProxy, influx: TargetConfig) -> None:
     assert sender(_through(proxy, influx), max_points=10).send(points(25)) == []
     assert (proxy.lines, proxy.write_requests) == (25, 3)
-    query_v1(proxy.url, influx.database, 'SELECT * FROM "m"')  # reads are not counted
+    query_v1(proxy.url, influx.influxdb.database, 'SELECT * FROM "m"')  # reads are not counted
     assert proxy.lines == 25 and len(values(influx)) == 25
 
 
 def test_a_writer_keeps_one_connection_and_opens_another_after_close(
-    proxy: FaultProxy, influx: InfluxConfig
+    proxy: FaultProxy, influx: TargetConfig
 ) -> None:
     writer = _through(proxy, influx)
     for i in range(5):  # its pool, made at the first write, is kept for the others
@@ -581,7 +618,7 @@ def test_a_writer_keeps_one_connection_and_opens_another_after_close(
 
 
 def test_a_url_with_a_path_keeps_it_and_an_unusable_url_fails_at_the_first_write(
-    proxy: FaultProxy, influx: InfluxConfig
+    proxy: FaultProxy, influx: TargetConfig
 ) -> None:
     under = V1Writer(dataclasses.replace(influx, url=f"{proxy.url}/under"))
     with pytest.raises(InfluxNotFoundError):  # /under/write: InfluxDB has no such path
@@ -596,7 +633,7 @@ def test_a_url_with_a_path_keeps_it_and_an_unusable_url_fails_at_the_first_write
 
 @pytest.mark.parametrize("fault", [CUT, STALL, DROP_REPLY])
 def test_fault_for_two_seconds_then_exactly_once(
-    proxy: FaultProxy, influx: InfluxConfig, fault: str
+    proxy: FaultProxy, influx: TargetConfig, fault: str
 ) -> None:
     events: list[RetryEvent] = []
     lines = points(50)
@@ -619,7 +656,7 @@ def test_fault_for_two_seconds_then_exactly_once(
     assert proxy.lines >= 50 + (20 if fault == DROP_REPLY else 0)
 
 
-def test_stall_beyond_the_deadline_is_unavailable(proxy: FaultProxy, influx: InfluxConfig) -> None:
+def test_stall_beyond_the_deadline_is_unavailable(proxy: FaultProxy, influx: TargetConfig) -> None:
     proxy.set_mode(STALL)
     started = time.monotonic()
     with pytest.raises(InfluxUnavailableError) as caught:

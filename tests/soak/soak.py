@@ -44,7 +44,7 @@ from tests.e2e.harness import (
 from tests.soak.faults import Injector
 from tests.soak.schedule import DEADLINE_S, Fault, describe, make_schedule
 from tests.support import alembic, create_influx_database
-from twophase.config import InfluxConfig
+from twophase.config import InfluxDBSettings, TargetConfig
 
 PG_PASSWORD = "Soak-Pg-Secret-8086"  # distinctive: grepped for in every output
 INFLUX_PASSWORD = "Soak-Influx-Secret-5432"
@@ -193,7 +193,12 @@ class Soak:
 
     def target(self, run: SinkRun, direct: bool = False) -> Target:
         url = self.influx.url if direct else self.proxy.url
-        return Target(self.url, InfluxConfig(url=url, api="v1", database=f"soak{run.number}"))
+        return Target(
+            self.url,
+            TargetConfig(
+                url=url, influxdb=InfluxDBSettings(api="v1", database=f"soak{run.number}")
+            ),
+        )
 
     # -- running ----------------------------------------------------------------------------
     def _supervise(self, run: SinkRun) -> None:

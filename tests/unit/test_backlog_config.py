@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from twophase.config import PER_TARGET, load_config, load_influx_config
+from twophase.config import PER_TARGET, load_config, load_target_config
 from twophase.errors import ConfigError
 
 STAGING = {"TWOPHASE_STAGING_URL": "postgresql+psycopg://tp@db.example:5432/tp"}
@@ -19,9 +19,9 @@ TWO = {
 
 
 def test_both_are_off_unless_set() -> None:
-    influx = load_influx_config(env=TWO)
+    influx = load_target_config(env=TWO)
     assert (influx.target_max_backlog_bytes, influx.target_catch_up_rate) == (0, 0)
-    assert [t.influx.target_catch_up_rate for t in influx.named_targets()] == [0, 0]
+    assert [t.config.target_catch_up_rate for t in influx.named_targets()] == [0, 0]
 
 
 def test_the_rate_is_each_targets_own_and_the_byte_bound_the_sinks() -> None:
@@ -31,9 +31,9 @@ def test_the_rate_is_each_targets_own_and_the_byte_bound_the_sinks() -> None:
         "TWOPHASE_TARGET_CATCH_UP_RATE": "5000",
         "TWOPHASE_TARGET_B_TARGET_CATCH_UP_RATE": "200",
     }
-    influx = load_influx_config(env=env)
+    influx = load_target_config(env=env)
     assert influx.target_max_backlog_bytes == 1024**3
-    rates = {t.name: t.influx.target_catch_up_rate for t in influx.named_targets()}
+    rates = {t.name: t.config.target_catch_up_rate for t in influx.named_targets()}
     assert rates == {"a": 5000, "b": 200}
     assert "target_catch_up_rate" in PER_TARGET
     assert "target_max_backlog_bytes" not in PER_TARGET
@@ -65,8 +65,8 @@ def test_a_target_cannot_have_a_byte_bound_of_its_own() -> None:
 
 def test_explicit_values_as_the_spark_sink_gives_them() -> None:
     config = load_config(env=TWO, target_max_backlog_bytes="4096", target_catch_up_rate=50)
-    assert config.influx.target_max_backlog_bytes == 4096
-    assert config.influx.target_catch_up_rate == 50
+    assert config.target.target_max_backlog_bytes == 4096
+    assert config.target.target_catch_up_rate == 50
     with pytest.raises(ConfigError) as info:
         load_config(env=TWO, target_catch_up_rate=-5)
     assert info.value.option == "target_catch_up_rate"

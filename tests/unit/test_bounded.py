@@ -225,9 +225,9 @@ def test_a_streamed_answer_refuses_a_line_past_its_bound(
 
 
 def _config(url: str) -> Any:
-    from twophase.config import InfluxConfig
+    from twophase.config import InfluxDBSettings, TargetConfig
 
-    return InfluxConfig(url=url, api="v1", database="db")
+    return TargetConfig(url=url, influxdb=InfluxDBSettings(api="v1", database="db"))
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 
 from tests.fakes import FakeClock, FakeInflux, FakeReader, lines_of, make_sender, staged
 from twophase import model
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import PermanentError
 from twophase.model import LineChecksum, StagedChunk
 from twophase.protocol.delivery import TargetDelivery
@@ -154,7 +154,7 @@ def promoter_for(
     reader: FakeReader, influx: FakeInflux, clock: FakeClock, points: int, size: int, lanes: int = 1
 ) -> TargetDelivery:
     sender = make_sender(influx, clock).sender
-    config = InfluxConfig(url="http://fake", batch_points=points, batch_bytes=size)
+    config = TargetConfig(url="http://fake", batch_points=points, batch_bytes=size)
     return TargetDelivery("t", reader, (sender, sender), reader, config, lanes)  # type: ignore[arg-type]
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from twophase.cli import build_parser, main
-from twophase.config import INFLUX, SETTINGS, STAGING
+from twophase.config import SETTINGS, STAGING, TARGET_SECTIONS
 from twophase.store.database import SCHEMA_REVISION
 
 STAGING_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section == STAGING}
-INFLUX_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section == INFLUX}
-BOTH = STAGING_FLAGS | INFLUX_FLAGS
+TARGET_FLAGS = {s.cli_flag for s in SETTINGS if s.flag and s.section in TARGET_SECTIONS}
+BOTH = STAGING_FLAGS | TARGET_FLAGS
 # The connection flags each command takes after its name: those of the servers it talks to.
 SECTIONS = {
     "status": STAGING_FLAGS,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scripts import docs_reference
-from twophase.config import Secret, load_config, load_influx_config, parse_duration
+from twophase.config import Secret, load_config, load_target_config, parse_duration
 from twophase.errors import ConfigError
 
 BASE = {
@@ -22,15 +22,15 @@ BASE = {
 
 def test_loads_from_environment() -> None:
     config = load_config(env=BASE)
-    assert config.influx.database == "metrics"
-    assert config.influx.api == "v1"
+    assert config.target.influxdb.database == "metrics"
+    assert config.target.influxdb.api == "v1"
     assert config.staging.display_url == "postgresql+psycopg://tp:***@db.example:5432/tp"
     assert config.staging.psycopg_conninfo().startswith("postgresql://tp:pg-s3cret@")
 
 
 def test_explicit_arguments_win_over_environment() -> None:
     config = load_config(env=BASE, influx_db="other", target_batch_points=10)
-    assert (config.influx.database, config.influx.batch_points) == ("other", 10)
+    assert (config.target.influxdb.database, config.target.batch_points) == ("other", 10)
 
 
 def test_secrets_never_in_repr_str_or_logs(caplog: pytest.LogCaptureFixture) -> None:
@@ -40,8 +40,8 @@ def test_secrets_never_in_repr_str_or_logs(caplog: pytest.LogCaptureFixture) -> 
     for text in (repr(config), str(config), caplog.text):
         assert "pg-s3cret" not in text
         assert "influx-s3cret" not in text
-    assert config.influx.password is not None
-    assert config.influx.password.reveal() == "influx-s3cret"
+    assert config.target.password is not None
+    assert config.target.password.reveal() == "influx-s3cret"
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_explicit_option_errors_name_the_option() -> None:
 
 def test_password_in_influx_url_is_refused_without_echoing_it() -> None:
     with pytest.raises(ConfigError) as info:
-        load_influx_config(env={**BASE, "TWOPHASE_TARGET_URL": "http://u:hunter2@h:8086"})
+        load_target_config(env={**BASE, "TWOPHASE_TARGET_URL": "http://u:hunter2@h:8086"})
     assert "hunter2" not in str(info.value)
 
 
@@ -98,14 +98,14 @@ def test_secret_from_file(tmp_path: Path) -> None:
         "TWOPHASE_INFLUX_TOKEN_FILE": str(token),
     }
     config = load_config(env=env)
-    assert config.influx.token == Secret("tok-from-file")
+    assert config.target.influxdb.token == Secret("tok-from-file")
     with pytest.raises(ConfigError, match="TWOPHASE_INFLUX_TOKEN_FILE"):
         load_config(env={**env, "TWOPHASE_INFLUX_TOKEN_FILE": str(tmp_path / "missing")})
 
 
 def test_auto_api_is_left_for_the_server_to_answer() -> None:
     env = {k: v for k, v in BASE.items() if k != "TWOPHASE_INFLUX_API"}
-    assert load_config(env=env).influx.api == "auto"
+    assert load_config(env=env).target.influxdb.api == "auto"
 
 
 @pytest.mark.parametrize(
@@ -235,16 +235,16 @@ def test_credentials_over_plain_http_are_refused(credentials: dict[str, str | No
     ],
 )
 def test_allow_plaintext_credentials_lets_them_through(explicit: dict[str, object]) -> None:
-    assert load_config(env=PLAIN, **explicit).influx.allow_plaintext_credentials is True
+    assert load_config(env=PLAIN, **explicit).target.allow_plaintext_credentials is True
     env = {**PLAIN, "TWOPHASE_ALLOW_PLAINTEXT_CREDENTIALS": "1"}
-    assert load_config(env=env).influx.allow_plaintext_credentials is True
+    assert load_config(env=env).target.allow_plaintext_credentials is True
 
 
 def test_allow_plaintext_credentials_from_the_file(tmp_path: Path) -> None:
     path = tmp_path / "twophase.toml"
     path.write_text("allow_plaintext_credentials = true\n")
     config = load_config(env={**PLAIN, "TWOPHASE_CONFIG": str(path)})
-    assert config.influx.allow_plaintext_credentials is True
+    assert config.target.allow_plaintext_credentials is True
 
 
 def test_allow_plaintext_credentials_must_be_a_boolean() -> None:
@@ -266,13 +266,13 @@ def test_allow_plaintext_credentials_must_be_a_boolean() -> None:
 )
 def test_loopback_and_https_take_credentials(url: str) -> None:
     config = load_config(env={**BASE, "TWOPHASE_TARGET_URL": url, "TWOPHASE_INFLUX_TOKEN": "t0k"})
-    assert config.influx.password is not None and config.influx.token is not None
+    assert config.target.password is not None and config.target.influxdb.token is not None
 
 
 def test_plain_http_without_credentials_is_fine() -> None:
     env = {k: v for k, v in PLAIN.items() if k != "TWOPHASE_TARGET_PASSWORD"}
     config = load_config(env={**env, "TWOPHASE_TARGET_USERNAME": "reader"})
-    assert config.influx.url == "http://influx.example:8086"
+    assert config.target.url == "http://influx.example:8086"
 
 
 def test_a_plain_http_target_is_refused_naming_it_and_its_own_setting() -> None:
@@ -286,8 +286,8 @@ def test_a_plain_http_target_is_refused_naming_it_and_its_own_setting() -> None:
     assert "TWOPHASE_TARGET_B_ALLOW_PLAINTEXT_CREDENTIALS" in problem
     assert "influx-s3cret" not in str(refused.value)
     allowed = load_config(env={**env, "TWOPHASE_TARGET_B_ALLOW_PLAINTEXT_CREDENTIALS": "true"})
-    a, b = allowed.influx.targets
-    assert (a.influx.allow_plaintext_credentials, b.influx.allow_plaintext_credentials) == (
+    a, b = allowed.target.targets
+    assert (a.config.allow_plaintext_credentials, b.config.allow_plaintext_credentials) == (
         False,
         True,
     )
@@ -303,10 +303,10 @@ def test_both_metrics_endpoints_listen_on_loopback_unless_told(tmp_path: Path) -
 
     exporter = load_exporter_config(env={})
     assert (exporter.host, exporter.port, exporter.endpoint.scheme) == ("127.0.0.1", 9464, "http")
-    influx = load_influx_config(env={**BASE, "TWOPHASE_METRICS_PORT": "9465"})
+    influx = load_target_config(env={**BASE, "TWOPHASE_METRICS_PORT": "9465"})
     endpoint = influx.metrics_endpoint
     assert endpoint is not None and (endpoint.host, endpoint.port) == ("127.0.0.1", 9465)
-    assert load_influx_config(env=BASE).metrics_endpoint is None  # no port: no endpoint
+    assert load_target_config(env=BASE).metrics_endpoint is None  # no port: no endpoint
     assert not {o for o in PER_TARGET if o.startswith(("metrics_", "exporter_"))}
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("x")
@@ -335,4 +335,4 @@ def test_an_endpoint_s_tls_files_come_together(
         (tmp_path / name).write_text("x")
     files = {option: str(tmp_path / name) for option, name in given.items()}
     with pytest.raises(ConfigError, match=named):
-        load_influx_config(env=BASE, metrics_port=9465, **files)
+        load_target_config(env=BASE, metrics_port=9465, **files)

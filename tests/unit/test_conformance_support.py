@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.testing.support import Case, difference, expected, normalized, unreachable
 
 
@@ -39,7 +39,7 @@ def test_the_case_writes_recent_whole_milliseconds_within_its_window() -> None:
 
 
 def test_unreachable_keeps_the_user_path_and_query() -> None:
-    config = InfluxConfig(url="postgresql://me@db.example:5432/points?sslmode=disable")
+    config = TargetConfig(url="postgresql://me@db.example:5432/points?sslmode=disable")
     down = unreachable(config)
     assert down.url.startswith("postgresql://me@127.0.0.1:")
     assert down.url.endswith("/points?sslmode=disable")

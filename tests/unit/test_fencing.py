@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import FakeClock, FakeInflux, FakeLedger, FakeReader, lines_of, make_sender, staged
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import FencedError, InfluxUnavailableError
 from twophase.model import Lease
 from twophase.protocol.delivery import TargetDelivery
@@ -22,7 +22,7 @@ def deliver(
     """The ledger's plan delivered under the lease's watch (as a promotion does), in
     requests of at most 10 points."""
     sender = make_sender(influx, clock).sender
-    config = InfluxConfig(url="http://fake", batch_points=10, batch_bytes=1 << 20)
+    config = TargetConfig(url="http://fake", batch_points=10, batch_bytes=1 << 20)
     delivery = TargetDelivery("t", reader, (sender, sender), reader, config, lanes)  # type: ignore[arg-type]
     return delivery.deliver(ledger.plan, Ledger.watch(ledger, LEASE))  # type: ignore[arg-type]
 

@@ -16,7 +16,7 @@ import pytest
 from urllib3 import HTTPHeaderDict
 from urllib3.exceptions import NewConnectionError, ProtocolError, ReadTimeoutError, SSLError
 
-from twophase.config import InfluxConfig, Secret
+from twophase.config import InfluxDBSettings, Secret, TargetConfig
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
@@ -232,35 +232,53 @@ def test_tls_failures_are_permanent_naming_the_setting(message: str, option: str
 )
 def test_resolve_api_from_ping(stub: Any, version: str, api: str) -> None:
     stub.reply = (204, {"X-Influxdb-Version": version}, b"")
-    config = InfluxConfig(url=stub.url, database="d", bucket="b", org="o")
-    assert resolve_api(config).api == api
+    config = TargetConfig(
+        url=stub.url, influxdb=InfluxDBSettings(database="d", bucket="b", org="o")
+    )
+    assert resolve_api(config).influxdb.api == api
     assert stub.seen[-1][:2] == ("GET", "/ping")
 
 
 def test_resolve_api_without_version_header_asks_to_set_it(stub: Any) -> None:
     stub.reply = (204, {"X-Server-Hostname": "vm"}, b"")  # what VictoriaMetrics answers
     with pytest.raises(ConfigError) as caught:
-        resolve_api(InfluxConfig(url=stub.url, database="d"))
+        resolve_api(TargetConfig(url=stub.url, influxdb=InfluxDBSettings(database="d")))
     assert caught.value.option == "TWOPHASE_INFLUX_API"
     stub.reply = (204, {"X-Influxdb-Version": "0.9.6"}, b"")
     with pytest.raises(ConfigError, match=r"0\.9\.6"):
-        resolve_api(InfluxConfig(url=stub.url, database="d"))
+        resolve_api(TargetConfig(url=stub.url, influxdb=InfluxDBSettings(database="d")))
 
 
 def test_resolve_api_validates_and_keeps_explicit_choice(stub: Any) -> None:
     stub.reply = (204, {"X-Influxdb-Version": "1.8.10"}, b"")
     with pytest.raises(ConfigError) as caught:
-        resolve_api(InfluxConfig(url=stub.url))  # v1 without a database
+        resolve_api(TargetConfig(url=stub.url))  # v1 without a database
     assert caught.value.option == "TWOPHASE_INFLUX_DB"
-    assert resolve_api(InfluxConfig(url="http://127.0.0.1:1", api="v1", database="d")).api == "v1"
-    assert isinstance(make_writer(InfluxConfig(url=stub.url, api="v1", database="d")), V1Writer)
-    lazy = make_writer(InfluxConfig(url=stub.url, database="d"))  # auto: pings at first write
+    assert (
+        resolve_api(
+            TargetConfig(
+                url="http://127.0.0.1:1", influxdb=InfluxDBSettings(api="v1", database="d")
+            )
+        ).influxdb.api
+        == "v1"
+    )
+    assert isinstance(
+        make_writer(TargetConfig(url=stub.url, influxdb=InfluxDBSettings(api="v1", database="d"))),
+        V1Writer,
+    )
+    lazy = make_writer(
+        TargetConfig(url=stub.url, influxdb=InfluxDBSettings(database="d"))
+    )  # auto: pings at first write
     assert not isinstance(lazy, V1Writer)
 
 
 def test_resolve_api_unreachable_is_unavailable() -> None:
     with pytest.raises(InfluxUnavailableError):
-        resolve_api(InfluxConfig(url="http://127.0.0.1:1", database="d", timeout_s=2))
+        resolve_api(
+            TargetConfig(
+                url="http://127.0.0.1:1", timeout_s=2, influxdb=InfluxDBSettings(database="d")
+            )
+        )
 
 
 # --- secrets --------------------------------------------------------------------------
@@ -289,7 +307,12 @@ def test_a_redirect_is_not_followed_and_fails_as_a_request_error(stub: Any, stat
     once, never retried (a URL to fix), with the request sent once."""
     stub.reply = (status, {"Location": "http://127.0.0.1:1/write"}, b"moved")
     writer = V1Writer(
-        InfluxConfig(url=stub.url, api="v1", database="d", username="writer", password=None)
+        TargetConfig(
+            url=stub.url,
+            username="writer",
+            password=None,
+            influxdb=InfluxDBSettings(api="v1", database="d"),
+        )
     )
     with pytest.raises(InfluxRequestError, match=str(status)) as caught:
         writer.write(b"m f=1i 1")
@@ -299,7 +322,9 @@ def test_a_redirect_is_not_followed_and_fails_as_a_request_error(stub: Any, stat
 
 
 def test_the_writer_sends_its_fixed_headers_and_query_on_every_request(stub: Any) -> None:
-    config = InfluxConfig(url=stub.url, api="v1", database="d b", retention_policy="r&p")
+    config = TargetConfig(
+        url=stub.url, influxdb=InfluxDBSettings(api="v1", database="d b", retention_policy="r&p")
+    )
     writer = V1Writer(config)
     writer.write(b"m f=1i 1", gzipped=True)
     writer.write(b"m f=1i 2")
@@ -314,13 +339,12 @@ def test_the_writer_sends_its_fixed_headers_and_query_on_every_request(stub: Any
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 500, 503, 418])
 def test_v1_writer_never_puts_the_password_in_urls_or_messages(stub: Any, status: int) -> None:
     _echo_secrets(stub, status, PASSWORD)
-    config = InfluxConfig(
+    config = TargetConfig(
         url=stub.url,
-        api="v1",
-        database="metrics",
         username="writer",
         password=Secret(PASSWORD),
         timeout_s=5,
+        influxdb=InfluxDBSettings(api="v1", database="metrics"),
     )
     writer = V1Writer(config)
     with pytest.raises(TwoPhaseError) as caught:
@@ -337,8 +361,10 @@ def test_v1_writer_never_puts_the_password_in_urls_or_messages(stub: Any, status
 @pytest.mark.parametrize("status", [400, 401, 404, 500])
 def test_v2_writer_never_puts_the_token_in_messages(stub: Any, status: int) -> None:
     _echo_secrets(stub, status, TOKEN)
-    config = InfluxConfig(
-        url=stub.url, api="v2", bucket="metrics", org="acme", token=Secret(TOKEN), timeout_s=5
+    config = TargetConfig(
+        url=stub.url,
+        timeout_s=5,
+        influxdb=InfluxDBSettings(api="v2", bucket="metrics", org="acme", token=Secret(TOKEN)),
     )
     writer = V2Writer(config)
     with pytest.raises(TwoPhaseError) as caught:
@@ -354,7 +380,9 @@ def test_v2_writer_never_puts_the_token_in_messages(stub: Any, status: int) -> N
 
 def test_v2_writer_classifies_like_v1(stub: Any) -> None:
     stub.reply = (503, {"Retry-After": "3"}, b'{"code":"unavailable","message":"busy"}')
-    writer = V2Writer(InfluxConfig(url=stub.url, api="v2", bucket="b", org="o"))
+    writer = V2Writer(
+        TargetConfig(url=stub.url, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o"))
+    )
     with pytest.raises(TransientWriteError) as caught:
         writer.write(b"m f=1i 1")
     assert caught.value.retry_after == 3.0 and caught.value.status == 503
@@ -377,13 +405,12 @@ def test_query_v1_errors_are_secret_free(stub: Any) -> None:
 
 
 def test_transport_messages_are_secret_free() -> None:
-    config = InfluxConfig(
+    config = TargetConfig(
         url="http://127.0.0.1:1",
-        api="v1",
-        database="metrics",
         username="writer",
         password=Secret(PASSWORD),
         timeout_s=2,
+        influxdb=InfluxDBSettings(api="v1", database="metrics"),
     )
     with pytest.raises(TransientWriteError) as caught:
         V1Writer(config).write(b"m f=1i 1")
@@ -434,9 +461,13 @@ def test_a_transport_error_is_scrubbed_before_it_is_cut() -> None:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda url, token: V3Writer(InfluxConfig(url=url, api="v3", database="d", token=token)),
+        lambda url, token: V3Writer(
+            TargetConfig(url=url, influxdb=InfluxDBSettings(api="v3", database="d", token=token))
+        ),
         lambda url, token: V2Writer(
-            InfluxConfig(url=url, api="v2", bucket="b", org="o", token=token)
+            TargetConfig(
+                url=url, influxdb=InfluxDBSettings(api="v2", bucket="b", org="o", token=token)
+            )
         ),
     ],
     ids=["v3", "v2"],
@@ -455,7 +486,10 @@ def test_a_header_value_the_client_refuses_is_a_scrubbed_error(stub: Any, make: 
 
 
 def test_a_ping_the_client_refuses_is_a_scrubbed_error(stub: Any) -> None:
-    config = InfluxConfig(url=stub.url, database="d", token=Secret("tok-Very\nSecret-123=="))
+    config = TargetConfig(
+        url=stub.url,
+        influxdb=InfluxDBSettings(database="d", token=Secret("tok-Very\nSecret-123==")),
+    )
     with pytest.raises(InfluxRequestError) as caught:
         resolve_api(config)
     assert "Secret-123" not in str(caught.value)

@@ -87,4 +87,4 @@ def test_a_command_fails_naming_the_setting(
 
 @pytest.mark.parametrize("promotion", ["inline", "background"])
 def test_the_choices_left_still_load(promotion: str) -> None:
-    assert load_config(env={**BASE, "TWOPHASE_PROMOTION": promotion}).influx.promotion == promotion
+    assert load_config(env={**BASE, "TWOPHASE_PROMOTION": promotion}).target.promotion == promotion

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 from tests.fakes import FakeClock, FakeInflux, FakeReader, lines_of, make_sender, staged
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
 from twophase.model import DeadLetter, StagedChunk
 from twophase.protocol.delivery import TargetDelivery
@@ -189,7 +189,7 @@ def test_a_promotion_that_delivered_since_the_last_failure_gets_the_whole_deadli
     plan, staged_reader = staged([lines_of(100)], chunk_points=1)
     reader = DroppingReader(staged_reader, after=60)
     sender = make_sender(FakeInflux(clock, request_s=2.0), clock).sender
-    config = InfluxConfig(url="http://fake", batch_points=1, batch_bytes=1 << 20)
+    config = TargetConfig(url="http://fake", batch_points=1, batch_bytes=1 << 20)
     delivery = TargetDelivery(
         "t",
         reader,  # type: ignore[arg-type]

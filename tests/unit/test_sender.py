@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.fakes import FakeClock, FakeInflux, fake_config, lines_of, make_sender, text_of
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
@@ -63,7 +63,7 @@ def test_retry_after_is_a_floor_even_above_max() -> None:
 
 
 def test_policy_from_config_and_validation() -> None:
-    config = InfluxConfig(url="http://x", retry_initial_s=0.2, retry_max_s=9, retry_deadline_s=42)
+    config = TargetConfig(url="http://x", retry_initial_s=0.2, retry_max_s=9, retry_deadline_s=42)
     assert RetryPolicy.from_config(config) == RetryPolicy(0.2, 9, 42)
     with pytest.raises(ValueError):
         RetryPolicy(0.5, 30, 300, jitter=1.5)

@@ -19,7 +19,7 @@ from twophase.config import (
     OPTIONS,
     SETTINGS,
     load_config,
-    load_influx_config,
+    load_target_config,
 )
 from twophase.errors import ConfigError
 from twophase.spark.options import parse_options
@@ -78,7 +78,7 @@ def test_a_former_variable_still_sets_its_setting() -> None:
         "TWOPHASE_INFLUX_USER": "writer",
         "TWOPHASE_INFLUX_PASSWORD": "s3cret",
     }
-    influx = load_influx_config(env=env)
+    influx = load_target_config(env=env)
     assert (influx.url, influx.timeout_s, influx.batch_points) == ("https://influx:8086", 3.0, 7)
     assert influx.username == "writer"
     assert influx.password is not None and influx.password.reveal() == "s3cret"
@@ -87,7 +87,7 @@ def test_a_former_variable_still_sets_its_setting() -> None:
 def test_a_former_secret_variable_may_name_a_file(tmp_path: Path) -> None:
     secret = tmp_path / "password"
     secret.write_text("from-file\n")
-    influx = load_influx_config(env={**ONE, "TWOPHASE_INFLUX_PASSWORD_FILE": str(secret)})
+    influx = load_target_config(env={**ONE, "TWOPHASE_INFLUX_PASSWORD_FILE": str(secret)})
     assert influx.password is not None and influx.password.reveal() == "from-file"
 
 
@@ -104,7 +104,7 @@ def test_both_names_with_different_values_are_refused_naming_both() -> None:
     error = refused({**ONE, "TWOPHASE_INFLUX_URL": "https://other:8086"})
     assert error.option == "TWOPHASE_TARGET_URL"
     assert "TWOPHASE_INFLUX_URL" in error.problem
-    explicit = load_influx_config(
+    explicit = load_target_config(
         env={**ONE, "TWOPHASE_TARGET_PASSWORD": "one-s3cret"}, influx_password="two"
     )  # the environment is below an explicit value: no clash
     assert explicit.password is not None and explicit.password.reveal() == "two"
@@ -121,17 +121,17 @@ def test_both_names_with_different_values_are_refused_naming_both() -> None:
 
 def test_both_names_with_the_same_value_are_accepted(tmp_path: Path) -> None:
     env = {**ONE, "TWOPHASE_INFLUX_URL": "https://influx:8086", "TWOPHASE_INFLUX_TIMEOUT": "4s"}
-    influx = load_influx_config(env={**env, "TWOPHASE_TARGET_TIMEOUT": "4s"})
+    influx = load_target_config(env={**env, "TWOPHASE_TARGET_TIMEOUT": "4s"})
     assert (influx.url, influx.timeout_s) == ("https://influx:8086", 4.0)
-    influx = load_influx_config(env=ONE, target_timeout="5s", influx_timeout="5s")
+    influx = load_target_config(env=ONE, target_timeout="5s", influx_timeout="5s")
     assert influx.timeout_s == 5.0
 
 
 def test_a_former_name_in_one_source_loses_to_the_current_in_a_higher_one() -> None:
     """Precedence goes by source, whatever the name: explicit, environment, file."""
-    influx = load_influx_config(env={**ONE, "TWOPHASE_INFLUX_TIMEOUT": "9s"}, target_timeout="1s")
+    influx = load_target_config(env={**ONE, "TWOPHASE_INFLUX_TIMEOUT": "9s"}, target_timeout="1s")
     assert influx.timeout_s == 1.0
-    influx = load_influx_config(env={**ONE, "TWOPHASE_TARGET_TIMEOUT": "9s"}, influx_timeout="1s")
+    influx = load_target_config(env={**ONE, "TWOPHASE_TARGET_TIMEOUT": "9s"}, influx_timeout="1s")
     assert influx.timeout_s == 1.0
 
 
@@ -144,9 +144,9 @@ def test_a_targets_former_variables_are_its_overrides(tmp_path: Path) -> None:
         "TWOPHASE_TARGET_B_INFLUX_PASSWORD_FILE": str(secret),
         "TWOPHASE_TARGET_A_TARGET_BATCH_POINTS": "3",
     }
-    a, b = load_influx_config(env=env).targets
-    assert (a.influx.batch_points, b.influx.timeout_s) == (3, 2.0)
-    assert b.influx.password is not None and b.influx.password.reveal() == "b-s3cret"
+    a, b = load_target_config(env=env).targets
+    assert (a.config.batch_points, b.config.timeout_s) == (3, 2.0)
+    assert b.config.password is not None and b.config.password.reveal() == "b-s3cret"
     error = refused({**env, "TWOPHASE_TARGET_B_TARGET_TIMEOUT": "3s"})
     assert error.option == "TWOPHASE_TARGET_B_TARGET_TIMEOUT"
     assert "TWOPHASE_TARGET_B_INFLUX_TIMEOUT" in error.problem
@@ -161,7 +161,7 @@ def test_the_current_names_variables_are_not_taken_for_a_targets() -> None:
     error = refused(env)
     assert error.option == "TWOPHASE_TARGET_TLS_CA"  # read as a path, not refused as a name
     del env["TWOPHASE_TARGET_TLS_CA"]
-    assert [t.influx.timeout_s for t in load_influx_config(env=env).targets] == [6.0, 6.0]
+    assert [t.config.timeout_s for t in load_target_config(env=env).targets] == [6.0, 6.0]
 
 
 def test_former_keys_in_the_file(tmp_path: Path) -> None:
@@ -169,17 +169,17 @@ def test_former_keys_in_the_file(tmp_path: Path) -> None:
         'influx_url = "http://influx:8086"\ninflux_retry_max = "4s"\n'
         'influx_db = "m"\ninflux_api = "v1"\n'
     )
-    influx = load_influx_config(env={**STAGING, **write(tmp_path, text)})
+    influx = load_target_config(env={**STAGING, **write(tmp_path, text)})
     assert (influx.url, influx.retry_max_s) == ("http://influx:8086", 4.0)
     tables = '[targets.a]\nurl = "http://h"\ninflux_timeout = "2s"\n'
-    a, *_ = load_influx_config(env={**SHARED, **write(tmp_path, tables)}).targets
-    assert a.influx.timeout_s == 2.0
+    a, *_ = load_target_config(env={**SHARED, **write(tmp_path, tables)}).targets
+    assert a.config.timeout_s == 2.0
 
 
 def test_both_keys_in_the_file_must_agree(tmp_path: Path) -> None:
     path = tmp_path / "twophase.toml"
     same = 'target_url = "http://h:8086"\ninflux_url = "http://h:8086"\n'
-    assert load_influx_config(env={**SHARED, **write(tmp_path, same)}).url == "http://h:8086"
+    assert load_target_config(env={**SHARED, **write(tmp_path, same)}).url == "http://h:8086"
     clash = '[targets.a]\nurl = "http://h"\ntarget_timeout = "1s"\ninflux_timeout = "2s"\n'
     error = refused({**SHARED, **write(tmp_path, clash)})
     assert error.option == f"targets.a.target_timeout in {path}"
@@ -199,11 +199,11 @@ def cli_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("cli_environment")
 def test_the_former_cli_flag_still_works() -> None:
     args = build_parser().parse_args(["--influx-url", "http://i:8086", "db", "current"])
-    assert full_config(args).influx.url == "http://i:8086"
+    assert full_config(args).target.url == "http://i:8086"
     args = build_parser().parse_args(["verify", "--sink", "s", "--influx-url", "http://i:8086"])
-    assert full_config(args).influx.url == "http://i:8086"
+    assert full_config(args).target.url == "http://i:8086"
     both = ["--influx-url", "http://i:8086", "--target-url", "http://i:8086", "db", "current"]
-    assert full_config(build_parser().parse_args(both)).influx.url == "http://i:8086"
+    assert full_config(build_parser().parse_args(both)).target.url == "http://i:8086"
 
 
 @pytest.mark.usefixtures("cli_environment")
@@ -224,7 +224,7 @@ def test_a_former_name_is_a_spark_option(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("TWOPHASE_STAGING_URL", STAGING["TWOPHASE_STAGING_URL"])
     monkeypatch.setenv("TWOPHASE_TARGET_URL", "http://localhost:8086")
     sink = parse_options({"sink_id": "s", "measurement": "m", "INFLUX_TIMEOUT": "6s"})
-    assert sink.config().influx.timeout_s == 6.0
+    assert sink.config().target.timeout_s == 6.0
     with pytest.raises(ConfigError) as info:
         parse_options({"sink_id": "s", "measurement": "m", "influx_password": "p"})
     assert info.value.option == "influx_password" and "is a secret" in info.value.problem

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import FakeClock, FakeInflux, make_sender, staged
-from twophase.config import InfluxConfig, load_influx_config
+from twophase.config import TargetConfig, load_target_config
 from twophase.errors import ConfigError, InfluxUnavailableError, TransactionLostError
 from twophase.protocol.delivery import TargetDelivery
 from twophase.targets import OVERWRITE, TRANSACTION, EpochWriter, TargetKind, kind_of, kinds
@@ -64,7 +64,7 @@ def delivery(
     it, as the staging store would give them (0 for a sink not in it)."""
     sender = make_sender(store, clock).sender
     given = {} if generations is None else generations
-    config = InfluxConfig(url="postgresql://h/db", batch_points=points)
+    config = TargetConfig(url="postgresql://h/db", batch_points=points)
     reader_and_letters = staged([[f"m,k=a v={i}i {i}" for i in range(10)]], 3)[1]
     return TargetDelivery(
         "pg",
@@ -113,7 +113,7 @@ def test_a_transactional_delivery_needs_the_generation() -> None:
             None,  # type: ignore[arg-type]
             (sender, sender),
             None,  # type: ignore[arg-type]
-            InfluxConfig(url="postgresql://h/db"),
+            TargetConfig(url="postgresql://h/db"),
             epochs=FakeStore(clock),
         )
 
@@ -168,17 +168,17 @@ def test_a_fenced_run_commits_nothing_on_the_target() -> None:
 
 
 def test_kinds_are_told_by_scheme_or_by_name() -> None:
-    assert kind_of(InfluxConfig(url="https://h:8086")).name == "influxdb"
-    assert kind_of(InfluxConfig(url="http://h:8086", kind="influxdb")).resend == OVERWRITE
+    assert kind_of(TargetConfig(url="https://h:8086")).name == "influxdb"
+    assert kind_of(TargetConfig(url="http://h:8086", kind="influxdb")).resend == OVERWRITE
     assert "influxdb" in kinds()
     with pytest.raises(ConfigError, match=r"TWOPHASE_TARGET_KIND.*no kind of target takes ftp"):
-        kind_of(InfluxConfig(url="ftp://h"))
+        kind_of(TargetConfig(url="ftp://h"))
     with pytest.raises(ConfigError, match=r"TWOPHASE_TARGET_KIND.*'nosuch' is not a kind"):
-        kind_of(InfluxConfig(url="http://h", kind="nosuch"))
+        kind_of(TargetConfig(url="http://h", kind="nosuch"))
 
 
 def test_a_kind_declares_what_a_resent_epoch_does() -> None:
-    def never(config: InfluxConfig) -> None:
+    def never(config: TargetConfig) -> None:
         raise AssertionError
 
     kind = TargetKind("t", ("t",), TRANSACTION, never, never)  # type: ignore[arg-type]
@@ -189,14 +189,14 @@ def test_a_kind_declares_what_a_resent_epoch_does() -> None:
 
 
 def test_a_postgresql_target_needs_no_influxdb_settings() -> None:
-    config = load_influx_config(
+    config = load_target_config(
         {"TWOPHASE_TARGET_URL": "postgresql://u@h/db", "TWOPHASE_INFLUX_API": "v1"}
     )
     assert not config.is_influx and kind_of(config).name == "postgresql"
 
 
 def test_targets_of_two_kinds_are_told_apart_by_their_urls() -> None:
-    config = load_influx_config(
+    config = load_target_config(
         {
             "TWOPHASE_TARGETS": "influx=http://h:8086,pg=postgresql://u@h:5432/metrics",
             "TWOPHASE_INFLUX_API": "v1",
@@ -205,10 +205,10 @@ def test_targets_of_two_kinds_are_told_apart_by_their_urls() -> None:
         }
     )
     influx, pg = config.named_targets()
-    assert (kind_of(influx.influx).name, kind_of(pg.influx).name) == ("influxdb", "postgresql")
-    assert pg.influx.create_tables and not influx.influx.create_tables
+    assert (kind_of(influx.config).name, kind_of(pg.config).name) == ("influxdb", "postgresql")
+    assert pg.config.postgresql.create_tables and not influx.config.postgresql.create_tables
     with pytest.raises(ConfigError, match=r"TWOPHASE_TARGET_URL.*must not hold a password"):
-        load_influx_config({"TWOPHASE_TARGET_URL": "postgresql://u:secret@h/db"})
+        load_target_config({"TWOPHASE_TARGET_URL": "postgresql://u:secret@h/db"})
 
 
 def test_an_epoch_without_points_opens_no_transaction() -> None:
@@ -222,10 +222,10 @@ def test_an_epoch_without_points_opens_no_transaction() -> None:
 def test_two_postgresql_targets_may_not_share_a_schema_of_one_database() -> None:
     env = {"TWOPHASE_TARGETS": "p=postgresql://u@h:5432/m,q=postgresql://v@h/m"}
     with pytest.raises(ConfigError, match=r"'p' and 'q' write to the same server and schema"):
-        load_influx_config(env)
-    apart = load_influx_config({**env, "TWOPHASE_TARGET_Q_TARGET_SCHEMA": "other"})
-    assert [t.influx.schema for t in apart.named_targets()] == ["public", "other"]
-    assert load_influx_config({"TWOPHASE_TARGETS": "p=postgresql://u@h/m,q=postgresql://u@h/n"})
+        load_target_config(env)
+    apart = load_target_config({**env, "TWOPHASE_TARGET_Q_TARGET_SCHEMA": "other"})
+    assert [t.config.postgresql.schema for t in apart.named_targets()] == ["public", "other"]
+    assert load_target_config({"TWOPHASE_TARGETS": "p=postgresql://u@h/m,q=postgresql://u@h/n"})
 
 
 class OlderContract(FakeStore):
@@ -240,7 +240,7 @@ class OlderContract(FakeStore):
 def test_a_transactional_writer_whose_begin_takes_no_generation_is_refused_at_the_start() -> None:
     from twophase.protocol.runtime import _epochs
 
-    target = InfluxConfig(url="postgresql://h/db")
+    target = TargetConfig(url="postgresql://h/db")
     with pytest.raises(TypeError, match="must take the keyword `generation`"):
         _epochs(target, OlderContract(FakeClock()))
     assert _epochs(target, FakeStore(FakeClock())) is not None

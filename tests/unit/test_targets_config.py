@@ -13,11 +13,11 @@ from twophase.config import (
     CLI_FLAGS,
     DEFAULT_TARGET,
     PER_TARGET,
+    NamedTarget,
     Secret,
-    TargetConfig,
     load_config,
-    load_influx_config,
     load_setting,
+    load_target_config,
     target_env_name,
 )
 from twophase.errors import ConfigError
@@ -36,27 +36,27 @@ def refused(env: dict[str, str], **explicit: object) -> ConfigError:
 
 
 def test_targets_are_parsed_in_order_and_the_first_is_the_url() -> None:
-    influx = load_influx_config(env=TWO)
-    assert [(t.name, t.influx.url) for t in influx.targets] == [
+    influx = load_target_config(env=TWO)
+    assert [(t.name, t.config.url) for t in influx.targets] == [
         ("a", "http://influx-a:8086"),
         ("b", "https://influx-b:8086"),
     ]
     assert influx.url == "http://influx-a:8086"  # code that talks to one server keeps working
     assert influx.named_targets() == influx.targets
     for target in influx.targets:
-        assert target.influx == replace(influx, url=target.influx.url, targets=())
-        assert target.influx.targets == ()
+        assert target.config == replace(influx, url=target.config.url, targets=())
+        assert target.config.targets == ()
 
 
 def test_the_new_settings_have_their_defaults_and_read_durations() -> None:
-    influx = load_influx_config(env=TWO)
+    influx = load_target_config(env=TWO)
     assert (influx.min_targets, influx.target_deadline_s, influx.target_max_lag_s) == (
         1,
         5.0,
         86400.0,
     )
     env = {**TWO, "TWOPHASE_MIN_TARGETS": "2", "TWOPHASE_TARGET_DEADLINE": "500ms"}
-    influx = load_influx_config(env={**env, "TWOPHASE_TARGET_MAX_LAG": "2h"})
+    influx = load_target_config(env={**env, "TWOPHASE_TARGET_MAX_LAG": "2h"})
     assert (influx.min_targets, influx.target_deadline_s, influx.target_max_lag_s) == (
         2,
         0.5,
@@ -65,15 +65,15 @@ def test_the_new_settings_have_their_defaults_and_read_durations() -> None:
 
 
 def test_without_targets_named_targets_is_one_default_target_equal_to_the_config() -> None:
-    influx = load_influx_config(env={**SHARED, "TWOPHASE_TARGET_URL": "http://one:8086"})
+    influx = load_target_config(env={**SHARED, "TWOPHASE_TARGET_URL": "http://one:8086"})
     assert influx.targets == ()
-    assert influx.named_targets() == (TargetConfig(DEFAULT_TARGET, influx),)
+    assert influx.named_targets() == (NamedTarget(DEFAULT_TARGET, influx),)
     assert DEFAULT_TARGET == "default"
 
 
 def test_targets_given_explicitly_as_text_or_mapping() -> None:
-    text = load_influx_config(env=SHARED, targets="x=http://h1:8086, y_2=http://h2:8086")
-    mapping = load_influx_config(env=SHARED, targets={"x": "http://h1:8086", "y_2": "http://h2"})
+    text = load_target_config(env=SHARED, targets="x=http://h1:8086, y_2=http://h2:8086")
+    mapping = load_target_config(env=SHARED, targets={"x": "http://h1:8086", "y_2": "http://h2"})
     assert [t.name for t in text.targets] == [t.name for t in mapping.targets] == ["x", "y_2"]
     assert load_setting("targets", {}, targets="a-1=http://h") == (("a-1", "http://h"),)
 
@@ -144,9 +144,9 @@ def test_both_url_and_targets_name_both() -> None:
 
 def test_an_explicit_url_replaces_targets_from_the_environment() -> None:
     """The first source that names the servers decides, as for any one setting."""
-    influx = load_influx_config(env=TWO, target_url="http://one:8086")
+    influx = load_target_config(env=TWO, target_url="http://one:8086")
     assert (influx.url, influx.targets) == ("http://one:8086", ())
-    influx = load_influx_config(
+    influx = load_target_config(
         env={**SHARED, "TWOPHASE_TARGET_URL": "http://one"}, targets="c=http://c"
     )
     assert [t.name for t in influx.targets] == ["c"]
@@ -198,7 +198,7 @@ def test_two_targets_on_one_server_and_database_are_refused_naming_both() -> Non
 def test_targets_on_another_server_or_database_are_accepted(
     targets: str, overrides: dict[str, str]
 ) -> None:
-    influx = load_influx_config(env={**SHARED, "TWOPHASE_TARGETS": targets, **overrides})
+    influx = load_target_config(env={**SHARED, "TWOPHASE_TARGETS": targets, **overrides})
     assert [t.name for t in influx.targets] == ["a", "b"]
 
 
@@ -241,10 +241,10 @@ def test_v2_targets_with_one_bucket_of_one_org_are_refused() -> None:
     assert "(http://h:8086, bucket 'bk' of org 'o')" in error.problem
     assert "give each its own bucket or server" in error.problem
     for var in ("TWOPHASE_TARGET_B_INFLUX_BUCKET", "TWOPHASE_TARGET_B_INFLUX_ORG"):
-        assert len(load_influx_config(env={**V2, var: "other"}).targets) == 2
+        assert len(load_target_config(env={**V2, var: "other"}).targets) == 2
     # The 2.x API writes to no database: one influx_db for both is no clash.
     other_org = {"TWOPHASE_INFLUX_DB": "x", "TWOPHASE_TARGET_B_INFLUX_ORG": "o2"}
-    assert len(load_influx_config(env={**V2, **other_org}).targets) == 2
+    assert len(load_target_config(env={**V2, **other_org}).targets) == 2
 
 
 def test_v3_targets_with_one_database_are_refused() -> None:
@@ -308,10 +308,14 @@ def test_overrides_from_the_environment_apply_to_their_target_only() -> None:
         "TWOPHASE_TARGET_B_TARGET_PASSWORD": "b-s3cret",
         "TWOPHASE_TARGET_OTHER_INFLUX_DB": "x",  # another sink's target: left alone
     }
-    a, b = load_influx_config(env=env).targets
-    assert (a.influx.database, a.influx.timeout_s, a.influx.password) == ("metrics", 10.0, None)
-    assert (b.influx.database, b.influx.timeout_s) == ("metrics_b", 30.0)
-    assert b.influx.password == Secret("b-s3cret")
+    a, b = load_target_config(env=env).targets
+    assert (a.config.influxdb.database, a.config.timeout_s, a.config.password) == (
+        "metrics",
+        10.0,
+        None,
+    )
+    assert (b.config.influxdb.database, b.config.timeout_s) == ("metrics_b", 30.0)
+    assert b.config.password == Secret("b-s3cret")
     assert "b-s3cret" not in repr(load_config(env=env))
 
 
@@ -322,14 +326,14 @@ def test_a_target_name_with_a_dash_is_spelt_with_an_underscore() -> None:
         "TWOPHASE_TARGETS": "eu-west=http://h",
         "TWOPHASE_TARGET_EU_WEST_INFLUX_DB": "e",
     }
-    assert load_influx_config(env=env).targets[0].influx.database == "e"
+    assert load_target_config(env=env).targets[0].config.influxdb.database == "e"
 
 
 def test_a_secret_override_from_a_file(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("b-token\n")
     env = {**TWO, "TWOPHASE_TARGET_B_INFLUX_TOKEN_FILE": str(token)}
-    assert load_influx_config(env=env).targets[1].influx.token == Secret("b-token")
+    assert load_target_config(env=env).targets[1].config.influxdb.token == Secret("b-token")
     missing = {**TWO, "TWOPHASE_TARGET_B_INFLUX_TOKEN_FILE": str(tmp_path / "missing")}
     assert refused(missing).option == "TWOPHASE_TARGET_B_INFLUX_TOKEN_FILE"
 
@@ -353,8 +357,12 @@ def test_each_target_is_checked_for_its_api_naming_its_variable() -> None:
     assert error.option == "TWOPHASE_TARGET_B_INFLUX_BUCKET"
     assert "TWOPHASE_INFLUX_BUCKET" in error.problem  # the shared one would do too
     env = {**TWO, "TWOPHASE_TARGET_B_INFLUX_API": "v2", "TWOPHASE_TARGET_B_INFLUX_ORG": "o"}
-    b = load_influx_config(env={**env, "TWOPHASE_TARGET_B_INFLUX_BUCKET": "bk"}).targets[1]
-    assert (b.influx.api, b.influx.bucket, b.influx.org) == ("v2", "bk", "o")
+    b = load_target_config(env={**env, "TWOPHASE_TARGET_B_INFLUX_BUCKET": "bk"}).targets[1]
+    assert (b.config.influxdb.api, b.config.influxdb.bucket, b.config.influxdb.org) == (
+        "v2",
+        "bk",
+        "o",
+    )
 
 
 @pytest.mark.parametrize(
@@ -410,22 +418,30 @@ def write(tmp_path: Path, text: str) -> dict[str, str]:
 def test_a_toml_file_gives_settings_targets_and_overrides(tmp_path: Path) -> None:
     config = load_config(env=write(tmp_path, TOML))
     assert config.staging.display_url == "postgresql+psycopg://tp:***@db.example:5432/tp"
-    influx = config.influx
+    influx = config.target
     assert (influx.batch_points, influx.min_targets, influx.target_deadline_s) == (100, 2, 2.0)
     a, b = influx.targets
-    assert (a.name, a.influx.url, a.influx.database) == ("a", "http://influx-a:8086", "metrics")
-    assert (b.name, b.influx.url, b.influx.database) == ("b", "https://influx-b:8086", "metrics_b")
-    assert b.influx.password == Secret("file-s3cret")
+    assert (a.name, a.config.url, a.config.influxdb.database) == (
+        "a",
+        "http://influx-a:8086",
+        "metrics",
+    )
+    assert (b.name, b.config.url, b.config.influxdb.database) == (
+        "b",
+        "https://influx-b:8086",
+        "metrics_b",
+    )
+    assert b.config.password == Secret("file-s3cret")
     assert "s3cret" not in repr(config)
 
 
 def test_the_environment_and_explicit_values_win_over_the_file(tmp_path: Path) -> None:
     env = {**write(tmp_path, TOML), "TWOPHASE_TARGET_BATCH_POINTS": "7"}
-    influx = load_config(env=env, min_targets=1).influx
+    influx = load_config(env=env, min_targets=1).target
     assert (influx.batch_points, influx.min_targets) == (7, 1)
-    assert influx.targets[1].influx.database == "metrics_b"
+    assert influx.targets[1].config.influxdb.database == "metrics_b"
     env["TWOPHASE_TARGET_B_INFLUX_DB"] = "from_env"
-    assert load_influx_config(env=env).targets[1].influx.database == "from_env"
+    assert load_target_config(env=env).targets[1].config.influxdb.database == "from_env"
 
 
 def test_targets_from_the_environment_replace_the_files_list_not_its_overrides(
@@ -433,18 +449,22 @@ def test_targets_from_the_environment_replace_the_files_list_not_its_overrides(
 ) -> None:
     targets = "b=https://other-b:8086,c=http://c:8086"  # b has a password: https
     env = {**write(tmp_path, TOML), "TWOPHASE_TARGETS": targets}
-    b, c = load_influx_config(env=env).targets
-    assert (b.name, b.influx.url, b.influx.database) == ("b", "https://other-b:8086", "metrics_b")
-    assert (c.name, c.influx.database) == ("c", "metrics")
-    one = load_influx_config(env={**env, "TWOPHASE_MIN_TARGETS": "1"}, target_url="http://one")
+    b, c = load_target_config(env=env).targets
+    assert (b.name, b.config.url, b.config.influxdb.database) == (
+        "b",
+        "https://other-b:8086",
+        "metrics_b",
+    )
+    assert (c.name, c.config.influxdb.database) == ("c", "metrics")
+    one = load_target_config(env={**env, "TWOPHASE_MIN_TARGETS": "1"}, target_url="http://one")
     assert (one.url, one.targets) == ("http://one", ())
 
 
 def test_targets_may_be_a_string_in_the_file(tmp_path: Path) -> None:
     env = write(tmp_path, 'target_url = "http://one:8086"\ninflux_db = "m"\n')
-    assert load_influx_config(env=env).url == "http://one:8086"
+    assert load_target_config(env=env).url == "http://one:8086"
     env = write(tmp_path, 'targets = "a=http://h1,b=http://h2"\ninflux_db = "m"\n')
-    assert [t.name for t in load_influx_config(env=env).targets] == ["a", "b"]
+    assert [t.name for t in load_target_config(env=env).targets] == ["a", "b"]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from twophase.config import load_influx_config, load_staging_config
+from twophase.config import load_staging_config, load_target_config
 from twophase.config.tls import influx_tls_error, staging_tls_error
 from twophase.errors import ConfigError
 from twophase.influx.http import tls_of
@@ -62,12 +62,12 @@ def test_a_missing_file_is_refused_naming_the_variable(tmp_path: Path) -> None:
 def test_a_client_certificate_needs_its_key(pem: Path) -> None:
     env = {**INFLUX, "TWOPHASE_TARGET_TLS_CERT": str(pem)}
     with pytest.raises(ConfigError) as caught:
-        load_influx_config(env=env)
+        load_target_config(env=env)
     assert caught.value.option == "TWOPHASE_TARGET_TLS_KEY"
 
 
 def test_influx_tls_files_become_urllib3_arguments(pem: Path) -> None:
-    config = load_influx_config(env={**INFLUX, "TWOPHASE_TARGET_TLS_CA": str(pem)})
+    config = load_target_config(env={**INFLUX, "TWOPHASE_TARGET_TLS_CA": str(pem)})
     assert tls_of(config)["ca_certs"] == str(pem)
     assert "cert_file" not in tls_of(config)
 

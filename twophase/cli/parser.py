@@ -16,7 +16,14 @@ from typing import Any
 from twophase import __version__, logs
 from twophase.cli import commands as cmd
 from twophase.cli.console import Console, error_json, printable
-from twophase.config import BY_NAME, CLI_ALIASES, CLI_FLAGS, INFLUX, STAGING, parse_duration
+from twophase.config import (
+    BY_NAME,
+    CLI_ALIASES,
+    CLI_FLAGS,
+    STAGING,
+    TARGET_SECTIONS,
+    parse_duration,
+)
 from twophase.errors import ConfigError
 from twophase.operations import LIVE_WINDOW_S
 from twophase.operations.exporter import DEFAULT_PORT
@@ -129,7 +136,7 @@ class _Commands:
     def __init__(self, subparsers: Any, json_errors: bool) -> None:
         self._subparsers, self._json_errors = subparsers, json_errors
         self._staging = _common(True, (STAGING,))
-        self._both = _common(True, (STAGING, INFLUX))
+        self._both = _common(True, (STAGING, *TARGET_SECTIONS))
 
     def add(
         self,
@@ -454,7 +461,7 @@ def build_parser(json_errors: bool = False) -> Parser:
     """The parser of every command; ``json_errors``: usage errors as JSON (``--json``)."""
     parser = Parser(
         prog="twophase",
-        parents=[_common(False, (STAGING, INFLUX))],
+        parents=[_common(False, (STAGING, *TARGET_SECTIONS))],
         description="Operate a twophase staging store (Spark -> PostgreSQL -> "
         "InfluxDB, exactly once).",
         json_errors=json_errors,

@@ -13,8 +13,10 @@ The package is read in this order:
   [`Secret`][twophase.config.values.Secret], URLs, paths);
 - [`twophase.config.sections`][twophase.config.sections]: the frozen
   [`StagingConfig`][twophase.config.sections.StagingConfig],
-  [`InfluxConfig`][twophase.config.sections.InfluxConfig] (with
-  its named [`TargetConfig`][twophase.config.sections.TargetConfig] servers) and
+  [`TargetConfig`][twophase.config.sections.TargetConfig] (with its sections only one
+  kind reads, [`InfluxDBSettings`][twophase.config.sections.InfluxDBSettings] and
+  [`PostgreSQLSettings`][twophase.config.sections.PostgreSQLSettings], and its
+  [`NamedTarget`][twophase.config.sections.NamedTarget]s) and
   [`TwoPhaseConfig`][twophase.config.sections.TwoPhaseConfig];
 - [`twophase.config.files`][twophase.config.files]: the optional TOML file ``TWOPHASE_CONFIG``
   names;
@@ -26,7 +28,9 @@ The package is read in this order:
   SQLAlchemy (executors read them);
 - [`twophase.config.sslmode`][twophase.config.sslmode]: the staging store's ``sslmode`` when its
   URL chooses none (verified TLS to a host that is not loopback);
-- [`twophase.config.tls`][twophase.config.tls]: TLS failures as errors naming the setting to fix.
+- [`twophase.config.tls`][twophase.config.tls]: TLS failures as errors naming the setting to fix;
+- [`twophase.config.former`][twophase.config.former]: the names of a former version
+  (``InfluxConfig``, ``load_influx_config``), which warn when used.
 
 Every error names the option (the environment variable when the value came from
 there). Secrets never show their value in ``repr``/``str``; URLs are shown with the
@@ -35,18 +39,22 @@ password masked.
 
 from __future__ import annotations
 
+from typing import Any
+
 from twophase.config.loading import (
     load_config,
     load_exporter_config,
-    load_influx_config,
     load_setting,
     load_staging_config,
+    load_target_config,
 )
 from twophase.config.sections import (
     DEFAULT_TARGET,
     EndpointConfig,
     ExporterConfig,
-    InfluxConfig,
+    InfluxDBSettings,
+    NamedTarget,
+    PostgreSQLSettings,
     StagingConfig,
     TargetConfig,
     TwoPhaseConfig,
@@ -62,16 +70,19 @@ from twophase.config.settings import (
     ENV_PREFIX,
     EXPORTER,
     GZIP,
-    INFLUX,
     INFLUX_APIS,
+    INFLUXDB,
     INLINE,
     MAX_LANES,
     OPTIONS,
     PER_TARGET,
+    POSTGRESQL,
     PROMOTIONS,
     SECRET_OPTIONS,
     SETTINGS,
     STAGING,
+    TARGET,
+    TARGET_SECTIONS,
     UNCOMPRESSED,
     Setting,
     default,
@@ -92,20 +103,25 @@ __all__ = [
     "ENV_PREFIX",
     "EXPORTER",
     "GZIP",
-    "INFLUX",
+    "INFLUXDB",
     "INFLUX_APIS",
     "INLINE",
     "MAX_LANES",
     "OPTIONS",
     "PER_TARGET",
+    "POSTGRESQL",
     "PROMOTIONS",
     "SECRET_OPTIONS",
     "SETTINGS",
     "STAGING",
+    "TARGET",
+    "TARGET_SECTIONS",
     "UNCOMPRESSED",
     "EndpointConfig",
     "ExporterConfig",
-    "InfluxConfig",
+    "InfluxDBSettings",
+    "NamedTarget",
+    "PostgreSQLSettings",
     "Secret",
     "Setting",
     "StagingConfig",
@@ -115,10 +131,17 @@ __all__ = [
     "env_name",
     "load_config",
     "load_exporter_config",
-    "load_influx_config",
     "load_setting",
     "load_staging_config",
+    "load_target_config",
     "mask_url",
     "parse_duration",
     "target_env_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The names of a former version (``InfluxConfig``), with a DeprecationWarning."""
+    from twophase.config.former import former
+
+    return former(__name__, name)

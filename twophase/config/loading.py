@@ -3,7 +3,7 @@ then the TOML file ``TWOPHASE_CONFIG`` names, then the table's defaults.
 
 Every error names the option (the environment variable when the value came from
 there, ``option in /path/file.toml`` when from the file). A secret may also be
-given as ``<VAR>_FILE`` naming a file that holds it. A sink's InfluxDB servers
+given as ``<VAR>_FILE`` naming a file that holds it. A sink's targets
 are ``target_url`` (one) or ``targets`` (several, each of which may override
 the shared settings: ``TWOPHASE_TARGET_<NAME>_<OPTION>`` or the file's
 ``[targets.NAME]``). Everything is parsed and validated once, when loaded. Two
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from twophase.config.files import NO_FILE, ConfigFile, read_config_file
 from twophase.config.sections import (
     ExporterConfig,
-    InfluxConfig,
+    NamedTarget,
     StagingConfig,
     TargetConfig,
     TwoPhaseConfig,
@@ -36,12 +36,12 @@ from twophase.config.sections import (
 from twophase.config.settings import (
     BY_NAME,
     EXPORTER,
-    INFLUX,
     OPTIONS,
     PER_TARGET,
     SETTINGS,
     STAGING,
     TARGET_ENV_PREFIX,
+    TARGET_SECTIONS,
     Setting,
     env_name,
     target_env_name,
@@ -199,9 +199,9 @@ def _staging(src: _Source) -> StagingConfig:
     return StagingConfig(**{s.attr: src.value(s) for s in SETTINGS if s.section == STAGING})
 
 
-def _influx(src: _Source) -> InfluxConfig:
+def _target_config(src: _Source) -> TargetConfig:
     url, pairs = _servers(src)
-    shared = InfluxConfig(url=url, **_shared_fields(src))
+    shared = TargetConfig(url=url).with_settings(_shared_fields(src))
     if pairs:
         _check_target_variables(src.env)
     targets = tuple(_target(src.for_target(name), shared, name, at) for name, at in pairs)
@@ -210,16 +210,19 @@ def _influx(src: _Source) -> InfluxConfig:
     _check_min_targets(src, config)
     # With targets, each target is checked (its own API may differ); the shared
     # settings alone need not make a whole server's.
-    if not targets and config.api != "auto" and config.is_influx:
-        config.validate_for_api()
+    if not targets and config.influxdb.api != "auto" and config.is_influx:
+        config.influxdb.validate_for_api()
     _check_plaintext_credentials(src, config)
     return config
 
 
-def _shared_fields(src: _Source) -> dict[str, Any]:
-    """The InfluxDB settings but the servers (read by `_servers`), by field name."""
-    influx = (s for s in SETTINGS if s.section == INFLUX and s.name not in _SERVERS)
-    return {s.attr: src.value(s) for s in influx}
+def _shared_fields(src: _Source) -> dict[str, dict[str, Any]]:
+    """The targets' settings but the servers (read by `_servers`), by section and field."""
+    values: dict[str, dict[str, Any]] = {section: {} for section in TARGET_SECTIONS}
+    for setting in SETTINGS:
+        if setting.section in TARGET_SECTIONS and setting.name not in _SERVERS:
+            values[setting.section][setting.attr] = src.value(setting)
+    return values
 
 
 def _servers(src: _Source) -> tuple[str, Targets]:
@@ -242,25 +245,25 @@ def _refuse_both_or_neither(src: _Source, where: int) -> None:
     raise ConfigError(
         src.lookup(BY_NAME["targets"])[1],
         f"is set together with {src.lookup(BY_NAME['target_url'])[1]}: set only one "
-        f"({url} for one InfluxDB server, {targets} for several)",
+        f"({url} for one target, {targets} for several)",
     )
 
 
-def _target(src: _Source, shared: InfluxConfig, name: str, url: str) -> TargetConfig:
+def _target(src: _Source, shared: TargetConfig, name: str, url: str) -> NamedTarget:
     """One target: the shared settings with its URL and overrides, checked like them;
     errors name its own variables."""
-    overrides = {}
+    overrides: dict[str, dict[str, Any]] = {section: {} for section in TARGET_SECTIONS}
     for setting in (BY_NAME[option] for option in PER_TARGET):
         raw, given = src.lookup(setting)
         if raw is not None:
-            overrides[setting.attr] = parse(setting, raw, given)
+            overrides[setting.section][setting.attr] = parse(setting, raw, given)
     try:
-        influx = replace(shared, url=url, targets=(), **overrides)
-        if influx.api != "auto" and influx.is_influx:
-            influx.validate_for_api()
+        config = replace(shared, url=url, targets=()).with_settings(overrides)
+        if config.influxdb.api != "auto" and config.is_influx:
+            config.influxdb.validate_for_api()
     except ConfigError as exc:
         raise _for_target(exc, name) from None
-    return TargetConfig(name, influx)
+    return NamedTarget(name, config)
 
 
 def _for_target(exc: ConfigError, name: str) -> ConfigError:
@@ -298,26 +301,26 @@ def _check_target_variables(env: Mapping[str, str]) -> None:
             )
 
 
-def _check_plaintext_credentials(src: _Source, config: InfluxConfig) -> None:
+def _check_plaintext_credentials(src: _Source, config: TargetConfig) -> None:
     """Refuse a target whose password or token would cross the network unencrypted:
     an ``http://`` URL of a host that is not loopback, with credentials, unless
     ``allow_plaintext_credentials`` is true for it. The error names the URL's setting,
     the target and the setting that allows it; never a secret."""
     allow = env_name("allow_plaintext_credentials")
     for target in config.named_targets():
-        influx = target.influx
-        if influx.allow_plaintext_credentials or not _plaintext_remote(influx.url):
+        one = target.config
+        if one.allow_plaintext_credentials or not _plaintext_remote(one.url):
             continue
-        secrets = (("a password", influx.password), ("a token", influx.token))
+        secrets = (("a password", one.password), ("a token", one.influxdb.token))
         what = [word for word, secret in secrets if secret is not None]
         if not what:
             continue
         if config.targets:
             own = target_env_name(target.name, "allow_plaintext_credentials")
-            shown = f"target {target.name!r} ({mask_url(influx.url)})"
+            shown = f"target {target.name!r} ({mask_url(one.url)})"
             fix = f"{own}=true for it (or {allow}=true for every target)"
         else:
-            shown, fix = mask_url(influx.url), f"{allow}=true"
+            shown, fix = mask_url(one.url), f"{allow}=true"
         verb = "are" if len(what) > 1 else "is"
         raise ConfigError(
             src.lookup(BY_NAME["targets" if config.targets else "target_url"])[1],
@@ -334,21 +337,21 @@ def _plaintext_remote(url: str) -> bool:
     return parts.scheme.lower() == "http" and not is_loopback(parts.hostname or "")
 
 
-def _check_distinct_destinations(src: _Source, targets: tuple[TargetConfig, ...]) -> None:
+def _check_distinct_destinations(src: _Source, targets: tuple[NamedTarget, ...]) -> None:
     """Refuse two targets that write to the same database (or bucket) of the same server.
     Both would hold the same series, and a lagging one's catch-up, delivering old epochs
     in order, would write old values over the newer ones the other already wrote."""
-    seen: dict[tuple[str, Destination], TargetConfig] = {}
+    seen: dict[tuple[str, Destination], NamedTarget] = {}
     for target in targets:
-        server = server_of(target.influx.url)
-        for destination in _destinations(target.influx):
+        server = server_of(target.config.url)
+        for destination in _destinations(target.config):
             other = seen.setdefault((server, destination), target)
             if other is not target:
                 raise _same_destination(src, other, target, server, destination)
 
 
 def _same_destination(
-    src: _Source, first: TargetConfig, second: TargetConfig, server: str, where: Destination
+    src: _Source, first: NamedTarget, second: NamedTarget, server: str, where: Destination
 ) -> ConfigError:
     kind, name, detail = where
     if kind == "schema":
@@ -358,7 +361,10 @@ def _same_destination(
     else:
         shown = f"bucket {detail!r} of org {name!r}"
     auto = " (with influx_api auto the server's version decides which is written to)"
-    either_auto = kind != "schema" and "auto" in (first.influx.api, second.influx.api)
+    either_auto = kind != "schema" and "auto" in (
+        first.config.influxdb.api,
+        second.config.influxdb.api,
+    )
     return ConfigError(
         src.lookup(BY_NAME["targets"])[1],
         f"targets {first.name!r} and {second.name!r} write to the same server and {kind} "
@@ -385,7 +391,7 @@ def server_of(url: str) -> str:
     return f"{parts.scheme.lower()}://{host}:{port}{parts.path.rstrip('/')}"
 
 
-def _destinations(influx: InfluxConfig) -> set[Destination]:
+def _destinations(config: TargetConfig) -> set[Destination]:
     """Where the target's points may land, by its API: the database and retention
     policy (1.x; 3 has no retention policy and takes 1.x writes into the same
     database), the org and bucket (2.x), either for ``auto`` (the server's version
@@ -396,8 +402,9 @@ def _destinations(influx: InfluxConfig) -> set[Destination]:
     here either. A target of another kind lands in the schema (``target_schema``) of
     the database its URL names."""
     found: set[Destination] = set()
-    if not influx.is_influx:  # another kind: its URL names the database; the schema
-        return {("schema", influx.schema, None)}
+    if not config.is_influx:  # another kind: its URL names the database; the schema
+        return {("schema", config.postgresql.schema, None)}
+    influx = config.influxdb
     if influx.api in ("v1", "v3", "auto") and influx.database:
         policy = influx.retention_policy if influx.api != "v3" else None
         found.add(("database", influx.database, policy or None))
@@ -406,7 +413,7 @@ def _destinations(influx: InfluxConfig) -> set[Destination]:
     return found
 
 
-def _check_min_targets(src: _Source, config: InfluxConfig) -> None:
+def _check_min_targets(src: _Source, config: TargetConfig) -> None:
     count = len(config.named_targets())
     if config.min_targets > count:
         raise ConfigError(
@@ -417,12 +424,12 @@ def _check_min_targets(src: _Source, config: InfluxConfig) -> None:
 
 def load_setting(name: str, env: Mapping[str, str] | None = None, **explicit: Any) -> Any:
     """One setting's value, parsed (for a process that has only some of the settings:
-    an executor knows the staging store, maybe not InfluxDB)."""
+    an executor knows the staging store, maybe not the targets)."""
     return _source(env, explicit).value(BY_NAME[name])
 
 
 def load_staging_config(env: Mapping[str, str] | None = None, **explicit: Any) -> StagingConfig:
-    """The staging store settings (for processes that never talk to InfluxDB)."""
+    """The staging store settings (for processes that never talk to a target)."""
     return _staging(_source(env, explicit))
 
 
@@ -433,9 +440,9 @@ def load_exporter_config(env: Mapping[str, str] | None = None, **explicit: Any) 
     return ExporterConfig(**{s.attr: src.value(s) for s in SETTINGS if s.section == EXPORTER})
 
 
-def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) -> InfluxConfig:
-    """The InfluxDB settings, targets included; ``api`` may still be ``auto`` afterwards."""
-    return _influx(_source(env, explicit))
+def load_target_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TargetConfig:
+    """The targets' settings; ``influx_api`` may still be ``auto`` afterwards."""
+    return _target_config(_source(env, explicit))
 
 
 def load_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TwoPhaseConfig:
@@ -447,4 +454,4 @@ def load_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TwoPha
     if unknown:
         raise ConfigError(unknown[0], f"unknown option (known: {', '.join(OPTIONS)})")
     src = _source(env, explicit)
-    return TwoPhaseConfig(staging=_staging(src), influx=_influx(src))
+    return TwoPhaseConfig(staging=_staging(src), target=_target_config(src))

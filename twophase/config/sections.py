@@ -1,23 +1,27 @@
-"""The frozen configurations: the staging store's, InfluxDB's, and both together.
+"""The frozen configurations: the staging store's, the targets', and both together.
 
 Their fields are the table's settings of their section (``Setting.attr``), with
 the table's defaults. A client certificate without its key, or a key without its
 certificate, is refused when the object is made. A sink delivers to one or more
-named InfluxDB targets ([`TargetConfig`][twophase.config.sections.TargetConfig]), each with an
-[`InfluxConfig`][twophase.config.sections.InfluxConfig]
-of its own. The exporter's settings are an
-[`ExporterConfig`][twophase.config.sections.ExporterConfig]; a Prometheus endpoint (the
-exporter's, the driver's) is an [`EndpointConfig`][twophase.config.sections.EndpointConfig].
+named targets ([`NamedTarget`][twophase.config.sections.NamedTarget]), each with a
+[`TargetConfig`][twophase.config.sections.TargetConfig] of its own, whose
+``influxdb`` and ``postgresql`` sections hold what only that kind reads. The
+exporter's settings are an [`ExporterConfig`][twophase.config.sections.ExporterConfig];
+a Prometheus endpoint (the exporter's, the driver's) is an
+[`EndpointConfig`][twophase.config.sections.EndpointConfig].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 from twophase.config import sslmode, urls
-from twophase.config.settings import default, env_name
+from twophase.config.settings import INFLUXDB, POSTGRESQL, TARGET, default, env_name
 from twophase.config.values import Secret, mask_url
+from twophase.deprecation import warn_deprecated
 from twophase.errors import ConfigError
 
 
@@ -75,51 +79,84 @@ class StagingConfig:
 
 
 @dataclass(frozen=True)
-class InfluxConfig:
-    """Where and how to write to InfluxDB.
+class InfluxDBSettings:
+    """The settings only the InfluxDB kind reads (section ``influxdb``).
 
     ``api`` is ``v1`` (``/write``: database, retention policy, user/password),
     ``v2`` (``/api/v2/write`` via influxdb-client: org, bucket, token), ``v3``
     (InfluxDB 3's ``/api/v3/write_lp``: database, token) or ``auto`` (resolved
     once through ``/ping``, never to ``v3``; see
     [`twophase.influx.api.resolve_api`][twophase.influx.api.resolve_api]).
+    """
 
-    ``targets`` are the named servers of a sink with several (the ``targets``
-    setting); empty when ``target_url`` names the one server. With targets,
-    ``url`` is the first target's, so code that talks to one server keeps
+    api: str = default("influx_api")
+    database: str | None = None
+    retention_policy: str | None = None
+    org: str | None = None
+    bucket: str | None = None
+    token: Secret | None = None
+
+    def validate_for_api(self) -> None:
+        """Check the settings the chosen API needs (after ``auto`` is resolved)."""
+        if self.api in ("v1", "v3") and not self.database:
+            version = "1.x" if self.api == "v1" else "3"
+            raise ConfigError(env_name("influx_db"), f"required with the InfluxDB {version} API")
+        if self.api == "v2":
+            if not self.bucket:
+                raise ConfigError(env_name("influx_bucket"), "required with the InfluxDB 2.x API")
+            if not self.org:
+                raise ConfigError(env_name("influx_org"), "required with the InfluxDB 2.x API")
+
+
+@dataclass(frozen=True)
+class PostgreSQLSettings:
+    """The settings only the PostgreSQL kind reads (section ``postgresql``): the schema
+    of its tables, whether it creates them, and its sessions' timeouts."""
+
+    schema: str = default("target_schema")
+    create_tables: bool = default("target_create_tables")
+    lock_timeout_s: float = default("target_lock_timeout")
+    statement_timeout_s: float = default("target_statement_timeout")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Where and how to deliver to a target, of any kind.
+
+    The fields are the settings every kind reads; ``influxdb`` and ``postgresql`` are
+    the settings only that kind reads
+    ([`InfluxDBSettings`][twophase.config.sections.InfluxDBSettings],
+    [`PostgreSQLSettings`][twophase.config.sections.PostgreSQLSettings]). A kind of
+    one's own reads the common fields and its URL.
+
+    ``targets`` are the named targets of a sink with several (the ``targets``
+    setting); empty when ``target_url`` names the one target. With targets,
+    ``url`` is the first target's, so code that talks to one target keeps
     working, and the other fields are the settings the targets share; each
     target's own (overrides applied) is in its
-    [`TargetConfig`][twophase.config.sections.TargetConfig].
+    [`NamedTarget`][twophase.config.sections.NamedTarget].
     `named_targets` gives the targets either way.
     """
 
     url: str
     kind: str = default("target_kind")
-    schema: str = default("target_schema")
-    create_tables: bool = default("target_create_tables")
-    lock_timeout_s: float = default("target_lock_timeout")
-    statement_timeout_s: float = default("target_statement_timeout")
-    api: str = default("influx_api")
-    database: str | None = None
-    retention_policy: str | None = None
-    username: str | None = None
-    password: Secret | None = None
-    org: str | None = None
-    bucket: str | None = None
-    token: Secret | None = None
+    influxdb: InfluxDBSettings = InfluxDBSettings()
+    postgresql: PostgreSQLSettings = PostgreSQLSettings()
     timeout_s: float = default("target_timeout")
     batch_points: int = default("target_batch_points")
     batch_bytes: int = default("target_batch_bytes")
     retry_deadline_s: float = default("target_retry_deadline")
     retry_initial_s: float = default("target_retry_initial")
     retry_max_s: float = default("target_retry_max")
+    username: str | None = None
+    password: Secret | None = None
+    allow_plaintext_credentials: bool = default("allow_plaintext_credentials")
     promotion: str = default("promotion")
     metrics_port: int | None = None
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
-    allow_plaintext_credentials: bool = default("allow_plaintext_credentials")
-    targets: tuple[TargetConfig, ...] = ()
+    targets: tuple[NamedTarget, ...] = ()
     min_targets: int = default("min_targets")
     target_deadline_s: float = default("target_deadline")
     target_max_lag_s: float = default("target_max_lag")
@@ -150,54 +187,65 @@ class InfluxConfig:
             self.metrics_tls_client_ca,
         )
 
-    def named_targets(self) -> tuple[TargetConfig, ...]:
+    def named_targets(self) -> tuple[NamedTarget, ...]:
         """The targets, or the one (named
         [`DEFAULT_TARGET`][twophase.config.sections.DEFAULT_TARGET]) that ``target_url`` makes."""
-        return self.targets or (TargetConfig(DEFAULT_TARGET, self),)
+        return self.targets or (NamedTarget(DEFAULT_TARGET, self),)
 
     @property
     def is_influx(self) -> bool:
         """Whether the target is InfluxDB (or VictoriaMetrics): ``target_kind`` says
-        ``influxdb``, or is ``auto`` with an http(s) URL. Only then do the InfluxDB
-        settings (``influx_api``, ``influx_db``...) apply to it."""
+        ``influxdb``, or is ``auto`` with an http(s) URL. Only then does its ``influxdb``
+        section (``influx_api``, ``influx_db``...) apply to it."""
         if self.kind != "auto":
             return self.kind == "influxdb"
         return urlsplit(self.url).scheme in ("http", "https")
 
-    def validate_for_api(self) -> None:
-        """Check the settings the chosen API needs (after ``auto`` is resolved)."""
-        if self.api in ("v1", "v3") and not self.database:
-            version = "1.x" if self.api == "v1" else "3"
-            raise ConfigError(env_name("influx_db"), f"required with the InfluxDB {version} API")
-        if self.api == "v2":
-            if not self.bucket:
-                raise ConfigError(env_name("influx_bucket"), "required with the InfluxDB 2.x API")
-            if not self.org:
-                raise ConfigError(env_name("influx_org"), "required with the InfluxDB 2.x API")
+    def with_settings(self, values: Mapping[str, Mapping[str, Any]]) -> TargetConfig:
+        """A copy with fields replaced, by section (``target``, ``influxdb``,
+        ``postgresql``) and field: how a target's overrides are applied."""
+        return replace(
+            self,
+            influxdb=replace(self.influxdb, **values.get(INFLUXDB, {})),
+            postgresql=replace(self.postgresql, **values.get(POSTGRESQL, {})),
+            **values.get(TARGET, {}),
+        )
 
 
 DEFAULT_TARGET = "default"  # the one target target_url makes
 
 
 @dataclass(frozen=True)
-class TargetConfig:
-    """One named InfluxDB server a sink delivers to.
+class NamedTarget:
+    """One named target a sink delivers to.
 
-    ``influx`` is its configuration: the shared settings with its overrides
+    ``config`` is its configuration: the shared settings with its overrides
     applied (``TWOPHASE_TARGET_<NAME>_<OPTION>``), its own ``url``, and no
     ``targets`` of its own.
     """
 
     name: str
-    influx: InfluxConfig
+    config: TargetConfig
+
+    @property
+    def influx(self) -> TargetConfig:
+        """Deprecated: ``config``."""
+        warn_deprecated("NamedTarget.influx", "NamedTarget.config")
+        return self.config
 
 
 @dataclass(frozen=True)
 class TwoPhaseConfig:
-    """Everything a process of twophase needs: the staging store and InfluxDB."""
+    """Everything a process of twophase needs: the staging store and the targets."""
 
     staging: StagingConfig
-    influx: InfluxConfig
+    target: TargetConfig
+
+    @property
+    def influx(self) -> TargetConfig:
+        """Deprecated: ``target``."""
+        warn_deprecated("TwoPhaseConfig.influx", "TwoPhaseConfig.target")
+        return self.target
 
 
 @dataclass(frozen=True)

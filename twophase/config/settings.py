@@ -16,11 +16,15 @@ INLINE, BACKGROUND = "inline", "background"
 PROMOTIONS = (INLINE, BACKGROUND)
 GZIP, UNCOMPRESSED = "gzip", "none"
 COMPRESSIONS = (GZIP, UNCOMPRESSED)
-MAX_LANES = 32  # InfluxDB connections a writer keeps open (its pool's size)
+MAX_LANES = 32  # connections a target's writer keeps open (its pool's size)
 # The most characters one staged chunk of several lines holds (4 bytes each at most in
 # UTF-8): with the longest line staged, the bound a chunk's decompression keeps to.
 MAX_CHUNK_CHARS = 16 * 1024 * 1024
-STAGING, INFLUX = "staging", "influx"
+STAGING = "staging"
+# A target's settings: those of any kind, then those only one kind reads (its config's
+# section of the same name).
+TARGET, INFLUXDB, POSTGRESQL = "target", "influxdb", "postgresql"
+TARGET_SECTIONS = (TARGET, INFLUXDB, POSTGRESQL)
 # How rows become points: read by the point builder alone (no config object holds them).
 POINTS = "points"
 # The exporter of the store's metrics (`twophase metrics serve`): its ExporterConfig.
@@ -64,7 +68,7 @@ class Setting:
     ``http_url``, ``targets`` (named http URLs: ``a=http://h1:8086,b=https://h2:8086``)
     or ``path`` (a readable file).
     ``attr`` is its field in [`StagingConfig`][twophase.config.sections.StagingConfig],
-    [`InfluxConfig`][twophase.config.sections.InfluxConfig] or
+    [`TargetConfig`][twophase.config.sections.TargetConfig] or
     [`ExporterConfig`][twophase.config.sections.ExporterConfig] (``section``). ``flag``
     settings are also flags of the ``twophase`` CLI (``--influx-db``).
     ``aliases`` are its former option names (``influx_url`` of ``target_url``): each is
@@ -328,9 +332,9 @@ SETTINGS: tuple[Setting, ...] = (
         attr="compression",
         kind="choice",
         help=(
-            "gzip: each staged chunk is compressed on the executor and stored and sent to "
-            "InfluxDB as it is (Content-Encoding: gzip); none: chunks are stored and sent as "
-            "text"
+            "gzip: each staged chunk is compressed on the executor and stored as it is, and "
+            "sent to an InfluxDB target as it is (Content-Encoding: gzip); none: chunks are "
+            "stored and sent as text"
         ),
         default=GZIP,
         choices=COMPRESSIONS,
@@ -348,18 +352,19 @@ SETTINGS: tuple[Setting, ...] = (
         attr="lanes",
         kind="int",
         help=(
-            "InfluxDB connections an epoch is promoted over at once (its lanes); each series "
-            "keeps to one lane, chosen when its points are staged"
+            "connections an epoch is promoted over at once (its lanes); each series keeps to "
+            "one lane, chosen when its points are staged"
         ),
         default=4,
         minimum=1,
         maximum=MAX_LANES,
     ),
-    # The targets (InfluxDB servers), and how an epoch is promoted to them. Settings of
-    # every kind of target are named target_*; the influx_* ones are InfluxDB's own.
+    # The targets, and how an epoch is promoted to them. Most settings of every kind
+    # of target are named target_*; the influx_* ones are the InfluxDB kind's own, and
+    # the section says which kind reads a setting.
     Setting(
         name="target_url",
-        section=INFLUX,
+        section=TARGET,
         attr="url",
         kind="http_url",
         help="the target's URL: http(s)://host:port of an InfluxDB server, or"
@@ -369,7 +374,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="targets",
-        section=INFLUX,
+        section=TARGET,
         attr="targets",
         kind="targets",
         help=(
@@ -383,7 +388,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="min_targets",
-        section=INFLUX,
+        section=TARGET,
         attr="min_targets",
         kind="int",
         help=(
@@ -395,7 +400,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_deadline",
-        section=INFLUX,
+        section=TARGET,
         attr="target_deadline_s",
         kind="duration",
         help=(
@@ -406,7 +411,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_max_lag",
-        section=INFLUX,
+        section=TARGET,
         attr="target_max_lag_s",
         kind="duration",
         help="how long a target may lag behind before it is quarantined",
@@ -414,7 +419,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_max_backlog_bytes",
-        section=INFLUX,
+        section=TARGET,
         attr="target_max_backlog_bytes",
         kind="int",
         help=(
@@ -427,7 +432,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_catch_up_rate",
-        section=INFLUX,
+        section=TARGET,
         attr="target_catch_up_rate",
         kind="int",
         help=(
@@ -440,7 +445,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_kind",
-        section=INFLUX,
+        section=TARGET,
         attr="kind",
         kind="text",
         help="the kind of target: auto (told by the URL's scheme: http(s) InfluxDB,"
@@ -450,7 +455,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_schema",
-        section=INFLUX,
+        section=POSTGRESQL,
         attr="schema",
         kind="text",
         help="PostgreSQL targets: the schema of the tables points go to (one table per"
@@ -459,7 +464,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_create_tables",
-        section=INFLUX,
+        section=POSTGRESQL,
         attr="create_tables",
         kind="bool",
         help="PostgreSQL targets: create a measurement's table (and add a field's column)"
@@ -468,7 +473,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_lock_timeout",
-        section=INFLUX,
+        section=POSTGRESQL,
         attr="lock_timeout_s",
         kind="duration",
         help=(
@@ -482,7 +487,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_statement_timeout",
-        section=INFLUX,
+        section=POSTGRESQL,
         attr="statement_timeout_s",
         kind="duration",
         help=(
@@ -495,7 +500,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="influx_api",
-        section=INFLUX,
+        section=INFLUXDB,
         attr="api",
         kind="choice",
         help="v1 (/write), v2 (/api/v2/write), v3 (InfluxDB 3's /api/v3/write_lp) or auto"
@@ -506,7 +511,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="influx_db",
-        section=INFLUX,
+        section=INFLUXDB,
         attr="database",
         kind="text",
         help="1.x or 3.x database",
@@ -514,7 +519,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="influx_rp",
-        section=INFLUX,
+        section=INFLUXDB,
         attr="retention_policy",
         kind="text",
         help="1.x retention policy",
@@ -522,23 +527,23 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_username",
-        section=INFLUX,
+        section=TARGET,
         attr="username",
         kind="text",
-        help="user of the target (InfluxDB 1.x)",
+        help="user of the target (InfluxDB 1.x, PostgreSQL)",
         aliases=("influx_user",),
     ),
     Setting(
         name="target_password",
-        section=INFLUX,
+        section=TARGET,
         attr="password",
         kind="secret",
-        help="password of target_username (InfluxDB 1.x)",
+        help="password of target_username (InfluxDB 1.x, PostgreSQL)",
         aliases=("influx_password",),
     ),
     Setting(
         name="influx_org",
-        section=INFLUX,
+        section=INFLUXDB,
         attr="org",
         kind="text",
         help="2.x organisation",
@@ -546,23 +551,23 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="influx_bucket",
-        section=INFLUX,
+        section=INFLUXDB,
         attr="bucket",
         kind="text",
         help="2.x bucket",
         flag=True,
     ),
     Setting(
-        name="influx_token", section=INFLUX, attr="token", kind="secret", help="2.x or 3.x token"
+        name="influx_token", section=INFLUXDB, attr="token", kind="secret", help="2.x or 3.x token"
     ),
-    *_tls_settings(INFLUX, "an https target", "default: the system's CAs", "target", "influx"),
+    *_tls_settings(TARGET, "an https target", "default: the system's CAs", "target", "influx"),
     Setting(
         name="allow_plaintext_credentials",
-        section=INFLUX,
+        section=TARGET,
         attr="allow_plaintext_credentials",
         kind="bool",
         help=(
-            "send the InfluxDB password or token over plain http:// to a host that is not "
+            "send the password or token over plain http:// to a host that is not "
             "loopback (127.0.0.0/8, ::1, localhost); without it such a target is refused "
             "when credentials are configured: use https://"
         ),
@@ -570,7 +575,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_timeout",
-        section=INFLUX,
+        section=TARGET,
         attr="timeout_s",
         kind="duration",
         help="one HTTP request's timeout",
@@ -579,23 +584,22 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_batch_points",
-        section=INFLUX,
+        section=TARGET,
         attr="batch_points",
         kind="int",
         help=(
             "points per promote request; at least staging_chunk_points, or chunks are cut "
             "into text to fit, and best a multiple of it, which fills each request"
         ),
-        # Two chunks: measured (bench/request_size.py), 10,000 cut the driver's CPU per
-        # point by 30 % against 5,000 with no loss of points/s; 20,000 cut more CPU
-        # but sent fewer points/s to InfluxDB 1.6.7 over 4 lanes.
+        # Two chunks: a larger request spares the driver CPU per point, until too few
+        # requests are in flight to keep the lanes busy (bench/request_size.py measures it).
         default=2 * _REQUEST_POINTS,
         minimum=1,
         aliases=("influx_batch_points",),
     ),
     Setting(
         name="target_batch_bytes",
-        section=INFLUX,
+        section=TARGET,
         attr="batch_bytes",
         kind="int",
         help="bytes per promote request",
@@ -605,7 +609,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_retry_deadline",
-        section=INFLUX,
+        section=TARGET,
         attr="retry_deadline_s",
         kind="duration",
         help="how long promotion retries without progress before failing (retryable)",
@@ -614,7 +618,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_retry_initial",
-        section=INFLUX,
+        section=TARGET,
         attr="retry_initial_s",
         kind="duration",
         help="first backoff step",
@@ -623,7 +627,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="target_retry_max",
-        section=INFLUX,
+        section=TARGET,
         attr="retry_max_s",
         kind="duration",
         help="largest backoff step",
@@ -632,11 +636,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="promotion",
-        section=INFLUX,
+        section=TARGET,
         attr="promotion",
         kind="choice",
         help=(
-            "inline: a commit returns once its epoch is in InfluxDB; background: once it is "
+            "inline: a commit returns once its epoch is in the targets; background: once it is "
             "decided, while a thread promotes it and the next batch computes (the next commit "
             "waits for it)"
         ),
@@ -648,16 +652,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         name="metrics_port",
-        section=INFLUX,
+        section=TARGET,
         attr="metrics_port",
         kind="int",
         help=(
             "port of the Prometheus endpoint of the process that promotes (the Spark driver): "
-            "its InfluxDB requests; off when unset"
+            "its requests to the targets; off when unset"
         ),
         minimum=1,
     ),
-    *_endpoint_settings("metrics", INFLUX, "metrics_", "the driver's endpoint (metrics_port)"),
+    *_endpoint_settings("metrics", TARGET, "metrics_", "the driver's endpoint (metrics_port)"),
     # The exporter of the store's metrics (`twophase metrics serve`).
     Setting(
         name="exporter_port",
@@ -707,8 +711,8 @@ SECRET_OPTIONS = tuple(s.name for s in SETTINGS if s.secret)
 CLI_FLAGS = tuple(s.name for s in SETTINGS if s.flag)
 # The former names of CLI flags' settings: still flags (``--influx-url``).
 CLI_ALIASES = tuple(alias for s in SETTINGS if s.flag for alias in s.aliases)
-# The InfluxDB settings of the sink as a whole, not of one server: where it delivers,
-# how many servers must take an epoch, how it promotes, its metrics endpoint.
+# The target settings of the sink as a whole, not of one target: where it delivers,
+# how many targets must take an epoch, how it promotes, its metrics endpoint.
 SINK_WIDE = (
     "target_url",
     "targets",
@@ -724,7 +728,9 @@ SINK_WIDE = (
     "metrics_tls_client_ca",
 )
 # The settings one target may override (TWOPHASE_TARGET_<NAME>_<OPTION>, [targets.NAME]).
-PER_TARGET = tuple(s.name for s in SETTINGS if s.section == INFLUX and s.name not in SINK_WIDE)
+PER_TARGET = tuple(
+    s.name for s in SETTINGS if s.section in TARGET_SECTIONS and s.name not in SINK_WIDE
+)
 
 
 def default(name: str) -> Any:

@@ -6,14 +6,14 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from twophase.config import InfluxConfig, env_name
+from twophase.config import TargetConfig, env_name
 from twophase.errors import ConfigError
 from twophase.influx.classify import Target, classify_status, header
 from twophase.influx.http import auth_headers, request_once, secrets_of, timeout_of, tls_of
 from twophase.influx.writers import InfluxWriter, V1Writer, V2Writer, V3Writer
 
 
-def resolve_api(config: InfluxConfig) -> InfluxConfig:
+def resolve_api(config: TargetConfig) -> TargetConfig:
     """The config with ``api`` fixed: ``auto`` is resolved once through ``GET /ping``.
 
     ``X-Influxdb-Version`` 1.x -> ``v1``; 2.x, 3.x, ``v2...`` or Cloud -> ``v2``.
@@ -23,17 +23,22 @@ def resolve_api(config: InfluxConfig) -> InfluxConfig:
     fail, and ConfigError from ``validate_for_api`` when the chosen API lacks
     a setting.
     """
-    if config.api == "auto":
-        config = dataclasses.replace(config, api=_api_from_version(_ping_version(config)))
-    config.validate_for_api()
+    if config.influxdb.api == "auto":
+        config = dataclasses.replace(
+            config,
+            influxdb=dataclasses.replace(
+                config.influxdb, api=_api_from_version(_ping_version(config))
+            ),
+        )
+    config.influxdb.validate_for_api()
     return config
 
 
-def _ping_version(config: InfluxConfig) -> str | None:
+def _ping_version(config: TargetConfig) -> str | None:
     target = Target.of(config)
     headers = auth_headers(config.username, config.password)
-    if config.token:  # InfluxDB 3 may require auth on /ping
-        headers = {"Authorization": f"Token {config.token.reveal()}"}
+    if config.influxdb.token:  # InfluxDB 3 may require auth on /ping
+        headers = {"Authorization": f"Token {config.influxdb.token.reveal()}"}
     url, secrets = f"{config.url}/ping", secrets_of(config)
     response = request_once(
         "GET", url, timeout_of(config), headers, None, target, secrets, tls_of(config)
@@ -60,25 +65,25 @@ def _api_from_version(version: str | None) -> str:
     raise ConfigError(option, f"unknown InfluxDB version {version!r}; set it to v1 or v2")
 
 
-def make_writer(config: InfluxConfig) -> InfluxWriter:
+def make_writer(config: TargetConfig) -> InfluxWriter:
     """A writer for the configured API.
 
     With ``auto`` the API is resolved through ``/ping`` at the first write, so
     an InfluxDB that is down when a process starts is retried like any other
     outage (InfluxUnavailableError) instead of failing the process at once.
     """
-    if config.api == "auto":
+    if config.influxdb.api == "auto":
         return AutoWriter(config)
-    config.validate_for_api()
-    writers: dict[str, Callable[[InfluxConfig], InfluxWriter]]
+    config.influxdb.validate_for_api()
+    writers: dict[str, Callable[[TargetConfig], InfluxWriter]]
     writers = {"v1": V1Writer, "v2": V2Writer, "v3": V3Writer}
-    return writers[config.api](config)
+    return writers[config.influxdb.api](config)
 
 
 class AutoWriter:
     """Resolves ``auto`` on the first write (retried by the sender while unreachable)."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._config = config
         self._inner: InfluxWriter | None = None
 

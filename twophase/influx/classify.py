@@ -24,7 +24,6 @@ an ``InfluxRequestError`` with the text scrubbed.
 
 from __future__ import annotations
 
-import dataclasses
 import email.utils
 import json
 import re
@@ -57,7 +56,7 @@ from twophase.errors import (
 )
 
 if TYPE_CHECKING:
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 _MAX_MESSAGE = 500
@@ -85,8 +84,17 @@ class Target:
     username: str | None = None
 
     @classmethod
-    def of(cls, config: InfluxConfig) -> Target:
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+    def of(cls, config: TargetConfig) -> Target:
+        influx = config.influxdb
+        return cls(
+            api=influx.api,
+            url=config.url,
+            database=influx.database,
+            retention_policy=influx.retention_policy,
+            bucket=influx.bucket,
+            org=influx.org,
+            username=config.username,
+        )
 
     def where(self) -> str:
         if self.api == "v3":

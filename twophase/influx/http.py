@@ -26,7 +26,7 @@ from typing import Any
 import urllib3
 
 from twophase.bounded import GZIP_WBITS, Inflater
-from twophase.config import InfluxConfig, Secret
+from twophase.config import Secret, TargetConfig
 from twophase.errors import InflateLimitError, InfluxRequestError
 from twophase.influx.classify import Target, header, scrubbed, transport_error
 
@@ -45,8 +45,8 @@ _BLOCK = 64 * 1024  # bytes of an answer read at a time
 _ENCODINGS = {"gzip": GZIP_WBITS, "x-gzip": GZIP_WBITS, "deflate": zlib.MAX_WBITS}
 
 
-def secrets_of(config: InfluxConfig) -> tuple[str, ...]:
-    return credential_forms(config.username, config.password, config.token)
+def secrets_of(config: TargetConfig) -> tuple[str, ...]:
+    return credential_forms(config.username, config.password, config.influxdb.token)
 
 
 def credential_forms(
@@ -67,13 +67,13 @@ def _basic(username: str | None, password: Secret | str | None) -> str:
     return base64.b64encode(f"{username or ''}:{secret}".encode()).decode()
 
 
-def tls_of(config: InfluxConfig) -> dict[str, Any]:
+def tls_of(config: TargetConfig) -> dict[str, Any]:
     """urllib3's TLS arguments for the configured CA, client certificate and key."""
     files = {"ca_certs": config.tls_ca, "cert_file": config.tls_cert, "key_file": config.tls_key}
     return {name: path for name, path in files.items() if path}
 
 
-def timeout_of(config: InfluxConfig) -> urllib3.Timeout:
+def timeout_of(config: TargetConfig) -> urllib3.Timeout:
     return urllib3.Timeout(connect=config.timeout_s, read=config.timeout_s)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.influx.api import make_writer, resolve_api
 from twophase.influx.query import window_query
 from twophase.targets.kind import OVERWRITE, TargetKind
@@ -23,9 +23,9 @@ __all__ = ["KIND", "InfluxReadback"]
 class InfluxReadback:
     """Windows of a measurement read through InfluxQL (``/query``), streamed."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._writer = make_writer(resolve_api(config))
-        self._policy = config.retention_policy
+        self._policy = config.influxdb.retention_policy
 
     def window(self, measurement: str, start: int, end: int) -> Iterable[dict[str, Any]]:
         return self._writer.read(window_query(measurement, start, end, self._policy))
@@ -38,9 +38,9 @@ class InfluxReadback:
         self._writer.close()
 
 
-def _check(config: InfluxConfig) -> None:
-    if config.api != "auto":
-        config.validate_for_api()
+def _check(config: TargetConfig) -> None:
+    if config.influxdb.api != "auto":
+        config.influxdb.validate_for_api()
 
 
 KIND = TargetKind(

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
@@ -62,7 +62,7 @@ class BatchSender:
     def __init__(
         self,
         writer: TargetWriter,
-        config: InfluxConfig,
+        config: TargetConfig,
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,

@@ -17,7 +17,7 @@ import urllib3
 from urllib3 import HTTPConnectionPool
 from urllib3.util import Retry, parse_url
 
-from twophase.config import MAX_LANES, InfluxConfig
+from twophase.config import MAX_LANES, TargetConfig
 from twophase.errors import PermanentError
 from twophase.influx.classify import Target, classify_status, scrubbed, transport_error
 from twophase.influx.http import (
@@ -98,10 +98,12 @@ class _PostWriter:
     CPU per request on loopback). A redirect is not followed: its answer is
     classified like any other status."""
 
-    def __init__(self, config: InfluxConfig, api: str, url: str, headers: dict[str, str]):
+    def __init__(self, config: TargetConfig, api: str, url: str, headers: dict[str, str]):
         self._headers = {"Content-Type": "text/plain; charset=utf-8", **headers}
         self._gzip_headers = {**self._headers, "Content-Encoding": "gzip"}
-        self._target = Target.of(dataclasses.replace(config, api=api))
+        self._target = Target.of(
+            dataclasses.replace(config, influxdb=dataclasses.replace(config.influxdb, api=api))
+        )
         self._secrets = secrets_of(config)
         self._retries = Retry.from_int(False, redirect=False)
         self._manager = urllib3.PoolManager(
@@ -163,10 +165,10 @@ class V1Writer(_PostWriter):
     [`InfluxWriter`][twophase.influx.writers.InfluxWriter]).
     """
 
-    def __init__(self, config: InfluxConfig) -> None:
-        params = {"db": config.database or "", "precision": "ns"}
-        if config.retention_policy:
-            params["rp"] = config.retention_policy
+    def __init__(self, config: TargetConfig) -> None:
+        params = {"db": config.influxdb.database or "", "precision": "ns"}
+        if config.influxdb.retention_policy:
+            params["rp"] = config.influxdb.retention_policy
         url = f"{config.url}/write?{urlencode(params)}"
         super().__init__(config, "v1", url, auth_headers(config.username, config.password))
         self._config = config
@@ -177,7 +179,7 @@ class V1Writer(_PostWriter):
         config = self._config
         return query_v1_stream(
             config.url,
-            config.database,
+            config.influxdb.database,
             statement,
             config.username,
             config.password,
@@ -200,16 +202,18 @@ class V3Writer(_PostWriter):
     tag set and timestamp, so the same body again changes nothing.
     """
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         params = {
-            "db": config.database or "",
+            "db": config.influxdb.database or "",
             "precision": "nanosecond",
             "accept_partial": "false",
             "no_sync": "false",
         }
         url = f"{config.url}/api/v3/write_lp?{urlencode(params)}"
         token = (
-            {"Authorization": f"Bearer {config.token.reveal()}"} if config.token is not None else {}
+            {"Authorization": f"Bearer {config.influxdb.token.reveal()}"}
+            if config.influxdb.token is not None
+            else {}
         )
         super().__init__(config, "v3", url, token)
 
@@ -227,19 +231,25 @@ class V2Writer:
     series and timestamp; see [`InfluxWriter`][twophase.influx.writers.InfluxWriter]).
     """
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         from influxdb_client.client.influxdb_client import InfluxDBClient
         from influxdb_client.service.write_service import WriteService
 
-        token = config.token.reveal() if config.token else None
+        token = config.influxdb.token.reveal() if config.influxdb.token else None
         if token is None and config.username and config.password:
             token = f"{config.username}:{config.password.reveal()}"
-        self._target = Target.of(dataclasses.replace(config, api="v2"))
+        self._target = Target.of(
+            dataclasses.replace(config, influxdb=dataclasses.replace(config.influxdb, api="v2"))
+        )
         self._secrets = secrets_of(config) + ((token,) if token else ())
-        self._bucket, self._org = config.bucket or "", config.org or ""
+        self._bucket, self._org = config.influxdb.bucket or "", config.influxdb.org or ""
         millis = int(config.timeout_s * 1000)
         # the stubs say str/int, but None (no auth header) and (connect, read) are supported
-        options: dict[str, Any] = {"token": token, "org": config.org, "timeout": (millis, millis)}
+        options: dict[str, Any] = {
+            "token": token,
+            "org": config.influxdb.org,
+            "timeout": (millis, millis),
+        }
         tls = {"ssl_ca_cert": config.tls_ca, "cert_file": config.tls_cert}
         tls |= {"cert_key_file": config.tls_key}
         options |= {key: path for key, path in tls.items() if path}

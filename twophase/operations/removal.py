@@ -47,7 +47,7 @@ def remove_target(
     and while a live run owns the sink, unless ``guard.force``: then with a warning, and
     the live run is not fenced (its commits leave the removed target out).
     """
-    configured = [t.name for t in config.influx.named_targets()]
+    configured = [t.name for t in config.target.named_targets()]
     with Database(config.staging) as db:
         views = Views(db)
         views.require_sink(sink_id)

@@ -58,7 +58,7 @@ def resend(
     sink does not have: never registered, or removed by ``targets remove``);
     without it, to every target of the configuration.
     """
-    only = None if target is None else target_config(config.influx, target)
+    only = None if target is None else target_config(config.target, target)
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)
         views.require_sink(sink_id)

@@ -70,7 +70,7 @@ def resync(
     """
     if from_epoch is not None and from_epoch < 0:
         raise UsageError(f"--from-epoch {from_epoch}: an epoch is 0 or more")
-    target_config(config.influx, target)
+    target_config(config.target, target)
     with TwoPhase.open(config) as tp:
         views = Views(tp.db)
         views.require_sink(sink_id)

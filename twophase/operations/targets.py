@@ -9,7 +9,7 @@ sink does not have (never registered, or removed: ``resend --target``, ``targets
 
 from __future__ import annotations
 
-from twophase.config import DEFAULT_TARGET, InfluxConfig, TargetConfig, env_name
+from twophase.config import DEFAULT_TARGET, NamedTarget, TargetConfig, env_name
 from twophase.errors import UsageError
 from twophase.operations.hooks import Hooks
 from twophase.protocol.runtime import TwoPhase
@@ -19,7 +19,7 @@ from twophase.protocol.targets import TargetLedger
 TARGETS_ENV, URL_ENV = env_name("targets"), env_name("target_url")
 
 
-def target_config(influx: InfluxConfig, name: str) -> TargetConfig:
+def target_config(influx: TargetConfig, name: str) -> NamedTarget:
     """The configured target ``name``; UsageError naming the ones configured."""
     targets = influx.named_targets()
     for target in targets:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from twophase.config import InfluxConfig, TwoPhaseConfig
+from twophase.config import TargetConfig, TwoPhaseConfig
 from twophase.errors import LineProtocolError, StateError
 from twophase.model import EpochPlan, EpochState
 from twophase.operations.hooks import SILENT, Hooks
@@ -502,11 +502,11 @@ def verify(
     the epochs it is owed (from the one it was added at); those it still lacks
     (lagging, quarantined) are verified too, reported missing, with a note."""
     if targets is None:
-        chosen = list(config.influx.named_targets())
+        chosen = list(config.target.named_targets())
     else:
-        chosen = [target_config(config.influx, name) for name in targets]
+        chosen = [target_config(config.target, name) for name in targets]
     with contextlib.ExitStack() as opened:
-        readbacks = [(t.name, *_readback(t.influx, opened)) for t in chosen]
+        readbacks = [(t.name, *_readback(t.config, opened)) for t in chosen]
         return _verify_each(config, sink_id, selection, hooks, readbacks)
 
 
@@ -539,7 +539,7 @@ def _verify_each(
     return tuple(reports)
 
 
-def _readback(target: InfluxConfig, opened: contextlib.ExitStack) -> tuple[Readback, int]:
+def _readback(target: TargetConfig, opened: contextlib.ExitStack) -> tuple[Readback, int]:
     """How verify reads one target back (its kind's read-back, probed: PermanentError at
     once for a store that cannot be read), and the finest time the target keeps."""
     readback = make_readback(target)

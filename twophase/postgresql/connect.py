@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from twophase.config import sslmode, urls
-from twophase.config.settings import INFLUX, SETTINGS, env_name
+from twophase.config.settings import SETTINGS, TARGET, env_name
 from twophase.config.tls import staging_tls_error
 from twophase.errors import (
     ConfigError,
@@ -46,7 +46,7 @@ from twophase.errors import (
 )
 
 if TYPE_CHECKING:
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
 
 __all__ = [
     "SCHEMES",
@@ -105,10 +105,10 @@ _NOT_FOUND_WORDS = re.compile(r"database \".*\" does not exist", re.I)
 
 
 def _setting_env(attr: str, fallback: str) -> str:
-    """The environment variable of the target setting held in InfluxConfig's ``attr``
+    """The environment variable of the target setting held in TargetConfig's ``attr``
     (the settings table names it; ``fallback`` when it does not)."""
     for setting in SETTINGS:
-        if setting.section == INFLUX and setting.attr == attr:
+        if setting.section == TARGET and setting.attr == attr:
             return setting.env
     return env_name(fallback)
 
@@ -117,22 +117,22 @@ def url_setting() -> str:
     return _setting_env("url", "target_url")
 
 
-def schema_of(config: InfluxConfig) -> str:
+def schema_of(config: TargetConfig) -> str:
     """The PostgreSQL schema of the target's tables (``target_schema``)."""
-    return config.schema
+    return config.postgresql.schema
 
 
-def create_tables(config: InfluxConfig) -> bool:
+def create_tables(config: TargetConfig) -> bool:
     """Whether missing tables and field columns are created (``target_create_tables``)."""
-    return config.create_tables
+    return config.postgresql.create_tables
 
 
-def display_url(config: InfluxConfig) -> str:
+def display_url(config: TargetConfig) -> str:
     """The URL for messages: any password masked (there should be none)."""
     return urls.mask(config.url)
 
 
-def check_settings(config: InfluxConfig) -> None:
+def check_settings(config: TargetConfig) -> None:
     """Refuse settings a PostgreSQL target cannot work with, as ConfigError naming the
     setting: a URL that is not ``postgresql://...`` or holds a password (the password
     setting holds it), or an empty schema. Sends nothing."""
@@ -160,7 +160,7 @@ def check_settings(config: InfluxConfig) -> None:
         raise ConfigError(env_name("target_schema"), "must name a PostgreSQL schema")
 
 
-def conninfo(config: InfluxConfig) -> str:
+def conninfo(config: TargetConfig) -> str:
     """The URL as libpq reads it: its TLS files as parameters, verified TLS for a host
     that is not loopback unless the URL chooses (no password: it is passed apart)."""
     url = urls.DbUrl.parse(config.url)
@@ -171,7 +171,7 @@ def conninfo(config: InfluxConfig) -> str:
     return url.with_params({k: v for k, v in params.items() if v}).render(scheme="postgresql")
 
 
-def connect(config: InfluxConfig, *, autocommit: bool = False) -> psycopg.Connection:
+def connect(config: TargetConfig, *, autocommit: bool = False) -> psycopg.Connection:
     """A new connection to the target; classified errors when it cannot be opened
     (TransientWriteError for what may pass). The password goes to libpq on its own."""
     info = conninfo(config)
@@ -199,7 +199,7 @@ def connect(config: InfluxConfig, *, autocommit: bool = False) -> psycopg.Connec
     return conn
 
 
-def session_limits(config: InfluxConfig) -> list[tuple[str, str]]:
+def session_limits(config: TargetConfig) -> list[tuple[str, str]]:
     """The settings bounding every wait of a target session (name, value in ms).
 
     A session left in a transaction (its process frozen, a run that does not know it
@@ -211,8 +211,8 @@ def session_limits(config: InfluxConfig) -> list[tuple[str, str]]:
     it."""
     return [
         ("idle_in_transaction_session_timeout", f"{_ms(IDLE_IN_TRANSACTION_S)}ms"),
-        ("lock_timeout", f"{_ms(config.lock_timeout_s)}ms"),
-        ("statement_timeout", f"{_ms(config.statement_timeout_s)}ms"),
+        ("lock_timeout", f"{_ms(config.postgresql.lock_timeout_s)}ms"),
+        ("statement_timeout", f"{_ms(config.postgresql.statement_timeout_s)}ms"),
     ]
 
 
@@ -222,7 +222,7 @@ def _ms(seconds: float) -> int:
 
 
 def classify(
-    exc: psycopg.Error, config: InfluxConfig, *, in_transaction: bool, broken: bool = False
+    exc: psycopg.Error, config: TargetConfig, *, in_transaction: bool, broken: bool = False
 ) -> TwoPhaseError:
     """The error class a psycopg failure stands for (see the module's docstring);
     ``broken``: the connection is gone with it, whatever the server said."""
@@ -242,13 +242,17 @@ def classify(
     return TargetRequestError(f"{where} refused a statement: {text} ({state})")
 
 
-def _limit(state: str, text: str, config: InfluxConfig) -> str:
+def _limit(state: str, text: str, config: TargetConfig) -> str:
     """The setting a statement ended by its limit ran into, for the message ('' for
     any other failure: a statement an operator cancelled, say)."""
     option = _LIMITS.get(state)
     if option is None or "timeout" not in text:
         return ""
-    seconds = config.lock_timeout_s if state == "55P03" else config.statement_timeout_s
+    seconds = (
+        config.postgresql.lock_timeout_s
+        if state == "55P03"
+        else config.postgresql.statement_timeout_s
+    )
     return f", past {option} {seconds:g}s"
 
 

@@ -22,7 +22,7 @@ from twophase.postgresql import tables
 from twophase.postgresql.connect import classify, connect, display_url, schema_of
 
 if TYPE_CHECKING:
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
 
 __all__ = ["PostgresReadback", "ns_of"]
 
@@ -46,7 +46,7 @@ class PostgresReadback:
     """Reads a PostgreSQL target's tables (see the module). One connection, opened on
     first use; not thread-safe (verify reads one window at a time)."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._config = config
         self._schema = schema_of(config)
         self._conn: psycopg.Connection[Any] | None = None

@@ -57,7 +57,7 @@ from twophase.postgresql.connect import classify, connect, create_tables, displa
 from twophase.postgresql.tables import TableShape
 
 if TYPE_CHECKING:
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
 
 __all__ = ["PostgresWriter"]
 
@@ -99,7 +99,7 @@ class PostgresWriter:
     table may have changed meanwhile).
     """
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._config = config
         self._schema = schema_of(config)
         self._create = create_tables(config)
@@ -337,7 +337,7 @@ class PostgresWriter:
             raise TransactionLostError(f"{exc}; nothing of the epoch was committed") from None
         try:
             return ddl.make_table(
-                conn, self._schema, measurement, wanted, self._config.lock_timeout_s
+                conn, self._schema, measurement, wanted, self._config.postgresql.lock_timeout_s
             )
         except psycopg.Error as exc:
             error = classify(exc, self._config, in_transaction=in_epoch, broken=conn.broken)

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from twophase.config import InfluxConfig
+from twophase.config import TargetConfig
 from twophase.errors import PermanentError
 from twophase.faults import crash_point
 from twophase.influx.sender import BatchSender
@@ -89,7 +89,7 @@ class TargetDelivery:
         reader: StagedReader,
         senders: tuple[BatchSender, BatchSender],
         dead_letters: DeadLetterLog,
-        config: InfluxConfig,
+        config: TargetConfig,
         lanes: int = 1,
         retry: StagingRetry | None = None,
         epochs: EpochWriter | None = None,

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from twophase.config import BACKGROUND, InfluxConfig, TwoPhaseConfig
+from twophase.config import BACKGROUND, TargetConfig, TwoPhaseConfig
 from twophase.config.loading import server_of
 from twophase.influx import metering
 from twophase.influx.sender import BatchSender, RetryEvent
@@ -78,7 +78,7 @@ class TwoPhase:
         the CLI never does, so an operator's shell holding the job's environment does not
         take the driver's port.
         """
-        influx = config.influx
+        influx = config.target
         # every target promotes at once: a reader and its lanes' checks each
         db = db or Database(config.staging, max_size=_pool_size(config))
         on_retry = None
@@ -90,7 +90,7 @@ class TwoPhase:
         ledger, reader = Ledger(db), StagedReader(db)
         targets = TargetLedger(db)
         deliveries = _deliveries(config, db, reader, writers, on_retry)
-        rates = {t.name: t.influx.target_catch_up_rate for t in influx.named_targets()}
+        rates = {t.name: t.config.target_catch_up_rate for t in influx.named_targets()}
         catch_up = CatchUp(db, ledger, reader, targets, list(deliveries.values()), rates=rates)
         promoter = Promoter(
             ledger,
@@ -101,7 +101,7 @@ class TwoPhase:
             influx.retry_deadline_s,
         )
         roster = TargetRoster(
-            targets, tuple((t.name, server_of(t.influx.url)) for t in influx.named_targets())
+            targets, tuple((t.name, server_of(t.config.url)) for t in influx.named_targets())
         )
         gc = GarbageCollector(
             db,
@@ -172,7 +172,7 @@ def _pool_size(config: TwoPhaseConfig) -> int | None:
     """The staging pool of a process promoting to several targets at once: a reader
     and a connection per lane for each, beside the caller's own steps (one target:
     the pool's default)."""
-    targets = len(config.influx.targets)
+    targets = len(config.target.targets)
     return None if targets < 2 else 2 + targets * (1 + config.staging.lanes)
 
 
@@ -182,8 +182,8 @@ def _writers(
     """A writer per target, by name; ``writer`` (given: shared pool or fault injection)
     stands for the first."""
     writers = {}
-    for number, target in enumerate(config.influx.named_targets()):
-        made = writer if writer is not None and number == 0 else make_writer(target.influx)
+    for number, target in enumerate(config.target.named_targets()):
+        made = writer if writer is not None and number == 0 else make_writer(target.config)
         writers[target.name] = metering.MeteredWriter(made, target.name) if metered else made
     return writers
 
@@ -199,31 +199,31 @@ def _deliveries(
     (a commit's round) and after ``target_retry_deadline`` (everything else)."""
     deliveries = {}
     generations = TargetLedger(db)
-    for target in config.influx.named_targets():
+    for target in config.target.named_targets():
         rounds = dataclasses.replace(
-            target.influx, retry_deadline_s=config.influx.target_deadline_s
+            target.config, retry_deadline_s=config.target.target_deadline_s
         )
         senders = (
             BatchSender(
                 writers[target.name], rounds, on_attempt_failed=on_retry, deadline="target_deadline"
             ),
-            BatchSender(writers[target.name], target.influx, on_attempt_failed=on_retry),
+            BatchSender(writers[target.name], target.config, on_attempt_failed=on_retry),
         )
         deliveries[target.name] = TargetDelivery(
             target.name,
             reader,
             senders,
             DeadLetterLog(db),
-            target.influx,
+            target.config,
             config.staging.lanes,
             db.retry,
-            epochs=_epochs(target.influx, writers[target.name]),
+            epochs=_epochs(target.config, writers[target.name]),
             generation=generations.generation,
         )
     return deliveries
 
 
-def _epochs(target: InfluxConfig, writer: TargetWriter) -> EpochWriter | None:
+def _epochs(target: TargetConfig, writer: TargetWriter) -> EpochWriter | None:
     """A transactional kind's writer, which takes each epoch in one transaction (its
     requests still go through ``writer``, metered); None for a kind that overwrites."""
     if not kind_of(target).transactional:

@@ -148,7 +148,7 @@ def _write_batch(
     """Stage the batch in Spark tasks, then decide and promote it on the driver."""
     check_schema(sink, df.columns)
     driver = _Driver.of(df, fallback_run_id, fallback_query_id)
-    if driver.remote and sink.config().influx.promotion == BACKGROUND:
+    if driver.remote and sink.config().target.promotion == BACKGROUND:
         raise ConfigError(
             "promotion",
             "under Spark Connect the server ends the foreachBatch function's process with its "

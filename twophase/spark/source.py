@@ -99,7 +99,7 @@ class TwoPhaseInfluxDataSource(DataSource):
         if sink.log_format is not None:  # this process runs the commit: its lines go here
             logs.configure(sink.log_format)
         check_schema(sink, schema.fieldNames())
-        if sink.config().influx.promotion == BACKGROUND:
+        if sink.config().target.promotion == BACKGROUND:
             # pyspark/sql/worker/python_streaming_sink_runner.py: one worker run per commit
             raise ConfigError(
                 "promotion",

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
 
 __all__ = ["OVERWRITE", "TRANSACTION", "EpochWriter", "Readback", "TargetKind", "TargetWriter"]
 
@@ -133,9 +133,9 @@ class TargetKind:
     name: str
     schemes: tuple[str, ...]
     resend: str
-    writer: Callable[[InfluxConfig], TargetWriter]
-    readback: Callable[[InfluxConfig], Readback]
-    check: Callable[[InfluxConfig], None] = lambda config: None
+    writer: Callable[[TargetConfig], TargetWriter]
+    readback: Callable[[TargetConfig], Readback]
+    check: Callable[[TargetConfig], None] = lambda config: None
     time_resolution_ns: int = 1
 
     def __post_init__(self) -> None:

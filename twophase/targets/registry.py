@@ -26,7 +26,7 @@ from twophase.errors import ConfigError
 from twophase.targets.kind import Readback, TargetKind, TargetWriter
 
 if TYPE_CHECKING:
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
 
 __all__ = ["ENTRY_POINT_GROUP", "kind_of", "kinds", "make_readback", "make_writer"]
 
@@ -66,7 +66,7 @@ def _load(point: EntryPoint) -> TargetKind | None:
     return kind
 
 
-def kind_of(config: InfluxConfig) -> TargetKind:
+def kind_of(config: TargetConfig) -> TargetKind:
     """The target's kind: ``target_kind``, or the one its URL's scheme tells. A
     ConfigError naming ``target_kind`` when none fits."""
     known = kinds()
@@ -90,14 +90,14 @@ def kind_of(config: InfluxConfig) -> TargetKind:
     )
 
 
-def make_writer(config: InfluxConfig) -> TargetWriter:
+def make_writer(config: TargetConfig) -> TargetWriter:
     """A writer for the target, of its kind, its settings checked first."""
     kind = kind_of(config)
     kind.check(config)
     return kind.writer(config)
 
 
-def make_readback(config: InfluxConfig) -> Readback:
+def make_readback(config: TargetConfig) -> Readback:
     """How verify reads the target back, of its kind."""
     kind = kind_of(config)
     kind.check(config)

@@ -4,13 +4,13 @@ A kind's tests subclass [`TargetConformance`][twophase.testing.conformance.Targe
 and give it the target (an empty one for each check)::
 
     import pytest
-    from twophase.config import InfluxConfig
+    from twophase.config import TargetConfig
     from twophase.testing import TargetConformance
 
     class TestMyStore(TargetConformance):
         @pytest.fixture
-        def target(self, tmp_path) -> InfluxConfig:
-            return InfluxConfig(url=f"mystore://{tmp_path}/points")
+        def target(self, tmp_path) -> TargetConfig:
+            return TargetConfig(url=f"mystore://{tmp_path}/points")
 
 The checks stage and decide epochs in a staging store of their own (a database made
 beside ``TWOPHASE_STAGING_URL``'s, or ``staging_store_url``), deliver them through the
@@ -52,7 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from twophase.config import InfluxConfig, Secret, TargetConfig, TwoPhaseConfig, load_staging_config
+from twophase.config import NamedTarget, Secret, TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.errors import (
     BadPointsError,
     RetryableError,
@@ -106,12 +106,12 @@ class TargetConformance:
     # --- what a kind's tests give ------------------------------------------------------
 
     @pytest.fixture
-    def target(self) -> InfluxConfig:
+    def target(self) -> TargetConfig:
         """The target under test, holding nothing of the check's measurement."""
         pytest.fail(f"{type(self).__name__} must override the `target` fixture", pytrace=False)
 
     @pytest.fixture
-    def second_target(self, target: InfluxConfig) -> InfluxConfig:
+    def second_target(self, target: TargetConfig) -> TargetConfig:
         """Another target of the kind, for the sink of the catch-up check to deliver to
         while ``target`` is down. By default ``target`` itself for a kind that
         overwrites (sharing a store is harmless when a re-sent body changes nothing);
@@ -130,21 +130,21 @@ class TargetConformance:
         with scratch_staging(base) as url:
             yield url
 
-    def readback(self, config: InfluxConfig) -> Readback:
+    def readback(self, config: TargetConfig) -> Readback:
         """How the checks read the target back: its kind's ``Readback``."""
         return make_readback(config)
 
-    def writer(self, config: InfluxConfig) -> TargetWriter:
+    def writer(self, config: TargetConfig) -> TargetWriter:
         """A writer of the target, of its kind."""
         return make_writer(config)
 
     @contextlib.contextmanager
-    def unavailable(self, config: InfluxConfig) -> Iterator[InfluxConfig]:
+    def unavailable(self, config: TargetConfig) -> Iterator[TargetConfig]:
         """The target's settings while its store cannot be reached (by default: a port
         nothing listens on; given up on within a second or two)."""
         yield unreachable(config)
 
-    def bad_credentials(self, config: InfluxConfig) -> InfluxConfig | None:
+    def bad_credentials(self, config: TargetConfig) -> TargetConfig | None:
         """The target with a wrong password or token; None (the check skipped) when the
         target has none. By default the URL's password, ``password`` or ``token``."""
         wrong = "conformance-wrong-secret"
@@ -156,8 +156,10 @@ class TargetConformance:
             return dataclasses.replace(config, url=url)
         if config.password is not None:
             return dataclasses.replace(config, password=Secret(wrong))
-        if config.token is not None:
-            return dataclasses.replace(config, token=Secret(wrong))
+        if config.influxdb.token is not None:
+            return dataclasses.replace(
+                config, influxdb=dataclasses.replace(config.influxdb, token=Secret(wrong))
+            )
         return None
 
     def refused_line(self, measurement: str, time_ns: int) -> str | None:
@@ -182,9 +184,9 @@ class TargetConformance:
     def staging(self, staging_store_url: str) -> TwoPhaseConfig:
         """Only the staging half matters: the checks pair it with their targets."""
         staging = load_staging_config(env={}, staging_url=staging_store_url)
-        return TwoPhaseConfig(staging, InfluxConfig(url="http://unused.invalid"))
+        return TwoPhaseConfig(staging, TargetConfig(url="http://unused.invalid"))
 
-    def held(self, config: InfluxConfig, case: Case) -> list[Held]:
+    def held(self, config: TargetConfig, case: Case) -> list[Held]:
         """What the target holds of the check's measurement."""
         return held(self.readback(config), case)
 
@@ -194,7 +196,7 @@ class TargetConformance:
     #: the rewritten point once with one of its values, not their order.
     keeps_last_write = True
 
-    def holds(self, config: InfluxConfig, case: Case, want: list[Held]) -> None:
+    def holds(self, config: TargetConfig, case: Case, want: list[Held]) -> None:
         """AssertionError, saying what is missing, extra or held twice, unless the
         target holds exactly ``want``."""
         got = self.held(config, case)
@@ -203,7 +205,7 @@ class TargetConformance:
 
     # --- the checks ------------------------------------------------------------------------
 
-    def test_a_resent_body_changes_nothing(self, target: InfluxConfig, case: Case) -> None:
+    def test_a_resent_body_changes_nothing(self, target: TargetConfig, case: Case) -> None:
         lines = case.lines(0, _POINTS)
         body = "\n".join(lines).encode()
         writer = self.writer(target)
@@ -218,7 +220,7 @@ class TargetConformance:
         self.holds(target, case, expected(lines))
 
     def test_points_differing_in_tags_only_are_each_held(
-        self, target: InfluxConfig, case: Case
+        self, target: TargetConfig, case: Case
     ) -> None:
         lines = [*case.lines(0, _POINTS), *case.lines(0, _POINTS, host="b")]  # same times
         writer = self.writer(target)
@@ -230,7 +232,7 @@ class TargetConformance:
         self.holds(target, case, expected(lines))
 
     def test_a_resent_epoch_is_held_once(
-        self, target: InfluxConfig, staging: TwoPhaseConfig, case: Case
+        self, target: TargetConfig, staging: TwoPhaseConfig, case: Case
     ) -> None:
         lines = case.lines(0, _POINTS)
         config = _config(staging, dataclasses.replace(target, batch_points=_BATCH))
@@ -255,7 +257,7 @@ class TargetConformance:
         self.holds(target, case, expected(lines))
 
     def test_a_record_of_another_generation_is_inert(
-        self, target: InfluxConfig, case: Case
+        self, target: TargetConfig, case: Case
     ) -> None:
         if not kind_of(target).transactional:
             pytest.skip("a kind that overwrites keeps no record")
@@ -278,7 +280,7 @@ class TargetConformance:
         self.holds(target, case, expected(first + second))
 
     def test_a_reset_sinks_next_query_is_delivered_whole(
-        self, target: InfluxConfig, staging: TwoPhaseConfig, case: Case
+        self, target: TargetConfig, staging: TwoPhaseConfig, case: Case
     ) -> None:
         """A sink reset (its query's checkpoint reset on purpose): the next query numbers
         its epochs from 0 again, and the target gets every one of them."""
@@ -297,7 +299,7 @@ class TargetConformance:
         self.holds(target, case, expected(old + new))
 
     def test_a_refused_point_is_bad_points_and_the_others_delivered(
-        self, target: InfluxConfig, case: Case
+        self, target: TargetConfig, case: Case
     ) -> None:
         good, more = case.lines(0, _POINTS), case.lines(1, _POINTS)
         refused = self.refused_line(case.measurement, case.base_ns + 3 * 1000 * 1_000_000)
@@ -321,14 +323,14 @@ class TargetConformance:
         assert all(reason for _, reason in rejects)
         self.holds(target, case, expected(good + more))
 
-    def test_an_unreachable_target_is_retryable(self, target: InfluxConfig, case: Case) -> None:
+    def test_an_unreachable_target_is_retryable(self, target: TargetConfig, case: Case) -> None:
         with self.unavailable(target) as down:
             failure = _one_write(self, down, case)
         assert isinstance(failure, RetryableError), repr(failure)
         assert isinstance(failure, TargetUnavailableError | TransactionLostError), repr(failure)
         _no_secret(failure, target)
 
-    def test_bad_credentials_are_an_auth_error(self, target: InfluxConfig, case: Case) -> None:
+    def test_bad_credentials_are_an_auth_error(self, target: TargetConfig, case: Case) -> None:
         bad = self.bad_credentials(target)
         if bad is None:
             pytest.skip("the target has no credentials")
@@ -339,8 +341,8 @@ class TargetConformance:
 
     def test_a_target_caught_up_gets_the_epochs_in_order(
         self,
-        target: InfluxConfig,
-        second_target: InfluxConfig,
+        target: TargetConfig,
+        second_target: TargetConfig,
         staging: TwoPhaseConfig,
         case: Case,
     ) -> None:
@@ -370,7 +372,7 @@ class TargetConformance:
     def test_a_delivery_killed_then_recovered_holds_the_epoch_once(
         self,
         point: str,
-        target: InfluxConfig,
+        target: TargetConfig,
         staging: TwoPhaseConfig,
         case: Case,
         tmp_path: Path,
@@ -430,14 +432,14 @@ class _Counting:
         self.inner.close()
 
 
-def _config(staging: TwoPhaseConfig, target: InfluxConfig) -> TwoPhaseConfig:
-    return dataclasses.replace(staging, influx=target)
+def _config(staging: TwoPhaseConfig, target: TargetConfig) -> TwoPhaseConfig:
+    return dataclasses.replace(staging, target=target)
 
 
-def _sink(first: InfluxConfig, target: InfluxConfig) -> InfluxConfig:
+def _sink(first: TargetConfig, target: TargetConfig) -> TargetConfig:
     """A sink of two targets: ``first`` (named ``other``), then the target under test
     (named ``conformance``); one is enough to commit, and a round waits a second."""
-    targets = (TargetConfig("other", first), TargetConfig(_NAME, target))
+    targets = (NamedTarget("other", first), NamedTarget(_NAME, target))
     return dataclasses.replace(first, targets=targets, min_targets=1, target_deadline_s=1)
 
 
@@ -470,7 +472,7 @@ def _in_two_epochs(writer: EpochWriter, case: Case, body: bytes, points: int) ->
 
 @contextlib.contextmanager
 def _epoch(
-    writer: TargetWriter, target: InfluxConfig, case: Case, epoch: int, points: int
+    writer: TargetWriter, target: TargetConfig, case: Case, epoch: int, points: int
 ) -> Iterator[None]:
     """The writes inside: for a transactional kind, an epoch's transaction committed
     (rolled back on a failure); for an overwriting kind, as they are."""
@@ -486,7 +488,7 @@ def _epoch(
     writer.commit(points, 0)
 
 
-def _one_write(kit: TargetConformance, config: InfluxConfig, case: Case) -> TwoPhaseError:
+def _one_write(kit: TargetConformance, config: TargetConfig, case: Case) -> TwoPhaseError:
     """The failure of one body written to ``config`` (in an epoch's transaction for a
     transactional kind); AssertionError when it is taken."""
     body = "\n".join(case.lines(0, 2)).encode()
@@ -502,11 +504,11 @@ def _one_write(kit: TargetConformance, config: InfluxConfig, case: Case) -> TwoP
     raise AssertionError(f"the write to {config.url} was taken")
 
 
-def _no_secret(failure: Exception, config: InfluxConfig) -> None:
+def _no_secret(failure: Exception, config: TargetConfig) -> None:
     """No password or token of the target in the failure's message (one that is also
     the user's name cannot be told from it, and is not looked for)."""
     url = urlsplit(config.url)
-    secrets = [s.reveal() for s in (config.password, config.token) if s is not None]
+    secrets = [s.reveal() for s in (config.password, config.influxdb.token) if s is not None]
     secrets += [p for p in [url.password] if p]
     users = {config.username, url.username}
     found = [s for s in secrets if s not in users and s in str(failure)]

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from twophase.config import InfluxConfig, load_staging_config
+from twophase.config import TargetConfig, load_staging_config
 from twophase.operations.migrate import upgrade_schema
 from twophase.points.lineproto import parse_line
 from twophase.targets import Readback
@@ -143,7 +143,7 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def unreachable(config: InfluxConfig) -> InfluxConfig:
+def unreachable(config: TargetConfig) -> TargetConfig:
     """The target's configuration with its URL's host and port made a loopback port
     nothing listens on (user, path and query kept), given up on within a second."""
     parts = urlsplit(config.url)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
-from twophase.config import InfluxConfig, env_name
+from twophase.config import TargetConfig, env_name
 from twophase.errors import (
     BadPointsError,
     ConfigError,
@@ -56,11 +56,11 @@ _UPSERT = (
 )
 
 
-def _path(config: InfluxConfig) -> str:
+def _path(config: TargetConfig) -> str:
     return urlsplit(config.url).path
 
 
-def _check(config: InfluxConfig) -> None:
+def _check(config: TargetConfig) -> None:
     if not _path(config):
         raise ConfigError(
             env_name("target_url"), "a sqlite:// URL names a file: sqlite:///path/to.db"
@@ -68,7 +68,7 @@ def _check(config: InfluxConfig) -> None:
 
 
 @contextlib.contextmanager
-def _connected(config: InfluxConfig, read_only: bool = False) -> Iterator[sqlite3.Connection]:
+def _connected(config: TargetConfig, read_only: bool = False) -> Iterator[sqlite3.Connection]:
     """A connection of its own for each call (a writer's lanes write at once), its
     failures classified: a locked file may free up, a file that cannot be opened will
     not. Secrets: a SQLite URL holds none."""
@@ -82,7 +82,7 @@ def _connected(config: InfluxConfig, read_only: bool = False) -> Iterator[sqlite
         conn.close()
 
 
-def _connect(config: InfluxConfig, read_only: bool = False) -> sqlite3.Connection:
+def _connect(config: TargetConfig, read_only: bool = False) -> sqlite3.Connection:
     path = _path(config)
     uri = f"file:{quote(path)}" + ("?mode=ro" if read_only else "")
     try:
@@ -111,7 +111,7 @@ def _type(value: object) -> str:
 class SqliteWriter:
     """One request a call: its points in one transaction, all or nothing."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._config = config
 
     def write(self, body: bytes, gzipped: bool = False) -> None:
@@ -162,7 +162,7 @@ def _refuse(number: int, line: str, reason: str) -> NoReturn:
 class SqliteReadback:
     """Windows of a measurement, a series (a tag set) at a time."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         self._config = config
 
     def window(self, measurement: str, start: int, end: int) -> Iterable[dict[str, Any]]:
@@ -215,7 +215,7 @@ class SqliteEpochWriter(SqliteWriter):
     outside an epoch in a transaction of its own (as ``SqliteWriter``). One epoch at a
     time: ``begin`` waits while another is open."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: TargetConfig) -> None:
         super().__init__(config)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None

@@ -1,0 +1,48 @@
+"""The configuration's names of a former version, each built from today's: reached
+through ``twophase.config`` (and ``twophase``), they warn when used."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from twophase.config.loading import load_target_config
+from twophase.config.sections import InfluxDBSettings, PostgreSQLSettings, TargetConfig
+from twophase.config.settings import INFLUXDB, POSTGRESQL, TARGET
+from twophase.deprecation import warn_deprecated
+
+_KIND_FIELDS = {
+    INFLUXDB: frozenset(f.name for f in fields(InfluxDBSettings)),
+    POSTGRESQL: frozenset(f.name for f in fields(PostgreSQLSettings)),
+}
+
+
+def influx_config(url: str, **given: Any) -> TargetConfig:
+    """``InfluxConfig(...)``: its flat fields sorted into a TargetConfig's sections."""
+    values: dict[str, dict[str, Any]] = {TARGET: {}, INFLUXDB: {}, POSTGRESQL: {}}
+    for name, value in given.items():
+        section = next((s for s, names in _KIND_FIELDS.items() if name in names), TARGET)
+        values[section][name] = value
+    return TargetConfig(url=url).with_settings(values)
+
+
+def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TargetConfig:
+    """``load_influx_config(...)``: `load_target_config`."""
+    return load_target_config(env, **explicit)
+
+
+# Former name -> (what replaced it, as the warning names it; the object served).
+FORMER: dict[str, tuple[str, Any]] = {
+    "InfluxConfig": ("TargetConfig (InfluxDB's settings in its influxdb section)", influx_config),
+    "load_influx_config": ("load_target_config", load_influx_config),
+}
+
+
+def former(module: str, name: str) -> Any:
+    """A former name's object, with its warning; AttributeError for any other name."""
+    if name not in FORMER:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new, served = FORMER[name]
+    warn_deprecated(f"{module}.{name}", new, stacklevel=4)
+    return served

@@ -1,0 +1,19 @@
+"""Former names, kept for a while after a rename: each warns when used, naming what
+replaced it and the version it goes in (the changelog lists them)."""
+
+from __future__ import annotations
+
+import warnings
+
+# Former names stay for two minor versions after the one that renamed them.
+REMOVED_IN = "0.12.0"
+
+
+def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is deprecated, naming ``new``; ``stacklevel`` 3 points at the
+    caller of the function that calls this."""
+    warnings.warn(
+        f"{old} is deprecated and goes in {REMOVED_IN}: use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
