@@ -38,10 +38,9 @@ class SizedCache(Generic[K, V]):
     does, and a miss a ``put`` of what it computed. A full cache is emptied at once
     rather than entry by entry, oldest or least used first: the values a hot path keeps
     meeting are computed again once per fill of the budget, which it barely notices.
-    In the point builder a row with a unique tag value took 2.0 µs with an unbounded
-    dict, 2.0-2.2 with this, 2.6-2.7 evicting the oldest entry on each miss (an
-    ``OrderedDict``) and 2.4-2.5 counting ``sys.getsizeof`` of each key and value (the
-    design's "Memory bounds"). Not thread-safe.
+    Evicting the oldest entry on each miss (an ``OrderedDict``), or counting
+    ``sys.getsizeof`` of each key and value, made every miss dearer (the figures:
+    "Memory bounds" in ``docs/concepts/scaling.md``). Not thread-safe.
     """
 
     def __init__(self, budget: int, max_entry: int) -> None:

@@ -207,11 +207,12 @@ def chunk_digest(write_id: str | uuid.UUID, first_seq: int, points: int, stored:
     return hashlib.blake2b(stored, digest_size=16, salt=salt, person=person).digest()
 
 
-# One gzip member per chunk, at level 1: 5.7x smaller than the text at 0.6 s of an
-# executor's CPU per million points; level 6 made it 6.8x for 2.2 s (bench lines).
-# ISA-L's deflate (python-isal, in the spark extra) writes the same format 4-5x faster
-# than zlib at level 1, and 15% smaller (5,000 lines: 0.27 ms a chunk against 1.26);
-# zlib where it is not installed. A member of either inflates the same.
+# One gzip member per chunk, at level 1: line protocol repeats its measurements and tag
+# keys, so the cheapest level already takes most of the bytes out, and every staged point
+# pays an executor's CPU for it; a higher level takes little more for several times the
+# CPU. ISA-L's deflate (python-isal, in the spark extra) writes the same format several
+# times faster than zlib (docs/performance.md); zlib where it is not installed. A member
+# of either inflates the same.
 GZIP_LEVEL = 1
 
 
@@ -253,8 +254,8 @@ class StagedChunk:
     ``first_seq + i``. ``ends`` is None when no line holds a newline of its
     own -- the newlines are then the line boundaries -- and otherwise gives,
     for each line, the offset just past its newline in ``text + "\\n"``.
-    (Storing ``ends`` for every chunk cost 0.19 s of the client's CPU per
-    million points, a quarter of staging.)
+    (Storing ``ends`` for every chunk cost a good share of staging's CPU, for
+    bounds the newlines already give: ``bench/README.md``, "No line bounds".)
     """
 
     write_id: str

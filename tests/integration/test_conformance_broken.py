@@ -1,7 +1,7 @@
-"""The conformance kit fails kinds that break what it checks: the SQLite kind of
-``tests/plugins`` (a kind that overwrites) and the PostgreSQL kind (a transactional
-one), each broken one way, against their real stores. Each broken kind fails the kit's
-checks of what it breaks, and the sound kind passes the same checks.
+"""The conformance kit fails kinds that break what it checks: the example SQLite kind
+(``twophase.testing.example_sqlite``, a kind that overwrites) and the PostgreSQL kind (a
+transactional one), each broken one way, against their real stores. Each broken kind
+fails the kit's checks of what it breaks, and the sound kind passes the same checks.
 
 * ``tags_ignored``: a point's key is its measurement and time, its tags left out (a
   point overwrites one of another tag set at its time);
@@ -28,8 +28,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.plugins.twophase_sqlite_target import _SCHEMA, SqliteWriter, _connected
-from tests.plugins.twophase_sqlite_target import KIND as SQLITE
 from tests.support import postgresql_target
 from twophase.config import TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.errors import BadPointsError
@@ -38,6 +36,8 @@ from twophase.postgresql import KIND as POSTGRESQL
 from twophase.postgresql.writer import PostgresWriter
 from twophase.targets import TargetKind, kinds
 from twophase.testing import TargetConformance
+from twophase.testing.example_sqlite import _SCHEMA, SqliteWriter, _connected
+from twophase.testing.example_sqlite import KIND as SQLITE
 from twophase.testing.support import Case
 
 

@@ -1,6 +1,7 @@
 """Kinds of target from a package of their own, found only through their entry points:
-the SQLite kinds of ``tests/plugins`` copied with their ``*.dist-info`` into a folder
-put on ``sys.path``, as an installed distribution is. A sink delivers to the
+the example SQLite kinds (``twophase.testing.example_sqlite``), packaged in
+``tests/plugins`` and copied with their ``*.dist-info`` into a folder put on
+``sys.path``, as an installed distribution is. A sink delivers to the
 overwriting one end to end, and both pass the conformance kit: the transactional one
 (``sqlitetx``) as a third-party kind that keeps its own record of delivered epochs,
 keyed on the generation twophase gives it."""

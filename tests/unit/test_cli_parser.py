@@ -93,6 +93,19 @@ def test_the_help_of_db_upgrade_and_verify() -> None:
     assert "1 it differs" in " ".join(verify.split())  # the exit status, in the epilog
 
 
+def test_db_help_names_exactly_the_actions_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The actions ``twophase db --help`` names are those that parse to a handler (a help
+    once named a ``show`` that did not exist)."""
+    runnable = {c.split()[1] for c in SECTIONS if c.startswith("db ")}
+    assert runnable == {"upgrade", "downgrade", "current", "history", "grants"}
+    code, out, _ = run(capsys, "db", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "its actions: " in text, text
+    named = text.split("its actions: ", 1)[1].split(" positional")[0]
+    assert set(named.split(", ")) == runnable
+    assert run(capsys, "db", "show")[0] == 2
+
+
 def test_every_connection_flag_is_accepted_before_any_command() -> None:
     args = build_parser().parse_args(["--target-url", "http://i:8086", "db", "current"])
     assert args.target_url == "http://i:8086"

@@ -1,7 +1,7 @@
-"""The alert rules and the Grafana dashboard query only what the exporter exposes, and
-every alert's runbook_url leads to its page of the documentation site
-(docs/operations/runbooks/<alert>.md). (promtool runs the
-rules in tests/integration/test_alert_rules.py.)"""
+"""The alert rules and the Grafana dashboard query only what the exporter exposes (the
+dashboard only what the metrics reference lists, too), and every alert's runbook_url
+leads to its page of the documentation site (docs/operations/runbooks/<alert>.md).
+(promtool runs the rules in tests/integration/test_alert_rules.py.)"""
 
 from __future__ import annotations
 
@@ -63,6 +63,26 @@ def test_every_dashboard_query_names_exported_metrics() -> None:
         assert found <= known, (title, sorted(found - known))
 
 
+def reference_names() -> set[str]:
+    """The metrics the generated metrics reference lists (docs/operations/metrics.md)."""
+    from scripts import docs_reference
+
+    return set(re.findall(r"^\| `(twophase_[a-z0-9_]+)", docs_reference.metrics(), flags=re.M))
+
+
+def test_every_metric_the_dashboard_queries_is_in_the_metrics_reference() -> None:
+    listed = reference_names()
+    assert len(listed) >= 20
+    for title, expr in dashboard_exprs():
+        # A histogram's samples (_bucket, _sum, _count) are listed under its own name.
+        unlisted = {
+            name
+            for name in names_in(expr)
+            if name not in listed and re.sub(r"_(bucket|sum|count)$", "", name) not in listed
+        }
+        assert unlisted == set(), (title, sorted(unlisted))
+
+
 def test_the_dashboard_shows_lag_throughput_rejects_and_retries() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     used = set().union(*(names_in(expr) for _, expr in dashboard_exprs()))
@@ -74,6 +94,8 @@ def test_the_dashboard_shows_lag_throughput_rejects_and_retries() -> None:
         "twophase_promote_retries_total",  # retries
         "twophase_influx_retries_total",
         "twophase_target_lag_epochs",  # targets
+        "twophase_target_lag_seconds",
+        "twophase_target_lag_bytes",  # a target's backlog
         "twophase_target_state",
     ):
         assert name in used, name

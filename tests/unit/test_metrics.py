@@ -11,13 +11,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from twophase.cli.parser import _epoch
-from twophase.errors import BadPointsError, InfluxAuthError, TransientWriteError
+from twophase.errors import (
+    BadPointsError,
+    InfluxAuthError,
+    StagingUnavailableError,
+    TransientWriteError,
+)
 from twophase.influx.classify import Target, classify_status
 from twophase.influx.metering import REGISTRY, MeteredWriter, retry_reason, status_class
 from twophase.operations.exporter import (
     DURATION_BUCKETS,
     SinkRow,
+    StoreCollector,
     _Durations,
+    _Sample,
     metric_names,
     sink_families,
     target_families,
@@ -79,6 +86,34 @@ def test_pending_dead_letters_are_rejected_minus_requeued() -> None:
     assert got[("twophase_dead_letters", (("phase", "promote"), ("sink", "s")))] == 2
     assert got[("twophase_dead_letters", (("phase", "stage"), ("sink", "s")))] == 2
     assert got[("twophase_points_rejected_total", (("phase", "promote"), ("sink", "s")))] == 7
+
+
+def test_every_metric_has_a_description() -> None:
+    """The metrics reference shows each family's description as its meaning."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Sample())
+    families = [*registry.collect(), *REGISTRY.collect()]
+    assert len(families) >= 20
+    assert [f.name for f in families if not f.documentation.strip()] == []
+
+
+class _DownStore:
+    """A staging store that cannot be reached."""
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        raise StagingUnavailableError("down")
+
+
+def test_a_scrape_of_a_store_that_is_down_describes_what_it_shows() -> None:
+    families = list(StoreCollector(_DownStore(), 60.0).collect())  # type: ignore[arg-type]
+    shown = {f.name: (f.documentation, [s.value for s in f.samples]) for f in families}
+    assert shown["twophase_store_up"][1] == [0.0]
+    assert set(shown) == {
+        "twophase_store_up",
+        "twophase_scrape_duration_seconds",
+        "twophase_store_reads",
+    }
+    assert all(documentation.strip() for documentation, _ in shown.values())
 
 
 def test_names_and_labels_follow_prometheus_conventions() -> None:

@@ -4,6 +4,8 @@ included, from the top-level folder), and the project carries its license and ch
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import tomllib
 
@@ -57,3 +59,19 @@ def test_the_compose_image_copies_what_the_package_build_reads() -> None:
         for part in line.split()[:-1]
     }
     assert {"pyproject.toml", "README.md", "LICENSE", "twophase", "migrations"} <= copied
+
+
+def test_ruff_leaves_the_pages_alone_even_named_one_by_one() -> None:
+    """``ruff format`` reads a page's Python blocks as Python and mangles a snippet marker
+    in one (``--8<-- "path"`` into ``--8 < --"path"``): the pages are excluded, and the
+    exclusion holds for a page an editor or a hook names."""
+    pages = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs").rglob("*.md"))]
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--diff", *pages],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--8 <" not in done.stdout

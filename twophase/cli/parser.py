@@ -154,13 +154,17 @@ class _Commands:
         sub.set_defaults(handler=handler, failed=failed)
         return sub
 
-    def group(self, name: str, text: str) -> _Commands:
-        """A command of commands (``db upgrade``); the flags go to each of them."""
+    def group(self, name: str, text: str, build: Callable[[_Commands], None]) -> Parser:
+        """A command of commands (``db upgrade``), its actions added by ``build``; the
+        flags go to each of them. Its description names the actions ``build`` added, the
+        ones it dispatches to, so that its help cannot name one it does not have."""
         sub = self._parser(name, text)
         actions = sub.add_subparsers(
             dest="action", required=True, metavar="ACTION", parser_class=Parser, help="the action"
         )
-        return _Commands(actions, self._json_errors)
+        build(_Commands(actions, self._json_errors))
+        sub.description = f"{text}; its actions: {', '.join(actions.choices)}"
+        return sub
 
     def _parser(self, name: str, text: str, **more: Any) -> Parser:
         sub: Parser = self._subparsers.add_parser(
@@ -250,12 +254,7 @@ def _inspection(commands: _Commands) -> None:
     _epochs(sub)
     _target(sub, "verify that target's InfluxDB only (default: every target, in turn)")
     _dead_letters(commands)
-    _schema(
-        commands.group(
-            "db",
-            "the staging schema: upgrade, downgrade, current revision, history, the SQL, grants",
-        )
-    )
+    commands.group("db", "the staging schema and the roles' GRANTs", _schema)
     sub = commands.add("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
     sub.add_argument("action", choices=["serve"], help="serve: run the exporter until stopped")
     port, host = BY_NAME["exporter_port"], BY_NAME["exporter_host"]

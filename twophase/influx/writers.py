@@ -94,8 +94,8 @@ class _PostWriter:
     Everything a request needs but its body is made once, here: the headers, the
     request target (path and query, encoded), the retry policy and the connection
     pool of the URL's host. A write goes straight to that pool, skipping the pool
-    manager's per-request URL parsing and pool lookup (about a fifth of urllib3's
-    CPU per request on loopback). A redirect is not followed: its answer is
+    manager's per-request URL parsing and pool lookup, work that would be done again
+    for every request to the same URL. A redirect is not followed: its answer is
     classified like any other status."""
 
     def __init__(self, config: TargetConfig, api: str, url: str, headers: dict[str, str]):

@@ -192,13 +192,10 @@ class StoreCollector(Collector):
         except (TwoPhaseError, psycopg.Error) as exc:
             log.warning("scrape: cannot read the staging store: %s", exc)
             rows = None
-        up = GaugeMetricFamily("twophase_store_up", _STORE_UP)
-        up.add_metric([], 0.0 if rows is None else 1.0)
-        families: list[Metric] = [up]
+        families: list[Metric] = [_store_up_family(rows is not None)]
         if rows is not None:
             families += [*sink_families(rows, self._durations), *target_families(targets)]
-        took = GaugeMetricFamily("twophase_scrape_duration_seconds", _SCRAPE_DURATION)
-        took.add_metric([], time.perf_counter() - started)
+        took = _scrape_duration_family(time.perf_counter() - started)
         return [*families, took, _reads_family(self._reads)]
 
     def _read(self) -> list[SinkRow]:
@@ -227,6 +224,22 @@ class StoreCollector(Collector):
         for gone in set(self._durations) - set(sinks):  # a sink deleted from the store
             del self._durations[gone]
         return rows
+
+
+def _store_up_family(up: bool) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "twophase_store_up", "1 when the last scrape read the staging store, else 0."
+    )
+    family.add_metric([], 1.0 if up else 0.0)
+    return family
+
+
+def _scrape_duration_family(seconds: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "twophase_scrape_duration_seconds", "How long reading the staging store took."
+    )
+    family.add_metric([], seconds)
+    return family
 
 
 def _reads_family(reads: float) -> CounterMetricFamily:
@@ -442,9 +455,6 @@ def metric_names() -> frozenset[str]:
     return frozenset(names)
 
 
-_STORE_UP = "1 when the last scrape read the staging store, else 0."
-_SCRAPE_DURATION = "How long reading the staging store took."
-
 # The samples of each metric type, after the family's name.
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -462,10 +472,5 @@ class _Sample(Collector):
         target = TargetState("example", "a", LIVE, 1, 0, 0, None, 0, None, None, None, None)
         yield from target_families([target])
         yield _reads_family(0)
-        for name, help_text in (
-            ("twophase_store_up", _STORE_UP),
-            ("twophase_scrape_duration_seconds", _SCRAPE_DURATION),
-        ):
-            gauge = GaugeMetricFamily(name, help_text)
-            gauge.add_metric([], 0.0)
-            yield gauge
+        yield _store_up_family(False)
+        yield _scrape_duration_family(0.0)

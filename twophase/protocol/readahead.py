@@ -1,9 +1,9 @@
 """Consume an iterator in a background thread, a bounded number of items ahead.
 
-Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB; done in turn, the
-read (0.33 s per million points here) adds to the send.
+Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB; done in turn,
+every read adds its whole time to the send's.
 [`read_ahead`][twophase.protocol.readahead.read_ahead] runs them at once: both mostly wait on
-sockets, where Python releases the GIL.
+sockets, where Python releases the GIL (the figures: ``bench/README.md``, "Read-ahead").
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from twophase.spark.split import split_dead_letters
 
 # Name -> module, imported on first use: an executor that unpickles a staging
-# function imports only what staging needs, not the driver's protocol (0.3 s less
-# per Python worker, measured with -X importtime).
+# function imports only what staging needs, not the driver's protocol, whose imports
+# every Python worker would otherwise pay for (-X importtime shows them).
 _LAZY = {
     "FORMAT": "source",
     "TwoPhaseInfluxDataSource": "source",

@@ -223,8 +223,8 @@ class _Driver:
 
     def tasks(self, df: Any) -> Any:
         """``df`` in at most one partition per core: staging tasks beyond the cores only
-        wait for a second wave (measured: 4 partitions staged on 2 cores took 130 ms
-        longer per micro-batch than the same 4 coalesced into 2 tasks)."""
+        wait for a second wave, which adds its time to every micro-batch
+        (``bench/README.md``, "Staging tasks per shuffle partition")."""
         return df if self.cores is None else df.coalesce(self.cores)
 
 

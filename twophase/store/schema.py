@@ -21,10 +21,10 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   line ``i`` has staged seq ``first_seq + i``. ``ends`` is NULL unless a line
   holds a newline of its own; then ``ends[i]`` is the offset just past line
   ``i``'s newline in ``body || '\n'``. One row per up to 5,000 lines instead of one
-  per line cut the client's and PostgreSQL's CPU per point by about 40%
-  (``bench/README.md``). ``body`` is compressed with lz4 where the server has
-  it, else stored uncompressed (set by the migration: pglz halved COPY
-  speed). A write names its sink and epoch, so rows carry only the write id.
+  per line spares the client and PostgreSQL a row's work per point
+  (``docs/operations/capacity.md``). ``body`` is compressed with lz4 where the server
+  has it, else stored uncompressed (set by the migration: pglz slowed COPY down more
+  than it saved). A write names its sink and epoch, so rows carry only the write id.
   There is no foreign key on purpose (an RI trigger per row costs COPY
   time); the write row is inserted in the same transaction as the COPY.
   ``lane`` is the promotion lane of the chunk's lines
