@@ -39,12 +39,12 @@ if TYPE_CHECKING:
         CheckpointResetError,
         ConfigError,
         FencedError,
-        InfluxUnavailableError,
         PermanentError,
         PointError,
         RetryableError,
         StagingUnavailableError,
         StateError,
+        TargetUnavailableError,
         TwoPhaseError,
     )
     from twophase.model import CommitMessage, DeadLetter, EpochState, Lease
@@ -63,12 +63,12 @@ _HOMES = {
     "CheckpointResetError": "twophase.errors",
     "ConfigError": "twophase.errors",
     "FencedError": "twophase.errors",
-    "InfluxUnavailableError": "twophase.errors",
     "PermanentError": "twophase.errors",
     "PointError": "twophase.errors",
     "RetryableError": "twophase.errors",
     "StagingUnavailableError": "twophase.errors",
     "StateError": "twophase.errors",
+    "TargetUnavailableError": "twophase.errors",
     "TwoPhaseError": "twophase.errors",
     "CommitMessage": "twophase.model",
     "DeadLetter": "twophase.model",
@@ -89,7 +89,6 @@ __all__ = [
     "EpochState",
     "FencedError",
     "InfluxConfig",
-    "InfluxUnavailableError",
     "Lease",
     "PermanentError",
     "PointBuilder",
@@ -99,6 +98,7 @@ __all__ = [
     "StagingConfig",
     "StagingUnavailableError",
     "StateError",
+    "TargetUnavailableError",
     "TwoPhase",
     "TwoPhaseConfig",
     "TwoPhaseError",
@@ -112,7 +112,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
-        raise AttributeError(f"module 'twophase' has no attribute {name!r}")
+        # A former name warns at each use, so it is never cached here.
+        from twophase.errors import former_name
+
+        return former_name(__name__, name, stacklevel=2)
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value

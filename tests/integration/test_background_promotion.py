@@ -12,7 +12,7 @@ from devkit import InfluxServer
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import OWN_INFLUX_DB, begin_run, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, InfluxConfig, StagingConfig
-from twophase.errors import InfluxUnavailableError
+from twophase.errors import TargetUnavailableError
 from twophase.model import EpochState
 
 
@@ -54,7 +54,7 @@ def test_a_failed_background_promotion_is_raised_by_the_next_commit(
             EpochState.PRECOMMITTED
         )
         messages = stage(tp, "s", 1, [lines(1, 50)])
-        with pytest.raises(InfluxUnavailableError, match="still unavailable"):
+        with pytest.raises(TargetUnavailableError, match="still unavailable"):
             tp.committer.commit(lease, 1, messages)
         assert tp.ledger.pending("s") == [0]  # 0 left PRECOMMITTED, 1 not decided
     own_influx.start()

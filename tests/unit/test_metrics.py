@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from twophase.cli.parser import _epoch
-from twophase.errors import BadPointsError, InfluxAuthError, TransientWriteError
+from twophase.errors import BadPointsError, TargetAuthError, TransientWriteError
 from twophase.influx.classify import Target, classify_status
 from twophase.influx.metering import REGISTRY, MeteredWriter, retry_reason, status_class
 from twophase.operations.exporter import (
@@ -178,7 +178,7 @@ def test_retry_reason() -> None:
     assert retry_reason(TransientWriteError("slow down", status=429)) == "throttled"
     assert retry_reason(TransientWriteError("down", status=503)) == "unavailable"
     assert retry_reason(TransientWriteError("refused")) == "transport"
-    assert retry_reason(InfluxAuthError("no")) == "transport"
+    assert retry_reason(TargetAuthError("no")) == "transport"
 
 
 def test_corrections_are_named_cn() -> None:

@@ -129,7 +129,7 @@ class TargetDelivery:
         ([`shared_read`][twophase.protocol.delivery.shared_read]), taken by the first try;
         a repeat reads on its own.
 
-        InfluxUnavailableError once the server gave no answer for
+        TargetUnavailableError once the server gave no answer for
         ``target_retry_deadline`` (``round_only``: for ``target_deadline``, a
         commit's round, after which the commit decides whether to go on
         without this target)."""

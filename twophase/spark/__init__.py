@@ -94,7 +94,7 @@ def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lea
     first commit claims and recovers anyway; calling this right after
     ``start()`` refuses earlier, and recovers even when no batch comes (an
     available-now query with no new input, a quiet stream). A recovery that
-    fails raises as a commit's does (InfluxUnavailableError past the retry
+    fails raises as a commit's does (TargetUnavailableError past the retry
     deadline). Under Spark Connect a foreachBatch writer's batches wait for
     it: only the client knows the query's id there
     ([`twophase.spark.foreach`][twophase.spark.foreach]); the client claims without recovering (it
