@@ -26,7 +26,7 @@ integer field ``value``), all from the same DataFrame through the sink's
 ``metric`` column names its measurement (an overflowed sum then dead-letters that
 metric's row alone). PySpark's Python data sources cannot run in update mode, so the
 stats go through ``twophase.spark.foreach_batch_writer`` (the same protocol);
-``--stats-writer data-source`` uses the ``twophase-influx`` format in complete mode
+``--stats-writer data-source`` uses the ``twophase`` format in complete mode
 instead.
 
 One query reads and parses each line once, with Spark's JSON source and a
@@ -89,7 +89,7 @@ DEFAULT_SHUFFLE_PARTITIONS = 4
 # All cores, and up to 4 attempts per task: local[*] runs each task once, so a task
 # whose staging a dropped PostgreSQL connection cut would fail the query.
 DEFAULT_MASTER = "local[*,4]"
-FORMAT = "twophase-influx"
+FORMAT = "twophase"
 FOREACH_BATCH, DATA_SOURCE = "foreach-batch", "data-source"
 EXIT_FAILED, EXIT_REFUSED = 1, 2
 
@@ -123,7 +123,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=(FOREACH_BATCH, DATA_SOURCE),
         default=FOREACH_BATCH,
         help="foreach-batch: update mode (default); data-source: the "
-        "twophase-influx format in complete mode (Python data sources cannot "
+        "twophase format in complete mode (Python data sources cannot "
         "do update mode)",
     )
     where = ap.add_mutually_exclusive_group()
@@ -291,7 +291,7 @@ def per_metric(stats: Any) -> Any:
 
 
 def sink_options(args: argparse.Namespace) -> dict[str, str]:
-    """The twophase-influx options of the stats sink (settings come from TWOPHASE_*,
+    """The twophase options of the stats sink (settings come from TWOPHASE_*,
     the targets from ``--targets`` when given)."""
     measurement = (
         {"measurement_column": METRIC_COLUMN}

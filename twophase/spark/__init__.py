@@ -1,8 +1,9 @@
 """Spark Structured Streaming integration: a streaming sink and a foreachBatch adapter.
 
 * [`register`][twophase.spark.source.register] makes
-  ``df.writeStream.format("twophase-influx")`` available (a PySpark 4 Python data source:
-  stage in ``write``, decide and promote in ``commit``, discard in ``abort``).
+  ``df.writeStream.format("twophase")`` available (a PySpark 4 Python data source:
+  stage in ``write``, decide and promote in ``commit``, discard in ``abort``), and its
+  former name ``twophase-influx`` until 0.12.0.
 * [`foreach_batch_writer`][twophase.spark.foreach.foreach_batch_writer] gives the same
   protocol to ``foreachBatch`` pipelines.
 * [`split_dead_letters`][twophase.spark.split.split_dead_letters] sends the rows a job
@@ -36,7 +37,12 @@ if TYPE_CHECKING:
     from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer
     from twophase.spark.options import SinkOptions, parse_options
     from twophase.spark.ship import package_zip, ship_package
-    from twophase.spark.source import FORMAT, TwoPhaseInfluxDataSource, register
+    from twophase.spark.source import (
+        FORMAT,
+        TwoPhaseDataSource,
+        TwoPhaseInfluxDataSource,
+        register,
+    )
     from twophase.spark.split import split_dead_letters
 
 # Name -> module, imported on first use: an executor that unpickles a staging
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 # per Python worker, measured with -X importtime).
 _LAZY = {
     "FORMAT": "source",
+    "TwoPhaseDataSource": "source",
     "TwoPhaseInfluxDataSource": "source",
     "register": "source",
     "ForeachBatchWriter": "foreach",
@@ -61,6 +68,7 @@ __all__ = [
     "FORMAT",
     "ForeachBatchWriter",
     "SinkOptions",
+    "TwoPhaseDataSource",
     "TwoPhaseInfluxDataSource",
     "claim_query",
     "drain_query",

@@ -297,4 +297,4 @@ def _refuse_password(url: str) -> None:
 
 def _unknown_hint() -> str:
     known = ", ".join((*SINK_OPTIONS, *(o for o in OPTIONS if o not in SECRET_OPTIONS)))
-    return f"unknown option of the twophase-influx sink (known: {known})"
+    return f"unknown option of the twophase sink (known: {known})"

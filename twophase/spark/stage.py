@@ -74,7 +74,7 @@ def current_task(
     if epoch is None:
         if batch is None:
             raise PermanentError(
-                "the task has no streaming batch id: the twophase-influx sink works in "
+                "the task has no streaming batch id: the twophase sink works in "
                 "streaming queries only (df.writeStream...), not in batch writes"
             )
         epoch = int(batch)
