@@ -1,4 +1,4 @@
-"""Five-minute aggregates of video-session events into InfluxDB, exactly once.
+"""Five-minute aggregates of video-session events into the sink's targets, exactly once.
 
 ::
 
@@ -39,14 +39,14 @@ each reaches the dead-letter table exactly once (count them with
 ``twophase status`` or ``twophase dead-letters``). The good ones go on to
 the aggregation.
 
-Checkpoint: ``<checkpoint>/stats``. The staging database and InfluxDB come
-from the ``TWOPHASE_*`` environment variables. Standard output carries one line per
-event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``. twophase's INFO lines
-(commits, replays detected, recoveries), each naming its ``sink_id``, ``epoch`` and
-``run_id``, go to standard error as text or, with ``--log-format json``, as one JSON
-object per line (:mod:`twophase.logs`); spark-submit merges its Python driver's
-standard error into its standard output. Spark's own logging is left to its log4j
-settings.
+Checkpoint: ``<checkpoint>/stats``. The staging database and the targets (InfluxDB,
+PostgreSQL...) come from the ``TWOPHASE_*`` environment variables. Standard output
+carries one line per event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``.
+twophase's INFO lines (commits, replays detected, recoveries), each naming its
+``sink_id``, ``epoch`` and ``run_id``, go to standard error as text or, with
+``--log-format json``, as one JSON object per line (:mod:`twophase.logs`); spark-submit
+merges its Python driver's standard error into its standard output. Spark's own
+logging is left to its log4j settings.
 
 Exit status: 0 when ``--available-now`` consumed the input, 1 when a query
 failed (also when, at the start, a server was away while the job delivered
@@ -156,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--targets",
         default=None,
         metavar="NAME=URL,...",
-        help="deliver to several InfluxDB servers, each exactly once (the sinks' option "
+        help="deliver to several targets, each exactly once (the sinks' option "
         "targets; default: TWOPHASE_TARGETS, else TWOPHASE_TARGET_URL's one server)",
     )
     ap.add_argument(

@@ -230,7 +230,7 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
             rows.append(("`ACTION`", f"one of {names}"))
             continue
         if action.dest in connection:
-            talks_to.add("InfluxDB" if BY_NAME[action.dest].section == INFLUX else "staging")
+            talks_to.add("targets" if BY_NAME[action.dest].section == INFLUX else "staging")
             continue
         if action.dest in common:
             continue
@@ -239,8 +239,8 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
         out.append(_table(("argument", "meaning"), rows))
     if talks_to:
         servers = "the staging store"
-        if "InfluxDB" in talks_to:
-            servers += " and InfluxDB"
+        if "targets" in talks_to:
+            servers += " and the targets"
         out.append(f"Talks to {servers}: takes their [connection flags](#connection-flags).\n")
     if parser.epilog:
         out.append(parser.epilog.strip() + "\n")
@@ -401,7 +401,7 @@ def exit_codes() -> str:
         "EXIT_USAGE": "wrong usage (bad flags, unknown sink, an epoch not recorded, a "
         "malformed duration, a revision that cannot work, a destructive command without "
         "`--yes` off a terminal)",
-        "EXIT_DIFFERS": "`verify`: InfluxDB differs from what staging says was delivered",
+        "EXIT_DIFFERS": "`verify`: a target differs from what staging says was delivered",
         "EXIT_NO_ANSWER": "`verify`: no answer (wrong usage or any failure)",
     }
     rows = [

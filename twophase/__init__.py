@@ -1,7 +1,8 @@
-"""twophase: exactly-once delivery from Spark Structured Streaming into InfluxDB.
+"""twophase: exactly-once delivery from Spark Structured Streaming into InfluxDB, PostgreSQL
+and other kinds of target.
 
 A micro-batch (an *epoch*) is staged into PostgreSQL, decided (PRECOMMITTED),
-promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
+promoted to the sink's targets and marked COMMITTED, in the manner of Flink's two-phase
 commit sink. ``docs/concepts/design.md`` in the repository and the pages it lists hold
 the protocol, its invariants I1-I10, the contracts and the module map.
 

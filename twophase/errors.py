@@ -210,7 +210,8 @@ class TargetTableError(TargetRequestError, ConfigError):
 
 
 class BadPointsError(TargetRequestError):
-    """400/422: some points were refused; ``reason`` is InfluxDB's own message.
+    """Some points were refused (InfluxDB's 400 or 422); ``reason`` is the target's own
+    message.
 
     With 1.x ("partial write: ... dropped=N") the other points of the body
     were written; which ones were refused is only known by re-sending parts.

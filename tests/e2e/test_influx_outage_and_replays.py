@@ -295,7 +295,7 @@ def outage_past_the_deadline_fails_the_query(
     assert code == 1, job.tail()
     error = error_line(job)
     assert error.startswith(
-        "session_metrics: error: TargetUnavailableError: InfluxDB still unavailable after"
+        "session_metrics: error: TargetUnavailableError: target still unavailable after"
     ), error
     assert f"{SHORT_DEADLINE} without progress" in error, error
     assert f"InfluxDB at {own_influx.url}: cannot connect" in error, error  # says which

@@ -80,7 +80,7 @@ def test_an_epoch_with_refused_points_is_delivered_without_bisection(
         "accept_partial": ["false"],
         "no_sync": ["false"],
     }
-    reason = "InfluxDB rejected the point: invalid column type for column 'v', expected Float"
+    reason = "the target rejected the point: invalid column type for column 'v', expected Float"
     assert [(d.phase, d.reason) for d in letters] == [("promote", reason)] * 2
     assert sorted(d.payload for d in letters) == sorted(lines(40, bad=(7, 30))[i] for i in (7, 30))
 

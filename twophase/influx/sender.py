@@ -307,7 +307,7 @@ class _Delivery:
         remaining = self.policy.deadline_s - lasted
         if remaining <= 0 or (retry_after or 0.0) > remaining:
             raise TargetUnavailableError(
-                f"InfluxDB still unavailable after {attempt} attempt(s) over {lasted:.0f}s "
+                f"target still unavailable after {attempt} attempt(s) over {lasted:.0f}s "
                 f"({self._sender._deadline} {self.policy.deadline_s:g}s without progress): {exc}"
             ) from exc
         delay = min(self.policy.delay(attempt, retry_after, self._sender._rand), remaining)

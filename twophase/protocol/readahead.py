@@ -1,6 +1,6 @@
 """Consume an iterator in a background thread, a bounded number of items ahead.
 
-Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB; done in turn, the
+Promotion reads staged chunks from PostgreSQL and sends them to a target; done in turn, the
 read (0.33 s per million points here) adds to the send.
 [`read_ahead`][twophase.protocol.readahead.read_ahead] runs them at once: both mostly wait on
 sockets, where Python releases the GIL.

@@ -106,7 +106,7 @@ def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lea
     deadline). Under Spark Connect a foreachBatch writer's batches wait for
     it: only the client knows the query's id there
     ([`twophase.spark.foreach`][twophase.spark.foreach]); the client claims without recovering (it
-    need not reach InfluxDB), and the server's first batch recovers.
+    need not reach the targets), and the server's first batch recovers.
     Idempotent.
     """
     from twophase.spark.commit import claim

@@ -65,7 +65,7 @@ def two_phase(sink: SinkOptions) -> TwoPhase:
 
 
 def open_in_background(sink: SinkOptions) -> None:
-    """Start opening the sink's parts (connection pool, schema check, InfluxDB writer)
+    """Start opening the sink's parts (connection pool, schema check, the targets' writers)
     in a thread, so that the first micro-batch finds them ready.
 
     Idempotent: [`two_phase`][twophase.spark.commit.two_phase] opens them once per process,
