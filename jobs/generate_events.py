@@ -13,7 +13,7 @@ plus some malformed lines of several kinds. Files are written atomically
 times, so Spark's file source picks them up whole and in order, also while
 a query runs. The same ``--seed`` gives byte-identical files.
 
-``--expect`` reads files and computes what InfluxDB must hold afterwards,
+``--expect`` reads files and computes what a target must hold afterwards,
 independently of Spark: per 5-minute window end, stream and ISP, the event
 count, the exact distinct users and the byte sums; and how many lines are
 malformed. Its validity rules are the job's, restated in plain Python for

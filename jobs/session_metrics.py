@@ -1,4 +1,4 @@
-"""Five-minute aggregates of video-session events into InfluxDB, exactly once.
+"""Five-minute aggregates of video-session events into the sink's targets, exactly once.
 
 ::
 
@@ -26,7 +26,7 @@ integer field ``value``), all from the same DataFrame through the sink's
 ``metric`` column names its measurement (an overflowed sum then dead-letters that
 metric's row alone). PySpark's Python data sources cannot run in update mode, so the
 stats go through ``twophase.spark.foreach_batch_writer`` (the same protocol);
-``--stats-writer data-source`` uses the ``twophase-influx`` format in complete mode
+``--stats-writer data-source`` uses the ``twophase`` format in complete mode
 instead.
 
 One query reads and parses each line once, with Spark's JSON source and a
@@ -39,14 +39,14 @@ each reaches the dead-letter table exactly once (count them with
 ``twophase status`` or ``twophase dead-letters``). The good ones go on to
 the aggregation.
 
-Checkpoint: ``<checkpoint>/stats``. The staging database and InfluxDB come
-from the ``TWOPHASE_*`` environment variables. Standard output carries one line per
-event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``. twophase's INFO lines
-(commits, replays detected, recoveries), each naming its ``sink_id``, ``epoch`` and
-``run_id``, go to standard error as text or, with ``--log-format json``, as one JSON
-object per line (:mod:`twophase.logs`); spark-submit merges its Python driver's
-standard error into its standard output. Spark's own logging is left to its log4j
-settings.
+Checkpoint: ``<checkpoint>/stats``. The staging database and the targets (InfluxDB,
+PostgreSQL...) come from the ``TWOPHASE_*`` environment variables. Standard output
+carries one line per event for scripts: ``STARTED``, ``PROGRESS`` (JSON), ``DONE``.
+twophase's INFO lines (commits, replays detected, recoveries), each naming its
+``sink_id``, ``epoch`` and ``run_id``, go to standard error as text or, with
+``--log-format json``, as one JSON object per line (:mod:`twophase.logs`); spark-submit
+merges its Python driver's standard error into its standard output. Spark's own
+logging is left to its log4j settings.
 
 Exit status: 0 when ``--available-now`` consumed the input, 1 when a query
 failed (also when, at the start, a server was away while the job delivered
@@ -89,7 +89,7 @@ DEFAULT_SHUFFLE_PARTITIONS = 4
 # All cores, and up to 4 attempts per task: local[*] runs each task once, so a task
 # whose staging a dropped PostgreSQL connection cut would fail the query.
 DEFAULT_MASTER = "local[*,4]"
-FORMAT = "twophase-influx"
+FORMAT = "twophase"
 FOREACH_BATCH, DATA_SOURCE = "foreach-batch", "data-source"
 EXIT_FAILED, EXIT_REFUSED = 1, 2
 
@@ -123,7 +123,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=(FOREACH_BATCH, DATA_SOURCE),
         default=FOREACH_BATCH,
         help="foreach-batch: update mode (default); data-source: the "
-        "twophase-influx format in complete mode (Python data sources cannot "
+        "twophase format in complete mode (Python data sources cannot "
         "do update mode)",
     )
     where = ap.add_mutually_exclusive_group()
@@ -156,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--targets",
         default=None,
         metavar="NAME=URL,...",
-        help="deliver to several InfluxDB servers, each exactly once (the sinks' option "
+        help="deliver to several targets, each exactly once (the sinks' option "
         "targets; default: TWOPHASE_TARGETS, else TWOPHASE_TARGET_URL's one server)",
     )
     ap.add_argument(
@@ -291,7 +291,7 @@ def per_metric(stats: Any) -> Any:
 
 
 def sink_options(args: argparse.Namespace) -> dict[str, str]:
-    """The twophase-influx options of the stats sink (settings come from TWOPHASE_*,
+    """The twophase options of the stats sink (settings come from TWOPHASE_*,
     the targets from ``--targets`` when given)."""
     measurement = (
         {"measurement_column": METRIC_COLUMN}

@@ -403,7 +403,7 @@ def exit_codes() -> str:
         "EXIT_USAGE": "wrong usage (bad flags, unknown sink, an epoch not recorded, a "
         "malformed duration, a revision that cannot work, a destructive command without "
         "`--yes` off a terminal)",
-        "EXIT_DIFFERS": "`verify`: InfluxDB differs from what staging says was delivered",
+        "EXIT_DIFFERS": "`verify`: a target differs from what staging says was delivered",
         "EXIT_NO_ANSWER": "`verify`: no answer (wrong usage or any failure)",
     }
     rows = [

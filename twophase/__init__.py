@@ -1,7 +1,8 @@
-"""twophase: exactly-once delivery from Spark Structured Streaming into InfluxDB.
+"""twophase: exactly-once delivery from Spark Structured Streaming into InfluxDB, PostgreSQL
+and other kinds of target.
 
 A micro-batch (an *epoch*) is staged into PostgreSQL, decided (PRECOMMITTED),
-promoted to InfluxDB and marked COMMITTED, in the manner of Flink's two-phase
+promoted to the sink's targets and marked COMMITTED, in the manner of Flink's two-phase
 commit sink. ``docs/concepts/design.md`` in the repository and the pages it lists hold
 the protocol, its invariants I1-I10, the contracts and the module map.
 
@@ -39,12 +40,12 @@ if TYPE_CHECKING:
         CheckpointResetError,
         ConfigError,
         FencedError,
-        InfluxUnavailableError,
         PermanentError,
         PointError,
         RetryableError,
         StagingUnavailableError,
         StateError,
+        TargetUnavailableError,
         TwoPhaseError,
     )
     from twophase.model import CommitMessage, DeadLetter, EpochState, Lease
@@ -63,12 +64,12 @@ _HOMES = {
     "CheckpointResetError": "twophase.errors",
     "ConfigError": "twophase.errors",
     "FencedError": "twophase.errors",
-    "InfluxUnavailableError": "twophase.errors",
     "PermanentError": "twophase.errors",
     "PointError": "twophase.errors",
     "RetryableError": "twophase.errors",
     "StagingUnavailableError": "twophase.errors",
     "StateError": "twophase.errors",
+    "TargetUnavailableError": "twophase.errors",
     "TwoPhaseError": "twophase.errors",
     "CommitMessage": "twophase.model",
     "DeadLetter": "twophase.model",
@@ -88,7 +89,6 @@ __all__ = [
     "DeadLetter",
     "EpochState",
     "FencedError",
-    "InfluxUnavailableError",
     "Lease",
     "PermanentError",
     "PointBuilder",
@@ -99,6 +99,7 @@ __all__ = [
     "StagingUnavailableError",
     "StateError",
     "TargetConfig",
+    "TargetUnavailableError",
     "TwoPhase",
     "TwoPhaseConfig",
     "TwoPhaseError",
@@ -107,23 +108,26 @@ __all__ = [
     "load_staging_config",
     "load_target_config",
 ]
-# Names of a former version -> the module that serves them, with a DeprecationWarning
-# on every use (never cached here, so each use warns).
-_FORMER = {
-    "InfluxConfig": "twophase.config",
-    "load_influx_config": "twophase.config",
-}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FORMER:
-        return getattr(importlib.import_module(_FORMER[name]), name)
     home = _HOMES.get(name)
     if home is None:
-        raise AttributeError(f"module 'twophase' has no attribute {name!r}")
+        return _former(name)
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value
+
+
+def _former(name: str) -> Any:
+    """A name of a former version (a configuration's, an error's), with its
+    DeprecationWarning; never cached here, so that each use warns."""
+    from twophase.config.former import FORMER
+    from twophase.config.former import former_name as former_config
+    from twophase.errors import former_name as former_error
+
+    former = former_config if name in FORMER else former_error
+    return former(__name__, name, stacklevel=3)
 
 
 def __dir__() -> list[str]:

@@ -9,11 +9,12 @@ import warnings
 REMOVED_IN = "0.12.0"
 
 
-def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
-    """Warn that ``old`` is deprecated, naming ``new``; ``stacklevel`` 3 points at the
-    caller of the function that calls this."""
+def warn_deprecated(old: str, new: str, *, stacklevel: int) -> None:
+    """Warn that ``old`` is deprecated, naming ``new``. ``stacklevel`` is counted as
+    ``warnings.warn`` counts it where this is called, so that the warning names the code
+    that used the former name (warning filters match its module)."""
     warnings.warn(
-        f"{old} is deprecated and goes in {REMOVED_IN}: use {new}",
+        f"{old} is deprecated and goes in twophase {REMOVED_IN}: use {new}",
         DeprecationWarning,
-        stacklevel=stacklevel,
+        stacklevel=stacklevel + 1,
     )

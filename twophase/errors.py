@@ -2,7 +2,7 @@
 
 Callers branch on the class, never on the message:
 
-* ``RetryableError``: the same call may succeed later (InfluxDB or PostgreSQL
+* ``RetryableError``: the same call may succeed later (a target or PostgreSQL
   down, deadline passed). The protocol state is consistent; recovery resumes.
 * ``PermanentError``: retrying the same call cannot help (bad credentials,
   missing database, fenced run, reset checkpoint, invalid transition).
@@ -20,11 +20,13 @@ is masked before it reaches an exception.
 
 from __future__ import annotations
 
+from twophase.deprecation import warn_deprecated
+
 
 class TwoPhaseError(Exception):
     """Base of every error twophase raises on purpose.
 
-    ``http_status`` is the status of the InfluxDB answer it stands for, when
+    ``http_status`` is the status of the target's HTTP answer it stands for, when
     there was one (for the driver's metrics,
     [`twophase.influx.metering`][twophase.influx.metering]).
     """
@@ -49,8 +51,8 @@ class RetryableError(TwoPhaseError):
     """A transient failure; the operation may be repeated later unchanged."""
 
 
-class InfluxUnavailableError(RetryableError):
-    """InfluxDB could not be reached or kept failing until the retry deadline."""
+class TargetUnavailableError(RetryableError):
+    """A target could not be reached or kept failing until the retry deadline."""
 
 
 class StagingUnavailableError(RetryableError):
@@ -104,16 +106,17 @@ class InflateLimitError(PermanentError):
     operator."""
 
 
-class InfluxAuthError(PermanentError):
-    """InfluxDB refused the credentials (401) or the permission (403)."""
+class TargetAuthError(PermanentError):
+    """A target refused the credentials or the permission (InfluxDB's 401 or 403)."""
 
 
-class InfluxNotFoundError(PermanentError):
-    """InfluxDB has no such database, retention policy, bucket or org (404)."""
+class TargetNotFoundError(PermanentError):
+    """A target has no such database, table, retention policy, bucket or org (InfluxDB's
+    404)."""
 
 
-class InfluxRequestError(PermanentError):
-    """InfluxDB rejected a request for a reason that retrying cannot fix."""
+class TargetRequestError(PermanentError):
+    """A target rejected a request for a reason that retrying cannot fix."""
 
 
 class FencedError(PermanentError):
@@ -152,7 +155,7 @@ class RefusedError(PermanentError):
 
 
 class PointError(TwoPhaseError):
-    """A row cannot become an InfluxDB point; ``reason`` says why, for a person."""
+    """A row cannot become a point; ``reason`` says why, for a person."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -163,7 +166,7 @@ class LineProtocolError(TwoPhaseError, ValueError):
     """A line that is not valid InfluxDB line protocol."""
 
 
-class TransientWriteError(InfluxUnavailableError):
+class TransientWriteError(TargetUnavailableError):
     """One attempt failed for a reason that may pass (network, overload, restart).
 
     ``retry_after`` is the server's Retry-After in seconds, when it sent one.
@@ -178,7 +181,7 @@ class TransientWriteError(InfluxUnavailableError):
         self.retry_after = retry_after
 
 
-class BatchTooLargeError(InfluxRequestError):
+class BatchTooLargeError(TargetRequestError):
     """413: the body exceeds the server's limit; smaller bodies may pass."""
 
 
@@ -196,7 +199,7 @@ class EpochStartOverError(TransactionLostError):
     the delivery starts it over at once, the column there."""
 
 
-class TargetTableError(InfluxRequestError, ConfigError):
+class TargetTableError(TargetRequestError, ConfigError):
     """A target's table cannot take what the sink writes (a key column of the wrong
     type, no unique key...): a person must change the table. A ConfigError whose
     ``option`` is the table, the problem naming the column; a target's refusal too, so
@@ -206,8 +209,9 @@ class TargetTableError(InfluxRequestError, ConfigError):
         ConfigError.__init__(self, table, problem)
 
 
-class BadPointsError(InfluxRequestError):
-    """400/422: some points were refused; ``reason`` is InfluxDB's own message.
+class BadPointsError(TargetRequestError):
+    """Some points were refused (InfluxDB's 400 or 422); ``reason`` is the target's own
+    message.
 
     With 1.x ("partial write: ... dropped=N") the other points of the body
     were written; which ones were refused is only known by re-sending parts.
@@ -243,18 +247,40 @@ class BadPointsError(InfluxRequestError):
 # or the lock ordering its deliveries was lost, or its cursor moved meanwhile. Anything
 # else (fencing, a damaged epoch, the staging store) fails the commit.
 TARGET_FAILURES: tuple[type[TwoPhaseError], ...] = (
-    InfluxUnavailableError,
+    TargetUnavailableError,
     LockLostError,
     TargetOrderError,
-    InfluxAuthError,
-    InfluxNotFoundError,
-    InfluxRequestError,
+    TargetAuthError,
+    TargetNotFoundError,
+    TargetRequestError,
 )
 
 
-# Kind-neutral names of the target errors: every kind of target raises these (the
-# InfluxDB names came first and stay, the same classes).
-TargetUnavailableError = InfluxUnavailableError
-TargetAuthError = InfluxAuthError
-TargetNotFoundError = InfluxNotFoundError
-TargetRequestError = InfluxRequestError
+# The names the target errors had while InfluxDB was the only kind of target: still
+# importable, as the same classes (an ``except`` or ``isinstance`` with either name
+# catches both), each use warning until they go.
+FORMER_NAMES: dict[str, type[TwoPhaseError]] = {
+    "InfluxUnavailableError": TargetUnavailableError,
+    "InfluxAuthError": TargetAuthError,
+    "InfluxNotFoundError": TargetNotFoundError,
+    "InfluxRequestError": TargetRequestError,
+}
+
+
+def former_name(module: str, name: str, stacklevel: int) -> type[TwoPhaseError]:
+    """The class the former name ``name`` stands for, after a DeprecationWarning naming
+    its current name; AttributeError for any other name. ``stacklevel`` is counted as
+    ``warnings.warn`` counts it where this is called, so the warning names the code that
+    used the name (the filters match its module)."""
+    current = FORMER_NAMES.get(name)
+    if current is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warn_deprecated(
+        f"{module}.{name}", f"{current.__name__} (the same class)", stacklevel=stacklevel + 1
+    )
+    return current
+
+
+def __getattr__(name: str) -> type[TwoPhaseError]:
+    # PEP 562: only a name the module does not define gets here (a former name).
+    return former_name(__name__, name, stacklevel=2)

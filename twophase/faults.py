@@ -37,7 +37,7 @@ transaction not yet committed):
 * the decision: ``in_decide`` (the vote), ``after_decide``;
 * promotion: ``in_plan`` (an attempt counted, for a promotion that did not
   start with its decision: recovery, a retry), ``promote_batch`` (after each
-  acknowledged InfluxDB request; also in an operator's resend),
+  acknowledged request to a target; also in an operator's resend),
   ``before_dead_letters`` (a request acknowledged with rejections that are not
   yet recorded; only such a request reaches it), ``after_promote`` (all
   requests acknowledged, epoch not yet marked), ``in_deliver`` (several targets:

@@ -9,7 +9,7 @@ Words (``docs/concepts/design.md``): a *sink* is one output; an *epoch* one
 micro-batch of it (Spark's ``batchId``); a *write* one task attempt's staged
 output for an epoch; a *run* one start of a query. A Spark *replay* is an
 epoch Spark runs again after a crash; an operator's *resend* sends
-COMMITTED epochs to InfluxDB again.
+COMMITTED epochs to a target again.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class EpochState(str, Enum):
 
 
 class Phase(str, Enum):
-    """Where a dead letter was refused: at stage time (a row) or by InfluxDB (a point)."""
+    """Where a dead letter was refused: at stage time (a row) or by a target (a point)."""
 
     STAGE = "stage"
     PROMOTE = "promote"

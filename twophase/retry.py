@@ -1,6 +1,6 @@
-"""Retrying: backoff with jitter under a deadline, for InfluxDB and for the staging store.
+"""Retrying: backoff with jitter under a deadline, for the targets and for the staging store.
 
-[`RetryPolicy`][twophase.retry.RetryPolicy] is the schedule (the sender uses it for InfluxDB).
+[`RetryPolicy`][twophase.retry.RetryPolicy] is the schedule (the sender uses it for a target).
 [`StagingRetry`][twophase.retry.StagingRetry] repeats one step of the protocol while PostgreSQL is
 unreachable (a restart, a failover, a dropped connection): every step it
 wraps is safe to repeat -- a transaction that failed left nothing, and one

@@ -2,7 +2,7 @@
 
 Both endpoints of twophase are served here, so that they listen, speak TLS and
 fail alike: the exporter of the store (``twophase metrics serve``,
-``exporter_*`` settings) and the driver's InfluxDB request metrics
+``exporter_*`` settings) and the driver's metrics of its requests to the targets
 (``metrics_port``, ``metrics_*``). Each listens on its ``*_host`` (loopback
 unless told); with ``*_tls_cert`` and ``*_tls_key`` it speaks https only, and
 with ``*_tls_client_ca`` it also wants a client certificate that CA signed

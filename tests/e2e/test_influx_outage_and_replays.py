@@ -9,7 +9,7 @@ dedicated InfluxDB 1.6.7 server each test starts on its own port, stops and rest
   after the COMMITTED epoch sent exactly the new epochs' points: the replayed epoch
   was detected and sent nothing.
 * InfluxDB outages, in one chain (Spark starts cost 20-60 s here): an outage longer
-  than the retry deadline fails the query with a clear InfluxUnavailableError and exit
+  than the retry deadline fails the query with a clear TargetUnavailableError and exit
   status 1, and a restart recovers the pending epoch; then InfluxDB is stopped for 60 s
   while that restarted job runs: promotion waits and retries within its deadline, the
   same driver carries on once InfluxDB is back, and the results are exact.
@@ -278,7 +278,7 @@ def outage_past_the_deadline_fails_the_query(
     target: Target, own_influx: InfluxServer, work: Path, inputs: Inputs
 ) -> int:
     """InfluxDB stops; the promotion gives up after its deadline (5 s), the query fails
-    with InfluxUnavailableError, the job exits 1; the epoch stays PRECOMMITTED."""
+    with TargetUnavailableError, the job exits 1; the epoch stays PRECOMMITTED."""
     url = target.staging_url
     job = start(
         target,
@@ -295,7 +295,7 @@ def outage_past_the_deadline_fails_the_query(
     assert code == 1, job.tail()
     error = error_line(job)
     assert error.startswith(
-        "session_metrics: error: InfluxUnavailableError: InfluxDB still unavailable after"
+        "session_metrics: error: TargetUnavailableError: target still unavailable after"
     ), error
     assert f"{SHORT_DEADLINE} without progress" in error, error
     assert f"InfluxDB at {own_influx.url}: cannot connect" in error, error  # says which
@@ -308,7 +308,7 @@ def outage_past_the_deadline_fails_the_query(
         SINK,
         stuck[0],
     )[0][0]
-    assert "InfluxUnavailableError" in (last_error or ""), last_error
+    assert "TargetUnavailableError" in (last_error or ""), last_error
     return stuck[0]
 
 

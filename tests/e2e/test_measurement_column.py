@@ -122,7 +122,7 @@ def test_several_measurements_are_exact_after_a_sigkill_at_every_crash_point(
 def test_the_data_source_writes_several_measurements_too(
     target: Target, work: Path, event_files: list[Path]
 ) -> None:
-    # The twophase-influx format (complete mode) with the job's flag: the sink's option
+    # The twophase format (complete mode) with the job's flag: the sink's option
     # rather than the foreachBatch writer's argument.
     files = event_files[:4]
     feed(work / "input", files)

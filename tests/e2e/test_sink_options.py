@@ -55,7 +55,7 @@ def spark(base_staging_url: str) -> Iterator[Any]:
 def start(spark: Any, checkpoint: Path, mode: str = "append", **options: str) -> Any:
     frame = spark.readStream.format("rate").option("rowsPerSecond", "5").load()
     writer = frame.selectExpr("CAST(value % 3 AS STRING) AS k", "value AS v", "timestamp")
-    stream = writer.writeStream.format("twophase-influx").outputMode(mode)
+    stream = writer.writeStream.format("twophase").outputMode(mode)
     return stream.options(**options).option("checkpointLocation", str(checkpoint)).start()
 
 
@@ -83,7 +83,7 @@ def test_secret_option_is_refused_without_showing_it(
 
 def test_unknown_option_and_missing_column_are_refused(spark: Any, tmp_path: Path) -> None:
     text = failure(spark, tmp_path / "a", sink_id="s", measurement="m", tag="k")
-    assert "tag: unknown option of the twophase-influx sink" in text
+    assert "tag: unknown option of the twophase sink" in text
     text = failure(spark, tmp_path / "b", sink_id="s", measurement="m", tags="k,host")
     assert "tags: column 'host' is not in the query's output" in text
 
@@ -162,7 +162,7 @@ def test_append_stream_is_written_once_per_epoch(
         events.selectExpr(
             "stream_id", "user_id", "CAST(timestamp * 1000 AS BIGINT) AS ms", "1 AS seen"
         )
-        .writeStream.format("twophase-influx")
+        .writeStream.format("twophase")
         .options(
             sink_id="raw",
             measurement="raw",
@@ -278,7 +278,8 @@ def test_the_data_source_delivers_each_epoch_to_two_targets(
 ) -> None:
     """The data source's commit (in a Python worker of its own) fans out: option
     ``targets`` names the dev InfluxDB and a server of the test's own, with the same
-    database on both; each epoch lands in both, recorded per target."""
+    database on both; each epoch lands in both, recorded per target. Written under the
+    format's former name, which must deliver as the current one does until it goes."""
     from pyspark.sql import functions as F
 
     own = start_own_influx(tmp_path / "influxd", str(influx.influxdb.database))

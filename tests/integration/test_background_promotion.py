@@ -17,7 +17,7 @@ from tests.support import (
     two_phase,
 )
 from twophase.config import BACKGROUND, InfluxDBSettings, StagingConfig, TargetConfig
-from twophase.errors import InfluxUnavailableError
+from twophase.errors import TargetUnavailableError
 from twophase.model import EpochState
 
 
@@ -58,7 +58,7 @@ def test_a_failed_background_promotion_is_raised_by_the_next_commit(
             EpochState.PRECOMMITTED
         )
         messages = stage(tp, "s", 1, [lines(1, 50)])
-        with pytest.raises(InfluxUnavailableError, match="still unavailable"):
+        with pytest.raises(TargetUnavailableError, match="still unavailable"):
             tp.committer.commit(lease, 1, messages)
         assert tp.ledger.pending("s") == [0]  # 0 left PRECOMMITTED, 1 not decided
     own_influx.start()

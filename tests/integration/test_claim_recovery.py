@@ -17,7 +17,7 @@ from devkit import InfluxServer
 from tests.staging import M, epoch_row, lines, stage
 from tests.support import OWN_INFLUX_DB, admin_conninfo, begin_run, influx_count, two_phase
 from twophase.config import BACKGROUND, INLINE, InfluxDBSettings, StagingConfig, TargetConfig
-from twophase.errors import FencedError, InfluxUnavailableError
+from twophase.errors import FencedError, TargetUnavailableError
 from twophase.points.builder import Rejected
 from twophase.protocol.runtime import TwoPhase
 from twophase.spark import claim_query, commit
@@ -199,7 +199,7 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
         parts = commit.two_phase(sink)
         crashed_run(parts, "dash", range(1), run="run-1")
         own_influx.stop()
-        with pytest.raises(InfluxUnavailableError, match="still unavailable"):
+        with pytest.raises(TargetUnavailableError, match="still unavailable"):
             commit.claim(sink, "run-2", "q1")
         assert parts.ledger.pending("dash") == [0]
         parts.ledger.check_lease(begin_run(parts, "dash", "run-2", "q1"))  # its own

@@ -123,7 +123,7 @@ def test_recover_after_a_driver_crash_end_to_end(
     assert influx_count(influx, MEASUREMENT) == 2 * PARTITIONS * POINTS_PER_PARTITION
     check = cli.run("verify", "--sink", SINK)
     assert check.code == 0, check.out + check.err
-    assert "OK: InfluxDB holds exactly the staged points" in check.out
+    assert "OK: the target holds exactly the staged points" in check.out
 
 
 def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli) -> None:
@@ -135,7 +135,8 @@ def test_resend_restores_a_dropped_measurement_end_to_end(tp: TwoPhase, cli: Cli
     ok = cli.run("verify", "--sink", SINK)
     assert ok.code == 0, ok.out + ok.err
     assert ok.out.splitlines()[-1] == (
-        "OK: InfluxDB holds exactly the staged points (sink 's', epochs 0-3: 40 points in 3 series)"
+        "OK: the target holds exactly the staged points "
+        "(sink 's', epochs 0-3: 40 points in 3 series)"
     )
 
     config = tp.config.target
@@ -258,7 +259,7 @@ def test_verify_reports_changed_and_extra_points(tp: TwoPhase, cli: Cli) -> None
         0,
     )
     assert diff["examples"][0] == (
-        "2023-11-14T22:13:20.000000001Z: field 'v' expected 1.0, InfluxDB has 99"
+        "2023-11-14T22:13:20.000000001Z: field 'v' expected 1.0, the target has 99"
     )
     notes = result.json()["notes"]
     assert notes == [
@@ -289,7 +290,7 @@ def test_verify_with_the_v2_api_is_reported_unsupported(tp: TwoPhase, cli: Cli) 
     result = cli(
         "verify", "--sink", SINK, "--influx-api", "v2", "--influx-org", "o", "--influx-bucket", "b"
     )
-    assert result.code == 2  # no answer: not 1, which says that InfluxDB differs
+    assert result.code == 2  # no answer: not 1, which says that a target differs
     assert "2.x API" in result.one_line_error()
 
 

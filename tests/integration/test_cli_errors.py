@@ -103,7 +103,7 @@ def test_influxdb_down_during_recover(tp: TwoPhase, cli: Cli) -> None:
     assert result.code == 1
     assert "InfluxDB" in result.err.splitlines()[-1] and "Traceback" not in result.err
     status = cli("status", "--sink", SINK, "--json").json()["sinks"][0]
-    assert status["precommitted_epochs"] == 1 and "InfluxUnavailableError" in status["last_error"]
+    assert status["precommitted_epochs"] == 1 and "TargetUnavailableError" in status["last_error"]
 
 
 def test_debug_shows_the_traceback(cli: Cli) -> None:

@@ -141,7 +141,7 @@ def test_status_and_targets_show_a_lagging_target(
     assert (b["lag_epochs"], b["first_missing"]) == (2, 0)
     assert b["lag_bytes"] == staged_bytes(staging_url, [0, 1]) > 0
     assert b["lag_seconds"] >= 0 and b["lagging_since"].endswith("Z")
-    assert b["quarantined_at"] is None and "InfluxUnavailableError" in b["last_error"]
+    assert b["quarantined_at"] is None and "TargetUnavailableError" in b["last_error"]
 
     sinks = {s["sink_id"]: s for s in cli("status", "--json").json()["sinks"]}
     shown = sinks[SINK]["targets"]

@@ -31,7 +31,7 @@ from tests.support import (
     value,
 )
 from twophase.config import ExporterConfig, StagingConfig, TargetConfig
-from twophase.errors import FencedError, InfluxUnavailableError
+from twophase.errors import FencedError, TargetUnavailableError
 from twophase.model import Lease
 from twophase.operations import exporter as exporter_module
 from twophase.operations import start_exporter
@@ -151,7 +151,7 @@ def test_the_driver_serves_its_influx_request_metrics(
     )
     with two_phase(staging, closed, serve_metrics=True) as tp:
         lease = begin_run(tp, "d2", "r1", "q1")
-        with pytest.raises(InfluxUnavailableError):
+        with pytest.raises(TargetUnavailableError):
             tp.committer.commit(lease, 0, stage(tp, "d2", 0, [lines(0, 5)]))
     after = scrape(port)
     assert value(after, "twophase_influx_retries_total", reason="transport") >= 1

@@ -24,7 +24,7 @@ from tests.integration.fanout_helpers import (
 from tests.staging import M, scalar, stage
 from tests.support import influx_count, influx_query, two_phase
 from twophase.config import NamedTarget, StagingConfig
-from twophase.errors import InfluxUnavailableError
+from twophase.errors import TargetUnavailableError
 from twophase.model import EpochState, Lease
 from twophase.protocol.gc import GarbageCollector
 from twophase.protocol.requeue import RequeueFilter, Requeuer
@@ -94,7 +94,7 @@ def test_fewer_than_min_targets_fail_the_commit_and_recovery_completes_it(
 ) -> None:
     lease = fan.committer.claim(SINK, "r1", "q1")
     pair.proxy.set_mode(CUT)
-    with pytest.raises(InfluxUnavailableError):
+    with pytest.raises(TargetUnavailableError):
         commit(fan, lease, 0)
     assert scalar(staging_url, "SELECT state FROM twophase_epochs") == EpochState.PRECOMMITTED
     expect(pair.a, [0])  # a took it (and it is recorded): recovery sends it to b only
@@ -116,7 +116,7 @@ def test_no_target_up_fails_the_commit(fan: TwoPhase, pair: Pair, staging_url: s
     targets = (pair.config.targets[0].__class__("a", dead), pair.config.targets[1])
     with two_phase(fan.config.staging, dataclasses.replace(pair.config, targets=targets)) as tp:
         lease = tp.committer.claim(SINK, "r2", "q1")
-        with pytest.raises(InfluxUnavailableError):
+        with pytest.raises(TargetUnavailableError):
             commit(tp, lease, 1)
     assert scalar(staging_url, "SELECT state FROM twophase_epochs WHERE epoch = 1") == (
         EpochState.PRECOMMITTED

@@ -26,10 +26,10 @@ from tests.support import (
 from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import (
     FencedError,
-    InfluxUnavailableError,
     LockLostError,
     RecoveryLockLostError,
     StagingUnavailableError,
+    TargetUnavailableError,
 )
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
@@ -128,7 +128,7 @@ def test_a_recovery_that_lost_its_lock_while_catching_a_target_up_stops_too(
         two.down("b")
         tp.committer.commit(lease, 0, stage(tp, "s", 0, [points(0)]))  # in a alone
         two.down("a")
-        with pytest.raises(InfluxUnavailableError):
+        with pytest.raises(TargetUnavailableError):
             tp.committer.commit(lease, 1, stage(tp, "s", 1, [points(1)]))
     two.up("b")  # a still down: the recovery of 1 catches b up with 0 first
     with two_phase(staging, two.config) as tp:

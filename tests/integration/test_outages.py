@@ -23,7 +23,7 @@ from tests.support import (
     unique,
 )
 from twophase.config import InfluxDBSettings, StagingConfig, TargetConfig
-from twophase.errors import InfluxUnavailableError
+from twophase.errors import TargetUnavailableError
 from twophase.influx.api import make_writer
 from twophase.model import EpochState
 
@@ -84,7 +84,7 @@ def test_influx_down_past_deadline_leaves_epoch_precommitted(
         lease = begin_run(tp, "s", "r1", "q1")
         messages = stage(tp, "s", 0, [lines(0, 50)])
         own_influx.stop()
-        with pytest.raises(InfluxUnavailableError, match="still unavailable"):
+        with pytest.raises(TargetUnavailableError, match="still unavailable"):
             tp.committer.commit(lease, 0, messages)
         assert tp.ledger.pending("s") == [0]
         own_influx.start()

@@ -29,7 +29,7 @@ from devkit.ports import free_port
 from tests.staging import lines, stage
 from tests.support import OWN_INFLUX_DB, begin_run, two_phase
 from twophase.config import ExporterConfig, InfluxDBSettings, StagingConfig, TargetConfig
-from twophase.errors import InfluxUnavailableError
+from twophase.errors import TargetUnavailableError
 from twophase.operations import exporter
 from twophase.protocol.runtime import TwoPhase
 from twophase.store.database import Database
@@ -70,7 +70,7 @@ class Workload:
                 messages = stage(self.tp, SINK, epoch, [lines(epoch, POINTS_PER_EPOCH)])
                 try:
                     self.tp.committer.commit(lease, epoch, messages)
-                except InfluxUnavailableError:
+                except TargetUnavailableError:
                     self.failures += 1
                     assert self.tp.ledger.pending(SINK) == [epoch]  # decided, not promoted
                     if not self._recover(lease):
@@ -88,7 +88,7 @@ class Workload:
             try:
                 self.tp.committer.recover(lease)
                 return True
-            except InfluxUnavailableError:
+            except TargetUnavailableError:
                 self.failures += 1
         return False
 

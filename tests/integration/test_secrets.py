@@ -40,7 +40,7 @@ from tests.staging import lines
 from tests.support import REPO, begin_run, two_phase
 from twophase import operations as ops
 from twophase.config import TwoPhaseConfig, load_config
-from twophase.errors import ConfigError, InfluxAuthError
+from twophase.errors import ConfigError, TargetAuthError
 from twophase.influx import metering
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
@@ -239,7 +239,7 @@ def commits(servers: Servers, seen: Seen) -> None:
     seen.add("config repr", repr(good))
     epoch(good, 0, seen)
     bad = load_config(env={"TWOPHASE_CONFIG": servers.toml(), "TWOPHASE_TARGET_PASSWORD": WRONG})
-    with pytest.raises(InfluxAuthError) as refused:
+    with pytest.raises(TargetAuthError) as refused:
         epoch(bad, 1, seen)
     seen.add("refused commit", f"{refused.value!s} {refused.value!r} {refused.value.__cause__!r}")
 

@@ -39,10 +39,10 @@ from twophase import operations as ops
 from twophase.config import NamedTarget, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.errors import (
     FencedError,
-    InfluxUnavailableError,
     LockLostError,
     StateError,
     TargetOrderError,
+    TargetUnavailableError,
     UsageError,
 )
 from twophase.model import EpochState, Lease
@@ -81,7 +81,7 @@ def test_a_lagging_target_takes_the_sink_on_when_the_caught_up_one_is_down(
         two.down("b")
         assert commit(tp, lease, 0).state == EpochState.COMMITTED  # in a alone
         two.down("a")
-        with pytest.raises(InfluxUnavailableError):
+        with pytest.raises(TargetUnavailableError):
             commit(tp, lease, 1)  # neither target: the job stops
     assert epoch_state(staging_url, 1) == EpochState.PRECOMMITTED
     two.up("b")  # back, a still down
@@ -108,7 +108,7 @@ def test_a_target_removed_from_the_configuration_does_not_hold_the_sink(
         two.down("b")
         commit(tp, lease, 0)
         two.down("a")
-        with pytest.raises(InfluxUnavailableError):
+        with pytest.raises(TargetUnavailableError):
             commit(tp, lease, 1)
     two.up("b")
     with two_phase(staging, two.with_targets("b")) as tp:
@@ -142,7 +142,7 @@ def test_every_target_down_names_both_deadlines(staging: StagingConfig, two: Tar
     with two_phase(staging, two.with_targets("a", "b", retry_deadline_s=2.5)) as tp:
         lease = tp.committer.claim(SINK, "r1", "q1")
         two.down("a", "b")
-        with pytest.raises(InfluxUnavailableError) as raised:
+        with pytest.raises(TargetUnavailableError) as raised:
             commit(tp, lease, 0)
     message = str(raised.value)
     # The setting's former name or its current one (target_retry_deadline): both read.

@@ -16,7 +16,7 @@ from tests.integration.influx3 import Influx3, serve
 from tests.staging import stage
 from tests.support import two_phase
 from twophase.config import InfluxDBSettings, Secret, StagingConfig, TargetConfig
-from twophase.errors import ConfigError, InfluxAuthError
+from twophase.errors import ConfigError, TargetAuthError
 from twophase.influx.api import make_writer
 from twophase.influx.sender import BatchSender
 from twophase.model import EpochState
@@ -78,7 +78,7 @@ def test_an_epoch_with_refused_points_is_delivered_without_bisection(
         "accept_partial": ["false"],
         "no_sync": ["false"],
     }
-    reason = "InfluxDB rejected the point: invalid column type for column 'v', expected Float"
+    reason = "the target rejected the point: invalid column type for column 'v', expected Float"
     assert [(d.phase, d.reason) for d in letters] == [("promote", reason)] * 2
     assert sorted(d.payload for d in letters) == sorted(lines(40, bad=(7, 30))[i] for i in (7, 30))
 
@@ -104,7 +104,7 @@ def test_a_wrong_token_is_an_auth_error_that_names_the_setting_not_the_token(
     state, config = influx3
     state.token = "another"
     writer = make_writer(config)
-    with pytest.raises(InfluxAuthError) as refused:
+    with pytest.raises(TargetAuthError) as refused:
         writer.write(b"v3m,host=h v=1 1")
     writer.close()
     message = str(refused.value)

@@ -32,10 +32,10 @@ from tests.support import begin_run, create_influx_database, drop_influx_databas
 from twophase.config import InfluxDBSettings, Secret, StagingConfig, TargetConfig
 from twophase.errors import (
     ConfigError,
-    InfluxAuthError,
-    InfluxNotFoundError,
-    InfluxRequestError,
-    InfluxUnavailableError,
+    TargetAuthError,
+    TargetNotFoundError,
+    TargetRequestError,
+    TargetUnavailableError,
     TransientWriteError,
 )
 from twophase.influx.api import AutoWriter, make_writer, resolve_api
@@ -152,7 +152,7 @@ def test_missing_database_is_not_found(influx: TargetConfig) -> None:
         influx,
         influxdb=dataclasses.replace(influx.influxdb, database=f"nope_{uuid.uuid4().hex[:8]}"),
     )
-    with pytest.raises(InfluxNotFoundError) as caught:
+    with pytest.raises(TargetNotFoundError) as caught:
         V1Writer(missing).write(b"m f=1i 1")
     assert str(caught.value).startswith(f"database not found: {missing.influxdb.database!r}")
     assert "TWOPHASE_INFLUX_DB" in str(caught.value)
@@ -165,7 +165,7 @@ def test_missing_retention_policy_is_not_found_and_not_retried(influx: TargetCon
             influx, influxdb=dataclasses.replace(influx.influxdb, retention_policy="nope")
         )
     )
-    with pytest.raises(InfluxNotFoundError, match="TWOPHASE_INFLUX_RP"):
+    with pytest.raises(TargetNotFoundError, match="TWOPHASE_INFLUX_RP"):
         sender(writer, events=events).send(points(3))
     assert events == []
 
@@ -177,7 +177,7 @@ def test_v2_api_on_influxdb_16_is_not_found_with_a_hint(influx: TargetConfig) ->
             influx.influxdb, api="v2", bucket=influx.influxdb.database, org="-"
         ),
     )
-    with pytest.raises(InfluxNotFoundError, match="TWOPHASE_INFLUX_API=v1"):
+    with pytest.raises(TargetNotFoundError, match="TWOPHASE_INFLUX_API=v1"):
         V2Writer(config).write(b"m f=1i 1")
 
 
@@ -199,12 +199,12 @@ def test_auto_api_while_influxdb_is_down_is_retried_not_fatal(influx: TargetConf
         influxdb=dataclasses.replace(influx.influxdb, api="auto"),
     )
     writer = make_writer(down)
-    with pytest.raises(InfluxUnavailableError):
+    with pytest.raises(TargetUnavailableError):
         writer.write(b"m f=1i 1")
 
 
 def test_resolve_api_unreachable() -> None:
-    with pytest.raises(InfluxUnavailableError):
+    with pytest.raises(TargetUnavailableError):
         resolve_api(
             TargetConfig(
                 url=f"http://127.0.0.1:{free_port()}", influxdb=InfluxDBSettings(database="x")
@@ -284,7 +284,7 @@ def _secured(url: str, username: str | None, password: str | None) -> TargetConf
 
 def test_wrong_password_is_401_auth_error_without_the_password(auth_influx: str) -> None:
     wrong = "Wr0ng-" + uuid.uuid4().hex
-    with pytest.raises(InfluxAuthError) as caught:
+    with pytest.raises(TargetAuthError) as caught:
         V1Writer(_secured(auth_influx, "admin", wrong)).write(b"m f=1i 1")
     message = str(caught.value)
     assert "401" in message and "authorization failed" in message
@@ -293,13 +293,13 @@ def test_wrong_password_is_401_auth_error_without_the_password(auth_influx: str)
 
 
 def test_no_credentials_is_401(auth_influx: str) -> None:
-    with pytest.raises(InfluxAuthError, match="unable to parse authentication credentials"):
+    with pytest.raises(TargetAuthError, match="unable to parse authentication credentials"):
         V1Writer(_secured(auth_influx, None, None)).write(b"m f=1i 1")
 
 
 def test_missing_write_privilege_is_403(auth_influx: str) -> None:
     events: list[RetryEvent] = []
-    with pytest.raises(InfluxAuthError, match="403") as caught:
+    with pytest.raises(TargetAuthError, match="403") as caught:
         sender(V1Writer(_secured(auth_influx, "reader", "reader-pw")), events=events).send(
             points(2)
         )
@@ -621,11 +621,11 @@ def test_a_url_with_a_path_keeps_it_and_an_unusable_url_fails_at_the_first_write
     proxy: FaultProxy, influx: TargetConfig
 ) -> None:
     under = V1Writer(dataclasses.replace(influx, url=f"{proxy.url}/under"))
-    with pytest.raises(InfluxNotFoundError):  # /under/write: InfluxDB has no such path
+    with pytest.raises(TargetNotFoundError):  # /under/write: InfluxDB has no such path
         under.write(b"m f=1i 1")
     under.close()
     bad = V1Writer(dataclasses.replace(influx, url="http://[::1"))  # made: the URL is not read
-    with pytest.raises(InfluxRequestError, match="bad InfluxDB URL"):
+    with pytest.raises(TargetRequestError, match="bad InfluxDB URL"):
         bad.write(b"m f=1i 1")
     bad.close()
     assert not values(influx)
@@ -659,7 +659,7 @@ def test_fault_for_two_seconds_then_exactly_once(
 def test_stall_beyond_the_deadline_is_unavailable(proxy: FaultProxy, influx: TargetConfig) -> None:
     proxy.set_mode(STALL)
     started = time.monotonic()
-    with pytest.raises(InfluxUnavailableError) as caught:
+    with pytest.raises(TargetUnavailableError) as caught:
         sender(_through(proxy, influx, timeout_s=0.5), deadline_s=2.0).send(points(5))
     elapsed = time.monotonic() - started
     assert 2.0 <= elapsed < 2.0 + 0.5 + 2.0  # the deadline plus at most one request timeout

@@ -9,7 +9,7 @@ cluster manager would. The sinks differ so that more paths are soaked:
 0. defaults (foreachBatch, inline promotion, 4 lanes)
 1. one lane (``promote_connections=1``)
 2. background promotion
-3. the ``twophase-influx`` data source (complete mode)
+3. the ``twophase`` data source (complete mode)
 """
 
 from __future__ import annotations

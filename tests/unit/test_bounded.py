@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from twophase.bounded import ENTRY_BYTES, Inflater, SizedCache, inflate
-from twophase.errors import BadPointsError, InflateLimitError, InfluxRequestError
+from twophase.errors import BadPointsError, InflateLimitError, TargetRequestError
 from twophase.influx.classify import Target, classify_status, influx1_refusal
 from twophase.influx.http import ANSWER_BYTES
 from twophase.influx.query import query_v1
@@ -213,7 +213,7 @@ def test_a_streamed_answer_refuses_a_line_past_its_bound(
     stub.reply = (200, {"Content-Encoding": "gzip"}, bomb)
 
     def read() -> None:
-        with pytest.raises(InfluxRequestError, match="longer than 8388608 bytes"):
+        with pytest.raises(TargetRequestError, match="longer than 8388608 bytes"):
             query_v1(stub.url, "db", "SELECT 1")
 
     peak = peak_of(read)[1]

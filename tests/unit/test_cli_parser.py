@@ -90,7 +90,7 @@ def test_the_help_of_db_upgrade_and_verify() -> None:
     upgrade, verify = PARSERS["db upgrade"].format_help(), PARSERS["verify"].format_help()
     assert "--staging-url" in upgrade and "--target-url" not in upgrade
     assert "--staging-url" in verify and "--target-url" in verify
-    assert "1 it differs" in " ".join(verify.split())  # the exit status, in the epilog
+    assert "1 a target differs" in " ".join(verify.split())  # the exit status, in the epilog
 
 
 def test_db_help_names_exactly_the_actions_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -234,7 +234,7 @@ TWO = ["--targets", "a=http://127.0.0.1:1,b=http://127.0.0.1:2"]
     [
         (
             ["targets", "resync", "b", "--sink", "s", "--target-url", "http://127.0.0.1:1"],
-            "unknown target 'b': this configuration names one InfluxDB server",
+            "unknown target 'b': this configuration names one target server",
         ),
         (
             [*TWO, "targets", "resync", "c", "--sink", "s"],
@@ -244,7 +244,7 @@ TWO = ["--targets", "a=http://127.0.0.1:1,b=http://127.0.0.1:2"]
         ([*TWO, "resend", "--sink", "s", "--all", "--target", "c"], "unknown target 'c'"),
         (
             ["--target-url", "http://127.0.0.1:1", "verify", "--sink", "s", "--target", "b"],
-            "names one InfluxDB server (TWOPHASE_TARGET_URL, target 'default')",
+            "names one target server (TWOPHASE_TARGET_URL, target 'default')",
         ),
     ],
 )

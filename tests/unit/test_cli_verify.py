@@ -140,7 +140,7 @@ def test_passes_over_shares_of_the_series_add_up_to_one_pass(passes: int) -> Non
         for s in range(40)
         for t in range(5)
     }
-    del actual[(("m", (("dc", "d1"), ("host", "h7"))), 3)]  # one point missing in InfluxDB
+    del actual[(("m", (("dc", "d1"), ("host", "h7"))), 3)]  # one point missing in the target
 
     def differences(expected: Expected) -> Any:
         have: dict[Any, dict[int, dict[str, Any]]] = {}
@@ -186,9 +186,9 @@ def test_compare_series_counts_missing_different_and_extra() -> None:
     assert (diff.points_expected, diff.points_influx) == (3, 3)  # 5 and 99 are outside the span
     assert (diff.missing, diff.different, diff.extra) == (1, 1, 1)
     assert diff.examples == (
-        "1970-01-01T00:00:00.000000020Z: field 'v' expected 2.0, InfluxDB has 2.5",
-        "1970-01-01T00:00:00.000000030Z: missing in InfluxDB",
-        "1970-01-01T00:00:00.000000025Z: extra point in InfluxDB, not staged",
+        "1970-01-01T00:00:00.000000020Z: field 'v' expected 2.0, the target has 2.5",
+        "1970-01-01T00:00:00.000000030Z: missing in the target",
+        "1970-01-01T00:00:00.000000025Z: extra point in the target, not staged",
     )
     assert compare_series(A, {10: {"v": 1.0}}, {10: {"v": 1, "w": 2}}) is None
     assert compare({A: want}, {}) and not compare({A: {10: {"v": 1.0}}}, {A: {10: {"v": 1}}})

@@ -49,7 +49,7 @@ def test_every_setting_is_a_field_of_its_sections_config() -> None:
 
 
 def test_a_former_influx_config_sorts_its_fields_into_sections() -> None:
-    with pytest.warns(DeprecationWarning, match=r"InfluxConfig is deprecated.*TargetConfig"):
+    with pytest.warns(DeprecationWarning, match=r"InfluxConfig is deprecated .*: use TargetConfig"):
         made = config.InfluxConfig(
             url="http://h:8086", api="v1", database="m", schema="s", timeout_s=3.0
         )

@@ -8,7 +8,7 @@ import pytest
 
 from tests.fakes import FakeClock, FakeInflux, FakeLedger, FakeReader, lines_of, make_sender, staged
 from twophase.config import TargetConfig
-from twophase.errors import FencedError, InfluxUnavailableError
+from twophase.errors import FencedError, TargetUnavailableError
 from twophase.model import Lease
 from twophase.protocol.delivery import TargetDelivery
 from twophase.protocol.ledger import Ledger
@@ -29,7 +29,7 @@ def deliver(
 
 def test_the_sender_runs_the_check_before_every_attempt_and_retry() -> None:
     clock = FakeClock()
-    influx = FakeInflux(clock, fail=lambda n, _: InfluxUnavailableError("down") if n < 3 else None)
+    influx = FakeInflux(clock, fail=lambda n, _: TargetUnavailableError("down") if n < 3 else None)
     calls: list[int] = []
     sender = make_sender(influx, clock).sender
     sender.send(b"m v=1 1", 1, lambda: ["m v=1 1"], before_attempt=lambda: calls.append(1))
@@ -38,7 +38,7 @@ def test_the_sender_runs_the_check_before_every_attempt_and_retry() -> None:
 
 def test_a_check_that_raises_before_a_retry_stops_the_send() -> None:
     clock = FakeClock()
-    influx = FakeInflux(clock, fail=lambda _n, _l: InfluxUnavailableError("down"))
+    influx = FakeInflux(clock, fail=lambda _n, _l: TargetUnavailableError("down"))
     checks = iter([None])  # the first attempt's check passes, the retry's is fenced
 
     def check() -> None:
@@ -77,7 +77,7 @@ def test_inline_promotion_stops_before_its_next_request_once_fenced(holds: int) 
 def test_a_retry_after_the_fencing_is_not_sent() -> None:
     plan, reader = staged([lines_of(5)], chunk_points=10)
     clock = FakeClock()
-    influx = FakeInflux(clock, fail=lambda _n, _l: InfluxUnavailableError("connection reset"))
+    influx = FakeInflux(clock, fail=lambda _n, _l: TargetUnavailableError("connection reset"))
     ledger = FakeLedger(plan, holds=1)  # fenced while the first attempt failed
     with pytest.raises(FencedError):
         deliver(reader, ledger, influx, clock)

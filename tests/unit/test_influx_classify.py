@@ -21,11 +21,11 @@ from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
     ConfigError,
-    InfluxAuthError,
-    InfluxNotFoundError,
-    InfluxRequestError,
-    InfluxUnavailableError,
     RetryableError,
+    TargetAuthError,
+    TargetNotFoundError,
+    TargetRequestError,
+    TargetUnavailableError,
     TransientWriteError,
     TwoPhaseError,
 )
@@ -53,14 +53,14 @@ TOKEN = "tok-Very-Secret-123=="
 def test_transient_statuses(status: int) -> None:
     error = classify_status(status, b'{"error":"timeout"}', {}, V1)
     assert type(error) is TransientWriteError
-    assert isinstance(error, InfluxUnavailableError) and isinstance(error, RetryableError)
+    assert isinstance(error, TargetUnavailableError) and isinstance(error, RetryableError)
     assert error.status == status and error.retry_after is None
     assert "timeout" in str(error)
 
 
 def test_413_is_batch_too_large() -> None:
     error = classify_status(413, b'{"error":"Request Entity Too Large"}', {}, V1)
-    assert type(error) is BatchTooLargeError and isinstance(error, InfluxRequestError)
+    assert type(error) is BatchTooLargeError and isinstance(error, TargetRequestError)
 
 
 @pytest.mark.parametrize(
@@ -98,33 +98,33 @@ def test_422_is_bad_points_too() -> None:
 @pytest.mark.parametrize("status", [401, 403])
 def test_auth_errors_name_the_settings_to_fix(status: int) -> None:
     v1 = classify_status(status, b'{"error":"authorization failed"}', {}, V1)
-    assert type(v1) is InfluxAuthError
+    assert type(v1) is TargetAuthError
     assert "TWOPHASE_TARGET_USERNAME" in str(v1) and "TWOPHASE_TARGET_PASSWORD" in str(v1)
     assert "'writer'" in str(v1) and "authorization failed" in str(v1)
     v2 = classify_status(status, b'{"code":"unauthorized","message":"unauthorized access"}', {}, V2)
-    assert type(v2) is InfluxAuthError and "TWOPHASE_INFLUX_TOKEN" in str(v2)
+    assert type(v2) is TargetAuthError and "TWOPHASE_INFLUX_TOKEN" in str(v2)
 
 
 def test_404_names_the_database_or_bucket() -> None:
     v1 = classify_status(404, b'{"error":"database not found: \\"metrics\\""}', {}, V1)
-    assert type(v1) is InfluxNotFoundError
+    assert type(v1) is TargetNotFoundError
     assert str(v1).startswith("database not found: 'metrics' (TWOPHASE_INFLUX_DB)")
     v2 = classify_status(
         404, b'{"code":"not found","message":"bucket \\"metrics\\" not found"}', {}, V2
     )
-    assert type(v2) is InfluxNotFoundError
+    assert type(v2) is TargetNotFoundError
     assert "TWOPHASE_INFLUX_BUCKET" in str(v2) and "'metrics'" in str(v2)
 
 
 def test_1x_missing_retention_policy_is_not_found_not_transient() -> None:
     target = Target("v1", "http://i", database="metrics", retention_policy="norp")
     error = classify_status(500, b'{"error":"retention policy not found: norp"}', {}, target)
-    assert type(error) is InfluxNotFoundError and "TWOPHASE_INFLUX_RP" in str(error)
+    assert type(error) is TargetNotFoundError and "TWOPHASE_INFLUX_RP" in str(error)
 
 
 @pytest.mark.parametrize("status", [301, 405, 418, 501])
 def test_other_statuses_are_plain_request_errors(status: int) -> None:
-    assert type(classify_status(status, b"nope", {}, V1)) is InfluxRequestError
+    assert type(classify_status(status, b"nope", {}, V1)) is TargetRequestError
 
 
 # --- bodies and headers ---------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_resolve_api_validates_and_keeps_explicit_choice(stub: Any) -> None:
 
 
 def test_resolve_api_unreachable_is_unavailable() -> None:
-    with pytest.raises(InfluxUnavailableError):
+    with pytest.raises(TargetUnavailableError):
         resolve_api(
             TargetConfig(
                 url="http://127.0.0.1:1", timeout_s=2, influxdb=InfluxDBSettings(database="d")
@@ -314,10 +314,10 @@ def test_a_redirect_is_not_followed_and_fails_as_a_request_error(stub: Any, stat
             influxdb=InfluxDBSettings(api="v1", database="d"),
         )
     )
-    with pytest.raises(InfluxRequestError, match=str(status)) as caught:
+    with pytest.raises(TargetRequestError, match=str(status)) as caught:
         writer.write(b"m f=1i 1")
     writer.close()
-    assert not isinstance(caught.value, InfluxUnavailableError)
+    assert not isinstance(caught.value, TargetUnavailableError)
     assert [seen[:2] for seen in stub.seen] == [("POST", "/write?db=d&precision=ns")]
 
 
@@ -395,11 +395,11 @@ def test_v2_writer_classifies_like_v1(stub: Any) -> None:
 
 def test_query_v1_errors_are_secret_free(stub: Any) -> None:
     _echo_secrets(stub, 401, PASSWORD)
-    with pytest.raises(InfluxAuthError) as caught:
+    with pytest.raises(TargetAuthError) as caught:
         query_v1(stub.url, "metrics", "SELECT * FROM m", "writer", Secret(PASSWORD))
     _assert_secret_free(caught.value)
     stub.reply = (200, {}, b'{"results":[{"statement_id":0,"error":"boom"}]}')
-    with pytest.raises(InfluxRequestError, match="boom"):
+    with pytest.raises(TargetRequestError, match="boom"):
         query_v1(stub.url, "metrics", "SELECT * FROM m")
     assert "epoch=ns" in stub.seen[-1][1]
 
@@ -475,7 +475,7 @@ def test_a_transport_error_is_scrubbed_before_it_is_cut() -> None:
 def test_a_header_value_the_client_refuses_is_a_scrubbed_error(stub: Any, make: Any) -> None:
     token = "tok-Very\nSecret-123=="  # a line break: urllib3 refuses the header, quoting it
     writer = make(stub.url, Secret(token))
-    with pytest.raises(InfluxRequestError) as caught:
+    with pytest.raises(TargetRequestError) as caught:
         writer.write(b"m f=1i 1")
     writer.close()
     for text in (str(caught.value), repr(caught.value)):
@@ -490,7 +490,7 @@ def test_a_ping_the_client_refuses_is_a_scrubbed_error(stub: Any) -> None:
         url=stub.url,
         influxdb=InfluxDBSettings(database="d", token=Secret("tok-Very\nSecret-123==")),
     )
-    with pytest.raises(InfluxRequestError) as caught:
+    with pytest.raises(TargetRequestError) as caught:
         resolve_api(config)
     assert "Secret-123" not in str(caught.value)
 

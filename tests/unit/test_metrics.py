@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from twophase.cli.parser import _epoch
 from twophase.errors import (
     BadPointsError,
-    InfluxAuthError,
     StagingUnavailableError,
+    TargetAuthError,
     TransientWriteError,
 )
 from twophase.influx.classify import Target, classify_status
@@ -213,7 +213,7 @@ def test_retry_reason() -> None:
     assert retry_reason(TransientWriteError("slow down", status=429)) == "throttled"
     assert retry_reason(TransientWriteError("down", status=503)) == "unavailable"
     assert retry_reason(TransientWriteError("refused")) == "transport"
-    assert retry_reason(InfluxAuthError("no")) == "transport"
+    assert retry_reason(TargetAuthError("no")) == "transport"
 
 
 def test_corrections_are_named_cn() -> None:

@@ -14,7 +14,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from twophase.cli import main
 from twophase.config import PROMOTIONS, load_config
 from twophase.errors import ConfigError
-from twophase.spark.source import TwoPhaseInfluxDataSource
+from twophase.spark.source import TwoPhaseDataSource
 
 BASE = {
     "TWOPHASE_STAGING_URL": "postgresql+psycopg://u@localhost/db",
@@ -63,7 +63,7 @@ def test_the_option_naming_overlap_is_refused() -> None:
 
 
 def test_the_spark_option_naming_overlap_is_refused() -> None:
-    source = TwoPhaseInfluxDataSource({**OPTIONS, "promotion": "overlap"})
+    source = TwoPhaseDataSource({**OPTIONS, "promotion": "overlap"})
     with pytest.raises(ConfigError) as caught:
         source.streamWriter(SCHEMA, False)
     assert str(caught.value) == f"promotion: {PROBLEM}"

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from twophase.errors import InfluxAuthError, InfluxUnavailableError
+from twophase.errors import TargetAuthError, TargetUnavailableError
 from twophase.protocol.promoter import _Race
 from twophase.protocol.targets import Place
 
 pytestmark = pytest.mark.unit
-DOWN = InfluxUnavailableError("down")
+DOWN = TargetUnavailableError("down")
 
 
 def place(name: str, caught_up: bool = True, state: str = "live") -> Place:
@@ -38,7 +38,7 @@ def test_a_target_that_refuses_at_once_waits_for_the_others_not_the_whole_wait()
     r = race(place("a"), place("b"))
     threading.Timer(0.05, r.won, args=("b",)).start()
     started = time.monotonic()
-    assert r.give_up("a", InfluxAuthError("refused"))
+    assert r.give_up("a", TargetAuthError("refused"))
     assert time.monotonic() - started < 0.9  # woken by the other target's success
 
 

@@ -14,9 +14,9 @@ from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
     EpochStartOverError,
-    InfluxAuthError,
-    InfluxNotFoundError,
-    InfluxUnavailableError,
+    TargetAuthError,
+    TargetNotFoundError,
+    TargetUnavailableError,
     TransactionLostError,
     TransientWriteError,
 )
@@ -134,7 +134,7 @@ def test_transient_failures_are_retried_until_success() -> None:
 
 def test_any_influx_unavailable_error_is_retried() -> None:
     clock = FakeClock()
-    writer = FakeInflux(clock, fail=lambda n, _: InfluxUnavailableError("x") if n == 1 else None)
+    writer = FakeInflux(clock, fail=lambda n, _: TargetUnavailableError("x") if n == 1 else None)
     assert make_sender(writer, clock).send(lines_of(2)) == []
     assert len(writer.bodies) == 2 and len(clock.sleeps) == 1
 
@@ -155,7 +155,7 @@ def test_deadline_raises_influx_unavailable() -> None:
     clock = FakeClock()
     writer = FakeInflux(clock, fail=lambda _n, _l: TransientWriteError("connection refused"))
     start = clock.now
-    with pytest.raises(InfluxUnavailableError) as caught:
+    with pytest.raises(TargetUnavailableError) as caught:
         make_sender(writer, clock, deadline_s=30).send(lines_of(3))
     assert not isinstance(caught.value, TransientWriteError)  # the final verdict, not one try
     assert "connection refused" in str(caught.value)
@@ -192,7 +192,7 @@ def test_start_overs_past_their_bound_and_lost_transactions_are_an_outage() -> N
     clock = FakeClock()
     sender = BatchSender(FakeInflux(clock), fake_config(1.0), sleep=clock.sleep, clock=clock)
     tries, send = _epoch([EpochStartOverError("again")] * (START_OVERS + 100))
-    with pytest.raises(InfluxUnavailableError, match="again"):
+    with pytest.raises(TargetUnavailableError, match="again"):
         sender.repeat(send, 5)  # type: ignore[arg-type]
     assert len(tries) > START_OVERS and clock.sleeps  # then backed off, until the deadline
     tries, send = _epoch([TransactionLostError("lost")])
@@ -202,7 +202,7 @@ def test_start_overs_past_their_bound_and_lost_transactions_are_an_outage() -> N
 def test_retry_after_beyond_the_deadline_gives_up_without_waiting() -> None:
     clock = FakeClock()
     writer = FakeInflux(clock, fail=lambda _n, _l: TransientWriteError("503", retry_after=120))
-    with pytest.raises(InfluxUnavailableError):
+    with pytest.raises(TargetUnavailableError):
         make_sender(writer, clock, deadline_s=30).send(lines_of(1))
     assert clock.sleeps == [] and len(writer.bodies) == 1
 
@@ -259,7 +259,7 @@ def test_the_deadline_error_names_the_outage_not_the_send() -> None:
         fail=lambda n, _: TransientWriteError("down") if n >= 60 else None,
     )
     start = clock.now
-    with pytest.raises(InfluxUnavailableError) as caught:
+    with pytest.raises(TargetUnavailableError) as caught:
         make_sender(writer, clock, deadline_s=30).send(lines_of(64))
     assert clock.now - start > 80  # the send lasted far longer than the outage
     message = str(caught.value)
@@ -267,7 +267,7 @@ def test_the_deadline_error_names_the_outage_not_the_send() -> None:
     assert message.endswith(": down")
 
 
-@pytest.mark.parametrize("error", [InfluxAuthError("401"), InfluxNotFoundError("404")])
+@pytest.mark.parametrize("error", [TargetAuthError("401"), TargetNotFoundError("404")])
 def test_permanent_errors_propagate_at_once(error: Exception) -> None:
     clock = FakeClock()
     writer = FakeInflux(clock, fail=lambda _n, _l: error)
@@ -421,7 +421,7 @@ def test_the_retry_policy_comes_from_the_config() -> None:
     writer = FakeInflux(clock, fail=lambda _n, _l: TransientWriteError("refused"))
     config = fake_config(deadline_s=7)
     sender = BatchSender(writer, config, sleep=clock.sleep, clock=clock)
-    with pytest.raises(InfluxUnavailableError, match="7s without progress"):
+    with pytest.raises(TargetUnavailableError, match="7s without progress"):
         sender.send(b"m v=1i 1", 1, lambda: ["m v=1i 1"])
     assert clock.sleeps and max(clock.sleeps) <= config.retry_max_s
 

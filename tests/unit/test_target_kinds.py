@@ -7,7 +7,7 @@ import pytest
 
 from tests.fakes import FakeClock, FakeInflux, make_sender, staged
 from twophase.config import TargetConfig, load_target_config
-from twophase.errors import ConfigError, InfluxUnavailableError, TransactionLostError
+from twophase.errors import ConfigError, TargetUnavailableError, TransactionLostError
 from twophase.protocol.delivery import TargetDelivery
 from twophase.targets import OVERWRITE, TRANSACTION, EpochWriter, TargetKind, kind_of, kinds
 
@@ -136,7 +136,7 @@ def test_a_transaction_lost_past_the_deadline_gives_up_committing_nothing() -> N
     clock = FakeClock()
     store = FakeStore(clock, lose=tuple(range(1, 10_000)))
     plan, _ = staged([[f"m,k=a v={i}i {i}" for i in range(10)]], 3)
-    with pytest.raises(InfluxUnavailableError, match="still unavailable"):
+    with pytest.raises(TargetUnavailableError, match="still unavailable"):
         delivery(store, clock).deliver(plan, lambda: None)
     assert store.commits == 0 and store.visible == []
 

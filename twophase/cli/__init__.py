@@ -6,7 +6,7 @@ current, history, grants) for the staging schema (``twophase COMMAND --help`` fo
 each). Settings come from the ``TWOPHASE_*`` variables (see
 [`twophase.config`][twophase.config]); the connection flags override them: every one before
 the command, and after it those of the servers the command talks to. Secrets
-(InfluxDB password or token, a database password) come only from the
+(a target's password or token, a database password) come only from the
 environment or ``*_FILE`` files, never from a flag.
 
 Exit codes: 0 success; 1 a failure the one-line message on stderr explains (a
@@ -14,15 +14,15 @@ server unreachable, a setting missing from the environment, a refusal while a
 live run owns the sink, a declined confirmation); 2 wrong usage (bad flags,
 unknown sink, an epoch that is not recorded, a malformed duration, a revision
 that cannot work, a destructive command without ``--yes`` when stdin is not a
-terminal). ``verify`` answers a question and exits as ``diff`` does: 0 InfluxDB
-holds exactly the staged points, 1 it differs, 2 no answer (wrong usage or any
-failure: 1 would read as "it differs"). 130 when interrupted. Tracebacks only
-with --debug.
+terminal). ``verify`` answers a question and exits as ``diff`` does: 0 the
+targets hold exactly the staged points, 1 a target differs, 2 no answer (wrong
+usage or any failure: 1 would read as "it differs"). 130 when interrupted.
+Tracebacks only with --debug.
 
 ``--json`` prints one JSON object on stdout (sorted keys, indented; times as ISO-8601 UTC
 ``...Z`` strings, durations in seconds). Top-level keys: status ``sinks`` (objects with the
 fields of [`twophase.store.views.SinkStatus`][twophase.store.views.SinkStatus], and
-``targets`` for a sink with several InfluxDB targets: objects with the keys of
+``targets`` for a sink with several targets: objects with the keys of
 [`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict]); targets ``targets``
 (the same objects with ``sink_id``); targets resync ``sink_id``, ``target``, ``from_epoch``,
 ``delivered``, ``skipped_purged`` (epochs GC purged: not supplied), ``state``, ``promoted``;
@@ -157,7 +157,7 @@ _SETTINGS = (
 
 def _failure(exc: Exception, failed: int) -> _Failure:
     """The exit code and message of an error; ``failed`` is the command's code for a
-    failure (1; verify's is 2, its 1 meaning that InfluxDB differs)."""
+    failure (1; verify's is 2, its 1 meaning that a target differs)."""
     if isinstance(exc, UsageError | UnknownSinkError | EpochRangeError):
         return _Failure(cmd.EXIT_USAGE, str(exc))
     if isinstance(exc, ConfigError):

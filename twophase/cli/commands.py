@@ -30,7 +30,7 @@ from twophase.errors import UsageError
 from twophase.operations import EpochRange, RequeueFilter, TargetState
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# verify answers a question, as diff does: 1 is the answer "InfluxDB differs", so no
+# verify answers a question, as diff does: 1 is the answer "a target differs", so no
 # answer (wrong usage, a setting, a server unreachable) must not read as one: it is 2.
 EXIT_DIFFERS, EXIT_NO_ANSWER = 1, 2
 
@@ -226,7 +226,7 @@ def cmd_resend(con: Console) -> int:
 
 
 def cmd_verify(con: Console) -> int:
-    """One target (``--target``, or the one InfluxDB server): its report; several: one
+    """One target (``--target``, or the configuration's one): its report; several: one
     report per target, and ``ok`` when every target holds exactly the staged points."""
     args = con.args
     with con.hooks() as hooks:

@@ -3,8 +3,8 @@
 The connection flags are the settings marked ``flag`` in
 [`twophase.config.SETTINGS`][twophase.config.settings.SETTINGS]; each overrides its
 ``TWOPHASE_*`` variable. All of them are accepted before the command; after it, a command
-takes the flags of the servers it talks to: the staging store's, and InfluxDB's for those
-that send to or read from InfluxDB.
+takes the flags of the servers it talks to: the staging store's, and the targets' for those
+that send to or read from the targets.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from twophase.wording import age
 Handler = Callable[[Console], int]
 
 VERIFY_EXIT_STATUS = (
-    "exit status, as diff's: 0 InfluxDB holds exactly the staged points; 1 it differs "
+    "exit status, as diff's: 0 the targets hold exactly the staged points; 1 a target differs "
     "(the differences are listed); 2 no answer: wrong usage, a setting missing or wrong, "
     "a server unreachable"
 )
@@ -147,8 +147,8 @@ class _Commands:
         failed: int = cmd.EXIT_FAILED,
         epilog: str | None = None,
     ) -> Parser:
-        """A command; ``influx``: it talks to InfluxDB too; ``failed``: its exit code when
-        it fails."""
+        """A command; ``influx``: it talks to the targets too (the settings of section
+        ``influx``); ``failed``: its exit code when it fails."""
         parent = self._both if influx else self._staging
         sub = self._parser(name, text, parents=[parent], epilog=epilog)
         sub.set_defaults(handler=handler, failed=failed)
@@ -245,14 +245,14 @@ def _inspection(commands: _Commands) -> None:
     sub = commands.add(
         "verify",
         cmd.cmd_verify,
-        "compare the staged points with InfluxDB",
+        "compare the staged points with what the targets hold",
         influx=True,
         failed=cmd.EXIT_NO_ANSWER,
         epilog=VERIFY_EXIT_STATUS,
     )
     _sink(sub)
     _epochs(sub)
-    _target(sub, "verify that target's InfluxDB only (default: every target, in turn)")
+    _target(sub, "verify that target only (default: every target, in turn)")
     _dead_letters(commands)
     commands.group("db", "the staging schema and the roles' GRANTs", _schema)
     sub = commands.add("metrics", cmd.cmd_metrics, "serve every sink's metrics to Prometheus")
@@ -297,7 +297,7 @@ def _dead_letters(commands: _Commands) -> None:
     sub.add_argument(
         "--requeue",
         action="store_true",
-        help="deliver the points InfluxDB refused again, once, as a correction of the sink",
+        help="deliver the points the targets refused again, once, as a correction of the sink",
     )
     sub.add_argument("--reason", metavar="TEXT", help="with --requeue: only reasons holding TEXT")
     sub.add_argument(
@@ -388,7 +388,7 @@ def _actions(commands: _Commands) -> None:
     _sink(sub)
     _epochs(sub)
     sub.add_argument("--all", action="store_true", help="every retained COMMITTED epoch")
-    _target(sub, "send to that target's InfluxDB only (default: to every target)")
+    _target(sub, "send to that target only (default: to every target)")
     _guard(sub, confirm=False)
     _targets(commands)
     sub = commands.add("abort", cmd.cmd_abort, "discard a PRECOMMITTED epoch (operator decision)")
@@ -429,7 +429,7 @@ def _targets(commands: _Commands) -> None:
     sub = commands.add(
         "targets",
         cmd.cmd_targets,
-        "per InfluxDB target of each sink: state, delivered epoch, lag; resync or remove one",
+        "per target of each sink: state, delivered epoch, lag; resync or remove one",
         influx=True,  # resync sends
     )
     sub.add_argument(
@@ -462,7 +462,7 @@ def build_parser(json_errors: bool = False) -> Parser:
         prog="twophase",
         parents=[_common(False, (STAGING, *TARGET_SECTIONS))],
         description="Operate a twophase staging store (Spark -> PostgreSQL -> "
-        "InfluxDB, exactly once).",
+        "the targets, exactly once).",
         json_errors=json_errors,
         # This parser reads every flag of the line, a command's too: abbreviated, a
         # command's --target would be ambiguous between --target-url and --targets.

@@ -172,12 +172,12 @@ def resync_lines(report: ResyncReport) -> list[str]:
     if report.skipped_purged:
         lines.append(
             f"NOT supplied: {epochs_are(report.skipped_purged)} purged from staging by GC "
-            f"before {report.target!r} had them: that InfluxDB lacks their points"
+            f"before {report.target!r} had them: that target lacks their points"
         )
     if report.compacted_through is not None:
         lines.append(
             f"NOT supplied: the epochs up to {report.compacted_through} whose records GC "
-            "compacted (their points were purged before): that InfluxDB lacks their points"
+            "compacted (their points were purged before): that target lacks their points"
         )
     lines.append(f"{who} is {report.state}")
     return lines
@@ -439,7 +439,7 @@ def recover_lines(report: RecoverReport) -> list[str]:
     lines = [*table(("SINK", "EPOCH", "DELIVERED", "REJECTED"), rows), *lines]
     lines.append(f"recovered {plural(len(results), 'epoch')}; no PRECOMMITTED epoch is left")
     if any(r.rejected for r in results):
-        lines.append("InfluxDB rejected some points: see `twophase dead-letters`")
+        lines.append("a target rejected some points: see `twophase dead-letters`")
     return lines
 
 
@@ -472,13 +472,13 @@ def verify_lines(report: VerifyReport, target: str | None = None) -> list[str]:
         f"sink {report.sink_id!r}, {name_epochs(report.epochs)}: "
         f"{report.points} points in {report.series} series"
     )
-    influx = "InfluxDB" if target is None else f"InfluxDB target {target!r}"
+    held = "the target" if target is None else f"target {target!r}"
     lines = [f"note: {note}" for note in report.notes]
     if report.ok:
-        return [*lines, f"OK: {influx} holds exactly the staged points ({what})"]
+        return [*lines, f"OK: {held} holds exactly the staged points ({what})"]
     diffs = report.differences
     lines += table(
-        ("MEASUREMENT", "TAGS", "EXPECTED", "INFLUX", "MISSING", "DIFFERENT", "EXTRA"),
+        ("MEASUREMENT", "TAGS", "EXPECTED", "HELD", "MISSING", "DIFFERENT", "EXTRA"),
         [
             (d.measurement, _tags(d.tags), d.points_expected, d.points_influx, *_counts(d))
             for d in diffs

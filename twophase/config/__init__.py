@@ -142,6 +142,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """The names of a former version (``InfluxConfig``), with a DeprecationWarning."""
-    from twophase.config.former import former
+    from twophase.config.former import former_name
 
-    return former(__name__, name)
+    return former_name(__name__, name, stacklevel=2)

@@ -39,10 +39,11 @@ FORMER: dict[str, tuple[str, Any]] = {
 }
 
 
-def former(module: str, name: str) -> Any:
-    """A former name's object, with its warning; AttributeError for any other name."""
+def former_name(module: str, name: str, stacklevel: int) -> Any:
+    """A former name's object, after its DeprecationWarning; AttributeError for any other
+    name. ``stacklevel`` is counted as ``warnings.warn`` counts it where this is called."""
     if name not in FORMER:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     new, served = FORMER[name]
-    warn_deprecated(f"{module}.{name}", new, stacklevel=4)
+    warn_deprecated(f"{module}.{name}", new, stacklevel=stacklevel + 1)
     return served

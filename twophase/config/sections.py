@@ -230,7 +230,7 @@ class NamedTarget:
     @property
     def influx(self) -> TargetConfig:
         """Deprecated: ``config``."""
-        warn_deprecated("NamedTarget.influx", "NamedTarget.config")
+        warn_deprecated("twophase.config.NamedTarget.influx", "NamedTarget.config", stacklevel=2)
         return self.config
 
 
@@ -244,7 +244,9 @@ class TwoPhaseConfig:
     @property
     def influx(self) -> TargetConfig:
         """Deprecated: ``target``."""
-        warn_deprecated("TwoPhaseConfig.influx", "TwoPhaseConfig.target")
+        warn_deprecated(
+            "twophase.config.TwoPhaseConfig.influx", "TwoPhaseConfig.target", stacklevel=2
+        )
         return self.target
 
 

@@ -18,8 +18,8 @@ def resolve_api(config: TargetConfig) -> TargetConfig:
 
     ``X-Influxdb-Version`` 1.x -> ``v1``; 2.x, 3.x, ``v2...`` or Cloud -> ``v2``.
     Raises ConfigError (naming TWOPHASE_INFLUX_API) when the server does not
-    say (VictoriaMetrics' /ping, for one), InfluxUnavailableError when it
-    cannot be reached, InfluxAuthError when /ping demands credentials that
+    say (VictoriaMetrics' /ping, for one), TargetUnavailableError when it
+    cannot be reached, TargetAuthError when /ping demands credentials that
     fail, and ConfigError from ``validate_for_api`` when the chosen API lacks
     a setting.
     """
@@ -70,7 +70,7 @@ def make_writer(config: TargetConfig) -> InfluxWriter:
 
     With ``auto`` the API is resolved through ``/ping`` at the first write, so
     an InfluxDB that is down when a process starts is retried like any other
-    outage (InfluxUnavailableError) instead of failing the process at once.
+    outage (TargetUnavailableError) instead of failing the process at once.
     """
     if config.influxdb.api == "auto":
         return AutoWriter(config)

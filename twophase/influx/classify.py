@@ -7,9 +7,9 @@ connection refused/reset, timeouts, 429, 500, 502-504  ``TransientWriteError``
                                                        line, when InfluxDB 3 names it;
                                                        with 1.x's count of refused
                                                        points, when it gives one)
-401, 403                                               ``InfluxAuthError``
-404 (and 1.x's 500 "retention policy not found")       ``InfluxNotFoundError``
-anything else                                          ``InfluxRequestError``
+401, 403                                               ``TargetAuthError``
+404 (and 1.x's 500 "retention policy not found")       ``TargetNotFoundError``
+anything else                                          ``TargetRequestError``
 =====================================================  =========================
 
 The classes are in [`twophase.errors`][twophase.errors]. Callers branch on the class, never
@@ -19,7 +19,7 @@ before it is shortened (cut to 500 characters, its whitespace collapsed), so tha
 cut or re-spaced secret survives, and the whole message again before it is raised
 ([`scrubbed`][twophase.influx.classify.scrubbed]). A request the HTTP client refuses to
 make (a ``ValueError``: a header value it cannot send, whose text quotes the value) is
-an ``InfluxRequestError`` with the text scrubbed.
+an ``TargetRequestError`` with the text scrubbed.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from twophase.config.tls import influx_tls_error
 from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
-    InfluxAuthError,
-    InfluxNotFoundError,
-    InfluxRequestError,
+    TargetAuthError,
+    TargetNotFoundError,
+    TargetRequestError,
     TransientWriteError,
     TwoPhaseError,
 )
@@ -246,12 +246,12 @@ def _classify(
     if status == 413:
         return BatchTooLargeError(f"request too large (413) for {where}: {said}")
     if status in (401, 403):
-        return InfluxAuthError(_auth_message(status, said, target))
+        return TargetAuthError(_auth_message(status, said, target))
     if status == 404:
-        return InfluxNotFoundError(_not_found_message(said, target))
+        return TargetNotFoundError(_not_found_message(said, target))
     if status == 500 and "retention policy not found" in said:
         # 1.x answers a missing retention policy with 500; retrying cannot create it
-        return InfluxNotFoundError(
+        return TargetNotFoundError(
             f"{said} ({env_name('influx_rp')}) for {where}; create it or unset the option"
         )
     if status in TRANSIENT_STATUSES:
@@ -261,7 +261,7 @@ def _classify(
             status=status,
             retry_after=retry_after,
         )
-    return InfluxRequestError(f"InfluxDB refused the request ({status}) for {where}: {said}")
+    return TargetRequestError(f"InfluxDB refused the request ({status}) for {where}: {said}")
 
 
 def _auth_message(status: int, said: str, target: Target) -> str:
@@ -305,9 +305,9 @@ def transport_error(
     if tls is not None:  # permanent: fails at once, naming the setting to fix
         return tls
     if isinstance(exc, LocationValueError):
-        return InfluxRequestError(f"bad InfluxDB URL {target.url}: {_short(said, secrets)}")
+        return TargetRequestError(f"bad InfluxDB URL {target.url}: {_short(said, secrets)}")
     if not isinstance(exc, HTTPError | OSError):  # permanent: the same request again fails so
-        return InfluxRequestError(
+        return TargetRequestError(
             f"InfluxDB at {target.url}: the request cannot be made "
             f"({type(exc).__name__}: {_short(said, secrets)})"
         )

@@ -27,7 +27,7 @@ import urllib3
 
 from twophase.bounded import GZIP_WBITS, Inflater
 from twophase.config import Secret, TargetConfig
-from twophase.errors import InflateLimitError, InfluxRequestError
+from twophase.errors import InflateLimitError, TargetRequestError
 from twophase.influx.classify import Target, header, scrubbed, transport_error
 
 # What a request through urllib3 (or influxdb-client) raises when it got no answer:
@@ -151,14 +151,14 @@ def answer(response: urllib3.BaseHTTPResponse, limit: int = ANSWER_BYTES) -> byt
                 break
         else:
             response.release_conn()
-    except (InflateLimitError, InfluxRequestError, zlib.error, *CLIENT_ERRORS):
+    except (InflateLimitError, TargetRequestError, zlib.error, *CLIENT_ERRORS):
         response.close()
     return b"".join(parts)
 
 
 def answer_lines(response: urllib3.BaseHTTPResponse, max_line: int, what: str) -> Iterator[bytes]:
     """An answer's lines (without their line feeds), read and inflated a block at a
-    time; InfluxRequestError, naming ``what``, for a line longer than ``max_line``
+    time; TargetRequestError, naming ``what``, for a line longer than ``max_line``
     bytes, read no further."""
     parts: list[bytes] = []  # the line being read: joined once its end comes
     held = 0
@@ -174,7 +174,7 @@ def answer_lines(response: urllib3.BaseHTTPResponse, max_line: int, what: str) -
             parts.append(block[start:])
             held += len(block) - start
         if held > max_line:
-            raise InfluxRequestError(
+            raise TargetRequestError(
                 f"{what}: a line of the answer is longer than {max_line} bytes; not read"
             )
     line = b"".join(parts)
@@ -188,7 +188,7 @@ def _decoded(response: urllib3.BaseHTTPResponse, limit: int | None, what: str) -
     encoding = (header(response.headers, "Content-Encoding") or "identity").strip().lower()
     wbits = _ENCODINGS.get(encoding)
     if encoding != "identity" and wbits is None:
-        raise InfluxRequestError(f"{what} is encoded as {encoding!r}, which twophase cannot read")
+        raise TargetRequestError(f"{what} is encoded as {encoding!r}, which twophase cannot read")
     inflater = None if wbits is None else Inflater(limit, what, wbits)
     for raw in response.stream(_BLOCK, decode_content=False):
         yield from (raw,) if inflater is None else inflater.pieces(raw)

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from twophase.config import Secret
-from twophase.errors import InfluxRequestError
+from twophase.errors import TargetRequestError
 from twophase.influx.classify import Target, classify_status, scrub, server_message
 from twophase.influx.http import answer, answer_lines, auth_headers, credential_forms, opened
 
@@ -41,7 +41,7 @@ def query_v1(
     Use ``method="POST"`` for statements that change things (CREATE DATABASE,
     CREATE USER): the statement then travels in the body, not the URL, so a
     password in it stays out of access logs. Raises the classified errors of
-    a write, and InfluxRequestError when a statement fails.
+    a write, and TargetRequestError when a statement fails.
     """
     return list(query_v1_stream(url, database, q, username, password, timeout_s, method, tls))
 
@@ -78,7 +78,7 @@ def query_v1_stream(
     with opened(method, query_url, timeout, headers, body, target, secrets, tls) as response:
         if response.status == 400:  # a bad statement, not bad points
             said = server_message(answer(response), secrets=secrets)
-            raise InfluxRequestError(scrub(f"query refused: {said}", secrets))
+            raise TargetRequestError(scrub(f"query refused: {said}", secrets))
         if not 200 <= response.status < 300:
             said_bytes = answer(response)
             raise classify_status(response.status, said_bytes, response.headers, target, secrets)
@@ -88,12 +88,12 @@ def query_v1_stream(
 
 
 def _series(chunk: Any, secrets: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-    """The series of one chunk of the answer; InfluxRequestError for a failed statement."""
+    """The series of one chunk of the answer; TargetRequestError for a failed statement."""
     if isinstance(chunk, dict) and "error" in chunk:  # the answer failed part way
-        raise InfluxRequestError(scrub(f"query failed: {chunk['error']}", secrets))
+        raise TargetRequestError(scrub(f"query failed: {chunk['error']}", secrets))
     for result in chunk.get("results", []) if isinstance(chunk, dict) else []:
         if "error" in result:
-            raise InfluxRequestError(scrub(f"query failed: {result['error']}", secrets))
+            raise TargetRequestError(scrub(f"query failed: {result['error']}", secrets))
         yield from result.get("series", [])
 
 

@@ -25,7 +25,7 @@ from twophase.errors import (
     BadPointsError,
     BatchTooLargeError,
     EpochStartOverError,
-    InfluxUnavailableError,
+    TargetUnavailableError,
     TransactionLostError,
 )
 from twophase.retry import RetryPolicy
@@ -96,12 +96,12 @@ class BatchSender:
         to end), sent with ``Content-Encoding: gzip``. Every other line was
         acknowledged on return.
 
-        Transient errors (InfluxUnavailableError from the writer) are retried
+        Transient errors (TargetUnavailableError from the writer) are retried
         with backoff until ``policy.deadline_s`` has passed without progress --
         measured from the start of the first failed attempt since InfluxDB last
         answered (acknowledged or refused a body), so a long send that keeps
         getting answers is not cut off by one failure late in it -- then
-        InfluxUnavailableError is raised, saying how long the outage lasted:
+        TargetUnavailableError is raised, saying how long the outage lasted:
         nothing is known about which lines arrived; the caller re-sends the
         whole set later, which is idempotent. The last attempt starts before
         the deadline, so the call may end up to one request timeout after it.
@@ -151,7 +151,7 @@ class BatchSender:
             sent_at = self._clock()
             try:
                 return call()
-            except (InfluxUnavailableError, TransactionLostError) as exc:
+            except (TargetUnavailableError, TransactionLostError) as exc:
                 if isinstance(exc, EpochStartOverError) and start_overs < START_OVERS:
                     start_overs += 1
                     log.info("%s", exc)
@@ -287,7 +287,7 @@ class _Delivery:
             sent_at = self._sender._clock()
             try:
                 self._sender._writer.write(body, gzipped)
-            except InfluxUnavailableError as exc:
+            except TargetUnavailableError as exc:
                 began = sent_at if began is None else began
                 self.wait_or_give_up(attempt, lines, exc, began)
                 continue
@@ -297,7 +297,7 @@ class _Delivery:
         self,
         attempt: int,
         lines: int,
-        exc: InfluxUnavailableError | TransactionLostError,
+        exc: TargetUnavailableError | TransactionLostError,
         began: float,
     ) -> None:
         """Sleep before the next attempt, or raise when the deadline, counted from
@@ -306,8 +306,8 @@ class _Delivery:
         lasted = self._sender._clock() - began
         remaining = self.policy.deadline_s - lasted
         if remaining <= 0 or (retry_after or 0.0) > remaining:
-            raise InfluxUnavailableError(
-                f"InfluxDB still unavailable after {attempt} attempt(s) over {lasted:.0f}s "
+            raise TargetUnavailableError(
+                f"target still unavailable after {attempt} attempt(s) over {lasted:.0f}s "
                 f"({self._sender._deadline} {self.policy.deadline_s:g}s without progress): {exc}"
             ) from exc
         delay = min(self.policy.delay(attempt, retry_after, self._sender._rand), remaining)

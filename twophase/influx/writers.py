@@ -58,7 +58,7 @@ class InfluxWriter(Protocol):
       ``TransientWriteError`` for what may pass (retried),
       ``BatchTooLargeError`` (split), ``BadPointsError`` with the store's
       reason and, when it names one, the refused line (dead letters),
-      ``InfluxAuthError``/``InfluxNotFoundError``/``InfluxRequestError`` for
+      ``TargetAuthError``/``TargetNotFoundError``/``TargetRequestError`` for
       what does not pass. Secrets never appear in a message.
     * ``read`` runs one InfluxQL statement and returns its series (``columns``,
       ``values``, ``tags``), times in ns: how ``twophase verify`` reads a

@@ -63,7 +63,7 @@ log = logging.getLogger("twophase.operations.exporter")
 DEFAULT_PORT: int = default("exporter_port")
 RUN_STATES = ("live", "ended", "unknown", "none")
 TARGET_STATES = (LIVE, LAGGING, QUARANTINED)
-# Decide -> committed: from a loopback epoch (tens of ms) to an InfluxDB outage (many minutes).
+# Decide -> committed: from a loopback epoch (tens of ms) to a target outage (many minutes).
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 RECENT_EPOCHS = 100  # committed epochs a new exporter puts in the histogram at its first scrape
 MAX_NEW_EPOCHS = 10_000  # per sink and scrape; more committed between two scrapes are not timed
@@ -320,11 +320,14 @@ def _state_families(rows: list[SinkRow]) -> Iterator[Metric]:
 
 def _total_families(rows: list[SinkRow]) -> Iterator[Metric]:
     staged = _counter("twophase_points_staged", "Points staged by decided epochs.")
-    delivered = _counter("twophase_points_delivered", "Points InfluxDB acknowledged.")
+    delivered = _counter(
+        "twophase_points_delivered",
+        "Points acknowledged as epochs committed (by the first target holding each epoch).",
+    )
     rejected = _counter(
         "twophase_points_rejected",
         "Dead letters as they arose: rows that never became points (stage) and points"
-        " InfluxDB refused (promote).",
+        " a target refused (promote).",
         ("sink", "phase"),
     )
     requeued = _counter("twophase_points_requeued", "Dead letters requeued as corrections.")

@@ -54,7 +54,7 @@ def resend(
     under a run of its own, as ``recover`` does but without promoting what is
     pending (refused while a live run owns it, unless forced): a query that
     claims it back meanwhile stops the resend (FencedError). ``target`` sends to
-    that configured target's InfluxDB only (UsageError for an unknown one, or one the
+    that configured target only (UsageError for an unknown one, or one the
     sink does not have: never registered, or removed by ``targets remove``);
     without it, to every target of the configuration.
     """
@@ -123,7 +123,7 @@ def _warn_about_left_out(views: Views, plan: ResendPlan, hooks: Hooks) -> None:
     if last is not None:
         hooks.warn(
             f"epochs after {plan.epochs[-1]} (up to {last}) are not re-sent: where they "
-            "rewrote points of the re-sent epochs (update output mode) InfluxDB now holds "
+            "rewrote points of the re-sent epochs (update output mode) the target now holds "
             "the older values; "
             f"re-send through epoch {last} to restore them (check with `twophase verify`)"
         )

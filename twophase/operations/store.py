@@ -1,4 +1,4 @@
-"""Operations on the staging store alone: none of them needs InfluxDB settings."""
+"""Operations on the staging store alone: none of them needs a target's settings."""
 
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def abort(
         refuse_if_live(views, [sink_id], "abort", guard, hooks)
         sent = (
             f" {info.promote_attempts} promotion attempt(s) ran already, so some of its points "
-            "may be in InfluxDB; abort does not remove them."
+            "may be in its targets; abort does not remove them."
             if info.promote_attempts
             else ""
         )

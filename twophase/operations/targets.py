@@ -1,6 +1,6 @@
-"""The InfluxDB target a command names (``--target``), picked from the configuration.
+"""The target a command names (``--target``), picked from the configuration.
 
-With several InfluxDB targets (``TWOPHASE_TARGETS``),
+With several targets (``TWOPHASE_TARGETS``),
 [`target_config`][twophase.operations.targets.target_config] picks one
 by name (``verify --target``, ``resend --target``, ``targets resync``);
 [`require_sink_target`][twophase.operations.targets.require_sink_target] refuses one the
@@ -15,7 +15,7 @@ from twophase.operations.hooks import Hooks
 from twophase.protocol.runtime import TwoPhase
 from twophase.protocol.targets import TargetLedger
 
-# The variables that name a sink's several targets, and its one InfluxDB server.
+# The variables that name a sink's several targets, and its one target's server.
 TARGETS_ENV, URL_ENV = env_name("targets"), env_name("target_url")
 
 
@@ -27,7 +27,7 @@ def target_config(influx: TargetConfig, name: str) -> NamedTarget:
             return target
     if not influx.targets:
         raise UsageError(
-            f"unknown target {name!r}: this configuration names one InfluxDB server ({URL_ENV}, "
+            f"unknown target {name!r}: this configuration names one target server ({URL_ENV}, "
             f"target {DEFAULT_TARGET!r}); a sink's several targets are named by {TARGETS_ENV}"
         )
     known = ", ".join(t.name for t in targets)

@@ -1,9 +1,9 @@
-"""Compare what the staging store says was delivered with what InfluxDB holds (``verify``).
+"""Compare what the staging store says was delivered with what a target holds (``verify``).
 
 The expected state is rebuilt from the retained staged lines of COMMITTED
-epochs, in epoch and promotion order, as InfluxDB applies writes: a point is
+epochs, in epoch and promotion order, as a target applies writes: a point is
 (measurement, tag set, timestamp); a later write of the same point replaces
-the values of the fields it names and keeps the others. Lines InfluxDB
+the values of the fields it names and keeps the others. Lines the target
 refused (promote-phase dead letters) are left out. Later retained epochs that
 rewrite a verified point (update output mode) update its expected values, so
 verifying an old epoch does not report the newer values as differences.
@@ -14,10 +14,10 @@ A target is read back through its kind's read-back
 its answer streamed a chunk at a time and compared as it comes; times are compared at
 the finest the target keeps (a microsecond for PostgreSQL). Per series
 (measurement + tag set) it reports expected points that are *missing*, points
-whose expected field values *differ*, and *extra* points: points InfluxDB
+whose expected field values *differ*, and *extra* points: points the target
 holds in the series' verified time span at a timestamp no verified epoch
 staged (a duplicate from an at-least-once writer, or a point written by an
-epoch outside the verified range). Fields InfluxDB holds beyond the expected
+epoch outside the verified range). Fields the target holds beyond the expected
 ones are not differences (earlier epochs or other writers may add fields).
 
 Memory is bounded: the expected state of a selection of more than ``PASS_POINTS``
@@ -25,7 +25,7 @@ points is built and compared in passes, each holding the series whose hash falls
 its share (every point of a series in the same pass, so each pass gives exactly what
 one pass over everything would). A pass reads every verified epoch's staged lines
 again, one epoch at a time through a server-side cursor (with that epoch's dead
-letters), and queries InfluxDB's windows of its own points; nothing holds more than
+letters), and queries the target's windows of its own points; nothing holds more than
 one pass's expected points and one chunk of an answer. Only a single series larger
 than a pass makes a pass larger.
 
@@ -61,7 +61,7 @@ from twophase.wording import epochs_are
 Series = tuple[str, Tags]
 Points = dict[Series, dict[int, dict[str, FieldValue]]]
 
-WINDOW_POINTS = 10_000  # expected timestamps per InfluxDB query (bounds the response)
+WINDOW_POINTS = 10_000  # expected timestamps per read-back query (bounds the response)
 # Expected points one pass holds (about 320 bytes each: 64 MB); a larger selection is
 # verified in passes over shares of its series.
 PASS_POINTS = 200_000
@@ -88,7 +88,7 @@ EVERY_SERIES = Share()
 
 @dataclass
 class Expected:
-    """The points InfluxDB should hold, built line by line (mutable while building):
+    """The points the target should hold, built line by line (mutable while building):
     those of the series in ``share`` (a pass's). Unparseable lines are counted by the
     first share only, so that passes add up to one count."""
 
@@ -131,7 +131,7 @@ class Expected:
 
 @dataclass(frozen=True)
 class Window:
-    """One InfluxDB query: a measurement between two timestamps (inclusive, ns)."""
+    """One read-back query: a measurement between two timestamps (inclusive, ns)."""
 
     measurement: str
     start: int
@@ -156,7 +156,7 @@ def windows(points: Points, per_query: int = WINDOW_POINTS) -> list[Window]:
 def actual_points(
     series_list: Iterable[dict[str, Any]],
 ) -> Iterator[tuple[Series, int, dict[str, Any]]]:
-    """(series, time, fields) of InfluxDB's answer; empty tags and null fields are absent."""
+    """(series, time, fields) of a read-back's answer; empty tags and null fields are absent."""
     for series in series_list:
         tags = tuple(sorted((k, v) for k, v in (series.get("tags") or {}).items() if v != ""))
         columns = series["columns"][1:]
@@ -170,12 +170,14 @@ def actual_points(
 
 @dataclass(frozen=True)
 class SeriesDiff:
-    """One series whose points in InfluxDB are not the expected ones."""
+    """One series whose points in the target are not the expected ones."""
 
     measurement: str
     tags: dict[str, str]
     points_expected: int
-    points_influx: int  # InfluxDB's points in the series' verified time span
+    # The target's points in the series' verified span (the name is from when InfluxDB was
+    # the one kind of target: a key of verify's JSON output).
+    points_influx: int
     missing: int
     different: int
     extra: int
@@ -183,15 +185,15 @@ class SeriesDiff:
 
 
 def same_value(expected: FieldValue, actual: Any) -> bool:
-    """Equal as InfluxDB returns it: JSON has no float/int distinction (5.0 comes back as 5),
-    but a bool is never a number."""
+    """Equal as a target returns it: InfluxDB's JSON has no float/int distinction (5.0
+    comes back as 5), but a bool is never a number."""
     if isinstance(expected, bool) or isinstance(actual, bool):
         return type(expected) is type(actual) and expected == actual
     return bool(expected == actual)
 
 
 class SeriesCheck:
-    """One series compared as InfluxDB's points come (in time order, as it answers):
+    """One series compared as the target's points come (in time order, as it answers):
     what is expected of it is consumed as each point is seen."""
 
     def __init__(self, want: dict[int, dict[str, FieldValue]]) -> None:
@@ -203,7 +205,7 @@ class SeriesCheck:
         self._extras: list[int] = []  # the first extra points' times
 
     def see(self, stamp: int, values: dict[str, Any]) -> None:
-        """One of InfluxDB's points of the series (points outside its verified span are
+        """One of the target's points of the series (points outside its verified span are
         not its concern)."""
         if not self._low <= stamp <= self._high:
             return
@@ -223,7 +225,7 @@ class SeriesCheck:
                     (
                         stamp,
                         f"{when(stamp)}: field {key!r} expected {fields[key]!r}, "
-                        f"InfluxDB has {values.get(key)!r}",
+                        f"the target has {values.get(key)!r}",
                     )
                 )
 
@@ -233,10 +235,10 @@ class SeriesCheck:
         if not (missing or self._different or self._extra):
             return None
         unseen = heapq.nsmallest(MAX_EXAMPLES, self._left)
-        found = sorted([*self._wrong, *((t, f"{when(t)}: missing in InfluxDB") for t in unseen)])
+        found = sorted([*self._wrong, *((t, f"{when(t)}: missing in the target") for t in unseen)])
         examples = [text for _, text in found[:MAX_EXAMPLES]]
         for stamp in sorted(self._extras):
-            _example(examples, f"{when(stamp)}: extra point in InfluxDB, not staged")
+            _example(examples, f"{when(stamp)}: extra point in the target, not staged")
         measurement, tags = series
         return SeriesDiff(
             measurement,
@@ -253,7 +255,8 @@ class SeriesCheck:
 def compare_series(
     series: Series, want: dict[int, dict[str, FieldValue]], have: dict[int, dict[str, Any]]
 ) -> SeriesDiff | None:
-    """The differences of one series, or None when InfluxDB holds exactly what is expected."""
+    """The differences of one series, or None when the target holds exactly what is
+    expected."""
     check = SeriesCheck(dict(want))
     for stamp in sorted(have):
         check.see(stamp, have[stamp])
@@ -293,7 +296,7 @@ class VerifyReport:
 
 
 class Comparison:
-    """One pass's comparison: InfluxDB's points, as its answers stream, against the
+    """One pass's comparison: the target's points, as its answers stream, against the
     expected ones (which it consumes); other series are ignored."""
 
     def __init__(self, expected: Points) -> None:
@@ -357,7 +360,7 @@ def choose_epochs(sink_id: str, epochs: Sequence[EpochInfo]) -> tuple[list[int],
 def staged_lines(
     reader: StagedReader, plan: EpochPlan, rejected: Container[tuple[str, int]]
 ) -> Iterator[str]:
-    """An epoch's lines in promotion order, without those InfluxDB refused."""
+    """An epoch's lines in promotion order, without those the target refused."""
     for write_id, seq, line in reader.lines(plan):
         if (write_id, seq) not in rejected:
             yield line
@@ -377,7 +380,7 @@ class _Reading:
 
 
 class Verifier:
-    """Rebuilds the expected state of a sink's epochs and compares it with InfluxDB, in
+    """Rebuilds the expected state of a sink's epochs and compares it with a target, in
     passes of at most about ``pass_points`` expected points (see the module)."""
 
     def __init__(
@@ -430,7 +433,7 @@ class Verifier:
         self, sink_id: str, selection: Sequence[EpochInfo], chosen: list[int], notes: list[str]
     ) -> _Reading:
         """The chosen epochs, then the later retained epochs that rewrote their points
-        (they decide what InfluxDB holds); notes what cannot be known."""
+        (they decide what the target holds); notes what cannot be known."""
         # Spark epochs after the selection's last (corrections, numbered below 0, are
         # verified when selected: a correction only carries points its epochs lacked).
         last = max(e.epoch for e in selection)
@@ -464,7 +467,7 @@ class Verifier:
         return expected
 
     def _compare(self, expected: Expected, label: str, report: Progress) -> list[SeriesDiff]:
-        """InfluxDB's answers for the pass's windows, streamed into its comparison."""
+        """The target's answers for the pass's windows, streamed into its comparison."""
         planned = windows(expected.points)
         comparison = Comparison(expected.points)
         fetched = 0
@@ -472,7 +475,7 @@ class Verifier:
         def on_window(_: Window) -> None:
             nonlocal fetched
             fetched += 1
-            report("query InfluxDB" + label, "queries", fetched, len(planned))
+            report("query the target" + label, "queries", fetched, len(planned))
 
         read_back(self._readback, planned, comparison, on_window)
         return comparison.differences()
@@ -497,7 +500,7 @@ def verify(
     targets: Sequence[str] | None = None,
 ) -> tuple[TargetVerifyReport, ...]:
     """Compare what the store says was delivered with what each target holds (read
-    back through its writer's ``read``, InfluxQL): each of ``targets`` (default:
+    back through its kind's read-back): each of ``targets`` (default:
     every configured target) in turn, in configured order. A target is verified on
     the epochs it is owed (from the one it was added at); those it still lacks
     (lagging, quarantined) are verified too, reported missing, with a note."""

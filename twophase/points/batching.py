@@ -1,7 +1,7 @@
 """Grouping items into batches by count and size: pure logic both sides use.
 
 Staging cuts a write's lines into chunks with it (executors), and promotion
-groups staged chunks into InfluxDB requests with it (driver). It lives apart
+groups staged chunks into a target's requests with it (driver). It lives apart
 from the network code so that executors import nothing they do not need.
 """
 

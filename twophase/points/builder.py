@@ -472,7 +472,7 @@ def _check_measurement(measurement: object, given_column: str | None = None) -> 
     if not isinstance(measurement, str) or not measurement:
         raise ConfigError(
             "measurement",
-            "must be a non-empty string: the InfluxDB measurement to write "
+            "must be a non-empty string: the measurement to write "
             "(or set measurement_column, the column holding each row's)",
         )
     problem = measurement_problem(measurement)

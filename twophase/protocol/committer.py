@@ -88,7 +88,7 @@ class Committer:
         available-now query with no new input). Runs on the caller's thread, also
         with background promotion: the claim returns once those epochs are
         COMMITTED, and a query that ends at once has nothing to drain. A failure
-        is raised as a commit's recovery raises it (InfluxUnavailableError past
+        is raised as a commit's recovery raises it (TargetUnavailableError past
         the retry deadline, the epoch left PRECOMMITTED); the run keeps the sink,
         and its first commit, or the next claim, recovers again. This run's own
         epochs are left to its commits (one may be promoting on another thread).

@@ -1,4 +1,4 @@
-"""Driver side: recording the points InfluxDB refused during promotion, once each.
+"""Driver side: recording the points a target refused during promotion, once each.
 
 Stage-time dead letters (rows that never became points) are written by the
 [`Stager`][twophase.protocol.stager.Stager] in the staging transaction itself; this

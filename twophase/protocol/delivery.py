@@ -60,7 +60,7 @@ from twophase.targets.kind import EpochWriter
 __all__ = ["Chunks", "SharedRead", "TargetDelivery", "shared_read"]
 
 log = logging.getLogger("twophase.protocol.delivery")
-_READ_AHEAD = 4  # chunks read from PostgreSQL while InfluxDB takes the current request
+_READ_AHEAD = 4  # chunks read from PostgreSQL while the target takes the current request
 # A read shared by several targets buffers 16 chunks, and about 8 MiB as stored, past
 # the slowest target still taking; a target that took them all waits half a second for
 # the next (about as long as a caught-up epoch takes) before the slowest reads on its own.
@@ -129,7 +129,7 @@ class TargetDelivery:
         ([`shared_read`][twophase.protocol.delivery.shared_read]), taken by the first try;
         a repeat reads on its own.
 
-        InfluxUnavailableError once the server gave no answer for
+        TargetUnavailableError once the server gave no answer for
         ``target_retry_deadline`` (``round_only``: for ``target_deadline``, a
         commit's round, after which the commit decides whether to go on
         without this target)."""
@@ -306,7 +306,7 @@ class TargetDelivery:
     def _read(self, plan: EpochPlan, small: bool) -> Chunks:
         """The plan's chunks, checked: an epoch within one request (``small``) read at
         once (one round trip); a larger one through a server-side cursor, read ahead in
-        a thread while InfluxDB takes the requests."""
+        a thread while the target takes the requests."""
         chunks = self._checked(plan, small)
         yield from (chunks if small else read_ahead(chunks, _READ_AHEAD))
 
@@ -450,7 +450,7 @@ def _dead_letters(
                 plan.writes[piece.index].write_id,
                 piece.chunk.first_seq + offset,
                 Phase.PROMOTE,
-                f"InfluxDB rejected the point: {reason}",
+                f"the target rejected the point: {reason}",
                 piece.chunk.line(offset),
                 target=target,
             )

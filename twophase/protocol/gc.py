@@ -1,7 +1,7 @@
 """Garbage collection of the staging store: retention of committed epochs, orphaned writes.
 
 * Staged points of COMMITTED or ABORTED epochs are kept ``retention`` after
-  the epoch ended (so they can be re-sent, e.g. after an InfluxDB restore),
+  the epoch ended (so they can be re-sent, e.g. after a target is restored from a backup),
   then deleted; the epoch keeps its row and is marked ``purged_at``.
 * With several targets, a COMMITTED epoch's points are kept, past retention too, until every
   target that is not quarantined holds it (each target's backlog,

@@ -6,7 +6,7 @@ again on restart. twophase has the durable half already: a decided epoch is PREC
 PostgreSQL, and every commit and ``twophase recover`` promotes PRECOMMITTED epochs first
 (I3). With ``promotion = background`` the committer hands a decided epoch to a
 [`Handoff`][twophase.protocol.handoff.Handoff] and returns, so Spark computes the next
-micro-batch while this one travels to InfluxDB.
+micro-batch while this one travels to its targets.
 
 Contracts:
 

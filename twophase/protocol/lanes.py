@@ -1,4 +1,4 @@
-"""Lanes: an epoch promoted over several InfluxDB connections at once, series by series.
+"""Lanes: an epoch promoted over several connections to a target at once, series by series.
 
 With ``promote_connections = N`` a line's *lane* (0..N-1) is chosen when it is staged
 ([`LaneChooser`][twophase.protocol.lanes.LaneChooser]), from a stable hash of its

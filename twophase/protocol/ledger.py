@@ -218,7 +218,7 @@ class Ledger:
 
         One single-row read without the sink's lock: a promoter asks before
         every request and every retry of one, so that a fenced run starts no
-        request more. (InfluxDB cannot refuse a fenced writer; a request already
+        request more. (A target cannot refuse a fenced writer; a request already
         under way still lands, and the mark that follows is refused.) Read on a
         session of its own, shared by the lanes
         ([`FenceReader`][twophase.store.fencing.FenceReader]), never from a cache;

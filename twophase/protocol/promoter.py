@@ -50,9 +50,9 @@ from typing import Any
 
 from twophase.errors import (
     TARGET_FAILURES,
-    InfluxUnavailableError,
     StateError,
     TargetOrderError,
+    TargetUnavailableError,
     TwoPhaseError,
 )
 from twophase.faults import crash_point
@@ -92,7 +92,7 @@ class Promoter:
     order each time; a crash anywhere leaves the epoch PRECOMMITTED and the
     next ``promote`` re-sends it to every target without a delivery of it.
     Raises the first target's failure when fewer than ``min_targets`` hold
-    the epoch (InfluxUnavailableError past the retry deadline: the epoch stays
+    the epoch (TargetUnavailableError past the retry deadline: the epoch stays
     PRECOMMITTED for a later recovery), and at once what is no target's fault
     (FencedError, a damaged epoch, the staging store's deadline)."""
 
@@ -471,7 +471,7 @@ class _Race:
         """After a failed round: True once enough targets hold the epoch (this one is
         left lagging) or no server answered for the retry deadline; waits a little
         first for a target that refused at once."""
-        wait_s = 0 if isinstance(exc, InfluxUnavailableError) else _REFUSED_WAIT_S
+        wait_s = 0 if isinstance(exc, TargetUnavailableError) else _REFUSED_WAIT_S
         with self._changed:
             self._hopeful.discard(name)
             self._changed.notify_all()
@@ -482,7 +482,7 @@ class _Race:
     def stoppable(self, check: Callable[[], None]) -> Callable[[], None]:
         def before_request() -> None:
             if self.stopped:
-                raise InfluxUnavailableError("stopped: another target's delivery failed")
+                raise TargetUnavailableError("stopped: another target's delivery failed")
             check()
 
         return before_request
@@ -495,7 +495,7 @@ class _Race:
         if self._quarantined:
             names = ", ".join(sorted(self._quarantined))
             errors += f"{'; ' if errors else ''}quarantined (`twophase targets resync`): {names}"
-        return InfluxUnavailableError(
+        return TargetUnavailableError(
             f"sink {plan.sink_id!r} epoch {plan.epoch}: {self._count} of {self.owed} targets "
             f"hold it, {self.needed} needed (min_targets); no target answered for "
             f"{self._deadline_s:g}s (target_retry_deadline), each tried in rounds of "

@@ -159,7 +159,7 @@ class StagedReader:
     def rejected_at_promote(
         self, sink_id: str, epochs: Sequence[int], target: str = ""
     ) -> set[tuple[str, int]]:
-        """(write_id, seq) of the staged lines InfluxDB (``target``, of several) refused
+        """(write_id, seq) of the staged lines the target (``target``, of several) refused
         and still does not hold: a line requeued and delivered by a committed correction
         is not among them."""
         with self._db.transaction() as cur:

@@ -1,6 +1,6 @@
-"""Requeue: the points InfluxDB refused, delivered again as a *correction*, exactly once.
+"""Requeue: the points a target refused, delivered again as a *correction*, exactly once.
 
-After an operator fixes what made InfluxDB refuse points (a field type
+After an operator fixes what made a target refuse points (a field type
 conflict, a missing retention policy), ``twophase dead-letters --requeue``
 turns the sink's promote-time dead letters into a correction: an epoch of
 the sink numbered ``-n`` for its n-th correction, so it can never collide
@@ -20,7 +20,7 @@ protocol as any epoch:
    removes it) and the letters as they were; after it, the correction is an ordinary
    PRECOMMITTED epoch that ``twophase recover`` promotes (I3).
 3. The caller promotes it ([`recover`][twophase.protocol.committer.Committer.recover]).
-   Points InfluxDB refuses again become dead letters of the correction --
+   Points a target refuses again become dead letters of the correction --
    each point is an unrequeued dead letter exactly once at any time.
 
 **One batch is one correction.** Many letters are requeued a batch at a time, each

@@ -1,7 +1,7 @@
 """Resend: an operator sends the retained staged points of COMMITTED epochs again
 (``twophase resend``).
 
-For when InfluxDB lost data a COMMITTED epoch delivered (restored from an old
+For when a target lost data a COMMITTED epoch delivered (restored from an old
 backup, a measurement dropped by mistake). Re-sending is safe for the same
 reason promotion may run twice: an epoch's point set is fixed (I1) and
 a target overwrites a point with the same measurement, tag set and timestamp.

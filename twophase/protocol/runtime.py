@@ -1,8 +1,8 @@
 """Assembles the protocol's parts from one configuration.
 
-``TwoPhase.open(config)`` checks the staging schema, resolves the InfluxDB
-API, and wires stager, ledger, promoter, committer, GC (by an operator, and
-automatic after commits) and the runs' ends.
+``TwoPhase.open(config)`` checks the staging schema, makes each target's writer
+(through its kind), and wires stager, ledger, promoter, committer, GC (by an operator,
+and automatic after commits) and the runs' ends.
 The Spark sink, the jobs and the CLI all start here, so they share one set
 of defaults.
 """
@@ -38,7 +38,7 @@ from twophase.targets import EpochWriter, TargetWriter, kind_of, make_writer
 
 @dataclass(frozen=True)
 class TwoPhase:
-    """The driver-side parts over one staging database and its InfluxDB targets.
+    """The driver-side parts over one staging database and its targets.
 
     ``writer`` is the first target's; ``writers`` and ``deliveries`` hold every
     target's, by name, in configured order."""

@@ -5,7 +5,7 @@ A *write* is one staging call's output for one epoch.
 COPYs its lines (in chunks: see [`StagedChunk`][twophase.model.StagedChunk]) and its
 stage-time dead letters and records the write, all in one transaction, and
 returns a [`CommitMessage`][twophase.model.CommitMessage] for the driver's vote.
-Nothing reaches InfluxDB here.
+Nothing reaches a target here.
 
 Idempotency: every call makes a new write (fresh ``write_id``); a retried task
 stages again under a new id and only the write ids named by the decision

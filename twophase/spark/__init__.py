@@ -1,8 +1,9 @@
 """Spark Structured Streaming integration: a streaming sink and a foreachBatch adapter.
 
 * [`register`][twophase.spark.source.register] makes
-  ``df.writeStream.format("twophase-influx")`` available (a PySpark 4 Python data source:
-  stage in ``write``, decide and promote in ``commit``, discard in ``abort``).
+  ``df.writeStream.format("twophase")`` available (a PySpark 4 Python data source:
+  stage in ``write``, decide and promote in ``commit``, discard in ``abort``), and its
+  former name ``twophase-influx`` until 0.12.0.
 * [`foreach_batch_writer`][twophase.spark.foreach.foreach_batch_writer] gives the same
   protocol to ``foreachBatch`` pipelines.
 * [`split_dead_letters`][twophase.spark.split.split_dead_letters] sends the rows a job
@@ -36,7 +37,12 @@ if TYPE_CHECKING:
     from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer
     from twophase.spark.options import SinkOptions, parse_options
     from twophase.spark.ship import package_zip, ship_package
-    from twophase.spark.source import FORMAT, TwoPhaseInfluxDataSource, register
+    from twophase.spark.source import (
+        FORMAT,
+        TwoPhaseDataSource,
+        TwoPhaseInfluxDataSource,
+        register,
+    )
     from twophase.spark.split import split_dead_letters
 
 # Name -> module, imported on first use: an executor that unpickles a staging
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 # every Python worker would otherwise pay for (-X importtime shows them).
 _LAZY = {
     "FORMAT": "source",
+    "TwoPhaseDataSource": "source",
     "TwoPhaseInfluxDataSource": "source",
     "register": "source",
     "ForeachBatchWriter": "foreach",
@@ -61,6 +68,7 @@ __all__ = [
     "FORMAT",
     "ForeachBatchWriter",
     "SinkOptions",
+    "TwoPhaseDataSource",
     "TwoPhaseInfluxDataSource",
     "claim_query",
     "drain_query",
@@ -94,11 +102,11 @@ def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lea
     first commit claims and recovers anyway; calling this right after
     ``start()`` refuses earlier, and recovers even when no batch comes (an
     available-now query with no new input, a quiet stream). A recovery that
-    fails raises as a commit's does (InfluxUnavailableError past the retry
+    fails raises as a commit's does (TargetUnavailableError past the retry
     deadline). Under Spark Connect a foreachBatch writer's batches wait for
     it: only the client knows the query's id there
     ([`twophase.spark.foreach`][twophase.spark.foreach]); the client claims without recovering (it
-    need not reach InfluxDB), and the server's first batch recovers.
+    need not reach the targets), and the server's first batch recovers.
     Idempotent.
     """
     from twophase.spark.commit import claim

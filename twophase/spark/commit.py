@@ -16,7 +16,7 @@ Contracts:
   [`twophase.spark.claim_query`][twophase.spark.claim_query] at the query's start or from a commit.
 * Errors propagate unchanged (the query fails with the twophase message):
   FencedError for a zombie run, CheckpointResetError for a reset checkpoint
-  or a second query on the sink, InfluxUnavailableError past the retry
+  or a second query on the sink, TargetUnavailableError past the retry
   deadline (the epoch stays PRECOMMITTED; a restart recovers it).
 * [`abort_epoch`][twophase.spark.commit.abort_epoch] never raises for a staging problem:
   what it cannot delete now, GC removes later.
@@ -65,7 +65,7 @@ def two_phase(sink: SinkOptions) -> TwoPhase:
 
 
 def open_in_background(sink: SinkOptions) -> None:
-    """Start opening the sink's parts (connection pool, schema check, InfluxDB writer)
+    """Start opening the sink's parts (connection pool, schema check, the targets' writers)
     in a thread, so that the first micro-batch finds them ready.
 
     Idempotent: [`two_phase`][twophase.spark.commit.two_phase] opens them once per process,

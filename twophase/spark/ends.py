@@ -1,6 +1,6 @@
 """A query's run records its end, so operators can tell a stopped query from a live one.
 
-Two ways, for the ``twophase-influx`` data source and the foreachBatch adapter
+Two ways, for the ``twophase`` data source and the foreachBatch adapter
 alike (both run on the driver, where the query object is):
 
 * [`end_query`][twophase.spark.ends.end_query] after the query stopped (``awaitTermination``

@@ -3,7 +3,7 @@
 A [`SinkOptions`][twophase.spark.options.SinkOptions] is what every side of the Spark sink
 works from: the driver builds it from ``.option(...)`` values (or the ``foreachBatch``
 adapter's keyword arguments) and checks everything it can before a single row is computed;
-executors receive it pickled inside the writer. It never holds a secret: the InfluxDB
+executors receive it pickled inside the writer. It never holds a secret: a target's
 password and token (``SECRET_OPTIONS``), and a password inside ``staging_url``, are refused
 as options, because Spark logs option values and shows them in its UI. Secrets come from the
 environment (``TWOPHASE_*`` or ``TWOPHASE_*_FILE``, ``PGPASSWORD``/``~/.pgpass`` for
@@ -60,9 +60,9 @@ MAX_SINK_ID_LENGTH = 200
 class SinkOptions:
     """One sink's settings. Picklable, immutable, free of secrets.
 
-    ``spec`` is set in ``points`` mode (rows become InfluxDB points) and None
+    ``spec`` is set in ``points`` mode (rows become points) and None
     in ``dead_letters`` mode (every row, with its ``reason`` and ``payload``
-    columns, goes to the dead-letter table; nothing reaches InfluxDB).
+    columns, goes to the dead-letter table; nothing reaches a target).
     ``settings`` are the explicitly given ``TWOPHASE_*`` options (lower-case
     names); everything else falls back to the environment of the process
     that reads it.
@@ -92,7 +92,7 @@ class SinkOptions:
         return load_staging_config(None, **dict(self.settings))
 
     def config(self) -> TwoPhaseConfig:
-        """The full configuration (the driver's commit needs InfluxDB too)."""
+        """The full configuration (the driver's commit needs the targets' too)."""
         return load_config(None, **dict(self.settings))
 
     def writes_unsigned(self) -> bool:
@@ -162,7 +162,7 @@ def build_sink(
         if extra:
             raise ConfigError(
                 extra[0],
-                "only applies to mode=points (a dead_letters sink writes nothing to InfluxDB)",
+                "only applies to mode=points (a dead_letters sink writes nothing to a target)",
             )
         spec = None
     else:
@@ -171,7 +171,7 @@ def build_sink(
         if not spec.measurement and spec.measurement_column is None:
             raise ConfigError(
                 "measurement",
-                "is required: the InfluxDB measurement to write (or measurement_column, "
+                "is required: the measurement to write (or measurement_column, "
                 "the column that holds each row's)",
             )
         spec.validate()  # refuses both measurement and measurement_column, naming the latter
@@ -297,4 +297,4 @@ def _refuse_password(url: str) -> None:
 
 def _unknown_hint() -> str:
     known = ", ".join((*SINK_OPTIONS, *(o for o in OPTIONS if o not in SECRET_OPTIONS)))
-    return f"unknown option of the twophase-influx sink (known: {known})"
+    return f"unknown option of the twophase sink (known: {known})"

@@ -1,7 +1,7 @@
-"""The ``twophase-influx`` Python data source: a streaming sink with a two-phase commit.
+"""The ``twophase`` Python data source: a streaming sink with a two-phase commit.
 
     twophase.spark.register(spark)
-    (df.writeStream.format("twophase-influx")
+    (df.writeStream.format("twophase")
        .option("sink_id", "dashboard")
        .option("measurement", "stream_stats")
        .option("tags", "stream_id,isp")
@@ -19,17 +19,22 @@ Where each method runs and what it does:
   [`TwoPhaseCommitMessage`][twophase.spark.source.TwoPhaseCommitMessage].
 * ``commit`` (driver, after every task of the micro-batch succeeded):
   recovers older PRECOMMITTED epochs, decides this one, promotes it to
-  InfluxDB and marks it COMMITTED. Only after it returns does Spark write its
+  its targets and marks it COMMITTED. Only after it returns does Spark write its
   own commit log; a crash in between makes Spark replay the batch, which the
   ledger detects.
 * ``abort`` (driver, when a task failed): discards the staged writes.
 
 On PySpark 4.1+ the writer receives Arrow record batches
 (``DataSourceStreamArrowWriter``); on 4.0 it falls back to rows.
+
+``twophase-influx``, the format's name while InfluxDB was its only kind of target, is
+the same sink under its former name until 0.12.0; a process that uses it logs a
+warning once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -56,7 +61,9 @@ except ImportError:  # pragma: no cover - PySpark 4.0: Spark Rows
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-FORMAT = "twophase-influx"
+FORMAT = "twophase"
+FORMER_FORMAT = "twophase-influx"
+FORMER_FORMAT_REMOVED_IN = "0.12.0"
 log = logging.getLogger("twophase.spark")
 
 
@@ -87,8 +94,8 @@ class TwoPhaseStreamWriter(_StreamWriter):
         abort_epoch(self.sink, batchId, _staged(messages, strict=False))
 
 
-class TwoPhaseInfluxDataSource(DataSource):
-    """``format("twophase-influx")``: a streaming sink only (see the module docstring)."""
+class TwoPhaseDataSource(DataSource):
+    """``format("twophase")``: a streaming sink only (see the module docstring)."""
 
     @classmethod
     def name(cls) -> str:
@@ -112,16 +119,46 @@ class TwoPhaseInfluxDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         raise ConfigError(
             "format",
-            f"{FORMAT} is a streaming sink (df.writeStream); a batch DataFrame has no epochs "
-            "to commit exactly once",
+            f"{self.name()} is a streaming sink (df.writeStream); a batch DataFrame has no "
+            "epochs to commit exactly once",
         )
 
 
+class TwoPhaseInfluxDataSource(TwoPhaseDataSource):
+    """``format("twophase-influx")``: the former name of ``format("twophase")``, the
+    same sink, which logs a warning once per process until the name goes.
+
+    A class of its own because Spark finds a Python data source by the name its
+    class gives (``name()``), and checks that name again in the Python worker."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMER_FORMAT
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        writer = super().streamWriter(schema, overwrite)
+        _warn_former_format()  # after the sink's log_format took effect: the line goes there
+        return writer
+
+
+@functools.cache  # once per process: a Python worker plans every micro-batch
+def _warn_former_format() -> None:
+    log.warning(
+        "format(%r) is deprecated: use format(%r), the same sink; %r goes in twophase %s",
+        FORMER_FORMAT,
+        FORMAT,
+        FORMER_FORMAT,
+        FORMER_FORMAT_REMOVED_IN,
+    )
+
+
 def register(spark: Any) -> None:
-    """Make ``format("twophase-influx")`` available in this Spark session (idempotent).
+    """Make ``format("twophase")`` available in this Spark session (idempotent), and
+    its former name ``format("twophase-influx")`` until that goes.
 
     Warns here of a master that retries no failed task: the sink's commit runs in a
     Python worker, which cannot read the master."""
+    spark.dataSource.register(TwoPhaseDataSource)
     spark.dataSource.register(TwoPhaseInfluxDataSource)
     warn_without_task_retries()
 
@@ -134,7 +171,7 @@ def _staged(messages: Sequence[WriterCommitMessage | None], strict: bool) -> lis
             staged.append(message.message)
         elif strict:
             raise PermanentError(
-                f"a task of the twophase-influx sink returned {type(message).__name__}, "
+                f"a task of the {FORMAT} sink returned {type(message).__name__}, "
                 "not a staged write; the epoch cannot be decided"
             )
     return staged

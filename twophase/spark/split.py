@@ -40,7 +40,7 @@ _KEEP = "_twophase_keep"
 def split_dead_letters(df: Any, sink: SinkOptions | Mapping[str, str]) -> Any:
     """``df`` without its rows that have a ``reason``: those go to the sink's
     ``dead_letter_sink``. ``sink`` is the writer's options (the dict given to
-    ``.options(...)`` of the ``twophase-influx`` format, or parsed ones).
+    ``.options(...)`` of the ``twophase`` format, or parsed ones).
 
     ``df`` must have the string columns ``reason`` (null for a good row) and
     ``payload``; the result has every other column. Lazy, like any

@@ -6,7 +6,7 @@ under Spark Connect the foreachBatch writer's job tag), turns
 the rows into line-protocol lines or dead letters, and stages them through
 [`twophase.protocol.stager.Stager`][twophase.protocol.stager.Stager] over the process's shared
 connection pool.
-Nothing reaches InfluxDB here. Every call makes a new write: a retried task
+Nothing reaches a target here. Every call makes a new write: a retried task
 stages again, and only the write whose message reaches the driver's vote
 counts; the others are orphans that abort or GC removes.
 """
@@ -74,7 +74,7 @@ def current_task(
     if epoch is None:
         if batch is None:
             raise PermanentError(
-                "the task has no streaming batch id: the twophase-influx sink works in "
+                "the task has no streaming batch id: the twophase sink works in "
                 "streaming queries only (df.writeStream...), not in batch writes"
             )
         epoch = int(batch)

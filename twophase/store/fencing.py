@@ -1,6 +1,6 @@
 """The fencing reads' own session: a sink's fencing token and owner, read cheaply.
 
-A promotion reads the sink's token before every request to InfluxDB and every
+A promotion reads the sink's token before every request to a target and every
 retry of one (I5). Through the pool each read costs a checkout, the pool's
 connection check and a transaction around one statement; here it is one
 prepared statement on an autocommit session kept for the purpose (about a fifth

@@ -17,7 +17,7 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
 * ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
 * ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of
   consecutive lines keyed by ``(write_id, chunk)``. ``body`` is the chunk's
-  ``points`` lines joined by newlines -- an InfluxDB request body as it is;
+  ``points`` lines joined by newlines -- a target's request body as it is;
   line ``i`` has staged seq ``first_seq + i``. ``ends`` is NULL unless a line
   holds a newline of its own; then ``ends[i]`` is the offset just past line
   ``i``'s newline in ``body || '\n'``. One row per up to 5,000 lines instead of one
@@ -32,7 +32,7 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   0 with one connection).
   With ``compression`` gzip (the default), ``body`` is NULL and ``body_gz``
   holds the same text and one newline more as one gzip member, compressed on
-  the executor and sent to InfluxDB as it is (stored uncompressed by
+  the executor and sent to a target as it is (stored uncompressed by
   PostgreSQL: ``STORAGE EXTERNAL``); exactly one of the two is set.
   ``checksum`` is the chunk's digest as stored, bound to its write, first seq
   and points (``StagedChunk.digest``): each chunk is checked against it before
