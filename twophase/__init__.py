@@ -8,7 +8,7 @@ the protocol, its invariants I1-I10, the contracts and the module map.
 
 The names in `__all__` are the Python API:
 
-    from twophase import PointBuilder, PointSpec, TwoPhase, load_config
+    from twophase import DriverCommitter, PointBuilder, PointSpec, load_config
 
 The Spark sink is [`twophase.spark`][twophase.spark] (``twophase.spark.register(spark)``) and the
 operator's commands are the functions of [`twophase.operations`][twophase.operations].
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from twophase.model import CommitMessage, DeadLetter, EpochState, Lease
     from twophase.points.builder import PointBuilder, PointSpec
     from twophase.protocol.committer import CommitOutcome
-    from twophase.protocol.runtime import TwoPhase
+    from twophase.roles import DriverCommitter, ExecutorStager
 
 # Public name -> the module that defines it.
 _HOMES = {
@@ -78,7 +78,8 @@ _HOMES = {
     "PointBuilder": "twophase.points.builder",
     "PointSpec": "twophase.points.builder",
     "CommitOutcome": "twophase.protocol.committer",
-    "TwoPhase": "twophase.protocol.runtime",
+    "DriverCommitter": "twophase.roles",
+    "ExecutorStager": "twophase.roles",
 }
 
 __all__ = [
@@ -87,7 +88,9 @@ __all__ = [
     "CommitOutcome",
     "ConfigError",
     "DeadLetter",
+    "DriverCommitter",
     "EpochState",
+    "ExecutorStager",
     "FencedError",
     "Lease",
     "PermanentError",
@@ -100,7 +103,6 @@ __all__ = [
     "StateError",
     "TargetConfig",
     "TargetUnavailableError",
-    "TwoPhase",
     "TwoPhaseConfig",
     "TwoPhaseError",
     "__version__",
@@ -120,12 +122,20 @@ def __getattr__(name: str) -> Any:
 
 
 def _former(name: str) -> Any:
-    """A name of a former version (a configuration's, an error's), with its
-    DeprecationWarning; never cached here, so that each use warns."""
+    """A name of a former version (a configuration's, an error's, the protocol's parts),
+    with its DeprecationWarning; never cached here, so that each use warns."""
     from twophase.config.former import FORMER
     from twophase.config.former import former_name as former_config
     from twophase.errors import former_name as former_error
 
+    if name == "TwoPhase":  # every part of the protocol, now inside DriverCommitter
+        from twophase.deprecation import warn_deprecated
+        from twophase.protocol.runtime import TwoPhase
+
+        warn_deprecated(
+            "twophase.TwoPhase", "DriverCommitter (and its stager() for executors)", stacklevel=3
+        )
+        return TwoPhase
     former = former_config if name in FORMER else former_error
     return former(__name__, name, stacklevel=3)
 

@@ -44,7 +44,7 @@ def test_the_python_api_guide_imports_from_the_public_api() -> None:
     guide = (REPO / "docs" / "guides" / "python-api.md").read_text()
     imported = re.findall(r"^from twophase import (.+)$", guide, flags=re.M)
     names = {n.strip() for line in imported for n in line.split(",")}
-    assert {"TwoPhase", "PointBuilder", "PointSpec", "load_config"} <= names
+    assert {"DriverCommitter", "PointBuilder", "PointSpec", "load_config"} <= names
     assert names <= set(twophase.__all__)
 
 
