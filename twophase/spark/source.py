@@ -44,6 +44,7 @@ from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
 from twophase import logs
 from twophase.config import BACKGROUND
+from twophase.deprecation import REMOVED_IN
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.spark.commit import abort_epoch, commit_epoch
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
 
 FORMAT = "twophase"
 FORMER_FORMAT = "twophase-influx"
-FORMER_FORMAT_REMOVED_IN = "0.12.0"
 log = logging.getLogger("twophase.spark")
 
 
@@ -148,7 +148,7 @@ def _warn_former_format() -> None:
         FORMER_FORMAT,
         FORMAT,
         FORMER_FORMAT,
-        FORMER_FORMAT_REMOVED_IN,
+        REMOVED_IN,
     )
 
 
