@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     )
     from twophase.model import CommitMessage, DeadLetter, EpochState, Lease
     from twophase.points.builder import PointBuilder, PointSpec
-    from twophase.protocol.committer import CommitOutcome
-    from twophase.protocol.runtime import TwoPhase
+    from twophase.protocol.commit.committer import CommitOutcome
+    from twophase.protocol.commit.runtime import TwoPhase
 
 # Public name -> the module that defines it.
 _HOMES = {
@@ -77,8 +77,8 @@ _HOMES = {
     "Lease": "twophase.model",
     "PointBuilder": "twophase.points.builder",
     "PointSpec": "twophase.points.builder",
-    "CommitOutcome": "twophase.protocol.committer",
-    "TwoPhase": "twophase.protocol.runtime",
+    "CommitOutcome": "twophase.protocol.commit.committer",
+    "TwoPhase": "twophase.protocol.commit.runtime",
 }
 
 __all__ = [
