@@ -25,7 +25,7 @@ from bench.report import size_label
 from bench.sides import QUERY_ID, BenchError, DirectSide
 from bench.stats import compared, rotated
 from twophase.config import BACKGROUND, INLINE
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 TARGET = 1.0
 

@@ -36,8 +36,8 @@ from bench.direct import DirectWriter
 from bench.lines import epoch_lines, iter_lines
 from bench.sides import QUERY_ID
 from twophase.config import InfluxDBSettings, TargetConfig, TwoPhaseConfig, load_staging_config
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.stager import Stager
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.stage.stager import Stager
 from twophase.store.database import Database
 
 

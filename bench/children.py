@@ -25,8 +25,8 @@ from bench.servers import REPO
 from bench.sides import QUERY_ID, BenchError
 from bench.stats import Summary, at_least_direct, entry, interleaved
 from twophase.config.settings import default
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.stager import Stager
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.stage.stager import Stager
 
 MEMORY_TARGET_MB = 50.0
 RECOVERY_TARGET = 0.8

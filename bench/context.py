@@ -13,7 +13,7 @@ from bench.lines import Seeds
 from bench.plan import Plan
 from bench.servers import Scratch, Servers, scratch
 from bench.sides import DirectSide
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 MAIN = "main"  # the staging database of metrics 1, 2, 4 and 5
 TP_INFLUX, DIRECT_INFLUX = "tp", "direct"  # one InfluxDB database per side, same points

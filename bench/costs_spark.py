@@ -46,9 +46,9 @@ STEPS: dict[str, tuple[tuple[str, str, str], ...]] = {
     TWOPHASE: (
         ("foreachBatch call", "spark/foreach.py", "__call__"),
         ("stage: Spark tasks (encode, compress, COPY), driver waits", "pyspark", "collect"),
-        ("decide", "protocol/ledger.py", "decide"),
-        ("promote (read, send)", "protocol/promoter.py", "promote"),
-        ("mark", "protocol/ledger.py", "mark_committed"),
+        ("decide", "protocol/ledger/epoch_ledger.py", "decide"),
+        ("promote (read, send)", "protocol/commit/promoter.py", "promote"),
+        ("mark", "protocol/ledger/epoch_ledger.py", "mark_committed"),
     ),
     PLAIN: (
         ("foreachBatch call", "bench/costs_job.py", "each_batch"),

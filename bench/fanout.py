@@ -56,7 +56,7 @@ from bench.servers import Scratch, Servers, admin_conninfo, scratch
 from bench.sides import BenchError
 from bench.stats import compared
 from twophase.config import StagingConfig, TargetConfig, TwoPhaseConfig
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 POINTS = 100_000
 ROUND_TRIP_S = 0.020

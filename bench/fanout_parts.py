@@ -23,7 +23,7 @@ from devkit.ports import start_own_influx
 from twophase.config import InfluxDBSettings, NamedTarget, TargetConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 # While b is down, the catch-up worker of the committing process retries it in the
 # background, holding b's lock (a PostgreSQL advisory lock) for a whole round. With

@@ -25,7 +25,7 @@ from bench.lines import epoch_lines
 from bench.servers import Scratch, Servers, scratch
 from bench.stats import interleaved
 from twophase.model import EpochPlan, Lease
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 SINK = "bench-fencing"
 

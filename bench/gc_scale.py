@@ -35,7 +35,7 @@ from bench.servers import Scratch, admin_conninfo
 from bench.taskcpu import tasks_cpu_s
 from twophase.config import InfluxDBSettings, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.model import EpochState
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 ROLE = "scale_gc"
 SINK = "scale-gc"

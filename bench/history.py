@@ -21,7 +21,7 @@ from bench.context import TP_INFLUX, Context
 from bench.sides import QUERY_ID, TwoPhaseSide
 from bench.stats import Summary, entry, interleaved
 from bench.throughput import FIXED_POINTS, SharedLines, _millis
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.database import Database
 
 FLAT_TARGET = 1.2

@@ -13,7 +13,7 @@ from bench.pg_target_job import PLAIN, TWOPHASE
 
 TARGET = 0.9  # twophase's steady points/s at least this times plain's
 PROCESSES = ("driver", "jvm", "workers", "staging_pg", "target_pg")
-# the commit log's steps (twophase/spark/commit.py, protocol/committer.py), in order
+# the commit log's steps (twophase/spark/driver_commit.py, protocol/commit/committer.py), in order
 STEPS = ("stage", "recover", "decide", "promote")
 Row = dict[str, Any]
 

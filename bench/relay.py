@@ -67,7 +67,7 @@ from twophase.config import (
     TwoPhaseConfig,
 )
 from twophase.model import CommitMessage, EpochState, Lease
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 TODAY = "today"  # the one way there is, on code without the compression setting
 SIZES = {"quick": (100_000, 1), "full": (1_000_000, 3)}  # plan -> (points per epoch, repeats)

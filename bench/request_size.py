@@ -37,7 +37,7 @@ from bench.servers import Scratch, Servers, scratch
 from twophase.config import TargetConfig, TwoPhaseConfig
 from twophase.influx.api import make_writer
 from twophase.model import EpochPlan
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 SINK = "bench-request-size"
 DELAY_S = 0.020  # the proxy's hold on each answer: metric 10's link

@@ -61,7 +61,7 @@ from bench.report import size_label
 from bench.sides import DirectSide
 from bench.stats import compared, rotated
 from twophase.config import BACKGROUND, GZIP, INLINE, UNCOMPRESSED, TwoPhaseConfig
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 ROUND_TRIP_S = 0.020
 SLOW_LINK_BPS = 100_000_000

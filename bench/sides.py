@@ -1,6 +1,6 @@
 """The two sides of every comparison: one epoch through twophase, or straight to InfluxDB.
 
-* :class:`TwoPhaseSide`: stage (COPY through :class:`twophase.protocol.stager.Stager`),
+* :class:`TwoPhaseSide`: stage (COPY through :class:`twophase.protocol.stage.stager.Stager`),
   then ``Committer.commit`` (recover, decide, promote, mark), exactly what a
   sink does per epoch. One write per epoch.
 * :class:`DirectSide`: what a user writes instead: the same lines POSTed
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from bench.direct import DirectWriter, PartitionedWriter
 from twophase.config import TargetConfig
 from twophase.model import EpochState
-from twophase.protocol.committer import Committer
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.stager import Stager
+from twophase.protocol.commit.committer import Committer
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.stage.stager import Stager
 
 QUERY_ID = "twophase-bench"
 

@@ -1,7 +1,7 @@
 """``python -m bench staging_scale``: what one PostgreSQL takes as the staging store.
 
 1. **COPY rate**: N processes (1, 2, 4) each stage one write of P points through
-   ``twophase.protocol.stager.Stager`` at once, as N executors' tasks of one epoch
+   ``twophase.protocol.stage.stager.Stager`` at once, as N executors' tasks of one epoch
    would, into one staging database. Total points/s and line-protocol MB/s from
    the first start to the last end, and the CPU seconds per million points of the
    stagers and of their PostgreSQL backends (the server's share is what one
@@ -47,7 +47,7 @@ from bench.servers import REPO, Scratch, Servers, admin_conninfo, scratch
 from bench.stats import Summary, entry
 from bench.taskcpu import tasks_cpu_s
 from twophase.config import StagingConfig, load_staging_config
-from twophase.protocol.stager import Stager
+from twophase.protocol.stage.stager import Stager
 from twophase.store.database import Database
 
 COPY_ROLE = "scale_copy"

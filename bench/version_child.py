@@ -16,7 +16,7 @@ import time
 import uuid
 
 from twophase.config import InfluxDBSettings, TargetConfig, TwoPhaseConfig, load_staging_config
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 def epoch_lines(epoch: int, points: int, offset: int) -> list[str]:

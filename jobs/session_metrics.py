@@ -452,7 +452,7 @@ def prepare(args: argparse.Namespace) -> None:
     """Import twophase and open the sink's parts while the JVM starts (the driver's Python
     only waits for it then): the first micro-batch finds the staging store connected."""
     with contextlib.suppress(Exception):  # the query's own use reports any problem
-        from twophase.spark.commit import open_in_background
+        from twophase.spark.driver_commit import open_in_background
         from twophase.spark.options import parse_options
 
         open_in_background(parse_options(sink_options(args)))
@@ -487,8 +487,8 @@ def end_failed_run(query: Any, sink: Any) -> None:
     need no --force for it."""
     if query is None:
         return
-    from twophase.protocol.runs import FAILED
-    from twophase.spark.ends import end_run, run_of
+    from twophase.protocol.ledger.runs import FAILED
+    from twophase.spark.query_end import end_run, run_of
 
     end_run(*run_of(query, sink), FAILED)
 

@@ -15,7 +15,7 @@ error or an alert added to the code appears in the reference without anyone copy
 * ``metrics``, ``alerts``: what the exporter and the driver expose, and the alert rules
   (``deploy/prometheus/alerts.yml``) with a link to each runbook page;
 * ``grants``: what each role of least privilege may do in the staging schema
-  (``twophase.store.grants``);
+  (``twophase.store.least_privilege``);
 * ``public-api``: a mkdocstrings block per name of ``twophase.__all__``, and the Spark
   integration's names.
 
@@ -450,8 +450,8 @@ def _metering_labels(name: str) -> list[str]:
 
 
 def grants() -> str:
-    """The grant table of the roles of least privilege (``twophase.store.grants``)."""
-    from twophase.store.grants import GRANTS, ROLES
+    """The grant table of the roles of least privilege (``twophase.store.least_privilege``)."""
+    from twophase.store.least_privilege import GRANTS, ROLES
 
     rows = [
         (f"`{g.name}`", g.kind, *(", ".join(g.privileges(k)) or "-" for k in ROLES), g.why)

@@ -15,8 +15,8 @@ from twophase.errors import BadPointsError, BatchTooLargeError, FencedError
 from twophase.influx.sender import BatchSender
 from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, StagedChunk, WriteRef
 from twophase.points.batching import batches
-from twophase.protocol.gc import GcReport
-from twophase.protocol.lanes import LaneChooser
+from twophase.protocol.maintain.gc import GcReport
+from twophase.protocol.stage.lanes import LaneChooser
 
 
 class FakeClock:

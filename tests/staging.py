@@ -13,9 +13,9 @@ import psycopg
 from tests.fakes import FakeClock
 from tests.support import admin_conninfo
 from twophase.model import CommitMessage
-from twophase.protocol.autogc import AutoGc
-from twophase.protocol.committer import Committer
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.committer import Committer
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.autogc import AutoGc
 
 M = "proto"
 STAGED_POINTS = "SELECT COALESCE(sum(points), 0) FROM twophase_staged_chunks"

@@ -39,7 +39,7 @@ from twophase.influx.query import query_v1
 
 if TYPE_CHECKING:  # at run time two_phase() imports it, when first called
     from twophase.model import Lease
-    from twophase.protocol.runtime import TwoPhase
+    from twophase.protocol.commit.runtime import TwoPhase
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,7 +211,7 @@ def influx_count(config: TargetConfig, measurement: str) -> int:
 
 @contextmanager
 def two_phase(staging: StagingConfig, influx: TargetConfig, **parts: Any) -> Iterator[TwoPhase]:
-    from twophase.protocol.runtime import TwoPhase
+    from twophase.protocol.commit.runtime import TwoPhase
 
     tp = TwoPhase.open(TwoPhaseConfig(staging, influx), **parts)
     try:

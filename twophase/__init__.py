@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     )
     from twophase.model import CommitMessage, DeadLetter, EpochState, Lease
     from twophase.points.builder import PointBuilder, PointSpec
-    from twophase.protocol.committer import CommitOutcome
+    from twophase.protocol.commit.committer import CommitOutcome
     from twophase.roles import DriverCommitter, ExecutorStager
 
 # Public name -> the module that defines it.
@@ -77,7 +77,7 @@ _HOMES = {
     "Lease": "twophase.model",
     "PointBuilder": "twophase.points.builder",
     "PointSpec": "twophase.points.builder",
-    "CommitOutcome": "twophase.protocol.committer",
+    "CommitOutcome": "twophase.protocol.commit.committer",
     "DriverCommitter": "twophase.roles",
     "ExecutorStager": "twophase.roles",
 }
@@ -130,7 +130,7 @@ def _former(name: str) -> Any:
 
     if name == "TwoPhase":  # every part of the protocol, now inside DriverCommitter
         from twophase.deprecation import warn_deprecated
-        from twophase.protocol.runtime import TwoPhase
+        from twophase.protocol.commit.runtime import TwoPhase
 
         warn_deprecated(
             "twophase.TwoPhase", "DriverCommitter (and its stager() for executors)", stacklevel=3

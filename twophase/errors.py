@@ -242,7 +242,7 @@ class BadPointsError(TargetRequestError):
 
 
 # What one target of a sink may answer that leaves it lagging rather than failing the
-# commit (twophase.protocol.promoter), once min_targets targets hold the epoch: that
+# commit (twophase.protocol.commit.promoter), once min_targets targets hold the epoch: that
 # server is down, refuses the credentials, lacks the database or refuses the request;
 # or the lock ordering its deliveries was lost, or its cursor moved meanwhile. Anything
 # else (fencing, a damaged epoch, the staging store) fails the commit.

@@ -263,7 +263,7 @@ class StagedChunk:
     points: int
     ends: Sequence[int] | None
     body: str | None
-    lane: int = 0  # its promotion lane (twophase.protocol.lanes)
+    lane: int = 0  # its promotion lane (twophase.protocol.stage.lanes)
     gz: bytes | None = None
     # its digest as staged (chunk_digest), checked before it is sent (I1); None: staged
     # before chunks had one, covered by its write's checksum alone

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from twophase.config import StagingConfig, TwoPhaseConfig
 from twophase.model import CommitMessage, Lease
 from twophase.points.builder import Rejected
-from twophase.protocol.committer import CommitOutcome
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.stager import Stager
+from twophase.protocol.commit.committer import CommitOutcome
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.stage.stager import Stager
 from twophase.store.database import shared_database
 
 

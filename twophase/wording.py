@@ -58,5 +58,6 @@ def epochs_are(numbers: Sequence[int]) -> str:
 
 def epoch_label(epoch: int) -> str:
     """An epoch as operators read it: Spark's batch id, or ``c<n>`` for the sink's
-    n-th correction (epoch ``-n``, [`twophase.protocol.requeue`][twophase.protocol.requeue])."""
+    n-th correction (epoch ``-n``,
+    [`twophase.operations.requeuer`][twophase.operations.requeuer])."""
     return f"c{-epoch}" if epoch < 0 else str(epoch)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from tests.e2e.harness import without_password
 from twophase.config import TargetConfig
-from twophase.spark import commit, master, parse_options, register
+from twophase.spark import driver_commit, master_retries, parse_options, register
 
 WARNING = (
     "Spark master local[2] retries no failed task: one failed task (staging past its "
@@ -47,8 +47,8 @@ def test_a_local_master_without_task_retries_is_warned_of_once(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert master.active_master() == "local[2]"
-    monkeypatch.setattr(master, "_checked", threading.Event())  # as in a fresh driver
+    assert master_retries.active_master() == "local[2]"
+    monkeypatch.setattr(master_retries, "_checked", threading.Event())  # as in a fresh driver
     sink = parse_options(
         {
             "sink_id": "master",
@@ -61,10 +61,10 @@ def test_a_local_master_without_task_retries_is_warned_of_once(
     )
     try:
         with caplog.at_level(logging.WARNING, logger="twophase"):
-            commit.claim(sink, "run-1", "query-1")  # opens the parts, then claims
-            commit.claim(sink, "run-2", "query-1")  # a restart's claim
+            driver_commit.claim(sink, "run-1", "query-1")  # opens the parts, then claims
+            driver_commit.claim(sink, "run-2", "query-1")  # a restart's claim
             register(local2)
     finally:
-        commit._parts.pop(sink.settings).close()
+        driver_commit._parts.pop(sink.settings).close()
     said = [(r.name, r.getMessage()) for r in caplog.records if "retries no" in r.getMessage()]
     assert said == [("twophase.spark", WARNING)]

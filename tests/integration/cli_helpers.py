@@ -23,7 +23,7 @@ from tests.support import REPO, admin_conninfo, begin_run
 from twophase.cli import main
 from twophase.config import TargetConfig
 from twophase.points.builder import Rejected
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 SINK = "s"
 OTHER = "t"

@@ -32,7 +32,7 @@ from tests.support import (
     unique,
 )
 from twophase.config import InfluxDBSettings, StagingConfig, TargetConfig
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from twophase.config import (
     load_staging_config,
 )
 from twophase.faults import PLAN_ENV
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 MEASUREMENT = "crash"
 PARTITIONS = 3

@@ -29,7 +29,7 @@ from tests.support import (
 from twophase.config import NamedTarget, StagingConfig, TargetConfig
 from twophase.influx.api import make_writer
 from twophase.model import Lease
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @dataclass(frozen=True)

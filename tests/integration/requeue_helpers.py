@@ -9,7 +9,7 @@ from tests.staging import stage
 from tests.support import begin_run, influx_rows
 from twophase.config import TargetConfig
 from twophase.influx.query import query_v1
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 SINK = "rq-sink"
 

@@ -19,7 +19,7 @@ from tests.staging import INTERVAL_S, STAGED_POINTS, committer_of, lines, scalar
 from tests.support import admin_conninfo, begin_run, staging_config_for, two_phase
 from twophase.config import TargetConfig
 from twophase.model import EpochState
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 PURGED = (
     "SELECT COALESCE(array_agg(epoch ORDER BY epoch), '{}') FROM twophase_epochs"

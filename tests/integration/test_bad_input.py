@@ -14,7 +14,7 @@ import pytest
 from tests.encoders import ENCODERS, encode
 from tests.support import admin_conninfo, begin_run, influx_query, influx_rows
 from twophase.points.builder import PointBuilder, PointSpec
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 T = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SPEC = PointSpec(measurement="bad input", tag_columns=("host", "dc"), time_column="ts")

@@ -19,8 +19,8 @@ from tests.support import OWN_INFLUX_DB, admin_conninfo, begin_run, influx_count
 from twophase.config import BACKGROUND, INLINE, InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.errors import FencedError, TargetUnavailableError
 from twophase.points.builder import Rejected
-from twophase.protocol.runtime import TwoPhase
-from twophase.spark import claim_query, commit
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.spark import claim_query, driver_commit
 from twophase.spark.options import SinkOptions, parse_options
 
 pytestmark = pytest.mark.timeout(120)
@@ -146,10 +146,10 @@ def spark_sinks(
     monkeypatch.setenv("TWOPHASE_TARGET_URL", influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.influxdb.database))
-    monkeypatch.setattr(commit, "_parts", {})
-    monkeypatch.setattr(commit, "_leases", {})
+    monkeypatch.setattr(driver_commit, "_parts", {})
+    monkeypatch.setattr(driver_commit, "_leases", {})
     yield {"sink_id": "dash", "measurement": M, "dead_letter_sink": "dash.malformed"}
-    for parts in commit._parts.values():
+    for parts in driver_commit._parts.values():
         parts.close()
 
 
@@ -157,15 +157,15 @@ def test_claim_query_recovers_both_sinks_of_a_query_that_has_no_batch_to_run(
     spark_sinks: dict[str, str], influx: TargetConfig, staging_url: str
 ) -> None:
     options = parse_options(spark_sinks)
-    crashed_run(commit.two_phase(options), "dash", range(3), run="run-1")
+    crashed_run(driver_commit.two_phase(options), "dash", range(3), run="run-1")
     dead = options.dead_letters()  # a row rejected upstream: a dead letter, no point
     rejected = [Rejected(0, "not valid JSON", "{")]
-    crashed_run(commit.two_phase(dead), dead.sink_id, range(1), run="run-1", rows=rejected)
+    crashed_run(driver_commit.two_phase(dead), dead.sink_id, range(1), run="run-1", rows=rejected)
 
     lease = claim_query(StartedQuery("q1", "run-2"), spark_sinks)
     assert lease.run_id == "run-2"
     for sink in ("dash", "dash.malformed"):
-        assert commit.two_phase(options).ledger.pending(sink) == []
+        assert driver_commit.two_phase(options).ledger.pending(sink) == []
     assert committed_by(staging_url, "dash") == {0: "run-2", 1: "run-2", 2: "run-2"}
     assert influx_count(influx, M) == 90
 
@@ -175,9 +175,9 @@ def test_a_foreach_batch_writers_empty_first_batch_recovers(
 ) -> None:
     """A batch with nothing to decide still claims for its run, and the claim recovers."""
     options = parse_options({k: v for k, v in spark_sinks.items() if k != "dead_letter_sink"})
-    crashed_run(commit.two_phase(options), "dash", range(1), run="run-1")
-    assert commit.commit_epoch(options, 1, [], ("run-2", "q1")) is None
-    assert commit.two_phase(options).ledger.pending("dash") == []
+    crashed_run(driver_commit.two_phase(options), "dash", range(1), run="run-1")
+    assert driver_commit.commit_epoch(options, 1, [], ("run-2", "q1")) is None
+    assert driver_commit.two_phase(options).ledger.pending("dash") == []
     assert influx_count(influx, M) == 30
 
 
@@ -191,20 +191,20 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
     monkeypatch.setenv("TWOPHASE_TARGET_URL", own_influx.url)
     monkeypatch.setenv("TWOPHASE_INFLUX_API", "v1")
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", OWN_INFLUX_DB)
-    monkeypatch.setattr(commit, "_parts", {})
-    monkeypatch.setattr(commit, "_leases", {})
+    monkeypatch.setattr(driver_commit, "_parts", {})
+    monkeypatch.setattr(driver_commit, "_leases", {})
     retries = {"target_retry_deadline": "2s", "target_retry_initial": "0.1s"}
     sink: SinkOptions = parse_options({"sink_id": "dash", "measurement": M, **retries})
     try:
-        parts = commit.two_phase(sink)
+        parts = driver_commit.two_phase(sink)
         crashed_run(parts, "dash", range(1), run="run-1")
         own_influx.stop()
         with pytest.raises(TargetUnavailableError, match="still unavailable"):
-            commit.claim(sink, "run-2", "q1")
+            driver_commit.claim(sink, "run-2", "q1")
         assert parts.ledger.pending("dash") == [0]
         parts.ledger.check_lease(begin_run(parts, "dash", "run-2", "q1"))  # its own
         own_influx.start()
-        commit.claim(sink, "run-2", "q1")
+        driver_commit.claim(sink, "run-2", "q1")
         assert parts.ledger.pending("dash") == []
         assert (
             influx_count(
@@ -216,7 +216,7 @@ def test_a_claim_whose_recovery_fails_raises_and_the_next_claim_recovers(
             == 30
         )
     finally:
-        for opened in commit._parts.values():
+        for opened in driver_commit._parts.values():
             opened.close()
 
 
@@ -226,9 +226,9 @@ def test_a_commits_log_line_says_where_the_epochs_time_went(
     """Staging (as the foreachBatch writer timed it), recovery, the decision and the
     promotion, each in milliseconds, in the line and as ``steps_ms``."""
     options = parse_options({k: v for k, v in spark_sinks.items() if k != "dead_letter_sink"})
-    messages = stage(commit.two_phase(options), "dash", 0, [lines(0, 20)], run="run-1")
+    messages = stage(driver_commit.two_phase(options), "dash", 0, [lines(0, 20)], run="run-1")
     with caplog.at_level("INFO", logger="twophase.spark"):
-        outcome = commit.commit_epoch(options, 0, messages, ("run-1", "q1"), staged_s=0.25)
+        outcome = driver_commit.commit_epoch(options, 0, messages, ("run-1", "q1"), staged_s=0.25)
     assert outcome is not None and [step for step, _ in outcome.steps] == [
         "recover",
         "decide",

@@ -29,7 +29,7 @@ from tests.support import REPO, begin_run, influx_count, influx_rows
 from twophase.config import TargetConfig
 from twophase.errors import FencedError
 from twophase.influx.query import query_v1
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from twophase.config import TargetConfig
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.points.builder import Rejected
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @pytest.fixture

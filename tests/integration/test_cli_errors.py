@@ -9,7 +9,7 @@ import pytest
 from tests.integration.cli_helpers import SINK, Cli, known_store, make_cli, make_idle
 from tests.support import create_database, drop_database, unique
 from twophase.config import TargetConfig
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @pytest.fixture

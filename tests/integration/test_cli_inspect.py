@@ -21,7 +21,7 @@ from tests.integration.cli_helpers import (
 )
 from twophase.config import TargetConfig
 from twophase.points.builder import Rejected
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 STATUS_KEYS = {
     "sink_id",

@@ -23,8 +23,8 @@ from twophase.influx.query import query_v1
 from twophase.model import EpochState, Lease
 from twophase.operations import start_exporter
 from twophase.operations.exporter import metric_names
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.gc import GarbageCollector
 
 SINK = "fan"
 N = 10  # points per epoch

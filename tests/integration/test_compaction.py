@@ -14,8 +14,8 @@ from tests.support import begin_run, influx_rows
 from twophase.config import TargetConfig
 from twophase.errors import CheckpointResetError
 from twophase.model import EpochState
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.gc import GarbageCollector
 from twophase.store.views import Views
 
 # Seconds ahead of the database's clock: past retention (7 days) and history_retention

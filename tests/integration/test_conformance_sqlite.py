@@ -25,7 +25,7 @@ from tests.support import target_config
 from twophase.config import TargetConfig, load_config
 from twophase.errors import BadPointsError, TargetNotFoundError
 from twophase.model import EpochState
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.targets import ENTRY_POINT_GROUP, TargetKind, kind_of, kinds, make_writer
 from twophase.testing import TargetConformance, held, normalized
 from twophase.testing.support import Case

@@ -11,8 +11,8 @@ import pytest
 
 from twophase.config import TargetConfig
 from twophase.errors import CheckpointResetError, ConfigError, FencedError
-from twophase.spark import commit
-from twophase.spark.commit import await_claim, claim
+from twophase.spark import driver_commit
+from twophase.spark.driver_commit import await_claim, claim
 from twophase.spark.options import SinkOptions, parse_options
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,10 +28,10 @@ def sink(
     monkeypatch.setenv("TWOPHASE_INFLUX_DB", str(influx.influxdb.database))
     # The per-process parts and leases are keyed by explicit settings, not the environment:
     # this test's database needs parts of its own.
-    monkeypatch.setattr(commit, "_parts", {})
-    monkeypatch.setattr(commit, "_leases", {})
+    monkeypatch.setattr(driver_commit, "_parts", {})
+    monkeypatch.setattr(driver_commit, "_leases", {})
     yield parse_options({"sink_id": "dash", "measurement": "m"})
-    for parts in commit._parts.values():
+    for parts in driver_commit._parts.values():
         parts.close()
 
 
@@ -64,7 +64,7 @@ def test_without_a_claim_the_function_fails_naming_query_id(sink: SinkOptions) -
 
 def test_a_reset_checkpoint_is_refused_at_the_clients_claim(sink: SinkOptions) -> None:
     lease = claim(sink, "writer-run-1", "query-1")
-    parts = commit.two_phase(sink)
+    parts = driver_commit.two_phase(sink)
     parts.ledger.decide(lease, 0, [])
     with pytest.raises(CheckpointResetError):
         claim(sink, "writer-run-2", "query-2")  # a new query id: the checkpoint was reset
@@ -74,9 +74,9 @@ def test_a_reset_checkpoint_is_refused_at_the_clients_claim(sink: SinkOptions) -
 
 def test_a_run_the_next_client_superseded_is_fenced(sink: SinkOptions) -> None:
     claim(sink, "writer-run-1", "query-1")
-    commit._leases.clear()  # another process: the restarted client and its server
+    driver_commit._leases.clear()  # another process: the restarted client and its server
     claim(sink, "writer-run-2", "query-1")
     assert await_claim(sink, "writer-run-1", timeout=1) == "query-1"  # it did claim, once
-    commit._leases.clear()
+    driver_commit._leases.clear()
     with pytest.raises(FencedError):
         claim(sink, "writer-run-1", None)

@@ -36,8 +36,8 @@ from twophase.model import Lease
 from twophase.operations import exporter as exporter_module
 from twophase.operations import start_exporter
 from twophase.operations.exporter import Exporter, StoreCollector, metric_names
-from twophase.protocol import targets as targets_module
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.ledger import target_ledger as targets_module
 from twophase.store.database import Database
 
 

@@ -26,9 +26,9 @@ from tests.support import influx_count, influx_query, two_phase
 from twophase.config import NamedTarget, StagingConfig
 from twophase.errors import TargetUnavailableError
 from twophase.model import EpochState, Lease
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.requeue import RequeueFilter, Requeuer
-from twophase.protocol.runtime import TwoPhase
+from twophase.operations.requeuer import RequeueFilter, Requeuer
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.gc import GarbageCollector
 
 SINK = "fan"
 

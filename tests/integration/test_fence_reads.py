@@ -17,7 +17,7 @@ from tests.support import admin_conninfo, begin_run, two_phase
 from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import FencedError, StagingDeadlineError, StateError
 from twophase.model import Lease
-from twophase.protocol.ledger import Ledger
+from twophase.protocol.ledger.epoch_ledger import Ledger
 from twophase.store.database import Database
 
 SINK = "fence-reads"

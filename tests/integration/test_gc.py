@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-import twophase.protocol.gc as gc_module
+import twophase.protocol.maintain.gc as gc_module
 from tests.integration.cli_helpers import sql
 from tests.staging import STAGED_POINTS, M, lines, scalar, stage
 from tests.support import REPO, begin_run, influx_count
 from twophase.model import EpochState
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 # Seconds ahead of the database's clock: past the points' retention (7 days), within
 # history_retention (30 days), so the epochs' records stay.
@@ -153,7 +153,7 @@ def test_ages_are_measured_by_the_database_clock(
 # staged writes of the tasks that finished, discarded (``DataSourceStreamWriter.abort``).
 _ABORT = """
 import pickle, sys
-from twophase.spark.commit import abort_epoch
+from twophase.spark.driver_commit import abort_epoch
 from twophase.spark.options import parse_options
 options, epoch, messages = pickle.load(open(sys.argv[1], "rb"))
 abort_epoch(parse_options(options), epoch, messages)

@@ -26,7 +26,7 @@ from twophase.errors import TransientWriteError
 from twophase.model import CommitMessage, EpochState
 from twophase.operations import Guard, recover, reset, resync
 from twophase.postgresql import PostgresWriter
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.targets import make_readback
 from twophase.testing import crash
 from twophase.testing.support import Case, Held, difference, expected, held

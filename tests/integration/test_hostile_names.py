@@ -17,7 +17,7 @@ from twophase.config import StagingConfig, TargetConfig
 from twophase.errors import ConfigError
 from twophase.model import EpochState
 from twophase.points.builder import PointBuilder, PointSpec
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 TABLES = ("twophase_sinks", "twophase_epochs", "twophase_writes", "twophase_staged_chunks")

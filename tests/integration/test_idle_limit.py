@@ -22,8 +22,8 @@ from twophase.config import TargetConfig, TwoPhaseConfig
 from twophase.errors import StateError
 from twophase.influx.query import query_v1
 from twophase.model import DeadLetter, EpochPlan, Phase
-from twophase.protocol.resend import Resender, plan_resend
-from twophase.protocol.runtime import TwoPhase
+from twophase.operations.resender import Resender, plan_resend
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.database import Database
 from twophase.store.views import EpochRange, Views
 
@@ -111,7 +111,7 @@ def test_an_export_to_a_slow_writer_outlasts_the_idle_limit(
     completes whole."""
     add_dead_letters(staging_url, LETTERS)
     staging = staging_config_for(staging_url, staging_session_timeout=IDLE_S)
-    import twophase.operations.store as store
+    import twophase.operations.store_only as store
 
     record = store._record
     written: list[int] = []

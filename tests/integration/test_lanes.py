@@ -19,7 +19,7 @@ from tests.staging import epoch_row, stage
 from tests.support import admin_conninfo, begin_run, influx_count, influx_rows, two_phase
 from twophase.config import BACKGROUND, StagingConfig, TargetConfig
 from twophase.errors import FencedError
-from twophase.protocol.lanes import LaneChooser
+from twophase.protocol.stage.lanes import LaneChooser
 
 M = "lanes"
 BASE = 1_700_000_000_000_000_000

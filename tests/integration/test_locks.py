@@ -31,7 +31,7 @@ from twophase.errors import (
     StagingUnavailableError,
     TargetUnavailableError,
 )
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.database import Database
 from twophase.store.locks import LOCK_SEED, LockOwner
 

@@ -16,7 +16,7 @@ from tests.support import Influx, admin_conninfo, begin_run
 from twophase.config import TargetConfig
 from twophase.model import EpochState
 from twophase.points.builder import PointBuilder, PointSpec
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 T0 = 1_700_000_000_000_000_000
 SPEC = PointSpec(tag_columns=("host",), time_column="t", measurement_column="metric")

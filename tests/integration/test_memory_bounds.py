@@ -18,13 +18,13 @@ from tests.support import admin_conninfo, begin_run, influx_count, influx_query
 from twophase import operations as ops
 from twophase.config import TargetConfig
 from twophase.errors import InflateLimitError
-from twophase.influx.kind import InfluxReadback
+from twophase.influx.influxdb_kind import InfluxReadback
 from twophase.influx.writers import V1Writer
+from twophase.operations import requeuer as requeue_module
 from twophase.operations.hooks import Guard
 from twophase.operations.verify import Verifier
-from twophase.protocol import requeue as requeue_module
-from twophase.protocol.reader import StagedReader
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.deliver.reader import StagedReader
 from twophase.store.views import Views
 
 SINK = "bounds"

@@ -21,9 +21,9 @@ from twophase.errors import EpochRangeError, RefusedError, StateError, UnknownSi
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.operations import Guard, Hooks, Progress
+from twophase.operations.resender import Resender, plan_resend
 from twophase.operations.verify import staged_lines
-from twophase.protocol.resend import Resender, plan_resend
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.database import SCHEMA_REVISION
 from twophase.store.views import EpochRange, Views
 

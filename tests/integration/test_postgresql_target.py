@@ -45,7 +45,7 @@ from twophase.model import EpochState
 from twophase.operations.verify import verify
 from twophase.postgresql import KIND, PostgresReadback, PostgresWriter, connect, record_ddl
 from twophase.postgresql.connect import APPLICATION_NAME
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,11 +38,11 @@ from twophase.operations.hooks import Guard
 from twophase.operations.recover import recover
 from twophase.operations.resync import resync
 from twophase.points.builder import Rejected
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.ledger import Ledger
-from twophase.protocol.stager import Stager
+from twophase.protocol.ledger.epoch_ledger import Ledger
+from twophase.protocol.maintain.gc import GarbageCollector
+from twophase.protocol.stage.stager import Stager
 from twophase.store.database import Database
-from twophase.store.grants import GRANTS, ROLES
+from twophase.store.least_privilege import GRANTS, ROLES
 from twophase.store.locks import LockOwner
 
 SINK = "s"
@@ -414,7 +414,7 @@ def _lock_sessions(roles: Roles) -> list[int]:
 
 
 def test_every_object_of_the_migrated_schema_has_its_grants(staging_url: str) -> None:
-    """An object a new revision adds must be in the grant table (twophase.store.grants)."""
+    """An object a new revision adds must be in the grant table (twophase.store.least_privilege)."""
     with psycopg.connect(admin_conninfo(staging_url)) as conn:
         found = conn.execute(
             "SELECT c.relname, c.relkind FROM pg_class c"

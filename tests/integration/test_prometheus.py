@@ -31,7 +31,7 @@ from tests.support import OWN_INFLUX_DB, begin_run, two_phase
 from twophase.config import ExporterConfig, InfluxDBSettings, StagingConfig, TargetConfig
 from twophase.errors import TargetUnavailableError
 from twophase.operations import exporter
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.database import Database
 
 pytestmark = pytest.mark.integration

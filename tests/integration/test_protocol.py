@@ -13,7 +13,7 @@ from tests.support import admin_conninfo, begin_run, influx_count, influx_rows
 from twophase.config import UNCOMPRESSED
 from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
 from twophase.model import EpochState, StagedChunk
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 def test_stage_decide_promote_commit(tp: TwoPhase, staging_url: str) -> None:

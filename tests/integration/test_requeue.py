@@ -29,7 +29,7 @@ from tests.integration.requeue_helpers import (
 from tests.staging import stage
 from tests.support import begin_run
 from twophase.config import TargetConfig
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 
 
 @pytest.fixture

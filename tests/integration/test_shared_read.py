@@ -26,8 +26,8 @@ from tests.support import influx_count, two_phase
 from twophase.config import NamedTarget, StagingConfig
 from twophase.errors import PermanentError
 from twophase.model import EpochState, Lease, StagedChunk
-from twophase.protocol.reader import StagedReader
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.deliver.reader import StagedReader
 
 SINK = "shared"
 PARTS, PER_PART = 20, 6  # a chunk per part: more chunks than the shared buffer holds

@@ -25,9 +25,9 @@ from tests.support import (
 from twophase.config import GZIP, UNCOMPRESSED, StagingConfig, TargetConfig
 from twophase.model import EpochPlan, LineChecksum, StagedChunk, WriteRef
 from twophase.points.builder import Rejected
-from twophase.protocol.reader import StagedReader
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.stager import Stager
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.deliver.reader import StagedReader
+from twophase.protocol.stage.stager import Stager
 from twophase.store.database import Database
 
 # The layout of one lane: seq numbers, chunk boundaries and coalesced requests in the

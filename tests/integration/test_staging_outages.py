@@ -35,10 +35,10 @@ from twophase import faults
 from twophase.config import StagingConfig, TargetConfig, load_staging_config
 from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
 from twophase.model import CommitMessage, EpochState, Lease
+from twophase.operations.requeuer import EVERY_LETTER, Requeuer
 from twophase.points.builder import Rejected
-from twophase.protocol import stager as stager_module
-from twophase.protocol.requeue import EVERY_LETTER, Requeuer
-from twophase.protocol.stager import Stager
+from twophase.protocol.stage import stager as stager_module
+from twophase.protocol.stage.stager import Stager
 from twophase.store.database import Database
 
 SINK = "outage"
@@ -587,7 +587,7 @@ def test_a_write_id_found_staged_at_insert_is_read_back(
     with two_phase(staging, influx) as tp:
         first = tp.stager.stage(SINK, 0, list(items), run_id="r1", query_id="q1")
         monkeypatch.setattr(
-            "twophase.protocol.stager.uuid.uuid4", lambda: uuid.UUID(first.write_id)
+            "twophase.protocol.stage.stager.uuid.uuid4", lambda: uuid.UUID(first.write_id)
         )
         again = tp.stager.stage(SINK, 0, iter(items), run_id="r1", query_id="q1")
     assert again == first

@@ -63,9 +63,9 @@ from twophase.config import (
 from twophase.errors import FencedError, TwoPhaseError
 from twophase.faults import CRASH_POINTS
 from twophase.operations import Guard, recover, requeue, resend, reset, resync
+from twophase.operations.requeuer import RequeueFilter
 from twophase.postgresql.readback import PostgresReadback
-from twophase.protocol.requeue import RequeueFilter
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.locks import LOCK_SEED
 from twophase.targets import make_writer
 

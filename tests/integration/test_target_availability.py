@@ -46,9 +46,9 @@ from twophase.errors import (
     UsageError,
 )
 from twophase.model import EpochState, Lease
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.requeue import RequeueFilter, Requeuer
-from twophase.protocol.runtime import TwoPhase
+from twophase.operations.requeuer import RequeueFilter, Requeuer
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.gc import GarbageCollector
 from twophase.store.database import Database
 
 SINK = "avail"

@@ -21,8 +21,8 @@ from tests.staging import M, lines, stage
 from tests.support import changed, influx_count, two_phase
 from twophase.config import NamedTarget, StagingConfig, TargetConfig
 from twophase.model import EpochState, Lease
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.gc import GarbageCollector
 
 SINK = "backlog"
 WEEK = 7 * 86400

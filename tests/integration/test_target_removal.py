@@ -25,10 +25,10 @@ from tests.support import two_phase
 from twophase.config import NamedTarget, StagingConfig, TargetConfig, TwoPhaseConfig
 from twophase.model import EpochState, Lease
 from twophase.operations import Guard, RequeueFilter, requeue
-from twophase.protocol.catchup import target_lock
-from twophase.protocol.decommission import Removal, TargetRemoval
-from twophase.protocol.gc import GarbageCollector
-from twophase.protocol.runtime import TwoPhase
+from twophase.operations.decommission import Removal, TargetRemoval
+from twophase.protocol.commit.catchup import target_lock
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.maintain.gc import GarbageCollector
 from twophase.store.locks import LockOwner
 
 SINK = "fan"

@@ -34,7 +34,7 @@ from twophase.config import (
 from twophase.errors import ConfigError
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.database import Database
 
 PASSWORD = "Tls-Pg-Secret-31337"  # the staging role's password: must appear nowhere

@@ -43,7 +43,7 @@ from twophase.influx.query import query_v1
 from twophase.influx.sender import BatchSender, RetryEvent
 from twophase.influx.writers import V1Writer, V2Writer
 from twophase.model import EpochState
-from twophase.operations.store import dead_letters
+from twophase.operations.store_only import dead_letters
 from twophase.points.builder import PointBuilder, PointSpec, Rejected
 
 T0 = 1_700_000_000_000_000_000

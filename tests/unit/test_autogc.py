@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeClock, FakeGc
-from twophase.protocol.autogc import AutoGc
+from twophase.protocol.maintain.autogc import AutoGc
 
 pytestmark = pytest.mark.unit
 

@@ -22,8 +22,8 @@ from twophase.influx.query import query_v1
 from twophase.influx.writers import V1Writer
 from twophase.model import MAX_CHUNK_BYTES, StagedChunk
 from twophase.points.builder import TAG_CACHE_BYTES, PointBuilder, PointSpec, Rejected
-from twophase.protocol import stager
-from twophase.protocol.lanes import SERIES_CACHE_BYTES, LaneChooser
+from twophase.protocol.stage import stager
+from twophase.protocol.stage.lanes import SERIES_CACHE_BYTES, LaneChooser
 
 MiB = 1024 * 1024
 

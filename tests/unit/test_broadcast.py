@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
-from twophase.protocol.broadcast import Bounds, Broadcast, BroadcastClosed
+from twophase.protocol.deliver.broadcast import Bounds, Broadcast, BroadcastClosed
 
 PATIENT = 60.0  # nobody is left behind within a test
 

@@ -19,8 +19,8 @@ from twophase import model
 from twophase.config import TargetConfig
 from twophase.errors import PermanentError
 from twophase.model import LineChecksum, StagedChunk
-from twophase.protocol.delivery import TargetDelivery
-from twophase.protocol.lanes import LaneChooser
+from twophase.protocol.deliver.delivery import TargetDelivery
+from twophase.protocol.stage.lanes import LaneChooser
 
 # --- StagedChunk ----------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from twophase.cli.console import Console, ProgressBar, printable
 from twophase.cli.render import cell, dead_letter_lines, size, table
 from twophase.errors import UsageError
 from twophase.model import DeadLetter, Phase
-from twophase.operations.store import DeadLetterListing, _export, csv_cell, export_format
+from twophase.operations.store_only import DeadLetterListing, _export, csv_cell, export_format
 from twophase.store.views import EpochRange
 from twophase.wording import age, compact_ranges, epochs_are
 
@@ -340,7 +340,7 @@ def test_only_text_cells_are_guarded_and_jsonl_keeps_values_as_stored(tmp_path: 
 def test_a_requeue_in_batches_names_its_corrections_and_adds_up_their_points() -> None:
     from twophase.cli.render import requeue_lines
     from twophase.operations import RequeueReport
-    from twophase.protocol.promoter import PromoteResult
+    from twophase.protocol.commit.promoter import PromoteResult
 
     done = [PromoteResult("s", -n, 500 - n, n) for n in (1, 2, 3)]
     pending = PromoteResult("s", 7, 10, 0)

@@ -9,6 +9,7 @@ import pytest
 
 from twophase.errors import StateError
 from twophase.influx.query import quote_ident, window_query
+from twophase.operations.resender import plan_resend
 from twophase.operations.verify import (
     Comparison,
     Expected,
@@ -23,7 +24,6 @@ from twophase.operations.verify import (
     when,
     windows,
 )
-from twophase.protocol.resend import plan_resend
 from twophase.store.views import EpochInfo
 
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)

@@ -12,7 +12,7 @@ import pytest
 
 from twophase.errors import PermanentError
 from twophase.model import COMMIT_MESSAGE_FORMAT, CommitMessage
-from twophase.spark import commit
+from twophase.spark import driver_commit
 from twophase.spark.foreach import message_of
 from twophase.spark.options import parse_options
 from twophase.spark.source import TwoPhaseCommitMessage, TwoPhaseStreamWriter
@@ -42,7 +42,7 @@ def no_store(monkeypatch: pytest.MonkeyPatch) -> None:
     def reached(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the commit reached the store")
 
-    monkeypatch.setattr(commit, "two_phase", reached)
+    monkeypatch.setattr(driver_commit, "two_phase", reached)
 
 
 def newer_pickle() -> bytes:
@@ -80,7 +80,7 @@ def test_the_foreach_batch_commit_refuses_another_format(data: bytes, found: str
     message = message_of(data)  # loads: the format is the commit's to judge
     sink = parse_options({"sink_id": "dash", "measurement": "m"})
     with pytest.raises(PermanentError) as caught:
-        commit.commit_epoch(sink, 4, [message], ("r1", "q1"))
+        driver_commit.commit_epoch(sink, 4, [message], ("r1", "q1"))
     text = str(caught.value)
     assert found in text and f"this driver reads format {COMMIT_MESSAGE_FORMAT}" in text
     assert SAME_VERSION in text

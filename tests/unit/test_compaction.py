@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twophase.protocol.compaction import Candidate, _passable
+from twophase.protocol.maintain.compaction import Candidate, _passable
 
 C, A, P = "COMMITTED", "ABORTED", "PRECOMMITTED"
 

@@ -10,8 +10,8 @@ from tests.fakes import FakeClock, FakeInflux, FakeLedger, FakeReader, lines_of,
 from twophase.config import TargetConfig
 from twophase.errors import FencedError, TargetUnavailableError
 from twophase.model import Lease
-from twophase.protocol.delivery import TargetDelivery
-from twophase.protocol.ledger import Ledger
+from twophase.protocol.deliver.delivery import TargetDelivery
+from twophase.protocol.ledger.epoch_ledger import Ledger
 
 LEASE = Lease("s", "r1", "q1", 1)
 

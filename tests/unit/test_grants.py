@@ -9,7 +9,7 @@ import io
 import pytest
 
 from twophase.cli import main
-from twophase.store.grants import (
+from twophase.store.least_privilege import (
     DRIVER,
     EXECUTOR,
     GRANTS,

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from twophase.model import Lease
-from twophase.protocol.handoff import Handoff
-from twophase.protocol.promoter import PromoteResult
+from twophase.protocol.commit.handoff import Handoff
+from twophase.protocol.commit.promoter import PromoteResult
 
 
 class Gate:

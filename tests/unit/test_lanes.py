@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from twophase.protocol.lanes import LaneChooser, fan_out
+from twophase.protocol.stage.lanes import LaneChooser, fan_out
 
 
 def test_a_series_keeps_its_lane_whatever_its_fields_time_and_tag_order() -> None:

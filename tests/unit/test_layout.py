@@ -117,7 +117,7 @@ def test_the_cli_holds_no_sql_and_only_calls_operations(path: Path) -> None:
 def test_the_cli_import_check_catches_protocol_and_store() -> None:
     """The allow-list check above refuses what the CLI must not import."""
     refused = [
-        "from twophase.protocol.requeue import RequeueFilter",
+        "from twophase.protocol.ledger.target_ledger import TargetState",
         "from twophase.store.views import EpochRange",
         "import twophase.store.database",
         "from twophase import model",
@@ -141,7 +141,12 @@ def test_the_cli_import_check_catches_protocol_and_store() -> None:
         assert [m for m in imported if not _allowed_in_cli(m)] == [], source
 
 
-_RESEND_PATH = ("protocol/resend.py", "operations/resend.py", "cli/parser.py", "cli/commands.py")
+_RESEND_PATH = (
+    "operations/resender.py",
+    "operations/resend.py",
+    "cli/parser.py",
+    "cli/commands.py",
+)
 
 
 @pytest.mark.parametrize("name", _RESEND_PATH)
@@ -159,7 +164,43 @@ def test_there_is_no_replay_command() -> None:
     assert "resend" in commands and "replay" not in commands
 
 
-@pytest.mark.parametrize("module", ["twophase.spark.stage", "twophase.spark.split"])
+def _dotted(name: str) -> str:
+    """``protocol/stage/stager.py`` -> ``twophase.protocol.stage.stager``."""
+    parts = ["twophase", *Path(name).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# The modules the map marks as running in Spark's Python workers.
+_EXECUTOR_MODULES = sorted(
+    _dotted(name)
+    for name in re.findall(r"^\| `([\w/]+\.py)` \| \(executors\) ", MODULE_MAP, flags=re.M)
+)
+# What executors must not load: SQLAlchemy, Alembic, the InfluxDB client, and the
+# driver's side of twophase.
+_DRIVER_SIDE_LIBRARIES = ("sqlalchemy", "alembic", "urllib3")
+_DRIVER_SIDE_PACKAGES = (
+    "twophase.protocol.deliver",
+    "twophase.protocol.ledger",
+    "twophase.protocol.maintain",
+    "twophase.protocol.commit",
+    "twophase.influx",
+    "twophase.postgresql",
+    "twophase.operations",
+    "twophase.cli",
+)
+
+
+def test_the_map_marks_the_executors_modules() -> None:
+    """The marks the next test reads are there: the staging task, the split UDF and
+    phase 1 at least (a page that lost its marks would check nothing)."""
+    assert {
+        "twophase.spark.staging_task",
+        "twophase.spark.dead_letter_split",
+        "twophase.protocol.stage.stager",
+    } <= set(_EXECUTOR_MODULES)
+
+
+@pytest.mark.parametrize("module", _EXECUTOR_MODULES)
 def test_executor_modules_import_no_driver_side_code(module: str) -> None:
     """Spark unpickles a staging task or the split UDF in every Python worker: what it
     imports is paid per worker, and the commit side (SQLAlchemy, the ledger, InfluxDB
@@ -169,11 +210,147 @@ def test_executor_modules_import_no_driver_side_code(module: str) -> None:
 
     probe = (
         f"import sys, {module}; "
-        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'sqlalchemy', 'alembic', 'urllib3'} or m in {'twophase.protocol.ledger', "
-        "'twophase.protocol.committer', 'twophase.protocol.promoter', 'twophase.influx.writers'})))"
+        f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{_DRIVER_SIDE_LIBRARIES!r} or m.startswith({_DRIVER_SIDE_PACKAGES!r}))))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert done.stdout.split() == []
+
+
+def test_no_module_name_is_used_twice() -> None:
+    """One name per module across the package: a file's or a folder's (``__init__.py``
+    aside), so that a name says which module it is wherever it appears."""
+    names = [p.stem for p in MODULES if p.name != "__init__.py"]
+    names += [p.parent.name for p in MODULES if p.name == "__init__.py" and p.parent != PACKAGE]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+# -- layers ------------------------------------------------------------------------------
+
+_ALL = {_dotted(_name(p)): p for p in MODULES}
+
+
+def _layers(page: str) -> list[set[str]]:
+    """The map's numbered list of layers, lowest first: the backquoted names of each
+    line (``protocol/stage`` -> ``twophase.protocol.stage``)."""
+    return [
+        {f"twophase.{name.replace('/', '.')}" for name in re.findall(r"`([\w/]+)`", line)}
+        for line in re.findall(r"^\d+\. (.*)$", page, flags=re.M)
+    ]
+
+
+LAYERS = _layers(MODULE_MAP)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(module: str, names: list[str]) -> set[str]:
+    """The package's modules an import names: ``from a.b import c`` is ``a.b.c`` when
+    that is a module, else ``a.b``."""
+    found = {f"{module}.{n}" for n in names if f"{module}.{n}" in _ALL}
+    if len(found) < len(names):
+        found.add(module)
+    return found
+
+
+def imports_of(source: str, module: str, *, package: bool = False) -> set[str]:
+    """The twophase modules ``module``'s source imports, at any depth (in functions too),
+    except under ``if TYPE_CHECKING:``; relative imports resolved."""
+    found: set[str] = set()
+    nodes: list[ast.AST] = [ast.parse(source)]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            nodes.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = module if package else module.rsplit(".", 1)[0]
+                parent = parent.rsplit(".", node.level - 1)[0] if node.level > 1 else parent
+                base = f"{parent}.{base}" if base else parent
+            found |= _resolve(base, [alias.name for alias in node.names])
+        nodes.extend(ast.iter_child_nodes(node))
+    return {m for m in found if m.split(".")[0] == "twophase"} - {module}
+
+
+def _layer_of(module: str) -> int | None:
+    """The index of the layer holding ``module`` (its longest named prefix), or None
+    for the package itself."""
+    best: tuple[int, int] | None = None
+    for index, layer in enumerate(LAYERS):
+        for name in layer:
+            if (module == name or module.startswith(f"{name}.")) and (
+                best is None or len(name) > best[0]
+            ):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def back_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs from a layer to one after it in the map's list."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        mine = _layer_of(module)
+        for other in sorted(imported):
+            theirs = _layer_of(other)
+            if mine is not None and theirs is not None and theirs > mine:
+                found.append(f"{module} -> {other}")
+    return found
+
+
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """An import circle among the modules, or [] when there is none."""
+    import graphlib
+
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return list(error.args[1])
+    return []
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        module: imports_of(path.read_text(), module, package=path.name == "__init__.py")
+        for module, path in _ALL.items()
+    }
+
+
+def test_every_module_has_a_layer() -> None:
+    """The map's list of layers covers the package: only ``twophase`` itself and the
+    ``protocol`` folder of layers, which load nothing when imported, stand outside it."""
+    assert len(LAYERS) >= 10
+    assert sorted(m for m in _ALL if _layer_of(m) is None) == ["twophase", "twophase.protocol"]
+
+
+def test_imports_never_run_back_up_the_layers() -> None:
+    assert back_up(_graph()) == []
+
+
+def test_there_is_no_import_circle() -> None:
+    assert circle(_graph()) == []
+
+
+def test_the_layer_checks_catch_a_bad_import() -> None:
+    """The checks above can fail: an import back up, and a circle, are found."""
+    stager = "twophase.protocol.stage.stager"
+    source = "def f():\n    from twophase.protocol.commit.runtime import TwoPhase\n"
+    assert back_up({stager: imports_of(source, stager)}) == [
+        f"{stager} -> twophase.protocol.commit.runtime"
+    ]
+    only_typing = "if TYPE_CHECKING:\n    from twophase.protocol.commit import runtime\n"
+    assert imports_of(only_typing, stager) == set()
+    relative = "from ..commit import runtime\n"
+    assert imports_of(relative, stager) == {"twophase.protocol.commit.runtime"}
+    assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) != []
+    assert circle({"a": {"b"}, "b": set()}) == []

@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 LEASE = Lease("events", "ab12cd", "q1", 7)
 # The modules whose every log line is about a sink, an epoch or a run.
 PROTOCOL_LOGGERS = [
-    *sorted((REPO / "twophase" / "protocol").glob("*.py")),
-    REPO / "twophase" / "spark" / "commit.py",
+    *sorted((REPO / "twophase" / "protocol").rglob("*.py")),
+    REPO / "twophase" / "spark" / "driver_commit.py",
 ]
 
 

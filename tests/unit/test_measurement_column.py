@@ -19,7 +19,7 @@ from twophase.points.columnar import ColumnarEncoder
 from twophase.points.lineproto import parse_line
 from twophase.spark.foreach import foreach_batch_writer
 from twophase.spark.options import check_schema, parse_options
-from twophase.spark.stage import items_of
+from twophase.spark.staging_task import items_of
 
 T0 = 1_700_000_000_000_000_000
 OPTIONS = {"sink_id": "dash", "measurement_column": "metric", "tags": "host", "time": "t"}

@@ -29,7 +29,7 @@ from twophase.operations.exporter import (
     sink_families,
     target_families,
 )
-from twophase.protocol.targets import TargetState
+from twophase.protocol.ledger.target_ledger import TargetState
 from twophase.wording import epoch_label, name_epochs
 
 pytestmark = pytest.mark.unit

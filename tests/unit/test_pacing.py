@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tests.fakes import FakeClock
-from twophase.protocol.pacing import TokenBucket, counted
+from twophase.protocol.deliver.pacing import TokenBucket, counted
 
 
 def bucket(clock: FakeClock, rate: float = 1000.0, burst_s: float = 0.0) -> TokenBucket:

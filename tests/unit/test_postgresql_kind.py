@@ -31,7 +31,7 @@ from twophase.postgresql.tables import (
     point_problem,
     value_problem,
 )
-from twophase.targets.kind import TRANSACTION
+from twophase.targets.contract import TRANSACTION
 
 
 def test_the_kind_is_transactional_and_keeps_microseconds() -> None:

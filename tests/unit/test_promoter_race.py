@@ -9,8 +9,8 @@ import time
 import pytest
 
 from twophase.errors import TargetAuthError, TargetUnavailableError
-from twophase.protocol.promoter import _Race
-from twophase.protocol.targets import Place
+from twophase.protocol.commit.promoter import _Race
+from twophase.protocol.ledger.target_ledger import Place
 
 pytestmark = pytest.mark.unit
 DOWN = TargetUnavailableError("down")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from twophase.protocol.readahead import read_ahead
+from twophase.protocol.deliver.readahead import read_ahead
 
 
 def test_items_come_in_order() -> None:

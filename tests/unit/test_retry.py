@@ -10,7 +10,7 @@ from tests.fakes import FakeClock, FakeInflux, FakeReader, lines_of, make_sender
 from twophase.config import TargetConfig
 from twophase.errors import FencedError, StagingDeadlineError, StagingUnavailableError
 from twophase.model import DeadLetter, StagedChunk
-from twophase.protocol.delivery import TargetDelivery
+from twophase.protocol.deliver.delivery import TargetDelivery
 from twophase.retry import Progress, RetryPolicy, StagingRetry
 
 

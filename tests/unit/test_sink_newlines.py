@@ -10,7 +10,7 @@ from twophase.config import BY_NAME, load_setting
 from twophase.errors import ConfigError
 from twophase.points.builder import Rejected
 from twophase.spark.options import parse_options
-from twophase.spark.stage import items_of
+from twophase.spark.staging_task import items_of
 
 OPTIONS = {"sink_id": "dash", "measurement": "m"}
 VARIABLE = "TWOPHASE_ALLOW_NEWLINES_IN_STRINGS"

@@ -7,10 +7,10 @@ import pytest
 
 from tests.fakes import FakeTaskContext
 from twophase.errors import PermanentError
-from twophase.spark import stage
-from twophase.spark.ends import run_of
+from twophase.spark import staging_task
 from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer, is_connect
-from twophase.spark.stage import batch_tag, current_task
+from twophase.spark.query_end import run_of
+from twophase.spark.staging_task import batch_tag, current_task
 
 CONNECT_TAGS = (
     "SparkConnect_OperationTag_User__Session_5f_Operation_e3,"
@@ -21,13 +21,17 @@ CONNECT_TAGS = (
 
 def in_task(monkeypatch: pytest.MonkeyPatch, **properties: str) -> None:
     context = FakeTaskContext(**properties)
-    monkeypatch.setattr(stage.TaskContext, "get", staticmethod(lambda: context))
+    monkeypatch.setattr(staging_task.TaskContext, "get", staticmethod(lambda: context))
 
 
 def test_a_streaming_task_reads_the_local_properties(monkeypatch: pytest.MonkeyPatch) -> None:
     in_task(
         monkeypatch,
-        **{stage.BATCH_ID_PROPERTY: "7", stage.RUN_ID_PROPERTY: "r", stage.QUERY_ID_PROPERTY: "q"},
+        **{
+            staging_task.BATCH_ID_PROPERTY: "7",
+            staging_task.RUN_ID_PROPERTY: "r",
+            staging_task.QUERY_ID_PROPERTY: "q",
+        },
     )
     task = current_task()
     got = (task.epoch, task.partition_id, task.attempt, task.run_id, task.query_id)
@@ -37,20 +41,20 @@ def test_a_streaming_task_reads_the_local_properties(monkeypatch: pytest.MonkeyP
 def test_under_connect_a_task_reads_the_writers_job_tag(monkeypatch: pytest.MonkeyPatch) -> None:
     query_id = "0b5e8e4c-1d2f-4c1a-9a55-2f5a6d3c1e77"
     tags = CONNECT_TAGS.format(tag=batch_tag(12, "a1b2c3", query_id))
-    in_task(monkeypatch, **{stage.JOB_TAGS_PROPERTY: tags})
+    in_task(monkeypatch, **{staging_task.JOB_TAGS_PROPERTY: tags})
     task = current_task()
     assert (task.epoch, task.run_id, task.query_id) == (12, "a1b2c3", query_id)
 
 
 def test_a_query_id_of_the_users_own_may_hold_colons(monkeypatch: pytest.MonkeyPatch) -> None:
     tags = CONNECT_TAGS.format(tag=batch_tag(0, "run", "team:dash:v2"))
-    in_task(monkeypatch, **{stage.JOB_TAGS_PROPERTY: tags})
+    in_task(monkeypatch, **{staging_task.JOB_TAGS_PROPERTY: tags})
     assert current_task().query_id == "team:dash:v2"
 
 
 def test_explicit_values_win_over_the_tag(monkeypatch: pytest.MonkeyPatch) -> None:
     tags = CONNECT_TAGS.format(tag=batch_tag(5, "tagged-run", "tagged-query"))
-    in_task(monkeypatch, **{stage.JOB_TAGS_PROPERTY: tags})
+    in_task(monkeypatch, **{staging_task.JOB_TAGS_PROPERTY: tags})
     task = current_task(epoch=9, run_id="given-run", query_id="given-query")
     assert (task.epoch, task.run_id, task.query_id) == (9, "given-run", "given-query")
 
@@ -60,10 +64,10 @@ def test_a_streaming_batch_id_wins_over_a_stray_tag(monkeypatch: pytest.MonkeyPa
     in_task(
         monkeypatch,
         **{
-            stage.BATCH_ID_PROPERTY: "2",
-            stage.RUN_ID_PROPERTY: "r",
-            stage.QUERY_ID_PROPERTY: "q",
-            stage.JOB_TAGS_PROPERTY: tags,
+            staging_task.BATCH_ID_PROPERTY: "2",
+            staging_task.RUN_ID_PROPERTY: "r",
+            staging_task.QUERY_ID_PROPERTY: "q",
+            staging_task.JOB_TAGS_PROPERTY: tags,
         },
     )
     task = current_task()
@@ -71,7 +75,7 @@ def test_a_streaming_batch_id_wins_over_a_stray_tag(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_batch_write_without_batch_or_tag_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    in_task(monkeypatch, **{stage.JOB_TAGS_PROPERTY: "spark-session-26"})
+    in_task(monkeypatch, **{staging_task.JOB_TAGS_PROPERTY: "spark-session-26"})
     with pytest.raises(PermanentError, match="streaming queries only"):
         current_task()
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from twophase.spark import master
+from twophase.spark import master_retries
 
 
 @pytest.mark.parametrize(
@@ -30,13 +30,13 @@ from twophase.spark import master
 def test_masters_that_run_each_task_once_get_a_retrying_one(
     given: str, instead: str | None
 ) -> None:
-    assert master.retrying_master(given) == instead
+    assert master_retries.retrying_master(given) == instead
 
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As in a new process: not checked yet."""
-    monkeypatch.setattr(master, "_checked", type(master._checked)())
+    monkeypatch.setattr(master_retries, "_checked", type(master_retries._checked)())
     yield
 
 
@@ -44,10 +44,10 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_a_master_without_retries_is_warned_of_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(master, "active_master", lambda: "local[2]")
+    monkeypatch.setattr(master_retries, "active_master", lambda: "local[2]")
     with caplog.at_level(logging.WARNING, logger="twophase"):
-        master.warn_without_task_retries()
-        master.warn_without_task_retries()
+        master_retries.warn_without_task_retries()
+        master_retries.warn_without_task_retries()
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
         (
             "twophase.spark",
@@ -62,11 +62,11 @@ def test_a_master_that_cannot_be_read_is_checked_again_later(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     masters = iter([None, "local[*]"])
-    monkeypatch.setattr(master, "active_master", lambda: next(masters))
+    monkeypatch.setattr(master_retries, "active_master", lambda: next(masters))
     with caplog.at_level(logging.WARNING, logger="twophase"):
-        master.warn_without_task_retries()  # no SparkContext yet: nothing said, not done
+        master_retries.warn_without_task_retries()  # no SparkContext yet: nothing said, not done
         assert caplog.records == []
-        master.warn_without_task_retries()
+        master_retries.warn_without_task_retries()
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "Spark master local[*] retries no failed task"
     ]
@@ -76,7 +76,7 @@ def test_a_master_that_cannot_be_read_is_checked_again_later(
 def test_a_retrying_master_is_not_warned_of(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(master, "active_master", lambda: "local[2,4]")
+    monkeypatch.setattr(master_retries, "active_master", lambda: "local[2,4]")
     with caplog.at_level(logging.WARNING, logger="twophase"):
-        master.warn_without_task_retries()
+        master_retries.warn_without_task_retries()
     assert caplog.records == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from twophase.protocol.spool import Spool
+from twophase.protocol.stage.spool import Spool
 
 
 def open_files_in(folder: Path) -> list[str]:
@@ -106,7 +106,7 @@ def test_without_a_directory_the_system_temporary_directory_is_used(
 def test_in_a_spark_task_the_spool_goes_to_one_of_sparks_local_dirs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from twophase.spark.stage import local_dir
+    from twophase.spark.staging_task import local_dir
 
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()

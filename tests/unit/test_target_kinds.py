@@ -8,7 +8,7 @@ import pytest
 from tests.fakes import FakeClock, FakeInflux, make_sender, staged
 from twophase.config import TargetConfig, load_target_config
 from twophase.errors import ConfigError, TargetUnavailableError, TransactionLostError
-from twophase.protocol.delivery import TargetDelivery
+from twophase.protocol.deliver.delivery import TargetDelivery
 from twophase.targets import OVERWRITE, TRANSACTION, EpochWriter, TargetKind, kind_of, kinds
 
 pytestmark = pytest.mark.unit
@@ -238,7 +238,7 @@ class OlderContract(FakeStore):
 
 
 def test_a_transactional_writer_whose_begin_takes_no_generation_is_refused_at_the_start() -> None:
-    from twophase.protocol.runtime import _epochs
+    from twophase.protocol.commit.runtime import _epochs
 
     target = TargetConfig(url="postgresql://h/db")
     with pytest.raises(TypeError, match="must take the keyword `generation`"):

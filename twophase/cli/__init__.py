@@ -23,15 +23,15 @@ Tracebacks only with --debug.
 ``...Z`` strings, durations in seconds). Top-level keys: status ``sinks`` (objects with the
 fields of [`twophase.store.views.SinkStatus`][twophase.store.views.SinkStatus], and
 ``targets`` for a sink with several targets: objects with the keys of
-[`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict]); targets ``targets``
-(the same objects with ``sink_id``); targets resync ``sink_id``, ``target``, ``from_epoch``,
-``delivered``, ``skipped_purged`` (epochs GC purged: not supplied), ``state``, ``promoted``;
-targets remove ``sink_id``, ``target``, ``state``, ``delivered_epoch``, ``backlog_epochs``,
-``backlog_corrections``, ``backlog_bytes``, ``deliveries``, ``dead_letters``, ``corrections``
-(the corrections owed to it alone, deleted with it), ``remaining`` (the sink's targets after
-it) and ``still_configured`` (the configuration still named it: removed with ``--force``);
-epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one ``--epoch``);
-recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``, ``rejected``); resend
+[`TargetState.as_dict`][twophase.protocol.ledger.target_ledger.TargetState.as_dict]); targets
+``targets`` (the same objects with ``sink_id``); targets resync ``sink_id``, ``target``,
+``from_epoch``, ``delivered``, ``skipped_purged`` (epochs GC purged: not supplied), ``state``,
+``promoted``; targets remove ``sink_id``, ``target``, ``state``, ``delivered_epoch``,
+``backlog_epochs``, ``backlog_corrections``, ``backlog_bytes``, ``deliveries``, ``dead_letters``,
+``corrections`` (the corrections owed to it alone, deleted with it), ``remaining`` (the sink's
+targets after it) and ``still_configured`` (the configuration still named it: removed with
+``--force``); epochs ``sink_id``, ``epochs`` (fields of ``EpochInfo``), ``events`` (with one
+``--epoch``); recover ``recovered`` (``sink_id``, ``epoch``, ``delivered``, ``rejected``); resend
 ``sink_id``, ``resent`` (``sink_id``, ``epoch``, ``points_sent``, ``points_rejected``),
 ``skipped_aborted``, ``skipped_purged`` (and ``target`` with ``--target``); verify
 ``sink_id``, ``epochs``, ``points``, ``series``, ``unparseable``, ``ok``, ``differences``

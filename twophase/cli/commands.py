@@ -81,8 +81,8 @@ def _targets_of(sink_id: str, targets: list[TargetState]) -> dict[str, Any]:
 
 
 def _target_json(state: TargetState) -> dict[str, Any]:
-    """[`TargetState.as_dict`][twophase.protocol.targets.TargetState.as_dict], its times as the CLI
-    writes every time (``...Z``)."""
+    """[`TargetState.as_dict`][twophase.protocol.ledger.target_ledger.TargetState.as_dict], its
+    times as the CLI writes every time (``...Z``)."""
     times = {
         "lagging_since": state.lagging_since,
         "quarantined_at": state.quarantined_at,

@@ -34,7 +34,7 @@ from twophase.influx.sender import RetryEvent
 from twophase.influx.writers import InfluxWriter
 from twophase.serving import Served
 from twophase.serving import serve as serve_registry
-from twophase.targets.kind import TargetWriter
+from twophase.targets.contract import TargetWriter
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 # Request latencies from a loopback write (ms) to a request that waits out a timeout.

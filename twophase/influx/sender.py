@@ -29,7 +29,7 @@ from twophase.errors import (
     TransactionLostError,
 )
 from twophase.retry import RetryPolicy
-from twophase.targets.kind import TargetWriter
+from twophase.targets.contract import TargetWriter
 
 log = logging.getLogger("twophase.influx.sender")
 T = TypeVar("T")

@@ -33,7 +33,7 @@ from twophase.influx.query import query_v1_stream
 
 class InfluxWriter(Protocol):
     """An InfluxDB target's writer: the kind's
-    [`TargetWriter`][twophase.targets.kind.TargetWriter] with an InfluxQL read back.
+    [`TargetWriter`][twophase.targets.contract.TargetWriter] with an InfluxQL read back.
     (Another kind of store is added as a kind of target of its own:
     [`twophase.targets`][twophase.targets].)
 

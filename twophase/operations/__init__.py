@@ -9,13 +9,14 @@ terminal or exits; an operation talks to its caller through
 (progress, warnings, confirmation of destructive steps).
 
 Store operations need only the staging settings
-([`twophase.operations.store`][twophase.operations.store]):
-[`status`][twophase.operations.store.status], [`epochs`][twophase.operations.store.epochs],
-[`dead_letters`][twophase.operations.store.dead_letters],
-[`export_dead_letters`][twophase.operations.store.export_dead_letters],
-[`abort`][twophase.operations.store.abort], [`gc`][twophase.operations.store.gc],
-[`reset`][twophase.operations.store.reset], and
-[`target_states`][twophase.operations.store.target_states] (each sink's targets).
+([`twophase.operations.store_only`][twophase.operations.store_only]):
+[`status`][twophase.operations.store_only.status],
+[`epochs`][twophase.operations.store_only.epochs],
+[`dead_letters`][twophase.operations.store_only.dead_letters],
+[`export_dead_letters`][twophase.operations.store_only.export_dead_letters],
+[`abort`][twophase.operations.store_only.abort], [`gc`][twophase.operations.store_only.gc],
+[`reset`][twophase.operations.store_only.reset], and
+[`target_states`][twophase.operations.store_only.target_states] (each sink's targets).
 Delivery operations also talk to the targets, one module each:
 [`recover`][twophase.operations.recover.recover]
 ([`twophase.operations.recover`][twophase.operations.recover]),
@@ -30,8 +31,8 @@ Delivery operations also talk to the targets, one module each:
 [`remove_target`][twophase.operations.removal.remove_target] decommissions one
 ([`twophase.operations.removal`][twophase.operations.removal], staging settings and the
 configured targets' names only);
-[`target_config`][twophase.operations.targets.target_config]
-([`twophase.operations.targets`][twophase.operations.targets])
+[`target_config`][twophase.operations.target_choice.target_config]
+([`twophase.operations.target_choice`][twophase.operations.target_choice])
 picks a configured target by name.
 The exporter ([`twophase.operations.metrics`][twophase.operations.metrics]):
 [`start_exporter`][twophase.operations.metrics.start_exporter]. The schema from the
@@ -42,16 +43,16 @@ installed package ([`twophase.operations.migrate`][twophase.operations.migrate])
 [`schema_history`][twophase.operations.migrate.schema_history], and the SQL of a migration
 without running it: [`upgrade_sql`][twophase.operations.migrate.upgrade_sql],
 [`downgrade_sql`][twophase.operations.migrate.downgrade_sql]. The grants of the roles
-of least privilege ([`twophase.operations.grants`][twophase.operations.grants]):
-[`grant_sql`][twophase.operations.grants.grant_sql] (printed) and
-[`apply_grants`][twophase.operations.grants.apply_grants].
+of least privilege ([`twophase.operations.role_grants`][twophase.operations.role_grants]):
+[`grant_sql`][twophase.operations.role_grants.grant_sql] (printed) and
+[`apply_grants`][twophase.operations.role_grants.apply_grants].
 
 The types these functions take and return are exported here too, those defined
 elsewhere included: [`EpochRange`][twophase.store.views.EpochRange] (the epochs to act on),
-[`RequeueFilter`][twophase.protocol.requeue.RequeueFilter] (the dead letters to requeue),
-[`RoleNames`][twophase.store.grants.RoleNames] (the roles to grant to),
+[`RequeueFilter`][twophase.operations.requeuer.RequeueFilter] (the dead letters to requeue),
+[`RoleNames`][twophase.store.least_privilege.RoleNames] (the roles to grant to),
 [`SinkStatus`][twophase.store.views.SinkStatus], [`EpochInfo`][twophase.store.views.EpochInfo],
-[`TargetState`][twophase.protocol.targets.TargetState],
+[`TargetState`][twophase.protocol.ledger.target_ledger.TargetState],
 [`VerifyReport`][twophase.operations.verify.VerifyReport] and
 [`SeriesDiff`][twophase.operations.verify.SeriesDiff]; a caller (the CLI) needs no other module.
 
@@ -63,7 +64,6 @@ cannot work together, ``RefusedError`` when a live run owns the sink (and
 
 from __future__ import annotations
 
-from twophase.operations.grants import GrantReport, GrantSql, RoleNames, apply_grants, grant_sql
 from twophase.operations.hooks import LIVE_WINDOW_S, Guard, Hooks, Progress
 from twophase.operations.metrics import start_exporter
 from twophase.operations.migrate import (
@@ -81,9 +81,17 @@ from twophase.operations.migrate import (
 from twophase.operations.recover import CaughtUp, RecoverReport, StillBehind, recover
 from twophase.operations.removal import RemoveReport, remove_target
 from twophase.operations.requeue import RequeueReport, requeue
+from twophase.operations.requeuer import RequeueFilter
 from twophase.operations.resend import ResendReport, resend
 from twophase.operations.resync import ResyncReport, resync
-from twophase.operations.store import (
+from twophase.operations.role_grants import (
+    GrantReport,
+    GrantSql,
+    RoleNames,
+    apply_grants,
+    grant_sql,
+)
+from twophase.operations.store_only import (
     AbortReport,
     DeadLetterListing,
     EpochListing,
@@ -99,15 +107,14 @@ from twophase.operations.store import (
     status,
     target_states,
 )
-from twophase.operations.targets import target_config
+from twophase.operations.target_choice import target_config
 from twophase.operations.verify import (
     SeriesDiff,
     TargetVerifyReport,
     VerifyReport,
     verify,
 )
-from twophase.protocol.requeue import RequeueFilter
-from twophase.protocol.targets import TargetState
+from twophase.protocol.ledger.target_ledger import TargetState
 from twophase.store.views import EpochInfo, EpochRange, SinkStatus
 
 __all__ = [

@@ -17,9 +17,9 @@ from twophase.operations.hooks import (
     Progress,
     refuse_if_live,
 )
-from twophase.operations.targets import warn_unknown_targets
-from twophase.protocol.promoter import PromoteResult
-from twophase.protocol.runtime import TwoPhase
+from twophase.operations.target_choice import warn_unknown_targets
+from twophase.protocol.commit.promoter import PromoteResult
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.views import CLI_RUN_PREFIX, EpochRange, Views
 
 

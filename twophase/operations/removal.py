@@ -1,7 +1,7 @@
 """``targets remove``: decommission a target of a sink -- its cursor, deliveries, dead
 letters and the corrections owed to it alone deleted in one transaction
-([`twophase.protocol.decommission`][twophase.protocol.decommission]), so that GC compacts the sink's
-history past what it lacked."""
+([`twophase.operations.decommission`][twophase.operations.decommission]), so that GC compacts the
+sink's history past what it lacked."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass
 
 from twophase.config import TwoPhaseConfig
 from twophase.errors import RefusedError
+from twophase.operations.decommission import Removal, TargetRemoval
 from twophase.operations.hooks import SILENT, UNFORCED, Guard, Hooks, actor, refuse_if_live
-from twophase.operations.targets import TARGETS_ENV, require_sink_target
-from twophase.protocol.decommission import Removal, TargetRemoval
-from twophase.protocol.targets import TargetLedger
+from twophase.operations.target_choice import TARGETS_ENV, require_sink_target
+from twophase.protocol.ledger.target_ledger import TargetLedger
 from twophase.store.database import Database
 from twophase.store.views import Views
 from twophase.wording import plural
@@ -22,7 +22,7 @@ from twophase.wording import plural
 @dataclass(frozen=True)
 class RemoveReport(Removal):
     """What ``targets remove`` deleted with the target (the fields of
-    [`Removal`][twophase.protocol.decommission.Removal]); ``still_configured``: the
+    [`Removal`][twophase.operations.decommission.Removal]); ``still_configured``: the
     configuration it ran with still named the target (removed by ``--force``: a run of
     the query with that configuration registers it again, as a new target)."""
 

@@ -1,6 +1,6 @@
 """``requeue``: a sink's promote-time dead letters delivered again, once, as
 corrections: one per batch of at most ``REQUEUE_LETTERS`` letters and
-``REQUEUE_BYTES`` of lines ([`twophase.protocol.requeue`][twophase.protocol.requeue]),
+``REQUEUE_BYTES`` of lines ([`twophase.operations.requeuer`][twophase.operations.requeuer]),
 each promoted before the next batch is read."""
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from twophase.operations.hooks import (
     Progress,
     refuse_if_live,
 )
-from twophase.protocol.promoter import PromoteResult
-from twophase.protocol.requeue import (
+from twophase.operations.requeuer import (
     EVERY_LETTER,
     RequeueFilter,
     Requeuer,
     RequeueSummary,
 )
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.targets import QUARANTINED
+from twophase.protocol.commit.promoter import PromoteResult
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.ledger.target_ledger import QUARANTINED
 from twophase.store.views import CLI_RUN_PREFIX, Views
 
 
@@ -73,7 +73,7 @@ def requeue(
     hooks: Hooks = SILENT,
 ) -> RequeueReport:
     """Deliver the sink's promote-time dead letters again, once, as corrections
-    ([`twophase.protocol.requeue`][twophase.protocol.requeue]): a batch at a time, each
+    ([`twophase.operations.requeuer`][twophase.operations.requeuer]): a batch at a time, each
     decided and promoted before the next is read. Claims the sink like ``recover``
     (refused while a live run owns it, unless forced); a crash at any step is finished
     by ``recover``, and the letters of the batches not decided yet are left for the

@@ -18,13 +18,13 @@ from twophase.operations.hooks import (
     actor,
     refuse_if_live,
 )
-from twophase.operations.targets import (
+from twophase.operations.resender import Resender, ResendPlan, ResentEpoch, plan_resend
+from twophase.operations.target_choice import (
     require_sink_target,
     target_config,
     warn_unknown_targets,
 )
-from twophase.protocol.resend import Resender, ResendPlan, ResentEpoch, plan_resend
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.store.views import CLI_RUN_PREFIX, EpochRange, Views
 from twophase.wording import epochs_are
 

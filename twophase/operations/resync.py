@@ -18,10 +18,10 @@ from twophase.operations.hooks import (
     Hooks,
     refuse_if_live,
 )
-from twophase.operations.targets import TARGETS_ENV, target_config
-from twophase.protocol.promoter import PromoteResult
-from twophase.protocol.runtime import TwoPhase
-from twophase.protocol.targets import QUARANTINED, TargetLedger, TargetState
+from twophase.operations.target_choice import TARGETS_ENV, target_config
+from twophase.protocol.commit.promoter import PromoteResult
+from twophase.protocol.commit.runtime import TwoPhase
+from twophase.protocol.ledger.target_ledger import QUARANTINED, TargetLedger, TargetState
 from twophase.store.views import CLI_RUN_PREFIX, EpochRange, Views
 from twophase.wording import epochs_are, name_epochs, plural
 

@@ -9,7 +9,7 @@ rewrite a verified point (update output mode) update its expected values, so
 verifying an old epoch does not report the newer values as differences.
 
 A target is read back through its kind's read-back
-([`Readback`][twophase.targets.kind.Readback]: InfluxDB through InfluxQL on the 1.x
+([`Readback`][twophase.targets.contract.Readback]: InfluxDB through InfluxQL on the 1.x
 ``/query`` API, PostgreSQL through SQL), one measurement and time window at a time,
 its answer streamed a chunk at a time and compared as it comes; times are compared at
 the finest the target keeps (a microsecond for PostgreSQL). Per series
@@ -48,11 +48,11 @@ from twophase.errors import LineProtocolError, StateError
 from twophase.model import EpochPlan, EpochState
 from twophase.operations.hooks import SILENT, Hooks
 from twophase.operations.hooks import Progress as OperationProgress
-from twophase.operations.store import stored_states
-from twophase.operations.targets import target_config
+from twophase.operations.store_only import stored_states
+from twophase.operations.target_choice import target_config
 from twophase.points.lineproto import FieldValue, Tags, parse_line
-from twophase.protocol.reader import StagedReader
-from twophase.protocol.targets import TargetState
+from twophase.protocol.deliver.reader import StagedReader
+from twophase.protocol.ledger.target_ledger import TargetState
 from twophase.store.database import Database
 from twophase.store.views import EpochInfo, EpochRange, Views
 from twophase.targets import Readback, kind_of, make_readback

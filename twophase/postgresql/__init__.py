@@ -1,7 +1,7 @@
 """PostgreSQL (and TimescaleDB) as a target: an epoch written exactly once, by transaction.
 
-* [`twophase.postgresql.kind`][twophase.postgresql.kind]: ``KIND``, the kind the
-  registry finds as ``postgresql``;
+* [`twophase.postgresql.postgresql_kind`][twophase.postgresql.postgresql_kind]: ``KIND``, the kind
+  the registry finds as ``postgresql``;
 * [`twophase.postgresql.writer`][twophase.postgresql.writer]: ``PostgresWriter``, an
   epoch's bodies and its delivered record in one transaction;
 * [`twophase.postgresql.tables`][twophase.postgresql.tables]: a measurement's table,
@@ -19,7 +19,7 @@ The guide is the PostgreSQL target page of the documentation.
 from __future__ import annotations
 
 from twophase.postgresql.connect import check_settings
-from twophase.postgresql.kind import KIND
+from twophase.postgresql.postgresql_kind import KIND
 from twophase.postgresql.readback import PostgresReadback
 from twophase.postgresql.record import RECORD_TABLE, record_ddl
 from twophase.postgresql.writer import PostgresWriter

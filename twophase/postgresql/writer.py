@@ -1,7 +1,7 @@
 """Writing line protocol to a PostgreSQL target: an epoch in one transaction.
 
 [`PostgresWriter`][twophase.postgresql.writer.PostgresWriter] is an
-[`EpochWriter`][twophase.targets.kind.EpochWriter]. ``begin`` opens the epoch's
+[`EpochWriter`][twophase.targets.contract.EpochWriter]. ``begin`` opens the epoch's
 transaction and reads the target's delivered record
 ([`twophase.postgresql.record`][twophase.postgresql.record]): the record's counts, and
 nothing sent, when the epoch is there already in the generation ``begin`` names. Each

@@ -6,7 +6,7 @@
   former name ``twophase-influx`` until 0.12.0.
 * [`foreach_batch_writer`][twophase.spark.foreach.foreach_batch_writer] gives the same
   protocol to ``foreachBatch`` pipelines.
-* [`split_dead_letters`][twophase.spark.split.split_dead_letters] sends the rows a job
+* [`split_dead_letters`][twophase.spark.dead_letter_split.split_dead_letters] sends the rows a job
   classified as bad to the dead-letter table from the tasks that read them, decided with the
   sink's epochs (no second query over the input).
 * [`claim_query`][twophase.spark.claim_query] lets a driver claim the sink right after ``start()``,
@@ -14,13 +14,13 @@
   what a crashed run left PRECOMMITTED is delivered even if no batch comes
   (under Spark Connect, a foreachBatch writer needs it: see
   [`twophase.spark.foreach`][twophase.spark.foreach]).
-* [`end_query`][twophase.spark.ends.end_query] (after the query stopped) or
-  [`watch_query`][twophase.spark.ends.watch_query] (a listener) records that the query's run
+* [`end_query`][twophase.spark.query_end.end_query] (after the query stopped) or
+  [`watch_query`][twophase.spark.query_end.watch_query] (a listener) records that the query's run
   ended, so operators' commands tell a stopped query from a live one;
-  [`drain_query`][twophase.spark.ends.drain_query] waits for the last background promotion
+  [`drain_query`][twophase.spark.query_end.drain_query] waits for the last background promotion
   (``promotion = background``).
-* [`ship_package`][twophase.spark.ship.ship_package] adds a zip of ``twophase`` to the executors'
-  path.
+* [`ship_package`][twophase.spark.executor_package.ship_package] adds a zip of ``twophase`` to the
+  executors' path.
 
 Importing this package needs PySpark; the core (``twophase``) does not.
 """
@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from twophase.model import Lease
-    from twophase.spark.ends import drain_query, end_query, watch_query
+    from twophase.spark.dead_letter_split import split_dead_letters
+    from twophase.spark.executor_package import package_zip, ship_package
     from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer
     from twophase.spark.options import SinkOptions, parse_options
-    from twophase.spark.ship import package_zip, ship_package
+    from twophase.spark.query_end import drain_query, end_query, watch_query
     from twophase.spark.source import (
         FORMAT,
         TwoPhaseDataSource,
         TwoPhaseInfluxDataSource,
         register,
     )
-    from twophase.spark.split import split_dead_letters
 
 # Name -> module, imported on first use: an executor that unpickles a staging
 # function imports only what staging needs, not the driver's protocol, whose imports
@@ -57,12 +57,12 @@ _LAZY = {
     "foreach_batch_writer": "foreach",
     "SinkOptions": "options",
     "parse_options": "options",
-    "package_zip": "ship",
-    "ship_package": "ship",
-    "split_dead_letters": "split",
-    "end_query": "ends",
-    "drain_query": "ends",
-    "watch_query": "ends",
+    "package_zip": "executor_package",
+    "ship_package": "executor_package",
+    "split_dead_letters": "dead_letter_split",
+    "end_query": "query_end",
+    "drain_query": "query_end",
+    "watch_query": "query_end",
 }
 __all__ = [
     "FORMAT",
@@ -109,9 +109,9 @@ def claim_query(query: Any, sink: Mapping[str, str] | ForeachBatchWriter) -> Lea
     need not reach the targets), and the server's first batch recovers.
     Idempotent.
     """
-    from twophase.spark.commit import claim
-    from twophase.spark.ends import run_of
+    from twophase.spark.driver_commit import claim
     from twophase.spark.foreach import is_connect
+    from twophase.spark.query_end import run_of
 
     run_id, options = run_of(query, sink)
     query_id = str(query.id)

@@ -49,10 +49,10 @@ from twophase.config import BACKGROUND
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.points.builder import PointSpec
-from twophase.spark.commit import await_claim, commit_epoch, open_in_background
+from twophase.spark.dead_letter_split import split_dead_letters
+from twophase.spark.driver_commit import await_claim, commit_epoch, open_in_background
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
-from twophase.spark.split import split_dead_letters
-from twophase.spark.stage import (
+from twophase.spark.staging_task import (
     MESSAGE_SCHEMA,
     QUERY_ID_PROPERTY,
     RUN_ID_PROPERTY,
@@ -133,7 +133,7 @@ class ForeachBatchWriter:
 
     def split_dead_letters(self, df: Any) -> Any:
         """``df`` without its rows that have a ``reason`` (see
-        [`twophase.spark.split`][twophase.spark.split]);
+        [`twophase.spark.dead_letter_split`][twophase.spark.dead_letter_split]);
         those are recorded under this writer's ``dead_letter_sink``."""
         return split_dead_letters(df, self.sink)
 
@@ -210,7 +210,7 @@ class _Driver:
     def tagged(self, df: Any, batch_id: int) -> Iterator[None]:
         """Under Spark Connect, tag the batch's jobs with its identity: the tasks upstream
         that split dead letters off read it there
-        ([`current_task`][twophase.spark.stage.current_task])."""
+        ([`current_task`][twophase.spark.staging_task.current_task])."""
         if not self.remote:  # classic Spark: the streaming properties carry it
             yield
             return

@@ -47,10 +47,10 @@ from twophase.config import BACKGROUND
 from twophase.deprecation import REMOVED_IN
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
-from twophase.spark.commit import abort_epoch, commit_epoch
-from twophase.spark.master import warn_without_task_retries
+from twophase.spark.driver_commit import abort_epoch, commit_epoch
+from twophase.spark.master_retries import warn_without_task_retries
 from twophase.spark.options import SinkOptions, check_schema, parse_options
-from twophase.spark.stage import current_task, stage_task
+from twophase.spark.staging_task import current_task, stage_task
 
 try:  # PySpark 4.1+: Arrow record batches straight from the JVM
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter

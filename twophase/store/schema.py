@@ -12,7 +12,7 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   when and how it ended (``ended_at``, ``end_reason``) if it said so.
 * ``twophase_epochs``: the epoch state machine (PRECOMMITTED/COMMITTED/ABORTED). Spark's
   batch ids are epochs 0, 1, 2...; an operator's *correction* (dead letters requeued,
-  [`twophase.protocol.requeue`][twophase.protocol.requeue]) is epoch ``-n`` for the sink's
+  [`twophase.operations.requeuer`][twophase.operations.requeuer]) is epoch ``-n`` for the sink's
   n-th correction, so the two sequences never collide.
 * ``twophase_writes``: one row per staged write (task attempt): its sink, epoch, counts.
 * ``twophase_staged_chunks``: the line-protocol lines of each write, in chunks of
@@ -28,7 +28,7 @@ Tables (all prefixed ``twophase_`` so they can share a database with others):
   There is no foreign key on purpose (an RI trigger per row costs COPY
   time); the write row is inserted in the same transaction as the COPY.
   ``lane`` is the promotion lane of the chunk's lines
-  ([`twophase.protocol.lanes`][twophase.protocol.lanes];
+  ([`twophase.protocol.stage.lanes`][twophase.protocol.stage.lanes];
   0 with one connection).
   With ``compression`` gzip (the default), ``body`` is NULL and ``body_gz``
   holds the same text and one newline more as one gzip member, compressed on

@@ -74,7 +74,8 @@ class SinkStatus:
 class EpochInfo:
     """One epoch's row (``twophase epochs``); ``points_delivered`` is None until COMMITTED.
 
-    A negative ``epoch`` is a correction ([`twophase.protocol.requeue`][twophase.protocol.requeue]).
+    A negative ``epoch`` is a correction
+    ([`twophase.operations.requeuer`][twophase.operations.requeuer]).
     """
 
     sink_id: str

@@ -1,6 +1,6 @@
 """Kinds of target: the small interface a store implements to receive a sink's epochs.
 
-* [`twophase.targets.kind`][twophase.targets.kind]: ``TargetKind`` (what a kind
+* [`twophase.targets.contract`][twophase.targets.contract]: ``TargetKind`` (what a kind
   declares: its URL schemes, what a re-sent epoch does on its store, its writer and
   its read-back), ``TargetWriter``, ``EpochWriter`` (a transactional kind's epoch in
   one transaction) and ``Readback`` (how ``verify`` reads a target);
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from twophase.targets.kind import (
+from twophase.targets.contract import (
     OVERWRITE,
     TRANSACTION,
     EpochWriter,

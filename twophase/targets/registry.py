@@ -1,6 +1,6 @@
 """Kinds of target found through the ``twophase.targets`` entry-point group.
 
-A package adds a kind by naming its [`TargetKind`][twophase.targets.kind.TargetKind]
+A package adds a kind by naming its [`TargetKind`][twophase.targets.contract.TargetKind]
 in its metadata::
 
     [project.entry-points."twophase.targets"]
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from twophase.config import env_name
 from twophase.errors import ConfigError
-from twophase.targets.kind import Readback, TargetKind, TargetWriter
+from twophase.targets.contract import Readback, TargetKind, TargetWriter
 
 if TYPE_CHECKING:
     from twophase.config import TargetConfig
@@ -35,8 +35,8 @@ log = logging.getLogger("twophase.targets")
 ENTRY_POINT_GROUP = "twophase.targets"
 AUTO = "auto"  # target_kind: told by the URL's scheme
 _BUILT_IN = {
-    "influxdb": "twophase.influx.kind:KIND",
-    "postgresql": "twophase.postgresql.kind:KIND",
+    "influxdb": "twophase.influx.influxdb_kind:KIND",
+    "postgresql": "twophase.postgresql.postgresql_kind:KIND",
 }
 
 

@@ -64,7 +64,7 @@ from twophase.errors import (
 from twophase.influx.sender import BatchSender
 from twophase.model import CommitMessage, EpochState
 from twophase.operations import Guard, recover, resend, reset
-from twophase.protocol.runtime import TwoPhase
+from twophase.protocol.commit.runtime import TwoPhase
 from twophase.targets import (
     EpochWriter,
     Readback,

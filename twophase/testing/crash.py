@@ -57,7 +57,7 @@ def run(
 
 
 def main(argv: list[str]) -> None:
-    from twophase.protocol.runtime import TwoPhase
+    from twophase.protocol.commit.runtime import TwoPhase
 
     with open(argv[0], "rb") as source:
         job: CrashJob = pickle.load(source)  # the file the parent wrote for this child
