@@ -247,15 +247,11 @@ class Compression:
             targets=(
                 NamedTarget(
                     "a",
-                    dataclasses.replace(
-                        sink, influxdb=dataclasses.replace(sink.influxdb, database="a")
-                    ),
+                    sink.with_fields(database="a"),
                 ),
                 NamedTarget(
                     "b",
-                    dataclasses.replace(
-                        sink, influxdb=dataclasses.replace(sink.influxdb, database="b")
-                    ),
+                    sink.with_fields(database="b"),
                 ),
             ),
         )

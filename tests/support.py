@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -25,7 +24,6 @@ from sqlalchemy.engine import make_url
 from tests.docs_examples import program
 from twophase.config import (
     ExporterConfig,
-    InfluxDBSettings,
     PostgreSQLSettings,
     Secret,
     StagingConfig,
@@ -47,20 +45,12 @@ REPO = Path(__file__).resolve().parents[1]
 def target_config(url: str, **fields: Any) -> TargetConfig:
     """A target's configuration from fields by name: a kind's own (``database``,
     ``schema``...) go to its section."""
-    return changed(TargetConfig(url=url), **fields)
+    return TargetConfig(url=url).with_fields(**fields)
 
 
 def changed(config: TargetConfig, **fields: Any) -> TargetConfig:
     """``config`` with fields replaced by name, a kind's own in its section."""
-    own = {
-        "influxdb": {k: fields.pop(k) for k in list(fields) if k in _INFLUXDB_FIELDS},
-        "postgresql": {k: fields.pop(k) for k in list(fields) if k in _POSTGRESQL_FIELDS},
-    }
-    return dataclasses.replace(config, **fields).with_settings(own)
-
-
-_INFLUXDB_FIELDS = {f.name for f in dataclasses.fields(InfluxDBSettings)}
-_POSTGRESQL_FIELDS = {f.name for f in dataclasses.fields(PostgreSQLSettings)}
+    return config.with_fields(**fields)
 
 
 def require_env(name: str) -> str:

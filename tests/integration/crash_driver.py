@@ -134,17 +134,9 @@ def influx_config(args: argparse.Namespace) -> TargetConfig:
     )
     if args.influx_url_b is None:
         return config
-    b = dataclasses.replace(
-        config,
-        url=args.influx_url_b,
-        influxdb=dataclasses.replace(config.influxdb, database=args.influx_db_b),
-    )
+    b = config.with_fields(url=args.influx_url_b, database=args.influx_db_b)
     if args.influx_url_b.startswith("postgresql:"):  # its tables made from what it is sent
-        b = dataclasses.replace(
-            b,
-            influxdb=dataclasses.replace(b.influxdb, database=None),
-            postgresql=dataclasses.replace(b.postgresql, create_tables=True),
-        )
+        b = b.with_fields(database=None, create_tables=True)
     targets = (NamedTarget("a", config), NamedTarget("b", b))
     return dataclasses.replace(config, targets=targets, target_deadline_s=1.0)
 

@@ -16,7 +16,6 @@ target is another database, read back apart from the first.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.parse
 from collections.abc import Iterable
@@ -86,9 +85,7 @@ class TestVictoriaMetricsConformance(TargetConformance):
 
     @pytest.fixture
     def second_target(self, target: TargetConfig) -> TargetConfig:
-        return dataclasses.replace(
-            target, influxdb=dataclasses.replace(target.influxdb, database="conformance-b")
-        )
+        return target.with_fields(database="conformance-b")
 
     def readback(self, config: TargetConfig) -> Readback:
         return VmReadback(config.url, str(config.influxdb.database))

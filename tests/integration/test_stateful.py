@@ -406,9 +406,11 @@ class SinkMachine(RuleBasedStateMachine):
             query_id=lease.query_id,
         )
         ours = tp is self.tp and lease is self.lease
-        self.settled = self.settled and not ours  # a commit forgets it as it starts
+        if ours:
+            self.settled = False  # a commit forgets its predecessor's outcome as it starts
         outcome = tp.committer.commit(lease, epoch, [message])
-        self.settled = self.settled or ours
+        if ours:
+            self.settled = True
         return outcome
 
     # --- rules: the query ------------------------------------------------------------

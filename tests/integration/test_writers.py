@@ -148,10 +148,7 @@ def test_field_type_conflict_is_isolated_and_the_rest_delivered(influx: TargetCo
 
 
 def test_missing_database_is_not_found(influx: TargetConfig) -> None:
-    missing = dataclasses.replace(
-        influx,
-        influxdb=dataclasses.replace(influx.influxdb, database=f"nope_{uuid.uuid4().hex[:8]}"),
-    )
+    missing = influx.with_fields(database=f"nope_{uuid.uuid4().hex[:8]}")
     with pytest.raises(TargetNotFoundError) as caught:
         V1Writer(missing).write(b"m f=1i 1")
     assert str(caught.value).startswith(f"database not found: {missing.influxdb.database!r}")
@@ -160,29 +157,20 @@ def test_missing_database_is_not_found(influx: TargetConfig) -> None:
 
 def test_missing_retention_policy_is_not_found_and_not_retried(influx: TargetConfig) -> None:
     events: list[RetryEvent] = []
-    writer = V1Writer(
-        dataclasses.replace(
-            influx, influxdb=dataclasses.replace(influx.influxdb, retention_policy="nope")
-        )
-    )
+    writer = V1Writer(influx.with_fields(retention_policy="nope"))
     with pytest.raises(TargetNotFoundError, match="TWOPHASE_INFLUX_RP"):
         sender(writer, events=events).send(points(3))
     assert events == []
 
 
 def test_v2_api_on_influxdb_16_is_not_found_with_a_hint(influx: TargetConfig) -> None:
-    config = dataclasses.replace(
-        influx,
-        influxdb=dataclasses.replace(
-            influx.influxdb, api="v2", bucket=influx.influxdb.database, org="-"
-        ),
-    )
+    config = influx.with_fields(api="v2", bucket=influx.influxdb.database, org="-")
     with pytest.raises(TargetNotFoundError, match="TWOPHASE_INFLUX_API=v1"):
         V2Writer(config).write(b"m f=1i 1")
 
 
 def test_resolve_api_on_influxdb(influx: TargetConfig) -> None:
-    auto = dataclasses.replace(influx, influxdb=dataclasses.replace(influx.influxdb, api="auto"))
+    auto = influx.with_fields(api="auto")
     assert resolve_api(auto).influxdb.api == "v1"
     writer = make_writer(auto)  # resolved at the first write
     writer.write(f"m f=7i {T0}".encode())
@@ -193,11 +181,7 @@ def test_resolve_api_on_influxdb(influx: TargetConfig) -> None:
 
 def test_auto_api_while_influxdb_is_down_is_retried_not_fatal(influx: TargetConfig) -> None:
     """make_writer does not ping: an outage at process start is retried like any other."""
-    down = dataclasses.replace(
-        influx,
-        url=f"http://127.0.0.1:{free_port()}",
-        influxdb=dataclasses.replace(influx.influxdb, api="auto"),
-    )
+    down = influx.with_fields(url=f"http://127.0.0.1:{free_port()}", api="auto")
     writer = make_writer(down)
     with pytest.raises(TargetUnavailableError):
         writer.write(b"m f=1i 1")
@@ -308,12 +292,7 @@ def test_missing_write_privilege_is_403(auth_influx: str) -> None:
 
 def test_right_credentials_write_and_read(auth_influx: str) -> None:
     config = _secured(auth_influx, "admin", ADMIN_PASSWORD)
-    assert (
-        resolve_api(
-            dataclasses.replace(config, influxdb=dataclasses.replace(config.influxdb, api="auto"))
-        ).influxdb.api
-        == "v1"
-    )
+    assert resolve_api(config.with_fields(api="auto")).influxdb.api == "v1"
     assert sender(V1Writer(config)).send(points(3, "authed")) == []
     series = query_v1(
         auth_influx, "secured", 'SELECT COUNT("f") FROM "authed"', "admin", Secret(ADMIN_PASSWORD)

@@ -3,13 +3,12 @@ settings check, connection strings and read-back series."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import psycopg
 import pytest
 
-from twophase.config import PostgreSQLSettings, Secret, TargetConfig, load_config
+from twophase.config import Secret, TargetConfig, load_config
 from twophase.errors import (
     ConfigError,
     TargetAuthError,
@@ -154,11 +153,7 @@ def test_names_postgresql_would_cut_are_refused() -> None:
 
 def _config(url: str, **more: Any) -> TargetConfig:
     """A target's config; ``more`` by field, the PostgreSQL kind's own included."""
-    own = {k: more.pop(k) for k in list(more) if k in _POSTGRESQL_FIELDS}
-    return TargetConfig(url=url, postgresql=PostgreSQLSettings(**own), **more)
-
-
-_POSTGRESQL_FIELDS = {f.name for f in dataclasses.fields(PostgreSQLSettings)}
+    return TargetConfig(url=url).with_fields(**more)
 
 
 @pytest.mark.parametrize(

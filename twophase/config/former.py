@@ -4,27 +4,16 @@ through ``twophase.config`` (and ``twophase``), they warn when used."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from twophase.config.loading import load_target_config
-from twophase.config.sections import InfluxDBSettings, PostgreSQLSettings, TargetConfig
-from twophase.config.settings import INFLUXDB, POSTGRESQL, TARGET
+from twophase.config.sections import TargetConfig
 from twophase.deprecation import warn_deprecated
-
-_KIND_FIELDS = {
-    INFLUXDB: frozenset(f.name for f in fields(InfluxDBSettings)),
-    POSTGRESQL: frozenset(f.name for f in fields(PostgreSQLSettings)),
-}
 
 
 def influx_config(url: str, **given: Any) -> TargetConfig:
     """``InfluxConfig(...)``: its flat fields sorted into a TargetConfig's sections."""
-    values: dict[str, dict[str, Any]] = {TARGET: {}, INFLUXDB: {}, POSTGRESQL: {}}
-    for name, value in given.items():
-        section = next((s for s, names in _KIND_FIELDS.items() if name in names), TARGET)
-        values[section][name] = value
-    return TargetConfig(url=url).with_settings(values)
+    return TargetConfig(url=url).with_fields(**given)
 
 
 def load_influx_config(env: Mapping[str, str] | None = None, **explicit: Any) -> TargetConfig:

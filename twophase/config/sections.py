@@ -14,7 +14,7 @@ a Prometheus endpoint (the exporter's, the driver's) is an
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -201,6 +201,14 @@ class TargetConfig:
             return self.kind == "influxdb"
         return urlsplit(self.url).scheme in ("http", "https")
 
+    def with_fields(self, **changes: Any) -> TargetConfig:
+        """A copy with fields replaced by name, a kind's own (``database``, ``schema``...)
+        in its section: ``config.with_fields(api="v2", timeout_s=5.0)``."""
+        values: dict[str, dict[str, Any]] = {TARGET: {}, INFLUXDB: {}, POSTGRESQL: {}}
+        for name, value in changes.items():
+            values[_SECTION_OF.get(name, TARGET)][name] = value
+        return self.with_settings(values)
+
     def with_settings(self, values: Mapping[str, Mapping[str, Any]]) -> TargetConfig:
         """A copy with fields replaced, by section (``target``, ``influxdb``,
         ``postgresql``) and field: how a target's overrides are applied."""
@@ -213,6 +221,11 @@ class TargetConfig:
 
 
 DEFAULT_TARGET = "default"  # the one target target_url makes
+
+# A kind's own field -> its section (every other field is the target's).
+_SECTION_OF = {f.name: INFLUXDB for f in fields(InfluxDBSettings)} | {
+    f.name: POSTGRESQL for f in fields(PostgreSQLSettings)
+}
 
 
 @dataclass(frozen=True)

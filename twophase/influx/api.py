@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,12 +23,7 @@ def resolve_api(config: TargetConfig) -> TargetConfig:
     a setting.
     """
     if config.influxdb.api == "auto":
-        config = dataclasses.replace(
-            config,
-            influxdb=dataclasses.replace(
-                config.influxdb, api=_api_from_version(_ping_version(config))
-            ),
-        )
+        config = config.with_fields(api=_api_from_version(_ping_version(config)))
     config.influxdb.validate_for_api()
     return config
 

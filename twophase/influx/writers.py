@@ -8,7 +8,6 @@ failure is raised classified ([`twophase.influx.classify`][twophase.influx.class
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, cast
 from urllib.parse import urlencode
@@ -101,9 +100,7 @@ class _PostWriter:
     def __init__(self, config: TargetConfig, api: str, url: str, headers: dict[str, str]):
         self._headers = {"Content-Type": "text/plain; charset=utf-8", **headers}
         self._gzip_headers = {**self._headers, "Content-Encoding": "gzip"}
-        self._target = Target.of(
-            dataclasses.replace(config, influxdb=dataclasses.replace(config.influxdb, api=api))
-        )
+        self._target = Target.of(config.with_fields(api=api))
         self._secrets = secrets_of(config)
         self._retries = Retry.from_int(False, redirect=False)
         self._manager = urllib3.PoolManager(
@@ -238,9 +235,7 @@ class V2Writer:
         token = config.influxdb.token.reveal() if config.influxdb.token else None
         if token is None and config.username and config.password:
             token = f"{config.username}:{config.password.reveal()}"
-        self._target = Target.of(
-            dataclasses.replace(config, influxdb=dataclasses.replace(config.influxdb, api="v2"))
-        )
+        self._target = Target.of(config.with_fields(api="v2"))
         self._secrets = secrets_of(config) + ((token,) if token else ())
         self._bucket, self._org = config.influxdb.bucket or "", config.influxdb.org or ""
         millis = int(config.timeout_s * 1000)

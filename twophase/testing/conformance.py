@@ -157,9 +157,7 @@ class TargetConformance:
         if config.password is not None:
             return dataclasses.replace(config, password=Secret(wrong))
         if config.influxdb.token is not None:
-            return dataclasses.replace(
-                config, influxdb=dataclasses.replace(config.influxdb, token=Secret(wrong))
-            )
+            return config.with_fields(token=Secret(wrong))
         return None
 
     def refused_line(self, measurement: str, time_ns: int) -> str | None:
