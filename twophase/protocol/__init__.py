@@ -12,4 +12,7 @@ From the bottom up, each layer importing only those below it:
   [`runtime`][twophase.protocol.commit.runtime] wires the parts from one configuration.
 
 The operator's flows built on them (requeue, resend, a target's removal) are in
-[`twophase.operations`][twophase.operations]."""
+[`twophase.operations`][twophase.operations].
+
+The modules' loggers keep the names they had before the layers (``twophase.protocol.promoter``,
+not ``twophase.protocol.commit.promoter``): log configurations and alerts name them."""
