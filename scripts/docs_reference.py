@@ -420,8 +420,8 @@ def exit_codes() -> str:
 def metrics() -> str:
     from prometheus_client import CollectorRegistry
 
-    from twophase.influx import metering
     from twophase.operations.exporter import _Sample
+    from twophase.targets import metering
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Sample())
@@ -429,24 +429,15 @@ def metrics() -> str:
     for family in registry.collect():
         labels = sorted({k for s in family.samples for k in s.labels} - {"le"})
         rows.append(("exporter", family, labels))
-    for family in metering.REGISTRY.collect():
-        labels = _metering_labels(family.name)
-        rows.append(("driver", family, labels))
+    for metric in metering.METRICS:
+        for family in metric.collect():
+            rows.append(("driver", family, list(metric._labelnames)))
     table = []
     for where, family, labels in rows:
         name = family.name + ("_total" if family.type == "counter" else "")
         label = "{" + ",".join(labels) + "}" if labels else ""
         table.append((f"`{name}{label}`", family.type, where, family.documentation or ""))
     return _table(("metric", "type", "served by", "meaning"), table)
-
-
-def _metering_labels(name: str) -> list[str]:
-    from twophase.influx import metering
-
-    for value in vars(metering).values():
-        if getattr(value, "_name", None) == name:
-            return list(getattr(value, "_labelnames", ()))
-    return []
 
 
 def grants() -> str:

@@ -12,11 +12,11 @@ from typing import Any
 
 from twophase.config import TargetConfig
 from twophase.errors import BadPointsError, BatchTooLargeError, FencedError
-from twophase.influx.sender import BatchSender
 from twophase.model import DeadLetter, EpochPlan, Lease, LineChecksum, StagedChunk, WriteRef
 from twophase.points.batching import batches
 from twophase.protocol.maintain.gc import GcReport
 from twophase.protocol.stage.lanes import LaneChooser
+from twophase.targets.sender import BatchSender
 
 
 class FakeClock:

@@ -28,7 +28,7 @@ class TwoPhaseError(Exception):
 
     ``http_status`` is the status of the target's HTTP answer it stands for, when
     there was one (for the driver's metrics,
-    [`twophase.influx.metering`][twophase.influx.metering]).
+    [`twophase.targets.metering`][twophase.targets.metering]).
     """
 
     http_status: int | None = None

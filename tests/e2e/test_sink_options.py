@@ -142,9 +142,9 @@ def test_append_stream_is_written_once_per_epoch(
     driver serves its InfluxDB request metrics on ``metrics_port``."""
     from pyspark.sql import functions as F
 
-    from twophase.influx.metering import REGISTRY
+    from twophase.targets.metering import REGISTRY
 
-    sent = ("twophase_influx_sent_bytes_total", {"target": "default"})
+    sent = ("twophase_target_sent_bytes_total", {"target": "default"})
     sent_before = REGISTRY.get_sample_value(*sent) or 0.0
     port = free_port()
     no_password = without_password(staging_url)
@@ -196,8 +196,8 @@ def test_append_stream_is_written_once_per_epoch(
             for s in family.samples
             if s.labels.get("status_class") in (None, "2xx")
         }
-    assert scraped["twophase_influx_sent_bytes_total"] > sent_before
-    assert scraped["twophase_influx_responses_total"] >= 2  # one request per epoch at least
+    assert scraped["twophase_target_sent_bytes_total"] > sent_before
+    assert scraped["twophase_target_responses_total"] >= 2  # one request per epoch at least
 
 
 def fed_points(files: list[Path], tags: tuple[str, ...]) -> set[tuple[Any, ...]]:

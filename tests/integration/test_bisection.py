@@ -20,9 +20,9 @@ import pytest
 from tests.support import influx_count
 from twophase.config import TargetConfig
 from twophase.errors import BadPointsError
-from twophase.influx import sender as sender_module
-from twophase.influx.sender import SPLIT_REQUESTS, BatchSender
 from twophase.influx.writers import V1Writer
+from twophase.targets import sender as sender_module
+from twophase.targets.sender import SPLIT_REQUESTS, BatchSender
 
 BASE = 1_700_000_000_000_000_000
 

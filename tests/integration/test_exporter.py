@@ -141,10 +141,10 @@ def test_the_driver_serves_its_influx_request_metrics(
         tp.committer.commit(lease, 1, stage(tp, "d", 1, [[*lines(1, 4), bad]]))
         before = scrape(port)
     one = {"target": "default"}  # the one influx_url names
-    assert value(before, "twophase_influx_responses_total", status_class="2xx", **one) >= 2
-    assert value(before, "twophase_influx_responses_total", status_class="4xx", **one) >= 1
-    assert value(before, "twophase_influx_sent_bytes_total", **one) > 0
-    assert value(before, "twophase_influx_request_duration_seconds_count", **one) >= 3
+    assert value(before, "twophase_target_responses_total", status_class="2xx", **one) >= 2
+    assert value(before, "twophase_target_responses_total", status_class="4xx", **one) >= 1
+    assert value(before, "twophase_target_sent_bytes_total", **one) > 0
+    assert value(before, "twophase_target_request_duration_seconds_count", **one) >= 3
 
     closed = dataclasses.replace(
         influx, url=f"http://127.0.0.1:{free_port()}", metrics_port=port, retry_deadline_s=0.3
@@ -154,11 +154,11 @@ def test_the_driver_serves_its_influx_request_metrics(
         with pytest.raises(TargetUnavailableError):
             tp.committer.commit(lease, 0, stage(tp, "d2", 0, [lines(0, 5)]))
     after = scrape(port)
-    assert value(after, "twophase_influx_retries_total", reason="transport") >= 1
+    assert value(after, "twophase_target_retries_total", reason="transport") >= 1
     unserved = free_port()
     with two_phase(staging, dataclasses.replace(influx, metrics_port=unserved)):
         assert port_is_free(unserved)  # the CLI's processes never take the driver's port
-    assert value(after, "twophase_influx_responses_total", status_class="transport", **one) >= 2
+    assert value(after, "twophase_target_responses_total", status_class="transport", **one) >= 2
 
 
 def test_the_driver_labels_its_requests_with_their_target(
@@ -174,10 +174,10 @@ def test_the_driver_labels_its_requests_with_their_target(
             tp.committer.commit(lease, 0, stage(tp, "m", 0, [lines(0, 5)]))
             got = scrape(port)
     a, b = {"target": "a"}, {"target": "b"}
-    assert value(got, "twophase_influx_responses_total", status_class="2xx", **a) >= 1
-    assert value(got, "twophase_influx_responses_total", status_class="transport", **b) >= 1
-    assert value(got, "twophase_influx_sent_bytes_total", **a) > 0
-    assert value(got, "twophase_influx_request_duration_seconds_count", **b) >= 1
+    assert value(got, "twophase_target_responses_total", status_class="2xx", **a) >= 1
+    assert value(got, "twophase_target_responses_total", status_class="transport", **b) >= 1
+    assert value(got, "twophase_target_sent_bytes_total", **a) > 0
+    assert value(got, "twophase_target_request_duration_seconds_count", **b) >= 1
 
 
 def test_gc_takes_purged_epochs_off_the_staged_bytes(tp: TwoPhase, exporter: Exporter) -> None:

@@ -40,12 +40,12 @@ from twophase.errors import (
     TransactionLostError,
     TransientWriteError,
 )
-from twophase.influx.sender import BatchSender
 from twophase.model import EpochState
 from twophase.operations.verify import verify
 from twophase.postgresql import KIND, PostgresReadback, PostgresWriter, connect, record_ddl
 from twophase.postgresql.connect import APPLICATION_NAME
 from twophase.protocol.commit.runtime import TwoPhase
+from twophase.targets.sender import BatchSender
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,10 +41,10 @@ from tests.support import REPO, begin_run, two_phase
 from twophase import operations as ops
 from twophase.config import TwoPhaseConfig, load_config
 from twophase.errors import ConfigError, TargetAuthError
-from twophase.influx import metering
 from twophase.influx.query import query_v1
 from twophase.model import EpochState
 from twophase.spark.options import build_sink, parse_options
+from twophase.targets import metering
 
 PLAIN = "Zq9-SECRET-7c1f"
 ODD = "Zq9/SECRET@7c1f%Qx"  # a URL's delimiters, and a "%" that starts no escape

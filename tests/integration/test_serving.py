@@ -143,7 +143,7 @@ def test_the_driver_serves_its_metrics_over_mutual_tls(
     )
     with two_phase(staging, metered, serve_metrics=True):
         url = f"https://localhost:{port}/metrics"
-        assert "twophase_influx_request_duration_seconds" in get(url, client(kit, True))
+        assert "twophase_target_request_duration_seconds" in get(url, client(kit, True))
         with pytest.raises(UNREACHABLE):
             get(url, client(kit))
         with pytest.raises(UNREACHABLE):

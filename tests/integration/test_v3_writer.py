@@ -18,9 +18,9 @@ from tests.support import two_phase
 from twophase.config import InfluxDBSettings, Secret, StagingConfig, TargetConfig
 from twophase.errors import ConfigError, TargetAuthError
 from twophase.influx.api import make_writer
-from twophase.influx.sender import BatchSender
 from twophase.model import EpochState
 from twophase.store.views import Views
+from twophase.targets.sender import BatchSender
 
 TOKEN = f"v3-{uuid.uuid4().hex}"
 SINK = "v3-sink"

@@ -40,11 +40,11 @@ from twophase.errors import (
 )
 from twophase.influx.api import AutoWriter, make_writer, resolve_api
 from twophase.influx.query import query_v1
-from twophase.influx.sender import BatchSender, RetryEvent
 from twophase.influx.writers import V1Writer, V2Writer
 from twophase.model import EpochState
 from twophase.operations.store_only import dead_letters
 from twophase.points.builder import PointBuilder, PointSpec, Rejected
+from twophase.targets.sender import BatchSender, RetryEvent
 
 T0 = 1_700_000_000_000_000_000
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
+from twophase.cli.console import json_chunks
 from twophase.errors import StateError
 from twophase.influx.query import quote_ident, window_query
 from twophase.operations.resender import plan_resend
 from twophase.operations.verify import (
     Comparison,
     Expected,
+    SeriesDiff,
     Share,
     Window,
     actual_points,
@@ -120,7 +123,7 @@ def test_read_back_compares_only_expected_series_as_the_answer_streams() -> None
     comparison = Comparison({A: {10: {"v": 1.0}, 20: {"v": 3.0}}})
     read_back(Answer(), [Window("m", 0, 99)], comparison)
     [diff] = comparison.differences()
-    assert (diff.points_influx, diff.different, diff.missing, diff.extra) == (2, 1, 0, 0)
+    assert (diff.points_held, diff.different, diff.missing, diff.extra) == (2, 1, 0, 0)
     assert len(seen) == 1
 
 
@@ -183,7 +186,7 @@ def test_compare_series_counts_missing_different_and_extra() -> None:
     have: Any = {5: {"v": 0}, 10: {"v": 1, "other": 7}, 20: {"v": 2.5}, 25: {"v": 9}, 99: {}}
     diff = compare_series(A, want, have)
     assert diff is not None
-    assert (diff.points_expected, diff.points_influx) == (3, 3)  # 5 and 99 are outside the span
+    assert (diff.points_expected, diff.points_held) == (3, 3)  # 5 and 99 are outside the span
     assert (diff.missing, diff.different, diff.extra) == (1, 1, 1)
     assert diff.examples == (
         "1970-01-01T00:00:00.000000020Z: field 'v' expected 2.0, the target has 2.5",
@@ -227,3 +230,11 @@ def test_plan_resend() -> None:
         plan_resend("s", [epoch(3), epoch(4, "PRECOMMITTED")], True)
     with pytest.raises(StateError, match=r"no COMMITTED epoch to re-send \(aborted: 2\)"):
         plan_resend("s", [epoch(2, "ABORTED")], False)
+
+
+def test_a_diff_keeps_its_former_key_in_json_and_warns_on_its_former_name() -> None:
+    diff = SeriesDiff("m", {"h": "a"}, 3, 2, 1, 0, 0, ())
+    printed = json.loads("".join(json_chunks([diff])))[0]
+    assert (printed["points_held"], printed["points_influx"]) == (2, 2)
+    with pytest.warns(DeprecationWarning, match="points_held"):
+        assert diff.points_influx == 2

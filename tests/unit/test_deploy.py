@@ -92,7 +92,7 @@ def test_the_dashboard_shows_lag_throughput_rejects_and_retries() -> None:
         "twophase_points_delivered_total",  # throughput
         "twophase_points_rejected_total",  # rejects
         "twophase_promote_retries_total",  # retries
-        "twophase_influx_retries_total",
+        "twophase_target_retries_total",
         "twophase_target_lag_epochs",  # targets
         "twophase_target_lag_seconds",
         "twophase_target_lag_bytes",  # a target's backlog

@@ -118,7 +118,7 @@ def test_a_docstring_wrapped_twice_is_found(tmp_path: Path) -> None:
     module.write_text(
         '"""Writers for the InfluxDB write APIs.\n\n'
         "A writer sends one body in one attempt and never retries: retrying, batching and\n"
-        "bisection live in [`twophase.influx.sender`][twophase.influx.sender], which\n"
+        "bisection live in [`twophase.targets.sender`][twophase.targets.sender], which\n"
         "only\n"
         "needs the small [`InfluxWriter`][twophase.influx.writers.InfluxWriter] interface.\n"
         '"""\n'

@@ -18,7 +18,6 @@ from twophase.errors import (
     TransientWriteError,
 )
 from twophase.influx.classify import Target, classify_status
-from twophase.influx.metering import REGISTRY, MeteredWriter, retry_reason, status_class
 from twophase.operations.exporter import (
     DURATION_BUCKETS,
     SinkRow,
@@ -30,6 +29,14 @@ from twophase.operations.exporter import (
     target_families,
 )
 from twophase.protocol.ledger.target_ledger import TargetState
+from twophase.targets.metering import (
+    METRICS,
+    REGISTRY,
+    RESPONSES,
+    MeteredWriter,
+    retry_reason,
+    status_class,
+)
 from twophase.wording import epoch_label, name_epochs
 
 pytestmark = pytest.mark.unit
@@ -97,6 +104,26 @@ def test_every_metric_has_a_description() -> None:
     assert [f.name for f in families if not f.documentation.strip()] == []
 
 
+def test_the_request_metrics_are_served_under_their_former_names_too() -> None:
+    """Dashboards and alerts that name ``twophase_influx_*`` keep their series until
+    the former names go: the same samples, described as deprecated."""
+    RESPONSES.labels(target="former", status_class="5xx").inc(3)
+    scraped = {
+        f.name: f for f in text_string_to_metric_families(generate_latest(REGISTRY).decode())
+    }
+    current = scraped["twophase_target_responses"]
+    former = scraped["twophase_influx_responses"]
+    assert "Deprecated" in former.documentation and "0.12.0" in former.documentation
+    assert [(s.name.replace("influx", "target", 1), s.labels, s.value) for s in former.samples] == [
+        (s.name, s.labels, s.value) for s in current.samples
+    ]
+    assert {"former": 3.0}.items() <= {
+        s.labels["target"]: s.value for s in former.samples if s.name.endswith("_total")
+    }.items()
+    names = {n for n in scraped if n.startswith("twophase_influx_") and "_created" not in n}
+    assert names == {m._name.replace("target", "influx", 1) for m in METRICS}
+
+
 class _DownStore:
     """A staging store that cannot be reached."""
 
@@ -155,7 +182,7 @@ def test_the_driver_labels_each_request_with_its_target() -> None:
 
     def sent(target: str) -> float:
         return (
-            REGISTRY.get_sample_value("twophase_influx_sent_bytes_total", {"target": target}) or 0.0
+            REGISTRY.get_sample_value("twophase_target_sent_bytes_total", {"target": target}) or 0.0
         )
 
     before = sent("unit-b"), sent("default")
@@ -163,7 +190,7 @@ def test_the_driver_labels_each_request_with_its_target() -> None:
     MeteredWriter(Fine()).write(b"m v=1 12")  # type: ignore[arg-type]
     assert (sent("unit-b") - before[0], sent("default") - before[1]) == (7, 8)
     ok = {"target": "unit-b", "status_class": "2xx"}
-    assert REGISTRY.get_sample_value("twophase_influx_responses_total", ok) >= 1
+    assert REGISTRY.get_sample_value("twophase_target_responses_total", ok) >= 1
 
 
 TARGET = Target("v1", "http://influx:8086", "db")
@@ -186,12 +213,12 @@ def test_a_metered_writer_counts_every_request_by_its_answer_and_no_class_it_nev
     for _ in range(3):
         with contextlib.suppress(TransientWriteError):  # counted all the same
             writer.write(b"m v=1 1", gzipped=True)
-    responses = "twophase_influx_responses_total"
+    responses = "twophase_target_responses_total"
     assert value(responses, status_class="2xx") == 2
     assert value(responses, status_class="5xx") == 1
     assert value(responses, status_class="4xx") is None  # no series before its first answer
-    assert value("twophase_influx_request_duration_seconds_count") == 3
-    assert value("twophase_influx_sent_bytes_total") == 21
+    assert value("twophase_target_request_duration_seconds_count") == 3
+    assert value("twophase_target_sent_bytes_total") == 21
 
 
 @pytest.mark.parametrize(

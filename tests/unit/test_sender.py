@@ -20,14 +20,14 @@ from twophase.errors import (
     TransactionLostError,
     TransientWriteError,
 )
-from twophase.influx.sender import (
+from twophase.points.batching import batches
+from twophase.targets.sender import (
     SPLIT_REQUESTS,
     START_OVERS,
     BatchSender,
     RetryEvent,
     RetryPolicy,
 )
-from twophase.points.batching import batches
 
 # --- RetryPolicy ----------------------------------------------------------------------
 

@@ -50,6 +50,8 @@ def _json_default(value: Any) -> Any:
         return iso(value)
     if isinstance(value, Enum):
         return value.value
+    if hasattr(value, "as_json"):
+        return value.as_json()
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     raise TypeError(f"cannot encode {type(value).__name__}")

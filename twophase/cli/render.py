@@ -480,7 +480,7 @@ def verify_lines(report: VerifyReport, target: str | None = None) -> list[str]:
     lines += table(
         ("MEASUREMENT", "TAGS", "EXPECTED", "HELD", "MISSING", "DIFFERENT", "EXTRA"),
         [
-            (d.measurement, _tags(d.tags), d.points_expected, d.points_influx, *_counts(d))
+            (d.measurement, _tags(d.tags), d.points_expected, d.points_held, *_counts(d))
             for d in diffs
         ],
     )

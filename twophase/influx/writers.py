@@ -1,7 +1,7 @@
 """Writers for the InfluxDB 1.x, 2.x and 3 write APIs.
 
 A writer sends one body of line protocol in one attempt and never retries: retrying,
-batching and bisection live in [`twophase.influx.sender`][twophase.influx.sender], which
+batching and bisection live in [`twophase.targets.sender`][twophase.targets.sender], which
 only needs the small [`InfluxWriter`][twophase.influx.writers.InfluxWriter] interface. Every
 failure is raised classified ([`twophase.influx.classify`][twophase.influx.classify]).
 """
@@ -40,7 +40,7 @@ class InfluxWriter(Protocol):
       precision) in ONE attempt; ``gzipped``: the body is gzip (members end to
       end, one stream), sent with ``Content-Encoding: gzip``, which InfluxDB
       1.x, 2.x and 3 and VictoriaMetrics all read. It never retries: the sender
-      ([`twophase.influx.sender`][twophase.influx.sender]) retries, splits and bisects.
+      ([`twophase.targets.sender`][twophase.targets.sender]) retries, splits and bisects.
     * the same body may be written again (a retry, a promotion repeated after a
       crash, an operator's resend), and must then change nothing. What a re-sent
       body does is the server's: InfluxDB 1.x, 2.x and 3 overwrite a point with

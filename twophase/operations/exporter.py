@@ -50,13 +50,13 @@ from prometheus_client.registry import Collector
 
 from twophase.config import ExporterConfig, default
 from twophase.errors import TwoPhaseError
-from twophase.influx import metering
 from twophase.model import EpochState
 from twophase.operations.store_only import stored_states
 from twophase.protocol.ledger.target_ledger import LAGGING, LIVE, QUARANTINED, TargetState
 from twophase.serving import Served, serve
 from twophase.store.database import Database
 from twophase.store.views import CLI_RUN_PREFIX, LIVE_WINDOW_S, OWNER_RUN_SQL, OWNER_STATE_SQL
+from twophase.targets import metering
 
 log = logging.getLogger("twophase.operations.exporter")
 

@@ -39,11 +39,12 @@ import contextlib
 import dataclasses
 import heapq
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from twophase.config import TargetConfig, TwoPhaseConfig
+from twophase.deprecation import warn_deprecated
 from twophase.errors import LineProtocolError, StateError
 from twophase.model import EpochPlan, EpochState
 from twophase.operations.hooks import SILENT, Hooks
@@ -175,13 +176,22 @@ class SeriesDiff:
     measurement: str
     tags: dict[str, str]
     points_expected: int
-    # The target's points in the series' verified span (the name is from when InfluxDB was
-    # the one kind of target: a key of verify's JSON output).
-    points_influx: int
+    points_held: int  # the target's points in the series' verified span
     missing: int
     different: int
     extra: int
     examples: tuple[str, ...]
+
+    @property
+    def points_influx(self) -> int:
+        """Former name of ``points_held``."""
+        warn_deprecated("SeriesDiff.points_influx", "SeriesDiff.points_held", stacklevel=2)
+        return self.points_held
+
+    def as_json(self) -> dict[str, Any]:
+        """The diff as ``verify --json`` prints it: the fields, and ``points_held`` once
+        more under its former key ``points_influx`` until former names go."""
+        return {**asdict(self), "points_influx": self.points_held}
 
 
 def same_value(expected: FieldValue, actual: Any) -> bool:
@@ -200,7 +210,7 @@ class SeriesCheck:
         self._left = want  # the expected points not seen yet
         self._expected = len(want)
         self._low, self._high = min(want), max(want)
-        self._influx = self._different = self._extra = 0
+        self._held = self._different = self._extra = 0
         self._wrong: list[tuple[int, str]] = []  # the first differences, by time
         self._extras: list[int] = []  # the first extra points' times
 
@@ -209,7 +219,7 @@ class SeriesCheck:
         not its concern)."""
         if not self._low <= stamp <= self._high:
             return
-        self._influx += 1
+        self._held += 1
         fields = self._left.pop(stamp, None)
         if fields is None:
             self._extra += 1
@@ -244,7 +254,7 @@ class SeriesCheck:
             measurement,
             dict(tags),
             self._expected,
-            self._influx,
+            self._held,
             missing,
             self._different,
             self._extra,

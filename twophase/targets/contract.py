@@ -43,7 +43,7 @@ class TargetWriter(Protocol):
     """Sends bodies of line protocol to one target, one attempt per call.
 
     ``write`` never retries: the sender
-    ([`twophase.influx.sender`][twophase.influx.sender]) retries, splits and bisects.
+    ([`twophase.targets.sender`][twophase.targets.sender]) retries, splits and bisects.
     For a kind that overwrites, the same body written again (a retry, a promotion
     repeated after a crash, an operator's resend) changes nothing. Thread-safe when
     the kind allows several lanes (an overwriting kind's lanes write at once).

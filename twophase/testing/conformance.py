@@ -61,7 +61,6 @@ from twophase.errors import (
     TransactionLostError,
     TwoPhaseError,
 )
-from twophase.influx.sender import BatchSender
 from twophase.model import CommitMessage, EpochState
 from twophase.operations import Guard, recover, resend, reset
 from twophase.protocol.commit.runtime import TwoPhase
@@ -73,6 +72,7 @@ from twophase.targets import (
     make_readback,
     make_writer,
 )
+from twophase.targets.sender import BatchSender
 from twophase.testing import crash
 from twophase.testing.support import (
     Case,

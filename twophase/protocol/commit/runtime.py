@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 from twophase.config import BACKGROUND, TargetConfig, TwoPhaseConfig
 from twophase.config.loading import server_of
-from twophase.influx import metering
-from twophase.influx.sender import BatchSender, RetryEvent
 from twophase.model import Lease
 from twophase.protocol.commit.catchup import CatchUp
 from twophase.protocol.commit.committer import Committer
@@ -33,7 +31,8 @@ from twophase.protocol.maintain.autogc import AutoGc
 from twophase.protocol.maintain.gc import GarbageCollector
 from twophase.protocol.stage.stager import Stager
 from twophase.store.database import Database
-from twophase.targets import EpochWriter, TargetWriter, kind_of, make_writer
+from twophase.targets import EpochWriter, TargetWriter, kind_of, make_writer, metering
+from twophase.targets.sender import BatchSender, RetryEvent
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class TwoPhase:
         ``db`` and ``writer`` default to ones made from ``config``; passing them shares a
         pool, or wraps the writer (fault injection in tests). With ``serve_metrics`` (the
         Spark driver) and ``metrics_port`` set, the writer is metered and this process
-        serves its metrics there ([`twophase.influx.metering`][twophase.influx.metering]);
+        serves its metrics there ([`twophase.targets.metering`][twophase.targets.metering]);
         the CLI never does, so an operator's shell holding the job's environment does not
         take the driver's port.
         """

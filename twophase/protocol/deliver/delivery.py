@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from twophase.config import TargetConfig
 from twophase.errors import PermanentError
 from twophase.faults import crash_point
-from twophase.influx.sender import BatchSender
 from twophase.logs import fields
 from twophase.model import (
     DeadLetter,
@@ -56,6 +55,7 @@ from twophase.protocol.deliver.reader import StagedReader
 from twophase.protocol.stage.lanes import fan_out
 from twophase.retry import Progress, RetryPolicy, StagingRetry
 from twophase.targets.contract import EpochWriter
+from twophase.targets.sender import BatchSender
 
 __all__ = ["Chunks", "SharedRead", "TargetDelivery", "shared_read"]
 

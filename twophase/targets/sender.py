@@ -1,13 +1,13 @@
-"""Delivering line protocol through an [`InfluxWriter`][twophase.influx.writers.InfluxWriter].
+"""Delivering request bodies through the writer of a target (its
+[`TargetWriter`][twophase.targets.contract.TargetWriter]).
 
-Retry with backoff, splitting on 413 and bisection on 400 -- all
-independent of HTTP, so pure logic a fake writer can
-test. Correctness rests on one property of InfluxDB: re-sending a point
-(same measurement, tag set and timestamp) overwrites it with itself, so any
-body may be sent again, whole or in parts, without changing the result.
-VictoriaMetrics has that property only when it runs with
-``-dedup.minScrapeInterval``; without it, it keeps every copy it is sent
-([`InfluxWriter`][twophase.influx.writers.InfluxWriter]).
+Retry with backoff, splitting on 413 and bisection on 400 -- all independent of HTTP,
+so pure logic a fake writer can test. Correctness rests on one property of the kinds
+that write through it: re-sending a point (same series and timestamp) overwrites it
+with itself, so any body may be sent again, whole or in parts, without changing the
+result. InfluxDB has it; VictoriaMetrics has it only when it runs with
+``-dedup.minScrapeInterval`` (without it, it keeps every copy it is sent). A
+transactional kind's epoch is repeated whole instead.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from twophase.errors import (
 from twophase.retry import RetryPolicy
 from twophase.targets.contract import TargetWriter
 
-log = logging.getLogger("twophase.influx.sender")
+log = logging.getLogger("twophase.targets.sender")
 T = TypeVar("T")
 # Epochs started over at once in a row (EpochStartOverError): each brought a table a new
 # column, which an epoch can need again only for as many bodies as bring new fields.
@@ -163,16 +163,15 @@ class BatchSender:
 
 _NAMED_REFUSALS = 8  # lines a part may have named and skipped in a row before it is bisected
 # Requests taking one refused body apart may make: bisecting a body of n lines costs
-# about 2 b log2(n / b) requests for b scattered bad lines (a 5,000-line body with 50:
-# 759 against InfluxDB 1.6.7), one for a part whose lines were all refused. Past the
-# cap the lines not yet resolved are dead letters (CAPPED says why): a body of bad
-# lines everywhere costs a bounded time, never a request per line.
+# about 2 b log2(n / b) requests for b scattered bad lines, one for a part whose lines
+# were all refused. Past the cap the lines not yet resolved are dead letters (CAPPED says
+# why): a body of bad lines everywhere costs a bounded time, never a request per line.
 SPLIT_REQUESTS = 1000
 CAPPED = (
-    "unresolved: InfluxDB refused a request holding this point, and taking the request "
+    "unresolved: the target refused a request holding this point, and taking the request "
     "apart reached its cap of {cap} requests before this point was found good or bad "
-    "(InfluxDB 1.x has written it if it is good; requeue it once the cause is fixed): "
-    "{reason}"
+    "(a target that writes the good lines of a refused request, as InfluxDB 1.x does, "
+    "holds it if it is good; requeue it once the cause is fixed): {reason}"
 )
 Lines = list[tuple[int, bytes]]
 
