@@ -1,4 +1,5 @@
-"""``python -m bench SCENARIO [--quick] [--repeats N] [--only CASE...] [--out DIR] [--no-chart]``.
+"""``python -m bench SCENARIO [--quick] [--repeats N] [--only CASE...] [--out DIR]
+[--work DIR] [--no-chart]``.
 
 Runs one scenario (``bench/scenarios/<SCENARIO>.py``) against scratch databases it
 creates and drops, writes ``<out>/<SCENARIO>-<UTC stamp>.json``, ``.md`` and ``.png``,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -39,6 +41,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="runs per side and case")
     ap.add_argument("--out", type=Path, default=report.RESULTS, help="default: bench/results")
     ap.add_argument("--only", nargs="+", metavar="CASE", help="run only these cases")
+    ap.add_argument("--work", type=Path, default=None, help="keep logs and checkpoints here")
     ap.add_argument("--no-chart", action="store_true", help="JSON and Markdown only")
     return ap.parse_args(argv)
 
@@ -47,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
     scenario = load(args.scenario)
     started, clock = report.stamp(), time.monotonic()
     with scratch(Servers.from_env()) as made:
-        ctx = Context(args.quick, made)
+        if args.work is not None:
+            args.work.mkdir(parents=True, exist_ok=True)
+        work = args.work or Path(tempfile.mkdtemp(prefix="twophase-bench-"))
+        ctx = Context(args.quick, made, work, keep=args.work is not None)
         try:
             cases = measure(scenario, ctx, args.repeats, args.only)
         except Exception:  # said, the scratch databases still dropped

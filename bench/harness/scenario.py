@@ -13,8 +13,8 @@ then every side ``repeats`` times, the order rotating each repeat
 
 from __future__ import annotations
 
+import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +34,8 @@ class Context:
 
     quick: bool
     scratch: Scratch
-    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="twophase-bench-")))
+    work: Path  # the runs' logs, inputs and checkpoints
+    keep: bool = False  # keep ``work`` at the end
     state: dict[str, Any] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -51,6 +52,8 @@ class Context:
     def close(self) -> None:
         while self.closers:
             self.closers.pop()()
+        if not self.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 @dataclass(frozen=True)
