@@ -111,8 +111,13 @@ def test_the_plain_writers_lines_are_the_inputs_points() -> None:
         stamp, host, region, cpu, requests, healthy, status = pipelines.row(i)
         at = datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%S.%fZ")  # naive UTC, as Spark's
         spark_row = SimpleNamespace(
-            time=at, host=host, region=region, cpu=cpu, requests=requests,
-            healthy=healthy == "true", status=status,
+            time=at,
+            host=host,
+            region=region,
+            cpu=cpu,
+            requests=requests,
+            healthy=healthy == "true",
+            status=status,
         )
         parsed = parse_line(plain_points.line(spark_row))
         fields = {"cpu": cpu, "requests": requests, "healthy": healthy == "true"}
