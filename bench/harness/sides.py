@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
@@ -29,9 +29,7 @@ import urllib3
 
 from twophase.config import TargetConfig
 from twophase.model import EpochState
-from twophase.protocol.commit.committer import Committer
 from twophase.protocol.commit.runtime import TwoPhase
-from twophase.protocol.stage.stager import Stager
 
 BASE_NS = 1_700_000_000_000_000_000  # 2023-11-14T22:13:20Z
 SEED_SPAN_NS = 1_000 * 1_000_000_000
@@ -54,19 +52,13 @@ def start_of(seed: int) -> int:
     return BASE_NS + seed * SEED_SPAN_NS
 
 
-def iter_lines(count: int, seed: int) -> Iterator[str]:
-    """The ``count`` lines of epoch ``seed``, lazily (bounded memory)."""
-    start = start_of(seed)
-    return (line(i, start) for i in range(count))
-
-
 def epoch_lines(count: int, seed: int) -> list[str]:
     """The same lines, prebuilt (so building them is outside every timing)."""
-    return list(iter_lines(count, seed))
+    start = start_of(seed)
+    return [line(i, start) for i in range(count)]
 
 
 BATCH_LINES = 5000
-USERS_GZIP_LEVEL = 9  # gzip.compress's default
 
 
 class DirectWriteError(RuntimeError):
@@ -158,20 +150,13 @@ class TwoPhaseSide:
 
     name = "twophase"
 
-    def __init__(
-        self,
-        tp: TwoPhase,
-        sink_id: str,
-        first_epoch: int = 0,
-        committer: Committer | None = None,
-        stager: Stager | None = None,
-    ) -> None:
+    def __init__(self, tp: TwoPhase, sink_id: str) -> None:
         self.tp = tp
         self.sink_id = sink_id
-        self.epoch = first_epoch
+        self.epoch = 0
         self.lease = tp.begin_run(sink_id, uuid.uuid4().hex, QUERY_ID)
-        self.committer = committer or tp.committer
-        self.stager = stager or tp.stager
+        self.committer = tp.committer
+        self.stager = tp.stager
         self.phases = Phases()
 
     def run(self, lines: Sequence[str]) -> float:
@@ -187,10 +172,6 @@ class TwoPhaseSide:
         self.phases.stage.append(staged - started)
         self.phases.commit.append(done - staged)
         return done - started
-
-    def rebegin(self) -> None:
-        """Claim the sink again (after another process fenced this run, e.g. a recovery child)."""
-        self.lease = self.tp.begin_run(self.sink_id, uuid.uuid4().hex, QUERY_ID)
 
 
 class DirectSide:
@@ -215,10 +196,6 @@ class DirectSide:
         if sent != len(lines):
             raise BenchError(f"direct write: {sent} of {len(lines)} lines sent")
         return elapsed
-
-    def run_all(self, epochs: Sequence[Sequence[str]]) -> float:
-        """Several epochs' lines, one after the other: wall seconds in all."""
-        return sum(self.run(lines) for lines in epochs)
 
     def close(self) -> None:
         self.writer.close()

@@ -95,7 +95,8 @@ def command(side: str, case: dict[str, Any], checkpoint: Path, sink_id: str) -> 
         if side == "plain":
             return [sys.executable, str(REPO / "bench/jobs/plain_sessions.py"), *common]
         job = [sys.executable, str(REPO / "jobs/session_metrics.py"), *common]
-        return [*job, "--sink-id", sink_id, "--available-now", "--max-files-per-trigger", "1"]
+        job += ["--sink-id", sink_id, "--available-now", "--max-files-per-trigger", "1"]
+        return [*job, "--conf", "spark.ui.enabled=false"]  # as the bench's own jobs
     if side == "plain":
         job = [sys.executable, str(REPO / "bench/jobs/plain_points.py"), *common]
         return [*job, "--target", case["target"]]

@@ -128,3 +128,17 @@ def test_the_plain_writers_lines_are_the_inputs_points() -> None:
             fields | {"status": status},
             expected_ns,
         )
+
+
+def test_the_plain_jobs_import_nothing_of_twophase() -> None:
+    """The plain side is what a user writes without twophase: none of its code."""
+    import ast
+
+    from tests.support import REPO
+
+    jobs = REPO / "bench" / "jobs"
+    for path in [jobs / "common.py", *jobs.glob("plain_*.py")]:
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] in ("twophase", "jobs")], path
