@@ -64,9 +64,7 @@ def test_the_pages_pipelines_table_is_the_reports_headline() -> None:
     page = PERFORMANCE.read_text()
     assert written[3] in page  # the header
     for row in written[5:]:
-        case, figure = row.split(" | ")[0:2]
-        if figure in ("wall_s", "first_batch_s", "steady_batch_s", "cpu_job_s"):
-            assert f"{case} | {figure} |" in page, row
+        assert row.split(" | ")[0] + " | " + row.split(" | ")[1] + " |" in page, row
     assert "python -m bench pipelines" in page
 
 
