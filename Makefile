@@ -26,8 +26,10 @@ lint:
 docs:
 	$(DEV) docs
 
+SCENARIO ?= pipelines
+
 bench-quick:
-	.venv/bin/python -m bench --quick
+	for s in throughput costs fanout pg_target pipelines; do .venv/bin/python -m bench $$s --quick || exit 1; done
 
 bench:
-	.venv/bin/python -m bench
+	.venv/bin/python -m bench $(SCENARIO)

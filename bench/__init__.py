@@ -1,5 +1,4 @@
-"""Benchmarks: twophase against a direct at-least-once write, in one run, with targets.
+"""Benchmarks: twophase against what a user writes instead, one harness, one scenario a run.
 
-``python -m bench --quick`` from the repository root (see ``bench/README.md``); every
-part runs through that one command (``python -m bench PART``, ``bench/__main__.py``).
+``python -m bench SCENARIO [--quick]`` from the repository root (see ``bench/README.md``).
 """

@@ -1,6 +1,7 @@
-"""The performance page of the documentation site (docs/performance.md) quotes the latest
-full run of ``python -m bench costs``: its command, its chart and its figures, checked
-against its results file; and the bench's README has a row for every metric."""
+"""The performance page of the documentation site (docs/performance.md) quotes the costs
+run its sections name (its chart and figures, checked against its results file) and holds
+the pipelines' table in the shape the report writes it; the bench's README has a row
+for every scenario, each run through the one command."""
 
 from __future__ import annotations
 
@@ -49,30 +50,34 @@ def test_the_pages_ratios_are_the_runs() -> None:
             assert figure in page, (row["metric"], figure)
 
 
-def test_every_metric_has_a_title_and_a_readme_row() -> None:
-    """No servers: each of the bench's metrics has its numbered title in the table and its
-    row in bench/README.md, and the Spark ones run only with --spark."""
-    from bench import __main__ as bench_main
-    from bench import report
+def test_the_pages_pipelines_table_is_the_reports_headline() -> None:
+    """The page's table has the header and the rows (case, figure) of the pipelines
+    scenario's headline, as ``bench.harness.report.headline`` writes it."""
+    from bench.harness import report
+    from bench.harness.cli import load
 
-    assert bench_main.SPARK_METRICS == ("spark_e2e", "spark_raw", "freshness")
-    assert set(bench_main.SPARK_METRICS) <= set(bench_main.METRICS)
-    rows = (REPO / "bench" / "README.md").read_text().splitlines()
-    for name in bench_main.METRICS:
-        number = report.TITLES[name].split()[0]
-        assert any(row.startswith(f"| {number} | ") for row in rows), (name, number)
+    scenario = load("pipelines")
+    empty = {name: {"sides": {}, "ratios": {}} for name in scenario.headline}
+    cases = dict.fromkeys(scenario.cases(False), empty)
+    results = {"sides": list(scenario.sides), "headline": list(scenario.headline), "cases": cases}
+    written = report.headline(results)
+    page = PERFORMANCE.read_text()
+    assert written[3] in page  # the header
+    for row in written[5:]:
+        assert row.split(" | ")[0] + " | " + row.split(" | ")[1] + " |" in page, row
+    assert "python -m bench pipelines" in page
 
 
-def test_every_part_runs_through_the_one_command() -> None:
-    """No servers: each part of ``python -m bench PART`` is a module with a ``main``, and
-    the pages show it run that one way (not as ``python -m bench.PART``)."""
-    import importlib
+def test_every_scenario_has_a_readme_row_and_runs_through_the_one_command() -> None:
+    """No servers: each scenario loads, has a row in bench/README.md, and the pages show
+    it run as ``python -m bench SCENARIO`` (not as a module of its own)."""
+    from bench.harness.cli import SCENARIOS, load
 
-    from bench import __main__ as bench_main
-
+    readme = (REPO / "bench" / "README.md").read_text()
     pages = [REPO / "README.md", REPO / "bench" / "README.md", *(REPO / "docs").rglob("*.md")]
     text = "\n".join(page.read_text() for page in pages)
-    for name in bench_main.PARTS:
-        assert callable(importlib.import_module(f"bench.{name}").main), name
-        assert f"python -m bench {name}" in text, name
+    for name in SCENARIOS:
+        assert load(name).name == name
+        assert f"| `{name}` |" in readme, name
         assert not re.search(rf"python -m bench\.{name}\b", text), name
+    assert "python -m bench pipelines" in readme

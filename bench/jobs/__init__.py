@@ -1,0 +1,1 @@
+"""The pipelines scenario's Spark jobs. The plain ones import nothing from twophase."""

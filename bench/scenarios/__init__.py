@@ -1,0 +1,1 @@
+"""One study a module, each declaring ``SCENARIO`` (:class:`bench.harness.scenario.Scenario`)."""
