@@ -4,8 +4,8 @@ On a two-core machine every side is CPU-bound, so where the CPU goes explains th
 wall time better than the wall time itself, and is less disturbed by other load.
 
 * ``client``: this process (all threads), for the scenarios that run in it;
-* ``driver``, ``jvm``, ``python_workers``: a job's process (the Python driver), the
-  JVM it starts, and the JVM's Python descendants (executors' workers);
+* ``driver``, ``jvm``, ``python_workers``: a job's processes, ``spark-submit``'s JVM,
+  the Python driver it starts, and Spark's Python workers (told apart by command line);
 * ``postgres``: the backends connected to the run's scratch databases (not the WAL
   writer or the checkpointer);
 * ``influxd``: the whole dev InfluxDB process (shared with anyone else writing to it).
@@ -66,21 +66,38 @@ def _named(pid: str, name: str = "influxd") -> bool:
     return stat is not None and stat[0] == name
 
 
+def _group(pid: int, name: str) -> str:
+    """A job's process by what it runs: the JVM, Spark's Python workers (the daemon
+    and the workers it forks, which keep its command line), else the Python driver
+    (or the launcher script before it becomes the JVM)."""
+    if name == "java":
+        return "jvm"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "driver"
+    return (
+        "python_workers"
+        if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline
+        else "driver"
+    )
+
+
 def _tree(root: int) -> dict[int, str]:
     """Every live descendant of ``root`` (and ``root``) with its group."""
     parents: dict[int, tuple[int, str]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and (found := _stat(int(entry.name))):
             parents[int(entry.name)] = (found[1], found[0])
-    groups = {root: "driver"}
+    members = {root}
     grew = True
     while grew:
         grew = False
-        for pid, (parent, name) in parents.items():
-            if pid not in groups and parent in groups:
-                groups[pid] = "jvm" if name == "java" else "python_workers"
+        for pid, (parent, _) in parents.items():
+            if pid not in members and parent in members:
+                members.add(pid)
                 grew = True
-    return groups
+    return {pid: _group(pid, parents[pid][1]) for pid in members if pid in parents}
 
 
 class Sampler:

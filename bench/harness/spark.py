@@ -1,7 +1,7 @@
 """A Spark job run as users run it, one process from launch to exit, and its timing.
 
-:func:`run_job` launches ``python <job>.py ... --master local[2,4]`` (as the README's
-job is run), samples the CPU of its process tree and of the run's PostgreSQL
+:func:`run_job` launches a job as users launch one, ``spark-submit --master local[2,4]
+<job>.py ...``, samples the CPU of its process tree and of the run's PostgreSQL
 backends (:class:`bench.harness.cpu.Sampler`) and times it from launch to exit.
 :func:`timing` reads the query's checkpoint afterwards: Spark writes ``offsets/N``
 when it plans micro-batch N and ``commits/N`` when the batch is done (after the
@@ -43,6 +43,11 @@ def missing() -> str | None:
     if shutil.which("java") is None:
         return "no java on PATH (scripts/dev.sh setup installs it)"
     return None
+
+
+def spark_submit() -> str:
+    """The ``spark-submit`` of the PySpark this interpreter imports."""
+    return str(Path(sys.executable).parent / "spark-submit")
 
 
 def job_env(settings: dict[str, str]) -> dict[str, str]:
@@ -101,7 +106,7 @@ def run_job(
         exited = time.time()
         cpu = sampler.stop()
     if code != 0:
-        raise BenchError(f"{cmd[1]} exited {code}:\n{log.read_text()[-3000:]}")
+        raise BenchError(f"{cmd} exited {code}:\n{log.read_text()[-3000:]}")
     figures = timing(checkpoint, launched, exited)
     figures |= {f"cpu_{group}_s": seconds for group, seconds in cpu.items()}
     figures["cpu_job_s"] = round(cpu["driver"] + cpu["jvm"] + cpu["python_workers"], 3)

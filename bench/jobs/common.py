@@ -22,7 +22,7 @@ def parse_args(argv: Sequence[str], *extra: str) -> argparse.Namespace:
     ap.add_argument("--input", required=True)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--max-files-per-trigger", type=int, default=1)
-    ap.add_argument("--master", default="local[2,4]")
+    ap.add_argument("--master", help="when started with python (spark-submit: its --master)")
     for name in extra:
         ap.add_argument(name, required=True)
     return ap.parse_args(argv)
@@ -31,9 +31,9 @@ def parse_args(argv: Sequence[str], *extra: str) -> argparse.Namespace:
 def session(args: argparse.Namespace, app: str) -> Any:
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.master(args.master) if args.master else SparkSession.builder
     spark = (
-        SparkSession.builder.master(args.master)
-        .appName(app)
+        builder.appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.session.timeZone", "UTC")

@@ -30,7 +30,7 @@ import psycopg
 from bench.harness.scenario import Context, Figures, Scenario
 from bench.harness.servers import REPO, PgTarget, admin_conninfo, pg_target
 from bench.harness.sides import BenchError
-from bench.harness.spark import MASTER, job_env, missing, run_job
+from bench.harness.spark import MASTER, job_env, missing, run_job, spark_submit
 from twophase.config import env_name
 from twophase.influx.query import query_v1
 
@@ -89,24 +89,18 @@ def influx_count(ctx: Context, database: str) -> int:
 
 
 def command(side: str, case: dict[str, Any], checkpoint: Path, sink_id: str) -> list[str]:
+    """The job as users launch it: ``spark-submit`` with the master and the job's options."""
+    submit = [spark_submit(), "--master", MASTER, "--conf", "spark.ui.enabled=false"]
     common = ["--input", str(case["input"]), "--checkpoint", str(checkpoint)]
-    common += ["--master", MASTER]
     if case["kind"] == "sessions":
         if side == "plain":
-            return [sys.executable, str(REPO / "bench/jobs/plain_sessions.py"), *common]
-        job = [sys.executable, str(REPO / "jobs/session_metrics.py"), *common]
-        job += ["--sink-id", sink_id, "--available-now", "--max-files-per-trigger", "1"]
-        return [*job, "--conf", "spark.ui.enabled=false"]  # as the bench's own jobs
+            return [*submit, str(REPO / "bench/jobs/plain_sessions.py"), *common]
+        job = [*submit, str(REPO / "jobs/session_metrics.py"), *common]
+        return [*job, "--sink-id", sink_id, "--available-now", "--max-files-per-trigger", "1"]
     if side == "plain":
-        job = [sys.executable, str(REPO / "bench/jobs/plain_points.py"), *common]
+        job = [*submit, str(REPO / "bench/jobs/plain_points.py"), *common]
         return [*job, "--target", case["target"]]
-    return [
-        sys.executable,
-        str(REPO / "bench/jobs/twophase_points.py"),
-        *common,
-        "--sink-id",
-        sink_id,
-    ]
+    return [*submit, str(REPO / "bench/jobs/twophase_points.py"), *common, "--sink-id", sink_id]
 
 
 def run(ctx: Context, side: str, case: dict[str, Any]) -> Figures:
