@@ -106,7 +106,9 @@ def _both(
     fast = [_write(writer, i, body.replace(b"{m}", b"fast")) for i, body in enumerate(bodies)]
     monkeypatch.setattr(streamed, "first_keys", lambda text: None)
     base = len(bodies)
-    slow = [_write(writer, base + i, body.replace(b"{m}", b"slow")) for i, body in enumerate(bodies)]
+    slow = [
+        _write(writer, base + i, body.replace(b"{m}", b"slow")) for i, body in enumerate(bodies)
+    ]
     writer.close()
     return fast, slow, len(loads)
 

@@ -31,7 +31,7 @@ from psycopg import sql
 from twophase.postgresql import tables
 from twophase.postgresql.tables import TableShape
 
-__all__ = ["Plan", "first_keys", "load", "plan"]
+__all__ = ["Plan", "first_keys", "load", "plan", "rows"]
 
 _SCRATCH = sql.Identifier("pg_temp", "twophase_streamed")
 _NS = "twophase_ns"  # the scratch table's time column, in nanoseconds
@@ -76,9 +76,7 @@ def first_keys(text: str) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None
     return series[0], tags, fields
 
 
-def plan(
-    keys: tuple[str, tuple[str, ...], tuple[str, ...]], shape: TableShape
-) -> Plan | None:
+def plan(keys: tuple[str, tuple[str, ...], tuple[str, ...]], shape: TableShape) -> Plan | None:
     """The plan for lines of these keys into the table of ``shape``, or None when one
     of them would be read differently, or refused, point by point: a tag without its
     column in the key, a field without a column of a type streamed, a name used twice."""
@@ -89,10 +87,12 @@ def plan(
     if any(tag not in shape.tags for tag in tags):
         return None
     kinds = [_VALUES.get(shape.columns.get(name, "")) for name in fields]
-    if any(kind is None or not shape.is_field(name) for kind, name in zip(kinds, fields)):
+    if any(
+        kind is None or not shape.is_field(name) for kind, name in zip(kinds, fields, strict=True)
+    ):
         return None
     head = re.escape(measurement) + "".join(f",{re.escape(tag)}={_TAG}" for tag in tags)
-    body = ",".join(f"{re.escape(name)}={kind}" for name, kind in zip(fields, kinds))
+    body = ",".join(f"{re.escape(name)}={kind}" for name, kind in zip(fields, kinds, strict=True))
     pattern = re.compile(f"^{head} {body} {_TIME}$", re.MULTILINE)
     count = len(tags) + len(fields)
     replacement = "\t".join(f"\\{group}" for group in (count + 1, *range(1, count + 1)))

@@ -5,12 +5,15 @@
 transaction and reads the target's delivered record
 ([`twophase.postgresql.record`][twophase.postgresql.record]): the record's counts, and
 nothing sent, when the epoch is there already in the generation ``begin`` names. Each
-``write`` parses its body, checks every point against its measurement's table
-([`twophase.postgresql.tables`][twophase.postgresql.tables]) and upserts the rows
-(``COPY`` into a temporary table, then ``INSERT ... ON CONFLICT (time, tags) DO
-UPDATE``), inside a savepoint: a refused body leaves the transaction as it was
-before it, so that the sender can send its other lines again. ``commit`` writes the
-epoch's record (its counts) and commits: the rows and the record become visible together.
+``write`` upserts its body's rows (``COPY`` into a temporary table, then ``INSERT ...
+ON CONFLICT (time, tags) DO UPDATE``) inside a savepoint: a plain body streamed
+([`twophase.postgresql.streamed`][twophase.postgresql.streamed]: its lines turned into
+``COPY`` rows by one pattern, PostgreSQL parsing the values), any other (or one whose
+values PostgreSQL refuses there) read point by point, every point checked against its
+measurement's table ([`twophase.postgresql.tables`][twophase.postgresql.tables]). A
+refused body leaves the transaction as it was before it, so that the sender can send
+its other lines again. ``commit`` writes the epoch's record (its counts) and commits:
+the rows and the record become visible together.
 
 A table or field column the body needs (``target_create_tables``) is made before its
 rows, on a connection opened for it, in short transactions of its own
