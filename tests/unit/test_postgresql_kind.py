@@ -337,12 +337,12 @@ def _copied(body: str) -> str | None:
     return None if how is None else streamed.rows(body, how)
 
 
-def test_a_plain_body_becomes_copy_rows_time_first_then_tags_and_fields_in_line_order() -> None:
+def test_a_plain_body_becomes_copy_rows_in_line_order() -> None:
     body = (
         "cpu,region=eu,host=a usage=1.5,count=-3i,up=T 1000\n"
         "cpu,region=,host=b usage=2.,count=0u,up=false -5\n"
     )
-    assert _copied(body) == "1000\teu\ta\t1.5\t-3\tT\n-5\t\tb\t2.\t0\tfalse\n"
+    assert _copied(body) == "eu\ta\t1.5\t-3\tT\t1000\n\tb\t2.\t0\tfalse\t-5\n"
 
 
 @pytest.mark.parametrize(
