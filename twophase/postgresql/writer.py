@@ -269,7 +269,7 @@ class PostgresWriter:
         if keys is None:
             return False
         first = _read_line(0, text.partition("\n")[0].encode("utf-8"))
-        if first.point is None or first.problem is not None:
+        if first.point is None or first.problem is not None or first.point.measurement != keys[0]:
             return False
         with conn.cursor() as cur:
             shape = self._shapes_for(cur, [first], in_epoch=in_epoch)[keys[0]]
@@ -277,7 +277,8 @@ class PostgresWriter:
         copied = None if how is None else streamed.rows(text, how)
         if how is None or copied is None:
             return False
-        self._touched.add(keys[0])  # locked from here on, whatever the outcome
+        if in_epoch:
+            self._touched.add(keys[0])  # locked from here on, whatever the outcome
         try:
             with conn.transaction(), conn.cursor() as cur:
                 streamed.load(cur, how, copied)
