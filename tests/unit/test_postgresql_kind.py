@@ -1,5 +1,5 @@
 """The PostgreSQL target kind's pure logic: column types, value and shape checks, the
-settings check, connection strings and read-back series."""
+settings check, connection strings, read-back series and the streamed body's pattern."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from twophase.errors import (
     TransientWriteError,
 )
 from twophase.points.lineproto import parse_line
-from twophase.postgresql import KIND
+from twophase.postgresql import KIND, streamed
 from twophase.postgresql.connect import check_settings, classify, conninfo, session_limits
 from twophase.postgresql.readback import _series, ns_of
 from twophase.postgresql.tables import (
@@ -310,3 +310,63 @@ def test_a_failure_that_broke_the_connection_is_a_lost_transaction() -> None:
     assert type(classify(error, config, in_transaction=True)) is TargetRequestError
     assert type(classify(error, config, in_transaction=True, broken=True)) is TransactionLostError
     assert type(classify(error, config, in_transaction=False, broken=True)) is TransientWriteError
+
+
+# --- a body streamed ---------------------------------------------------------------
+
+_CPU = TableShape(
+    "public",
+    "cpu",
+    {
+        "time": "timestamp with time zone",
+        "host": "text",
+        "region": "text",
+        "usage": "double precision",
+        "count": "bigint",
+        "up": "boolean",
+        "note": "text",
+        "ratio": "real",
+    },
+    ("host", "region"),
+)
+
+
+def _copied(body: str) -> str | None:
+    keys = streamed.first_keys(body)
+    how = None if keys is None else streamed.plan(keys, _CPU)
+    return None if how is None else streamed.rows(body, how)
+
+
+def test_a_plain_body_becomes_copy_rows_in_line_order() -> None:
+    body = (
+        "cpu,region=eu,host=a usage=1.5,count=-3i,up=T 1000\n"
+        "cpu,region=,host=b usage=2.,count=0u,up=false -5\n"
+    )
+    assert _copied(body) == "eu\ta\t1.5\t-3\tT\t1000\n\tb\t2.\t0\tfalse\t-5\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("cpu,host=a usage=1.5 1\ncpu,host=a count=1i 2", "another shape"),
+        ("cpu,host=a usage=1.5 1\n\ncpu,host=a usage=2.5 2", "a blank line"),
+        ("cpu,host=a usage=1.5", "no timestamp"),
+        ("cpu,host=a usage=1.5i 1", "an integer into a double precision column"),
+        ("cpu,host=a count=1.5 1", "a float into a bigint column"),
+        ("cpu,host=a up=yes 1", "a boolean PostgreSQL reads but line protocol does not"),
+        ("cpu,host=a usage=inf 1", "a float only Python reads"),
+        ("cpu,host=a usage=1_0 1", "a float only Python reads"),
+        ("cpu,host=a,host=b usage=1.5 1", "a tag twice"),
+        ("cpu,host=a=b usage=1.5 1", "a tag value with an equals sign"),
+        ('cpu,host=a note="x" 1', "a string"),
+        ("cpu,host=a\\ b usage=1.5 1", "an escape"),
+        ("cpu,host=a\tb usage=1.5 1", "a tab COPY would read as a column"),
+        ("cpu,zone=a usage=1.5 1", "a tag without its column"),
+        ("cpu,host=a ratio=1.5 1", "a field of a type not streamed"),
+        ("cpu,host=a host=1.5 1", "a field named as a tag"),
+        ("cpu,host=a time=1.5 1", "a field named as the time column"),
+        ("cpu,host=a usage=1.5 1 2", "more than a timestamp"),
+    ],
+)
+def test_a_body_read_otherwise_point_by_point_is_not_streamed(body: str, why: str) -> None:
+    assert _copied(body) is None, why

@@ -4,6 +4,8 @@
   the registry finds as ``postgresql``;
 * [`twophase.postgresql.writer`][twophase.postgresql.writer]: ``PostgresWriter``, an
   epoch's bodies and its delivered record in one transaction;
+* [`twophase.postgresql.streamed`][twophase.postgresql.streamed]: a plain body turned
+  into ``COPY`` rows by one pattern, without reading its points in Python;
 * [`twophase.postgresql.tables`][twophase.postgresql.tables]: a measurement's table,
   read, checked or created;
 * [`twophase.postgresql.record`][twophase.postgresql.record]: the delivered record in

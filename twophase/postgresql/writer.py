@@ -5,12 +5,15 @@
 transaction and reads the target's delivered record
 ([`twophase.postgresql.record`][twophase.postgresql.record]): the record's counts, and
 nothing sent, when the epoch is there already in the generation ``begin`` names. Each
-``write`` parses its body, checks every point against its measurement's table
-([`twophase.postgresql.tables`][twophase.postgresql.tables]) and upserts the rows
-(``COPY`` into a temporary table, then ``INSERT ... ON CONFLICT (time, tags) DO
-UPDATE``), inside a savepoint: a refused body leaves the transaction as it was
-before it, so that the sender can send its other lines again. ``commit`` writes the
-epoch's record (its counts) and commits: the rows and the record become visible together.
+``write`` upserts its body's rows (``COPY`` into a temporary table, then ``INSERT ...
+ON CONFLICT (time, tags) DO UPDATE``) inside a savepoint: a plain body streamed
+([`twophase.postgresql.streamed`][twophase.postgresql.streamed]: its lines turned into
+``COPY`` rows by one pattern, PostgreSQL parsing the values), any other (or one whose
+values PostgreSQL refuses there) read point by point, every point checked against its
+measurement's table ([`twophase.postgresql.tables`][twophase.postgresql.tables]). A
+refused body leaves the transaction as it was before it, so that the sender can send
+its other lines again. ``commit`` writes the epoch's record (its counts) and commits:
+the rows and the record become visible together.
 
 A table or field column the body needs (``target_create_tables``) is made before its
 rows, on a connection opened for it, in short transactions of its own
@@ -52,7 +55,7 @@ from twophase.errors import (
     UsageError,
 )
 from twophase.points.lineproto import FieldValue, ParsedPoint, Tags, parse_line
-from twophase.postgresql import ddl, record, tables
+from twophase.postgresql import ddl, record, streamed, tables
 from twophase.postgresql.connect import classify, connect, create_tables, display_url, schema_of
 from twophase.postgresql.tables import TableShape
 
@@ -67,6 +70,9 @@ _ROWS = sql.Identifier("pg_temp", "twophase_rows")  # a body's rows, before the 
 # a line on its own up to the 64 MiB a staged line may hold.
 _MAX_LINE_BYTES = 64 << 20
 _REFUSED_CLASSES = ("22", "23")  # data exceptions, integrity constraint violations
+# What a streamed body leaves to the reading point by point: the classes above, and a
+# row touched twice by one upsert (a point written twice in the body, merged there).
+_NOT_STREAMED_CLASSES = ("21", *_REFUSED_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,11 @@ class PostgresWriter:
 
     def _write_in_epoch(self, body: bytes, gzipped: bool) -> None:
         try:
-            lines = self._lines(body, gzipped)
+            raw = self._inflated(body, gzipped)
             conn = self._epoch_connection()
+            if self._streamed(conn, raw, in_epoch=True):
+                return
+            lines = self._lines(raw)
             with conn.cursor() as cur:  # before the savepoint: the epoch may be ended
                 shapes = self._shapes_for(cur, lines, in_epoch=True)
             self._touched.update(shapes)  # locked from here on, whatever the outcome
@@ -217,11 +226,15 @@ class PostgresWriter:
             raise
 
     def _write_alone(self, body: bytes, gzipped: bool) -> None:
-        lines = self._lines(body, gzipped)
+        raw = self._inflated(body, gzipped)
         conn = self._connection()
         try:
-            with conn.transaction(), conn.cursor() as cur:
-                self._write_lines(cur, lines, self._shapes_for(cur, lines, in_epoch=False))
+            with conn.transaction():
+                if self._streamed(conn, raw, in_epoch=False):
+                    return
+                lines = self._lines(raw)
+                with conn.cursor() as cur:
+                    self._write_lines(cur, lines, self._shapes_for(cur, lines, in_epoch=False))
         except psycopg.Error as exc:
             self._shapes.clear()
             refused = self._refused(exc)
@@ -229,15 +242,51 @@ class PostgresWriter:
                 raise refused from None
             raise self._failed(exc, in_transaction=False) from None
 
-    def _lines(self, body: bytes, gzipped: bool) -> list[_Line]:
-        """The body's lines, read (a gzip body inflated within its bound)."""
-        if gzipped:
-            try:
-                body = inflate(body, self._inflate_limit, "a request body")
-            except zlib.error as exc:
-                raise TargetRequestError(f"a gzip request body is damaged: {exc}") from None
+    def _inflated(self, body: bytes, gzipped: bool) -> bytes:
+        """The body's text (a gzip body inflated within its bound)."""
+        if not gzipped:
+            return body
+        try:
+            return inflate(body, self._inflate_limit, "a request body")
+        except zlib.error as exc:
+            raise TargetRequestError(f"a gzip request body is damaged: {exc}") from None
+
+    def _lines(self, body: bytes) -> list[_Line]:
+        """The body's lines, read point by point."""
         pieces = (piece for piece in body.split(b"\n") if piece.strip())
         return [_read_line(index, piece) for index, piece in enumerate(pieces)]
+
+    def _streamed(self, conn: psycopg.Connection[Any], body: bytes, *, in_epoch: bool) -> bool:
+        """Whether the body was written streamed
+        ([`twophase.postgresql.streamed`][twophase.postgresql.streamed]), in a savepoint
+        of the caller's transaction; False, with nothing of it written, for a body to
+        read point by point (not of one plain shape, or a value PostgreSQL refused)."""
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        keys = streamed.first_keys(text)
+        if keys is None:
+            return False
+        first = _read_line(0, text.partition("\n")[0].encode("utf-8"))
+        if first.point is None or first.problem is not None or first.point.measurement != keys[0]:
+            return False
+        with conn.cursor() as cur:
+            shape = self._shapes_for(cur, [first], in_epoch=in_epoch)[keys[0]]
+        how = streamed.plan(keys, shape)
+        copied = None if how is None else streamed.rows(text, how)
+        if how is None or copied is None:
+            return False
+        if in_epoch:
+            self._touched.add(keys[0])  # locked from here on, whatever the outcome
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                streamed.load(cur, how, copied)
+        except psycopg.Error as exc:
+            if self._broken() or not _data_error(exc):
+                raise
+            return False
+        return True
 
     def _write_lines(
         self, cur: psycopg.Cursor[Any], lines: list[_Line], shapes: dict[str, TableShape]
@@ -441,6 +490,10 @@ def _read_line(index: int, raw: bytes) -> _Line:
         problem = f"measurement {point.measurement!r} is the name of twophase's delivered record"
         return _Line(index, text, point, problem)
     return _Line(index, text, point, tables.names_problem(point))
+
+
+def _data_error(exc: psycopg.Error) -> bool:
+    return (getattr(exc, "sqlstate", None) or "").startswith(_NOT_STREAMED_CLASSES)
 
 
 def _groups(lines: list[_Line]) -> dict[str, list[_Line]]:
