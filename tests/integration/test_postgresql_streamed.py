@@ -35,6 +35,9 @@ STAMPS = [
 FLOATS = ["1.5", "-0.0", "0", "1e10", "1E-5", ".5", "5.", "-123456789.123456789e-3", "0.1"]
 INTS = ["-5i", "9223372036854775807i", "0u", "007i", "-9223372036854775808i"]
 BOOLS = ["t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE"]
+# Tag and string values as line protocol escapes them, and unescaped characters.
+HOSTS = ["a", "", "b-é.x", "a:b/c", "a\\ b", "x\\,y", "k\\=v", '"quoted"', "ü\\ \\,\\="]
+TEXTS = ['""', '"x y"', '"say \\"hi\\""', '"back\\\\slash"', '"a,b c=d é"', '"\\\\\\""']
 
 
 def _plain(measurement: str) -> bytes:
@@ -42,8 +45,9 @@ def _plain(measurement: str) -> bytes:
     lines = []
     for i, stamp in enumerate(STAMPS):
         value, count, ok = FLOATS[i % len(FLOATS)], INTS[i % len(INTS)], BOOLS[i % len(BOOLS)]
-        host = ["a", "", "b-é.x", "a:b/c"][i] if i < 4 else f"h{i}"  # no two rows alike
-        lines.append(f"{measurement},host={host} v={value},n={count},ok={ok} {stamp}")
+        host = HOSTS[i] if i < len(HOSTS) else f"h{i}"  # no two rows alike
+        text = TEXTS[i % len(TEXTS)]
+        lines.append(f"{measurement},host={host} v={value},n={count},ok={ok},s={text} {stamp}")
     return "\n".join(lines).encode()
 
 
@@ -53,8 +57,9 @@ LEFT = {
     "a float out of float8's range": b"{m},host=a v=1e400 30",
     "a float float8 reads as zero": b"{m},host=a v=1e-400 40",
     "a point written twice": b"{m},host=a v=1.5 50\n{m},host=a v=2.5 50",
-    "a string value": b'{m},host=a v=1.5,s="x y" 60',
-    "an escaped tag": b"{m},host=a\\ b v=1.5 70",
+    "a backslash escaping nothing in a string": b'{m},host=a v=1.5,s="a\\nb" 60',
+    "a backslash escaping nothing in a tag": b"{m},host=a\\b v=1.5 70",
+    "a string into a number's column": b'{m},host=a v="1.5" 75',
     "no timestamp": b"{m},host=a v=1.5",
     "a timestamp out of int64": b"{m},host=a v=1.5 99999999999999999999",
     "an int out of bigint": b"{m},host=a n=9223372036854775808i 80",
@@ -83,7 +88,7 @@ def _write(writer: PostgresWriter, epoch: int, body: bytes) -> str | None:
 def _rows(admin: str, table: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(admin) as conn:
         return conn.execute(
-            f'SELECT time, host, region, v, n, ok FROM "{table}" ORDER BY 1, 2'  # noqa: S608
+            f'SELECT time, host, region, v, n, ok, s FROM "{table}" ORDER BY 1, 2'  # noqa: S608
         ).fetchall()
 
 
@@ -101,7 +106,8 @@ def _both(
 
     monkeypatch.setattr(streamed, "load", counted)
     writer = PostgresWriter(config)
-    setup = b"fast,host=z,region=z v=0.5,n=1i,ok=t 5\nslow,host=z,region=z v=0.5,n=1i,ok=t 5"
+    shape = b'host=z,region=z v=0.5,n=1i,ok=t,s="z" 5'
+    setup = b"fast," + shape + b"\nslow," + shape
     writer.write(setup)  # both tables, with both tags
     fast = [_write(writer, i, body.replace(b"{m}", b"fast")) for i, body in enumerate(bodies)]
     monkeypatch.setattr(streamed, "first_keys", lambda text: None)

@@ -345,6 +345,11 @@ def test_a_plain_body_becomes_copy_rows_in_line_order() -> None:
     assert _copied(body) == "eu\ta\t1.5\t-3\tT\t1000\n\tb\t2.\t0\tfalse\t-5\n"
 
 
+def test_escaped_tags_and_strings_become_copy_text_that_reads_them_unescaped() -> None:
+    body = 'cpu,host=a\\ b\\,c\\=d,region="q" note="say \\"hi\\" \\\\ ,=" 7\n'
+    assert _copied(body) == 'a\\ b\\,c\\=d\t"q"\tsay \\"hi\\" \\\\ ,=\t7\n'
+
+
 @pytest.mark.parametrize(
     ("body", "why"),
     [
@@ -358,8 +363,11 @@ def test_a_plain_body_becomes_copy_rows_in_line_order() -> None:
         ("cpu,host=a usage=1_0 1", "a float only Python reads"),
         ("cpu,host=a,host=b usage=1.5 1", "a tag twice"),
         ("cpu,host=a=b usage=1.5 1", "a tag value with an equals sign"),
-        ('cpu,host=a note="x" 1', "a string"),
-        ("cpu,host=a\\ b usage=1.5 1", "an escape"),
+        ('cpu,host=a note="a\\nb" 1', "a backslash escaping nothing in a string"),
+        ("cpu,host=a\\b usage=1.5 1", "a backslash escaping nothing in a tag"),
+        ('cpu,host=a note="x\ty" 1', "a tab in a string"),
+        ('cpu,host=a usage="1.5" 1', "a string into a number's column"),
+        ("cp\\ u,host=a usage=1.5 1", "an escaped measurement"),
         ("cpu,host=a\tb usage=1.5 1", "a tab COPY would read as a column"),
         ("cpu,zone=a usage=1.5 1", "a tag without its column"),
         ("cpu,host=a ratio=1.5 1", "a field of a type not streamed"),

@@ -1,22 +1,23 @@
-"""A body loaded without reading its points in Python: one regular expression turns
-its lines into ``COPY`` rows, and PostgreSQL parses the values.
+"""A body loaded without reading its points in Python: one regular expression turns its
+lines into ``COPY`` rows, and PostgreSQL parses the values.
 
 Line protocol written by the sink's encoder is regular: a body's lines are one
-measurement with the same tag and field keys in the same order, without escapes or
-string values. Such a body (the whole body, or nothing of it) is matched by one pattern
-built from its first line and its table's shape, and its values taken out by
-``findall`` into ``COPY`` text (its tags, its fields, its time in nanoseconds,
-tab-separated), so no Python runs per point. The rows go into a temporary table, then
-into the measurement's table with the same ``INSERT ... ON CONFLICT`` as a body read
-point by point, in the caller's savepoint.
+measurement with the same tag and field keys in the same order, and the escapes line
+protocol has for tag values (``\\,``, ``\\=``, ``\\ ``) and string values (``\\"``,
+``\\\\``) are read by COPY text as they are by the point reader. Such a body (the whole
+body, or nothing of it) is matched by one pattern built from its first line and its
+table's shape, and its values taken out by ``findall`` into ``COPY`` text (its tags, its
+fields, its time in nanoseconds, tab-separated), so no Python runs per point. The rows
+go into a temporary table, then into the measurement's table with the same ``INSERT ...
+ON CONFLICT`` as a body read point by point, in the caller's savepoint.
 
-The pattern takes only what the point-by-point reading gives the same row for: a
-float field into a ``double precision`` column, an integer into a ``bigint`` one, a
-boolean into a ``boolean`` one, and tag values without characters ``COPY`` would
-escape. Anything else (another shape, a line that does not match, a value PostgreSQL
-refuses, a point written twice in the body) is not an error here: the caller rolls back
-to its savepoint and reads the body point by point, which writes or refuses it as it
-always did. See ``plan``.
+The pattern takes only what the point-by-point reading gives the same row for: a float
+field into a ``double precision`` column, an integer into a ``bigint`` one, a boolean
+into a ``boolean`` one, a string into a ``text`` one, and tag and string values without
+a tab, a line end, a NUL or a backslash that escapes nothing. Anything else (another
+shape, a line that does not match, a value PostgreSQL refuses, a point written twice in
+the body) is not an error here: the caller rolls back to its savepoint and reads the
+body point by point, which writes or refuses it as it always did. See ``plan``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from twophase.errors import LineProtocolError
+from twophase.points.lineproto import parse_line
 from twophase.postgresql import tables
 from twophase.postgresql.tables import TableShape
 
@@ -42,11 +45,17 @@ _OWN = frozenset({tables.TIME, _NS, _REST})
 _FLOAT = r"(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)"
 _INT = r"(-?[0-9]+)[iu]"
 _BOOL = r"(t|T|true|True|TRUE|f|F|false|False|FALSE)"
-_VALUES = {"double precision": _FLOAT, "bigint": _INT, "boolean": _BOOL}
-# A tag value as a plain split reads it, and that COPY text takes unescaped.
-_TAG = r"([^,= \t\r\n\\\"\x00]*)"
+# A string value: COPY text reads ``\"`` as ``"`` and ``\\`` as ``\``, as line protocol
+# does; any other backslash, and a tab, line end or NUL, is left to the point reader.
+_STRING = r'"((?:[^"\\\t\r\n\x00]|\\["\\])*)"'
+_VALUES = {"double precision": _FLOAT, "bigint": _INT, "boolean": _BOOL, "text": _STRING}
+# A tag value: COPY text reads ``\,``, ``\=`` and ``\ `` as the character escaped, as
+# line protocol does; an unescaped ``=`` and any other backslash are left to the reader.
+_TAG = r"((?:[^,= \t\r\n\\\x00]|\\[,= ])*)"
 _TIME = r"(-?[0-9]{1,19})"
-_SPECIAL = ("\\", '"', "\r", "\t", "\x00")
+_SPECIAL = ("\r", "\t", "\x00")
+# A measurement or key the pattern names as it is: nothing that line protocol escapes.
+_PLAIN_NAME = re.compile(r'[^,= \\"\t\r\n\x00]+')
 
 
 @dataclass(frozen=True)
@@ -61,18 +70,24 @@ class Plan:
 
 
 def first_keys(text: str) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
-    """The measurement, tag keys and field keys of the body's first line, as a plain
-    split reads them; None when the body cannot be loaded streamed at all."""
+    """The measurement, tag keys and field keys of the body's first line, in the line's
+    order, as the point reader reads them; None when the body cannot be loaded
+    streamed at all (a character COPY text would read otherwise, a first line that is
+    not a point, a name that line protocol escapes)."""
     if any(char in text for char in _SPECIAL):
         return None
     first = text.partition("\n")[0]
-    parts = first.split(" ")
-    if len(parts) != 3:
+    try:
+        point = parse_line(first)
+    except LineProtocolError:
         return None
-    series = parts[0].split(",")
-    tags = tuple(pair.partition("=")[0] for pair in series[1:])
-    fields = tuple(pair.partition("=")[0] for pair in parts[1].split(","))
-    return series[0], tags, fields
+    names = (point.measurement, *(key for key, _ in point.tags), *point.fields)
+    if not all(_PLAIN_NAME.fullmatch(name) for name in names):
+        return None
+    # The reader sorts the tags; the pattern needs them where the line has them (a tag
+    # value holds no unescaped comma, so ",key=" first stands where the tag does).
+    tags = sorted((key for key, _ in point.tags), key=lambda key: first.find(f",{key}="))
+    return point.measurement, tuple(tags), tuple(point.fields)
 
 
 def plan(keys: tuple[str, tuple[str, ...], tuple[str, ...]], shape: TableShape) -> Plan | None:
