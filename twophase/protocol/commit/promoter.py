@@ -164,11 +164,11 @@ class Promoter:
         places = self._places(lease, decided.epoch)
         fenced = self._ledger.watch(lease)
         pulse = Pulse()
+        check = before_each(pulse.check, fenced, guard)  # stopped? fenced? the caller's own
         race = _Race.of(places, self._min, decided.epoch, self._deadline_s, pulse)
         due = tuple(d for d in self._deliveries if race.is_due(d.name))
         caught_up = [d for d in due if race.was_caught_up(d.name)]
         shared = shared_read(decided, caught_up) if len(caught_up) > 1 else None
-        check = before_each(pulse.check, fenced, guard)
         return _Plan(decided, places, race, due, check, guard, shared)
 
     def _deliver_each(
