@@ -399,7 +399,6 @@ class _Race:
         # what the targets' deliveries share from their threads: a server's last answer
         # (with the last target that took the epoch, here), the stop
         self.pulse = pulse
-        self.progress = pulse.beat
         self._won_at = time.monotonic()
         self._changed = threading.Condition()
 
