@@ -53,7 +53,7 @@ def test_an_answer_keeps_the_retry_deadline_from_running_out() -> None:
     r = race(place("a"), place("b"), min_targets=2, deadline_s=0.2)
     for _ in range(4):
         time.sleep(0.1)
-        r.progress(10)  # a request of the other target acknowledged
+        r.pulse.beat(10)  # a request of the other target acknowledged
     assert not r.give_up("b", DOWN)
 
 

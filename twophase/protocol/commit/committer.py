@@ -1,13 +1,15 @@
 """Phase 2, driver side: the per-epoch entry point a sink calls. Recover, decide, promote.
 
 ``Committer.commit`` is what a sink calls once every task of an epoch has
-staged: promote older PRECOMMITTED epochs first (I3), decide (the vote:
-PRECOMMITTED, I1), promote (COMMITTED, I2). It may be called any number of
-times for the same epoch: a Spark replay of a decided epoch is detected by
-the ledger, its new writes are discarded, and a COMMITTED epoch is never
-sent again (I4). ``Committer.claim`` is what a run calls when it starts: it
-claims the sink and promotes what older runs left PRECOMMITTED, so that
-recovery does not wait for a commit that may never come.
+staged, and where one epoch's commit reads top to bottom: promote older PRECOMMITTED
+epochs first (I3), decide (the vote: PRECOMMITTED, I1), promote (COMMITTED, I2): the
+plan, the delivery to each target and the mark of
+[`Promoter.promote`][twophase.protocol.commit.promoter.Promoter.promote], inline or
+on the hand-off's thread. It may be called any number of times for the same epoch: a
+Spark replay of a decided epoch is detected by the ledger, its new writes are
+discarded, and a COMMITTED epoch is never sent again (I4). ``Committer.claim`` is
+what a run calls when it starts: it claims the sink and promotes what older runs left
+PRECOMMITTED, so that recovery does not wait for a commit that may never come.
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class Committer:
         clock = _Steps()
         recovered = () if settled else tuple(r.epoch for r in self.recover(lease))
         clock.lap("recover")
+        # decide; then plan, deliver to each target, mark (the promoter's three steps)
         decision = self._ledger.decide(lease, epoch, messages, start_promotion=True)
         crash_point("after_decide", lease.sink_id)
         if decision.replay:

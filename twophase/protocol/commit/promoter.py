@@ -59,7 +59,13 @@ from twophase.faults import crash_point
 from twophase.logs import lease_fields
 from twophase.model import EpochPlan, Lease
 from twophase.protocol.commit.catchup import CatchUp
-from twophase.protocol.deliver.delivery import SharedRead, TargetDelivery, shared_read
+from twophase.protocol.deliver.delivery import (
+    Pulse,
+    SharedRead,
+    TargetDelivery,
+    before_each,
+    shared_read,
+)
 from twophase.protocol.ledger.epoch_ledger import Ledger
 from twophase.protocol.ledger.target_ledger import LIVE, QUARANTINED, Place, TargetLedger
 
@@ -82,7 +88,22 @@ class PromoteResult:
 
 
 def _nothing() -> None:
-    """No check of the caller's own: a commit's promotion."""
+    """No check of the caller's own: a commit's promotion's catch-up."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One promotion's plan: the decided epoch, where its targets stand, the race between
+    them, those it is due to (in configured order), what runs before each of their
+    requests, and the read they share (several caught-up targets) or None."""
+
+    decided: EpochPlan
+    places: list[Place]
+    race: _Race
+    due: tuple[TargetDelivery, ...]
+    check: Callable[[], None]
+    guard: Callable[[], None] | None
+    shared: SharedRead | None
 
 
 class Promoter:
@@ -120,36 +141,151 @@ class Promoter:
         lease: Lease,
         epoch: int,
         plan: EpochPlan | None = None,
-        guard: Callable[[], None] = _nothing,
+        guard: Callable[[], None] | None = None,
     ) -> PromoteResult:
         """Send the epoch to every target it is owed that lacks it, at once, then mark it
         COMMITTED. ``plan`` is the attempt the decision already started
         ([`Ledger.decide`][twophase.protocol.ledger.epoch_ledger.Ledger.decide] with
         ``start_promotion``); without it an attempt is started here. ``guard`` runs before every
         request, after the lease's check, and stops the promotion by raising (a recovery's: its lock
-        still held)."""
-        decided = plan or self._ledger.plan_promotion(lease, epoch)
-        places = self._places(lease, epoch)
-        race = _Race.of(places, self._min, epoch, self._deadline_s)
-        due = [d for d in self._deliveries if race.is_due(d.name)]
-        shared = _shared(decided, due, race)
-        outcomes = self._send_all(lease, _Guarded(decided, guard), due, race, shared)
+        still held).
+
+        Reads top to bottom: plan (which targets are due, the shared read), deliver to
+        each target (in parallel), mark (each target's delivery recorded, the epoch
+        COMMITTED); each step calls down into the layer that owns it."""
+        planned = self._plan(lease, plan or self._ledger.plan_promotion(lease, epoch), guard)
+        outcomes = self._deliver_each(lease, planned)
+        return self._mark(lease, planned, outcomes)
+
+    def _plan(self, lease: Lease, decided: EpochPlan, guard: Callable[[], None] | None) -> _Plan:
+        """Where the targets stand, which are due, how many are needed; one read of the
+        epoch for the caught-up ones when there are several (one reads on its own, as a
+        lagging one does)."""
+        places = self._places(lease, decided.epoch)
+        fenced = self._ledger.watch(lease)
+        pulse = Pulse()
+        check = before_each(pulse.check, fenced, guard)  # stopped? fenced? the caller's own
+        race = _Race.of(places, self._min, decided.epoch, self._deadline_s, pulse)
+        due = tuple(d for d in self._deliveries if race.is_due(d.name))
+        caught_up = [d for d in due if race.was_caught_up(d.name)]
+        shared = shared_read(decided, caught_up) if len(caught_up) > 1 else None
+        return _Plan(decided, places, race, due, check, guard, shared)
+
+    def _deliver_each(
+        self, lease: Lease, planned: _Plan
+    ) -> dict[str, tuple[int, int] | TwoPhaseError]:
+        """Each due target's outcome, delivered on a thread of its own (the first on the
+        caller's): its counts, or the failure that left it (or nothing: a lagging target
+        the others made do without). Raises the first failure that is no target's fault,
+        once every thread ended."""
+        outcomes: dict[str, tuple[int, int] | TwoPhaseError] = {}
+        errors: dict[str, BaseException] = {}
+
+        def run(target: TargetDelivery) -> None:
+            try:
+                outcome = self._deliver_one(lease, planned, target)
+            except BaseException as exc:  # raised below, on the committing thread
+                errors[target.name] = exc
+                planned.race.stop()
+                return
+            if outcome is not None:
+                outcomes[target.name] = outcome
+
+        due = planned.due
+        threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in due[1:]]
+        for thread in threads:
+            thread.start()
+        try:
+            if due:
+                run(due[0])
+            for thread in threads:
+                thread.join()
+        finally:
+            if planned.shared is not None:
+                planned.shared.close()
+        for name in self._names:
+            if name in errors:
+                raise errors[name]
+        return outcomes
+
+    def _deliver_one(
+        self, lease: Lease, planned: _Plan, target: TargetDelivery
+    ) -> tuple[int, int] | TwoPhaseError | None:
+        """Deliver the plan to one target, round after round (where it stands read
+        again each round): caught up, it gets the epoch; lagging, it is caught up
+        first while the others cannot make ``min_targets`` without it (None once they
+        have). Given up once enough targets hold the epoch or its server stayed
+        silent past the retry deadline. A caught-up target's first round takes the
+        read ``shared`` with the others; a later one reads on its own."""
+        race = planned.race
+        rounds = race.rounds_for(target.name)
+        while True:
+            try:
+                if not self._caught_up(lease, planned, target.name, rounds):
+                    return None
+                counts = target.deliver(
+                    planned.decided,
+                    planned.check,
+                    round_only=rounds,
+                    on_batch=race.pulse.beat,
+                    shared=planned.shared,
+                )
+            except TARGET_FAILURES as exc:
+                # Without rounds the target had the whole retry deadline: its failure is
+                # the commit's, at once (a refused credential fails fast, as it should).
+                if not rounds or race.give_up(target.name, exc):
+                    return exc
+                continue
+            race.won(target.name)
+            return counts
+
+    def _caught_up(self, lease: Lease, planned: _Plan, name: str, rounds: bool) -> bool:
+        """Whether ``name`` holds every epoch it is owed below the plan's epoch, once
+        caught up if the others need it to (False: they made it without). Read again from
+        the second round on: the target may have been caught up meanwhile."""
+        race, epoch = planned.race, planned.decided.epoch
+        if race.first_round(name):
+            caught_up = race.was_caught_up(name)
+        else:
+            (place,) = self._targets.places(lease.sink_id, epoch, [name])
+            caught_up = place.caught_up
+        if caught_up:
+            return True
+        if not race.wait_for_need(name):
+            return False
+        return self._catch_up.below(
+            lease,
+            name,
+            epoch,
+            race.over,
+            round_only=rounds,
+            progress=race.pulse.beat,
+            guard=planned.guard or _nothing,
+        )
+
+    def _mark(
+        self, lease: Lease, planned: _Plan, outcomes: dict[str, tuple[int, int] | TwoPhaseError]
+    ) -> PromoteResult:
+        """Mark the epoch COMMITTED once enough targets hold it, recording the new
+        deliveries in the mark's transaction; fewer: record them by themselves and raise."""
+        race, epoch = planned.race, planned.decided.epoch
         new = {n: out for n, out in outcomes.items() if isinstance(out, tuple)}
         held = race.held | new
         failed = {n: out for n, out in outcomes.items() if isinstance(out, TwoPhaseError)}
         if len(held) < race.needed or (not held and epoch >= 0):
             self._settled.pop(lease, None)
             self._record(lease, epoch, new)  # a repeat skips them (I4 makes re-sending safe)
-            error = race.failure(decided, failed)
+            error = race.failure(planned.decided, failed)
             self._ledger.record_error(lease.sink_id, epoch, f"{type(error).__name__}: {error}")
             raise error
         for name, error in failed.items():
             self._targets.lagging(lease.sink_id, name, f"{type(error).__name__}: {error}")
         crash_point("after_promote", lease.sink_id)
         delivered, rejected = next((held[n] for n in self._names if n in held), (0, 0))
-        held = self._mark(lease, epoch, (delivered, rejected), new, race.needed) | race.held
+        held = self._mark_committed(lease, epoch, (delivered, rejected), new, race.needed)
+        held |= race.held
         crash_point("after_mark", lease.sink_id)
-        self._remember(lease, epoch, places, held)
+        self._remember(lease, epoch, planned.places, held)
         if len(held) < race.owed:
             self._catch_up.watch(lease)  # a target without the epoch: its backlog grew
         log.info(
@@ -164,7 +300,7 @@ class Promoter:
         )
         return PromoteResult(lease.sink_id, epoch, delivered, rejected)
 
-    def _mark(
+    def _mark_committed(
         self,
         lease: Lease,
         epoch: int,
@@ -234,145 +370,6 @@ class Promoter:
                     extra=lease_fields(lease, epoch),
                 )
 
-    def _send_all(
-        self,
-        lease: Lease,
-        plan: _Guarded,
-        due: Sequence[TargetDelivery],
-        race: _Race,
-        shared: SharedRead | None,
-    ) -> dict[str, tuple[int, int] | TwoPhaseError]:
-        """Each due target's outcome: its counts, or the failure that left it (or
-        nothing: a lagging target the others made do without). Raises the first
-        failure that is no target's fault, once every thread ended."""
-        outcomes: dict[str, tuple[int, int] | TwoPhaseError] = {}
-        errors: dict[str, BaseException] = {}
-
-        def run(target: TargetDelivery) -> None:
-            try:
-                outcome = self._send_one(lease, plan, target, race, shared)
-            except BaseException as exc:  # raised below, on the committing thread
-                errors[target.name] = exc
-                race.stop()
-                return
-            if outcome is not None:
-                outcomes[target.name] = outcome
-
-        threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in due[1:]]
-        for thread in threads:
-            thread.start()
-        try:
-            if due:
-                run(due[0])  # the first target on the caller's thread
-            for thread in threads:
-                thread.join()
-        finally:
-            if shared is not None:
-                shared.close()
-        for name in self._names:
-            if name in errors:
-                raise errors[name]
-        return outcomes
-
-    def _send_one(
-        self,
-        lease: Lease,
-        plan: _Guarded,
-        target: TargetDelivery,
-        race: _Race,
-        shared: SharedRead | None,
-    ) -> tuple[int, int] | TwoPhaseError | None:
-        """Deliver the plan to one target, round after round (where it stands read
-        again each round): caught up, it gets the epoch; lagging, it is caught up
-        first while the others cannot make ``min_targets`` without it (None once they
-        have). Given up once enough targets hold the epoch or its server stayed
-        silent past the retry deadline. A caught-up target's first round takes the
-        read ``shared`` with the others; a later one reads on its own."""
-        check = race.stoppable(_both(self._ledger.watch(lease), plan.guard))
-        rounds = race.rounds_for(target.name)
-        while True:
-            try:
-                if not self._caught_up(lease, plan, target.name, race, rounds):
-                    return None
-                counts = _deliver(target, plan.decided, check, rounds, race, shared)
-            except TARGET_FAILURES as exc:
-                # Without rounds the target had the whole retry deadline: its failure is
-                # the commit's, at once (a refused credential fails fast, as it should).
-                if not rounds or race.give_up(target.name, exc):
-                    return exc
-                continue
-            race.won(target.name)
-            return counts
-
-    def _caught_up(
-        self, lease: Lease, plan: _Guarded, name: str, race: _Race, rounds: bool
-    ) -> bool:
-        """Whether ``name`` holds every epoch it is owed below the plan's epoch, once
-        caught up if the others need it to (False: they made it without). Read again from
-        the second round on: the target may have been caught up meanwhile."""
-        epoch = plan.decided.epoch
-        if race.first_round(name):
-            caught_up = race.was_caught_up(name)
-        else:
-            (place,) = self._targets.places(lease.sink_id, epoch, [name])
-            caught_up = place.caught_up
-        if caught_up:
-            return True
-        if not race.wait_for_need(name):
-            return False
-        return self._catch_up.below(
-            lease,
-            name,
-            epoch,
-            race.over,
-            round_only=rounds,
-            progress=race.progress,
-            guard=plan.guard,
-        )
-
-
-@dataclass(frozen=True)
-class _Guarded:
-    """The decided plan, and what runs before every request besides the lease's check."""
-
-    decided: EpochPlan
-    guard: Callable[[], None]
-
-
-def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
-    def check() -> None:
-        first()
-        then()
-
-    return check
-
-
-def _shared(plan: EpochPlan, due: Sequence[TargetDelivery], race: _Race) -> SharedRead | None:
-    """One read of the epoch for the targets that take it at once (caught up), when
-    there are several; None for one (it reads on its own, as a lagging one does)."""
-    caught_up = [d for d in due if race.was_caught_up(d.name)]
-    return shared_read(plan, caught_up) if len(caught_up) > 1 else None
-
-
-def _deliver(
-    target: TargetDelivery,
-    plan: EpochPlan,
-    check: Callable[[], None],
-    rounds: bool,
-    race: _Race,
-    shared: SharedRead | None,
-) -> tuple[int, int]:
-    """One round of ``target``: the shared read if it has not taken it yet, its own
-    read otherwise. Dropped from the shared read after it, however it ended, so that
-    the others never wait for it."""
-    if shared is None:
-        return target.deliver(plan, check, round_only=rounds, on_batch=race.progress)
-    try:
-        chunks = shared.take(target.name)
-        return target.deliver(plan, check, round_only=rounds, on_batch=race.progress, shared=chunks)
-    finally:
-        shared.drop(target.name)
-
 
 class _Race:
     """The targets of one promotion: how many hold the epoch, against how many it needs;
@@ -384,6 +381,7 @@ class _Race:
         needed: int,
         owed: int,
         deadline_s: float,
+        pulse: Pulse,
     ) -> None:
         self.held = {p.target: p.has for p in places if p.has is not None}
         self.needed, self.owed = needed, owed
@@ -398,19 +396,28 @@ class _Race:
         self._rounds: dict[str, int] = {}
         self._count = len(self.held)
         self._deadline_s = deadline_s
-        self._last_answer = time.monotonic()
+        # what the targets' deliveries share from their threads: a server's last answer
+        # (with the last target that took the epoch, here), the stop
+        self.pulse = pulse
+        self._won_at = time.monotonic()
         self._changed = threading.Condition()
-        self.stopped = False
 
     @classmethod
-    def of(cls, places: Sequence[Place], min_targets: int, epoch: int, deadline_s: float) -> _Race:
+    def of(
+        cls,
+        places: Sequence[Place],
+        min_targets: int,
+        epoch: int,
+        deadline_s: float,
+        pulse: Pulse | None = None,
+    ) -> _Race:
         owed = [p for p in places if p.owed]
         needed = min(min_targets, len(owed))
         if epoch < 0 and len(owed) < len(places):
             # a correction owed to some targets only gates nothing: the others go on,
             # and a target that cannot take it has it in its backlog
             needed = 0
-        return cls(places, needed, len(owed), deadline_s)
+        return cls(places, needed, len(owed), deadline_s, pulse or Pulse())
 
     def is_due(self, name: str) -> bool:
         return name in self._due
@@ -429,22 +436,22 @@ class _Race:
         the whole retry deadline in one round)."""
         return self._count + len(self._due) > self.needed
 
-    def progress(self, _points: int) -> None:
-        with self._changed:
-            self._last_answer = time.monotonic()
-
     def won(self, name: str) -> None:
         with self._changed:
             self._count += 1
             self._hopeful.discard(name)  # held: no longer one that may yet make it
-            self._last_answer = time.monotonic()
+            self._won_at = time.monotonic()
             self._changed.notify_all()
 
     def stop(self) -> None:
         """A target failed with what is no target's fault: the others stop too."""
         with self._changed:
-            self.stopped = True
+            self.pulse.stop()
             self._changed.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self.pulse.stopped
 
     def enough(self) -> bool:
         return self._count >= self.needed or self.stopped
@@ -453,8 +460,7 @@ class _Race:
         """Enough targets hold the epoch, or none answered for the retry deadline: a
         lagging target's catch-up (or its wait for its lock) stops."""
         with self._changed:
-            silent = time.monotonic() - self._last_answer > self._deadline_s
-            return self.enough() or silent
+            return self.enough() or self._silent()
 
     def wait_for_need(self, name: str) -> bool:
         """A lagging target waits while the caught-up ones may make ``needed`` without
@@ -476,16 +482,12 @@ class _Race:
             self._hopeful.discard(name)
             self._changed.notify_all()
             self._changed.wait_for(self.enough, wait_s)
-            silent = time.monotonic() - self._last_answer > self._deadline_s
-            return self.enough() or silent
+            return self.enough() or self._silent()
 
-    def stoppable(self, check: Callable[[], None]) -> Callable[[], None]:
-        def before_request() -> None:
-            if self.stopped:
-                raise TargetUnavailableError("stopped: another target's delivery failed")
-            check()
-
-        return before_request
+    def _silent(self) -> bool:
+        """No server answered, nor a target took the epoch, for the retry deadline."""
+        since_won = time.monotonic() - self._won_at
+        return min(self.pulse.silent_s(), since_won) > self._deadline_s
 
     def failure(self, plan: EpochPlan, failed: dict[str, TwoPhaseError]) -> TwoPhaseError:
         """What the commit raises when fewer than ``needed`` targets hold the epoch."""

@@ -32,11 +32,12 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from twophase.config import TargetConfig
-from twophase.errors import PermanentError
+from twophase.errors import PermanentError, TargetUnavailableError
 from twophase.faults import crash_point
 from twophase.logs import fields
 from twophase.model import (
@@ -57,7 +58,7 @@ from twophase.retry import Progress, RetryPolicy, StagingRetry
 from twophase.targets.contract import EpochWriter
 from twophase.targets.sender import BatchSender
 
-__all__ = ["Chunks", "SharedRead", "TargetDelivery", "shared_read"]
+__all__ = ["Chunks", "Pulse", "SharedRead", "TargetDelivery", "before_each", "shared_read"]
 
 log = logging.getLogger("twophase.protocol.delivery")
 _READ_AHEAD = 4  # chunks read from PostgreSQL while the target takes the current request
@@ -120,14 +121,15 @@ class TargetDelivery:
         *,
         round_only: bool = False,
         on_batch: Callable[[int], None] | None = None,
-        shared: Chunks | None = None,
+        shared: SharedRead | None = None,
     ) -> tuple[int, int]:
         """Send the plan ([`send`][twophase.protocol.deliver.delivery.TargetDelivery.send]), the
         whole send repeated through a staging outage; ``check`` runs before every request and
         retry, and stops the delivery by raising. Returns (delivered, rejected).
         ``shared``: the plan's chunks read and checked once for several targets
-        ([`shared_read`][twophase.protocol.deliver.delivery.shared_read]), taken by the first try;
-        a repeat reads on its own.
+        ([`shared_read`][twophase.protocol.deliver.delivery.shared_read]), taken by the first try
+        if this target has not taken it yet; a repeat reads on its own. This target is dropped
+        from it once the delivery ends, however it ended, so that the others never wait for it.
 
         TargetUnavailableError once the server gave no answer for
         ``target_retry_deadline`` (``round_only``: for ``target_deadline``, a
@@ -143,12 +145,18 @@ class TargetDelivery:
                 on_batch(points)
 
         sender = self._round_sender if round_only else self._sender
-        first = [shared] if shared is not None else []
-        return self._retry(
-            "promote",
-            lambda: self._send(plan, sender, sent, check, first.pop() if first else None),
-            progress=progress,
-        )
+        first: list[Chunks | None] = []
+        try:
+            if shared is not None:
+                first.append(shared.take(self.name))
+            return self._retry(
+                "promote",
+                lambda: self._send(plan, sender, sent, check, first.pop() if first else None),
+                progress=progress,
+            )
+        finally:
+            if shared is not None:
+                shared.drop(self.name)
 
     def send(
         self,
@@ -343,6 +351,47 @@ def shared_read(plan: EpochPlan, targets: Sequence[TargetDelivery]) -> SharedRea
         size=lambda chunk: len(chunk[1].stored),
         again=lambda: reader._read(plan, small),
     )
+
+
+class Pulse:
+    """What the deliveries of one epoch to several targets, each on a thread of its own,
+    share: when a target's server last took a request (any target's), and whether they
+    were stopped (one failed with what is no target's fault: the others start no request
+    more). Its methods are what the deliveries call, from their threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self.stopped = False
+
+    def beat(self, _points: int = 0) -> None:
+        """A server took a request (``on_batch``), or a target took the epoch."""
+        with self._lock:
+            self._last = time.monotonic()
+
+    def silent_s(self) -> float:
+        """Seconds since a server last took a request."""
+        with self._lock:
+            return time.monotonic() - self._last
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def check(self) -> None:
+        """Before each request: TargetUnavailableError once stopped."""
+        if self.stopped:
+            raise TargetUnavailableError("stopped: another target's delivery failed")
+
+
+def before_each(*checks: Callable[[], None] | None) -> Callable[[], None]:
+    """One check to run before each request: ``checks`` in their order (None: none)."""
+    steps = [c for c in checks if c is not None]
+
+    def check() -> None:
+        for step in steps:
+            step()
+
+    return check
 
 
 class _ChangedError(PermanentError):
