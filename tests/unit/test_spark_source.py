@@ -94,3 +94,30 @@ def test_the_former_name_checks_its_options_as_the_current_one_does() -> None:
 def test_a_batch_write_is_refused_naming_the_format_used(data_source: type[Any]) -> None:
     with pytest.raises(ConfigError, match=f"^format: {data_source.name()} is a streaming sink"):
         data_source(dict(OPTIONS)).writer(SCHEMA, False)
+
+
+# What a Python worker imports to unpickle the sink's writer or the split UDF, before it
+# runs the one step it is there for: Spark starts such workers for planning, for every
+# staging task and for the commit, and each pays these imports before its first batch.
+_STEP_IMPORTS = {
+    # planning and committing workers stage nothing; executors commit nothing
+    "twophase.spark.source": ("psycopg", "twophase.protocol", "twophase.store"),
+    # most tasks split off no row: they open no pool
+    "twophase.spark.dead_letter_split": ("psycopg", "twophase.protocol", "twophase.store"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(_STEP_IMPORTS))
+def test_unpickling_the_sink_imports_no_step_s_code(module: str) -> None:
+    """The staging and committing code is imported by the step that runs it (``write``,
+    ``commit``, a task with bad rows), not by every worker that unpickles the sink."""
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys, {module}; "
+        f"print(' '.join(sorted(m for m in sys.modules if m.startswith("
+        f"{_STEP_IMPORTS[module]!r}))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == []

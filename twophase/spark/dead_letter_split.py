@@ -31,7 +31,6 @@ from typing import Any
 
 from twophase.errors import ConfigError
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions, parse_options
-from twophase.spark.staging_task import current_task, stage_task
 
 _SPLIT = (REASON_COLUMN, PAYLOAD_COLUMN)
 _KEEP = "_twophase_keep"
@@ -99,4 +98,8 @@ class _Splitter:
                 ]
             yield good
         if bad:  # before the task ends: a failed staging fails (and retries) the task
+            # Imported only now: a task without bad rows (most of them) opens no pool and
+            # imports no staging code in its Python worker.
+            from twophase.spark.staging_task import current_task, stage_task
+
             stage_task(self.dead, bad, current_task())

@@ -47,10 +47,7 @@ from twophase.config import BACKGROUND
 from twophase.deprecation import REMOVED_IN
 from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
-from twophase.spark.driver_commit import abort_epoch, commit_epoch
-from twophase.spark.master_retries import warn_without_task_retries
 from twophase.spark.options import SinkOptions, check_schema, parse_options
-from twophase.spark.staging_task import current_task, stage_task
 
 try:  # PySpark 4.1+: Arrow record batches straight from the JVM
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriter
@@ -82,15 +79,24 @@ class TwoPhaseStreamWriter(_StreamWriter):
 
     def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
         """Phase 1 for this task's rows; the epoch and run come from the task context."""
+        from twophase.spark.staging_task import current_task, stage_task
+
         return TwoPhaseCommitMessage(stage_task(self.sink, iterator, current_task()))
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         """Decide and promote epoch ``batchId``; raising fails the query before Spark
         records the batch, so a restart replays it."""
+        # Imported here, as staging is in write(): each Python worker that unpickles this
+        # writer (planning, staging, committing) imports only what its own step needs,
+        # and the driver's protocol is most of the sink's imports.
+        from twophase.spark.driver_commit import commit_epoch
+
         commit_epoch(self.sink, batchId, _staged(messages, strict=True))
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         """Discard what the successful tasks of a failed attempt staged."""
+        from twophase.spark.driver_commit import abort_epoch
+
         abort_epoch(self.sink, batchId, _staged(messages, strict=False))
 
 
@@ -158,6 +164,8 @@ def register(spark: Any) -> None:
 
     Warns here of a master that retries no failed task: the sink's commit runs in a
     Python worker, which cannot read the master."""
+    from twophase.spark.master_retries import warn_without_task_retries
+
     spark.dataSource.register(TwoPhaseDataSource)
     spark.dataSource.register(TwoPhaseInfluxDataSource)
     warn_without_task_retries()
