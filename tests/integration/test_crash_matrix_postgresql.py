@@ -39,8 +39,8 @@ from tests.support import (
 from twophase.config import InfluxDBSettings, TargetConfig
 from twophase.postgresql.record import record_ddl
 
-# Per epoch: 9 requests of 40 points to a (18 promote_batch checks with b's), one
-# transaction on b, each target's delivery recorded in the mark's transaction.
+# Per epoch, over one lane: 9 requests of 40 points to a (18 promote_batch checks with
+# b's), one transaction on b, each target's delivery recorded in the mark's transaction.
 PG_CRASHES = [
     ("after_decide", 2),  # epoch 1 decided, sent to neither target
     ("promote_batch", 23),  # epoch 1, part of its requests acknowledged, b's uncommitted
@@ -68,9 +68,20 @@ MATRIX = [
 MATRIX += [
     pytest.param("inline", 1, *c, id=f"inline-{c[0]}-{c[1]}", marks=pytest.mark.full) for c in FULL
 ]
+# Four lanes (the background runs): a write's lines staged in a chunk per lane, and a
+# request per chunk to each target (b's one lane too: no two chunks fit in 40 points),
+# 12 to a and 12 to b: 24 promote_batch checks per epoch, 29 is 5 into epoch 1.
+_LANE_NTH = {"promote_batch": 29}
 MATRIX += [
-    pytest.param("background", 4, *c, id=f"background-{c[0]}-{c[1]}", marks=pytest.mark.full)
-    for c in [*PG_CRASHES, ("drain", 2)]
+    pytest.param(
+        "background",
+        4,
+        p,
+        _LANE_NTH.get(p, n),
+        id=f"background-{p}-{_LANE_NTH.get(p, n)}",
+        marks=pytest.mark.full,
+    )
+    for p, n in [*PG_CRASHES, ("drain", 2)]
 ]
 
 
@@ -117,6 +128,22 @@ def resent(promotion: str, point: str) -> int | None:
     if point == "after_mark":
         return None
     return 0 if promotion == "background" and point in ("stage_rows", "in_stage") else 1
+
+
+def landed(promotion: str, point: str) -> list[list[tuple[int, str]]]:
+    """The epochs a kill at ``point`` leaves decided, with their states (the ways it may
+    find them): epoch 1 decided and PRECOMMITTED from its vote to its mark, COMMITTED
+    after it; before its vote (staging, the vote uncommitted) only epoch 0, still being
+    promoted in the background; the caller of epoch 2 waiting for epoch 1 to promote
+    (``drain``), epoch 1 either way. Where the kill landed is what ``resent`` takes."""
+    done, open_ = "COMMITTED", "PRECOMMITTED"
+    if point in ("stage_rows", "in_stage") and promotion == "background":
+        return [[(0, done)], [(0, open_)]]
+    if point in ("stage_rows", "in_stage", "in_decide"):
+        return [[(0, done)]]
+    if point == "drain":
+        return [[(0, done), (1, open_)], [(0, done), (1, done)]]
+    return [[(0, done), (1, done if point == "after_mark" else open_)]]
 
 
 def pg_rows(base_staging_url: str, name: str) -> list[tuple[Any, ...]]:
@@ -185,7 +212,9 @@ def test_sigkill_at_each_step_with_a_postgresql_target(
         crashed = run_driver(staging_url, a, log, "run-1", f"{point}:{nth}", **options)
         assert crashed.returncode == -signal.SIGKILL, (crashed.stdout, crashed.stderr)
         before = settled(recording.proxy)
-        decided = [row[0] for row in staging_summary(staging_url)["epochs"]]
+        at_kill = [row[:2] for row in staging_summary(staging_url)["epochs"]]
+        assert at_kill in landed(promotion, point), at_kill
+        decided = [epoch for epoch, _ in at_kill]
         restarted = run_driver(staging_url, a, log, "run-2", perturb=decided, **options)
         assert restarted.returncode == 0, restarted.stderr
         after = settled(recording.proxy)[len(before) :]
