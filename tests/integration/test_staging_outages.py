@@ -119,7 +119,10 @@ def test_a_restart_while_the_driver_decides_is_ridden_out(
         assert tp.ledger.pending(SINK) == []
     assert influx_count(influx, M) == 60
     assert replays(url, SINK) == 0
-    assert any("decide failed (attempt 1)" in r.getMessage() for r in caplog.records)
+    # The shutdown ends the backends in no set order: when the lock's ends first, the
+    # decide's may commit before its own end, and the outage meets the promotion instead.
+    retried = [r.getMessage() for r in caplog.records if "failed (attempt 1)" in r.getMessage()]
+    assert retried and retried[0].startswith(("decide failed", "promote failed")), retried
 
 
 def test_a_terminated_connection_while_deciding_is_ridden_out(
