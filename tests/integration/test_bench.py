@@ -3,9 +3,10 @@ real servers writes a results file holding, per case and figure, each side's med
 min and max and each other side's ratio to the reference; and it drops its scratch
 databases.
 
-By default: every in-process scenario once (a few seconds each), and the pipelines
-scenario's ``points`` case (two Spark jobs, one per side), whose checkpoints are read
-again here. Every pipeline in its tiny plan (six Spark jobs) is in --full."""
+By default: every in-process scenario once (a few seconds each); the timing read from
+a checkpoint is unit-tested. In --full: the pipelines scenario's ``points`` case (two
+Spark jobs, one per side), whose checkpoints are read again here, and every pipeline
+in its tiny plan (six Spark jobs)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ def test_an_in_process_scenario_compares_its_sides_and_cleans_up(
     assert bench_databases(base_staging_url) == []
 
 
+@pytest.mark.full
 def test_a_pipeline_is_timed_from_its_checkpoint(
     base_staging_url: str, influx_url: str, tmp_path: Path
 ) -> None:
