@@ -16,6 +16,8 @@ PERFORMANCE = REPO / "docs" / "performance.md"
 # Rows of a run that measured a mode since removed (promotion = overlap): the results file
 # keeps them, the page does not quote them.
 REMOVED = ("overlap",)
+# Rows of whole Spark pipelines, which the pipelines scenario's run on the page supersedes.
+SUPERSEDED = ("vs plain foreachBatch", "seeds' job")
 
 
 def costs_runs() -> list[Path]:
@@ -41,7 +43,7 @@ def test_the_pages_ratios_are_the_runs() -> None:
     page = PERFORMANCE.read_text()
     rows = json.loads(costs_runs()[-1].read_text())["rows"]
     for row in rows:
-        if any(mode in row["metric"] for mode in REMOVED):
+        if any(mode in row["metric"] for mode in (*REMOVED, *SUPERSEDED)):
             continue
         if row["ratio"] is not None and "CPU" not in row["metric"]:
             assert f"{row['ratio']:.2f}x" in page, row["metric"]
@@ -50,21 +52,20 @@ def test_the_pages_ratios_are_the_runs() -> None:
             assert figure in page, (row["metric"], figure)
 
 
-def test_the_pages_pipelines_table_is_the_reports_headline() -> None:
-    """The page's table has the header and the rows (case, figure) of the pipelines
-    scenario's headline, as ``bench.harness.report.headline`` writes it."""
-    from bench.harness import report
-    from bench.harness.cli import load
-
-    scenario = load("pipelines")
-    empty = {name: {"sides": {}, "ratios": {}} for name in scenario.headline}
-    cases = dict.fromkeys(scenario.cases(False), empty)
-    results = {"sides": list(scenario.sides), "headline": list(scenario.headline), "cases": cases}
-    written = report.headline(results)
+def test_the_pages_pipelines_table_is_the_latest_run() -> None:
+    """The page names the latest committed run of the pipelines scenario, and shows
+    each of its pipelines' ratios of the total, the first and the steady micro-batch
+    as that run's results file has them."""
+    latest = sorted(RESULTS.glob("pipelines-*.json"))[-1]
+    run = json.loads(latest.read_text())
     page = PERFORMANCE.read_text()
-    assert written[3] in page  # the header
-    for row in written[5:]:
-        assert row.split(" | ")[0] + " | " + row.split(" | ")[1] + " |" in page, row
+    assert f"bench/results/{latest.stem}.md" in page
+    assert run["plan"] == "full" and set(run["cases"]) == {"points", "sessions", "points_pg"}
+    for case, figures in run["cases"].items():
+        shown = [line for line in page.splitlines() if line.startswith(f"| {case} |")]
+        for name in ("wall_s", "first_batch_s", "steady_batch_s"):
+            ratio = figures[name]["ratios"]["plain"]
+            assert any(line.endswith(f"| {ratio:.2f} |") for line in shown), (case, name)
     assert "python -m bench pipelines" in page
 
 
