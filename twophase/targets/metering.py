@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Metric
 from prometheus_client.registry import Collector
@@ -161,8 +161,9 @@ class MeteredWriter:
 
     def read(self, statement: str) -> Iterable[dict[str, Any]]:
         # a read back is not a delivery: not metered (the statement is the kind's own query)
-        inner: Any = self._inner  # a writer that reads back (InfluxDB's), whatever its class
-        return cast(Iterable[dict[str, Any]], inner.read(statement))
+        reader: Any = self._inner  # a writer that reads back (InfluxDB's), whatever its class
+        result: Iterable[dict[str, Any]] = reader.read(statement)
+        return result
 
     def close(self) -> None:
         self._inner.close()
