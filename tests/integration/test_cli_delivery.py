@@ -199,7 +199,13 @@ def test_a_query_that_claims_the_sink_stops_a_resend(
     make_idle(cli.staging_url)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"at": "promote_batch:1", "pause_s": 5}))
-    env = cli.env() | {"TWOPHASE_CRASH_PLAN": str(plan), "TWOPHASE_TARGET_BATCH_POINTS": "5"}
+    env = cli.env() | {
+        "TWOPHASE_CRASH_PLAN": str(plan),
+        "TWOPHASE_TARGET_BATCH_POINTS": "5",
+        # One connection: the pause holds every request, so none lands between the
+        # count below and the claim (other lanes would go on sending until it).
+        "TWOPHASE_PROMOTE_CONNECTIONS": "1",
+    }
     resend = subprocess.Popen(
         [str(SCRIPT), "resend", "--sink", SINK, "--all"],
         env=env,
