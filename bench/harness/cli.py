@@ -1,5 +1,5 @@
 """``python -m bench SCENARIO [--quick] [--repeats N] [--only CASE...] [--out DIR]
-[--work DIR] [--no-chart]``.
+[--work DIR] [--no-chart] [--old REV]``.
 
 Runs one scenario (``bench/scenarios/<SCENARIO>.py``) against scratch databases it
 creates and drops, writes ``<out>/<SCENARIO>-<UTC stamp>.json``, ``.md`` and ``.png``,
@@ -22,7 +22,7 @@ from bench.harness import report
 from bench.harness.scenario import Context, Scenario, measure
 from bench.harness.servers import BenchSetupError, Servers, scratch
 
-SCENARIOS = ("throughput", "costs", "fanout", "pg_target", "pipelines")
+SCENARIOS = ("throughput", "costs", "fanout", "pg_target", "pipelines", "versions")
 
 
 def load(name: str) -> Scenario:
@@ -43,6 +43,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--only", nargs="+", metavar="CASE", help="run only these cases")
     ap.add_argument("--work", type=Path, default=None, help="keep logs and checkpoints here")
     ap.add_argument("--no-chart", action="store_true", help="JSON and Markdown only")
+    ap.add_argument("--old", default="HEAD", help="versions: the git revision compared")
     return ap.parse_args(argv)
 
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if args.work is not None:
             args.work.mkdir(parents=True, exist_ok=True)
         work = args.work or Path(tempfile.mkdtemp(prefix="twophase-bench-"))
-        ctx = Context(args.quick, made, work, keep=args.work is not None)
+        ctx = Context(args.quick, made, work, keep=args.work is not None, old=args.old)
         try:
             cases = measure(scenario, ctx, args.repeats, args.only)
         except Exception:  # said, the scratch databases still dropped
@@ -74,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         "headline": list(scenario.headline),
         "seconds": round(time.monotonic() - clock, 1),
     }
+    if scenario.name == "versions":
+        results["old"] = args.old
     path = report.write(results, args.out, draw=not args.no_chart)
     print(report.markdown(results))
     print(f"written: {path}")

@@ -36,6 +36,7 @@ class Context:
     scratch: Scratch
     work: Path  # the runs' logs, inputs and checkpoints
     keep: bool = False  # keep ``work`` at the end
+    old: str = "HEAD"  # the revision a scenario comparing versions compares with
     state: dict[str, Any] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)

@@ -3,7 +3,8 @@ real servers writes a results file holding, per case and figure, each side's med
 min and max and each other side's ratio to the reference; and it drops its scratch
 databases.
 
-By default: every in-process scenario once (a few seconds each); the timing read from
+By default: every in-process scenario once (a few seconds each), and ``versions``
+against ``HEAD`` (one process per version); the timing read from
 a checkpoint is unit-tested. In --full: the pipelines scenario's ``points`` case (two
 Spark jobs, one per side), whose checkpoints are read again here, and every pipeline
 in its tiny plan (six Spark jobs)."""
@@ -88,6 +89,26 @@ def test_an_in_process_scenario_compares_its_sides_and_cleans_up(
     (case,) = results["cases"].values()
     cpu = [name for name in case if name.startswith(("cpu_client_s", "cpu_postgres_s"))]
     assert len(cpu) == 2 and all(len(case[n]["sides"]) == len(IN_PROCESS[scenario]) for n in cpu)
+    assert bench_databases(base_staging_url) == []
+
+
+def test_the_versions_scenario_compares_a_revision_with_the_working_tree(
+    base_staging_url: str, influx_url: str, tmp_path: Path
+) -> None:
+    """Each version in a process of its own, from its own checkout: one figure per side,
+    the ratio new over old, the old checkout and the scratch databases gone after."""
+    results = run_bench(
+        base_staging_url, influx_url, tmp_path, "versions", "--old", "HEAD", "--repeats", "1"
+    )
+    assert results["sides"] == ["old", "new"] and results["old"] == "HEAD"
+    (case,) = results["cases"].values()
+    figure = case["epoch_ms"]
+    assert all(figure["sides"][side]["median"] > 0 for side in ("old", "new"))
+    assert set(figure["ratios"]) == {"new"} and figure["ratios"]["new"] > 0
+    trees = subprocess.run(
+        ["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert "twophase-bench-" not in trees.stdout
     assert bench_databases(base_staging_url) == []
 
 

@@ -162,12 +162,12 @@ class Promoter:
         epoch for the caught-up ones when there are several (one reads on its own, as a
         lagging one does)."""
         places = self._places(lease, decided.epoch)
-        fenced = self._ledger.watch(lease)
         pulse = Pulse()
-        check = before_each(pulse.check, fenced, guard)  # stopped? fenced? the caller's own
         race = _Race.of(places, self._min, decided.epoch, self._deadline_s, pulse)
         due = tuple(d for d in self._deliveries if race.is_due(d.name))
         caught_up = [d for d in due if race.was_caught_up(d.name)]
+        fenced = self._ledger.watch(lease)
+        check = before_each(pulse.check, fenced, guard)  # stopped? fenced? the caller's own
         shared = shared_read(decided, caught_up) if len(caught_up) > 1 else None
         return _Plan(decided, places, race, due, check, guard, shared)
 

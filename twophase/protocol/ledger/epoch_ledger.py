@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from twophase.errors import (
     CheckpointResetError,
     FencedError,
     LockLostError,
-    PermanentError,
     RecoveryLockLostError,
     StagingUnavailableError,
     StateError,
@@ -32,19 +30,17 @@ from twophase.model import CommitMessage, EpochPlan, EpochState, Lease, check_si
 from twophase.protocol.ledger.transitions import (
     Cursor,
     Decision,
-    WriteRow,
     check_fence,
     count_fenced,
     count_pending,
-    epoch_row,
     event,
-    insert_decision,
     lock_sink,
     mark_committed,
-    own_decision,
     release_requeued,
+    reset_hint,
     start_attempt,
     state_of,
+    vote,
 )
 from twophase.store.database import Database
 from twophase.store.fencing import FenceReader
@@ -61,18 +57,12 @@ class Forgotten:
     dead_letters_kept: int
 
 
-def _reset_hint(sink_id: str) -> str:
-    return (
-        f"if the checkpoint was reset on purpose, run `twophase reset --sink {sink_id}` "
-        "(or use a new sink id); otherwise restart the query from its original checkpoint"
-    )
-
-
 class Ledger:
     """Driver side state machine. One role: decide, mark, abort, and who may do so."""
 
     def __init__(self, db: Database):
         self._db = db
+        self._store = db.config.display_url  # named in a vote's errors
         # the fencing reads' own session, shared by the lanes (opened at the first read)
         self._fence = FenceReader(db.session, db.config.display_url)
 
@@ -180,20 +170,9 @@ class Ledger:
         read_back: bool,
     ) -> Decision:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
-            sink = lock_sink(cur, lease.sink_id)
-            check_fence(sink, lease)
-            if sink["query_id"] is not None and lease.query_id != sink["query_id"]:
-                raise CheckpointResetError(
-                    f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
-                    f"{lease.query_id}: {_reset_hint(lease.sink_id)}"
-                )
-            ids = [m.write_id for m in messages]
-            decision = (read_back and own_decision(cur, lease.sink_id, epoch, ids)) or _vote(
-                cur, sink, lease, epoch, messages, self._db.config.display_url, start_promotion
+            decision = vote(
+                cur, lease, epoch, messages, self._store, start_promotion, read_back=read_back
             )
-            started = decision.plan is not None  # a new decision counted its attempt already
-            if start_promotion and decision.state == EpochState.PRECOMMITTED and not started:
-                decision = replace(decision, plan=start_attempt(cur, lease, epoch))
             crash_point("in_decide", lease.sink_id)
             return decision
 
@@ -266,17 +245,7 @@ class Ledger:
         within: Callable[[Cursor], object] | None,
     ) -> None:
         with self._fenced_counted(lease.sink_id), self._db.transaction() as cur:
-            sink = lock_sink(cur, lease.sink_id)
-            check_fence(sink, lease)
-            if within is not None:
-                within(cur)
-            if not mark_committed(cur, lease, epoch, delivered, rejected):
-                state = state_of(cur, lease.sink_id, epoch)
-                if state == EpochState.COMMITTED:
-                    return
-                raise StateError(
-                    f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED"
-                )
+            mark_committed(cur, lease, epoch, delivered, rejected, within)
             crash_point("in_mark", lease.sink_id)
 
     def record_error(self, sink_id: str, epoch: int | None, message: str) -> None:
@@ -493,79 +462,5 @@ def _refuse_other_query(sink_id: str, sink: dict[str, Any], query_id: str | None
     raise CheckpointResetError(
         f"sink {sink_id!r} belongs to query {bound} (decided up to epoch "
         f"{sink['last_decided_epoch']}); query {query_id} is a different query: its "
-        f"checkpoint was reset, or another query uses the same sink id. {_reset_hint(sink_id)}"
+        f"checkpoint was reset, or another query uses the same sink id. {reset_hint(sink_id)}"
     )
-
-
-def _vote(
-    cur: Cursor,
-    sink: dict[str, Any],
-    lease: Lease,
-    epoch: int,
-    messages: Sequence[CommitMessage],
-    store: str,
-    start_promotion: bool,
-) -> Decision:
-    existing = epoch_row(cur, lease.sink_id, epoch)
-    if existing is not None:
-        return _count_replay(cur, lease, epoch, existing)
-    floor = sink["compacted_through"]
-    if floor is not None and 0 <= epoch <= floor:
-        # GC compacted the epoch's record: every decided epoch up to the floor was
-        # COMMITTED and delivered, so this is a replay of one (I4), skipped as such.
-        compacted = (EpochState.COMMITTED, 0)
-        return _count_replay(cur, lease, epoch, compacted, f" (compacted, up to {floor})")
-    last = sink["last_decided_epoch"]
-    if last is not None and epoch <= last:
-        raise StateError(
-            f"sink {lease.sink_id!r}: epoch {epoch} is not recorded but the sink has "
-            f"decided up to epoch {last}; the checkpoint does not match the staging "
-            f"store: {_reset_hint(lease.sink_id)}"
-        )
-    refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
-    return insert_decision(cur, lease, epoch, refs, start_promotion=start_promotion)
-
-
-def _count_replay(
-    cur: Cursor, lease: Lease, epoch: int, existing: tuple[EpochState, int], note: str = ""
-) -> Decision:
-    state, points = existing
-    cur.execute(
-        "UPDATE twophase_epochs SET replays = replays + 1 WHERE sink_id = %s AND epoch = %s",
-        (lease.sink_id, epoch),
-    )
-    cur.execute(
-        "UPDATE twophase_sinks SET replays_detected = replays_detected + 1 WHERE sink_id = %s",
-        (lease.sink_id,),
-    )
-    detail = f"epoch was {state}{note}"
-    event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, detail)
-    return Decision(lease.sink_id, epoch, state, True, points)
-
-
-def _checked_writes(
-    cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage], store: str
-) -> list[WriteRow]:
-    ids = [uuid.UUID(m.write_id) for m in messages]
-    if len(set(ids)) != len(ids):
-        raise PermanentError(f"sink {sink_id!r} epoch {epoch}: a write id is named twice")
-    cur.execute(
-        "SELECT write_id, points, rejected, checksum FROM twophase_writes"
-        " WHERE write_id = ANY(%s) AND sink_id = %s AND epoch = %s",
-        (ids, sink_id, epoch),
-    )
-    found = {row[0]: row for row in cur.fetchall()}
-    missing = [str(i) for i in ids if i not in found]
-    elsewhere = sorted({m.store for m in messages if m.store and m.store != store})
-    if missing and elsewhere:
-        raise PermanentError(
-            f"sink {sink_id!r} epoch {epoch}: the tasks staged into {', '.join(elsewhere)}, but"
-            f" this driver decides in {store}: give the executors the driver's staging store"
-            " (spark.executorEnv.TWOPHASE_STAGING_URL, or the staging_url option)"
-        )
-    if missing:
-        raise PermanentError(
-            f"sink {sink_id!r} epoch {epoch}: writes {', '.join(missing)} are not staged "
-            "(removed by GC or staged for another sink/epoch); the epoch must be re-run"
-        )
-    return [found[i] for i in ids]

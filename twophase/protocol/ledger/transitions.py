@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 
-from twophase.errors import FencedError, StateError
-from twophase.model import EpochPlan, EpochState, Lease
+from twophase.errors import CheckpointResetError, FencedError, PermanentError, StateError
+from twophase.model import CommitMessage, EpochPlan, EpochState, Lease
 from twophase.protocol.deliver.reader import decided_writes
 
 Cursor = psycopg.Cursor[Any]
@@ -172,6 +172,46 @@ def insert_decision(
     return Decision(lease.sink_id, epoch, state, False, points, plan)
 
 
+def reset_hint(sink_id: str) -> str:
+    return (
+        f"if the checkpoint was reset on purpose, run `twophase reset --sink {sink_id}` "
+        "(or use a new sink id); otherwise restart the query from its original checkpoint"
+    )
+
+
+def vote(
+    cur: Cursor,
+    lease: Lease,
+    epoch: int,
+    messages: Sequence[CommitMessage],
+    store: str,
+    start_promotion: bool,
+    *,
+    read_back: bool = False,
+) -> Decision:
+    """The decision step, whole: lock the sink, check the lease (I5) and the query (I6),
+    then record ``epoch`` with exactly the writes in ``messages`` (I1), or count a
+    replay of the decided epoch. ``read_back``: an earlier attempt of this step may
+    have decided it already (its commit landed before the connection dropped).
+    ``start_promotion``: a PRECOMMITTED outcome also counts a promotion attempt and
+    carries the plan. ``store`` names this driver's staging store in the errors."""
+    sink = lock_sink(cur, lease.sink_id)
+    check_fence(sink, lease)
+    if sink["query_id"] is not None and lease.query_id != sink["query_id"]:
+        raise CheckpointResetError(
+            f"sink {lease.sink_id!r} belongs to query {sink['query_id']}, not "
+            f"{lease.query_id}: {reset_hint(lease.sink_id)}"
+        )
+    ids = [m.write_id for m in messages]
+    decision = (read_back and own_decision(cur, lease.sink_id, epoch, ids)) or _vote(
+        cur, sink, lease, epoch, messages, store, start_promotion
+    )
+    started = decision.plan is not None  # a new decision counted its attempt already
+    if start_promotion and decision.state == EpochState.PRECOMMITTED and not started:
+        decision = replace(decision, plan=start_attempt(cur, lease, epoch))
+    return decision
+
+
 def own_decision(
     cur: Cursor, sink_id: str, epoch: int, write_ids: Collection[str]
 ) -> Decision | None:
@@ -212,23 +252,36 @@ def _plan(cur: Cursor, lease: Lease, epoch: int) -> EpochPlan:
     return EpochPlan(lease.sink_id, epoch, decided_writes(cur, lease.sink_id, epoch))
 
 
-def mark_committed(cur: Cursor, lease: Lease, epoch: int, delivered: int, rejected: int) -> bool:
-    """PRECOMMITTED -> COMMITTED, the sink's totals and the epoch's event, in one
-    statement (one round trip of the mark); False when the epoch was not PRECOMMITTED
-    (nothing changed)."""
-    cur.execute(
-        _MARK,
-        {
-            "e": epoch,
-            "d": delivered,
-            "r": rejected,
-            "s": lease.sink_id,
-            "run": lease.run_id,
-            "detail": f"delivered {delivered}, rejected {rejected}",
-        },
-    )
+def mark_committed(
+    cur: Cursor,
+    lease: Lease,
+    epoch: int,
+    delivered: int,
+    rejected: int,
+    within: Callable[[Cursor], object] | None = None,
+) -> None:
+    """The mark step, whole: lock the sink, check the lease (I5), run ``within`` (the
+    targets' deliveries recorded under the lock, safe to repeat), then PRECOMMITTED ->
+    COMMITTED with the sink's totals and the epoch's event in one statement. Nothing
+    changes for an epoch already COMMITTED; StateError for one in another state."""
+    check_fence(lock_sink(cur, lease.sink_id), lease)
+    if within is not None:
+        within(cur)
+    params = {
+        "e": epoch,
+        "d": delivered,
+        "r": rejected,
+        "s": lease.sink_id,
+        "run": lease.run_id,
+        "detail": f"delivered {delivered}, rejected {rejected}",
+    }
+    cur.execute(_MARK, params)
     row = cur.fetchone()
-    return bool(row and row[0])
+    if row and row[0]:
+        return
+    state = state_of(cur, lease.sink_id, epoch)
+    if state != EpochState.COMMITTED:
+        raise StateError(f"sink {lease.sink_id!r} epoch {epoch} is {state}, not PRECOMMITTED")
 
 
 # The epoch's state, then (only if it changed) the sink's totals and the event.
@@ -272,3 +325,77 @@ def event(
         " VALUES (%s, %s, %s, %s, %s)",
         (sink_id, epoch, name, run_id, detail),
     )
+
+
+def _vote(
+    cur: Cursor,
+    sink: dict[str, Any],
+    lease: Lease,
+    epoch: int,
+    messages: Sequence[CommitMessage],
+    store: str,
+    start_promotion: bool,
+) -> Decision:
+    existing = epoch_row(cur, lease.sink_id, epoch)
+    if existing is not None:
+        return _count_replay(cur, lease, epoch, existing)
+    floor = sink["compacted_through"]
+    if floor is not None and 0 <= epoch <= floor:
+        # GC compacted the epoch's record: every decided epoch up to the floor was
+        # COMMITTED and delivered, so this is a replay of one (I4), skipped as such.
+        compacted = (EpochState.COMMITTED, 0)
+        return _count_replay(cur, lease, epoch, compacted, f" (compacted, up to {floor})")
+    last = sink["last_decided_epoch"]
+    if last is not None and epoch <= last:
+        raise StateError(
+            f"sink {lease.sink_id!r}: epoch {epoch} is not recorded but the sink has "
+            f"decided up to epoch {last}; the checkpoint does not match the staging "
+            f"store: {reset_hint(lease.sink_id)}"
+        )
+    refs = _checked_writes(cur, lease.sink_id, epoch, messages, store)
+    return insert_decision(cur, lease, epoch, refs, start_promotion=start_promotion)
+
+
+def _count_replay(
+    cur: Cursor, lease: Lease, epoch: int, existing: tuple[EpochState, int], note: str = ""
+) -> Decision:
+    state, points = existing
+    cur.execute(
+        "UPDATE twophase_epochs SET replays = replays + 1 WHERE sink_id = %s AND epoch = %s",
+        (lease.sink_id, epoch),
+    )
+    cur.execute(
+        "UPDATE twophase_sinks SET replays_detected = replays_detected + 1 WHERE sink_id = %s",
+        (lease.sink_id,),
+    )
+    detail = f"epoch was {state}{note}"
+    event(cur, lease.sink_id, epoch, "replay_detected", lease.run_id, detail)
+    return Decision(lease.sink_id, epoch, state, True, points)
+
+
+def _checked_writes(
+    cur: Cursor, sink_id: str, epoch: int, messages: Sequence[CommitMessage], store: str
+) -> list[WriteRow]:
+    ids = [uuid.UUID(m.write_id) for m in messages]
+    if len(set(ids)) != len(ids):
+        raise PermanentError(f"sink {sink_id!r} epoch {epoch}: a write id is named twice")
+    cur.execute(
+        "SELECT write_id, points, rejected, checksum FROM twophase_writes"
+        " WHERE write_id = ANY(%s) AND sink_id = %s AND epoch = %s",
+        (ids, sink_id, epoch),
+    )
+    found = {row[0]: row for row in cur.fetchall()}
+    missing = [str(i) for i in ids if i not in found]
+    elsewhere = sorted({m.store for m in messages if m.store and m.store != store})
+    if missing and elsewhere:
+        raise PermanentError(
+            f"sink {sink_id!r} epoch {epoch}: the tasks staged into {', '.join(elsewhere)}, but"
+            f" this driver decides in {store}: give the executors the driver's staging store"
+            " (spark.executorEnv.TWOPHASE_STAGING_URL, or the staging_url option)"
+        )
+    if missing:
+        raise PermanentError(
+            f"sink {sink_id!r} epoch {epoch}: writes {', '.join(missing)} are not staged "
+            "(removed by GC or staged for another sink/epoch); the epoch must be re-run"
+        )
+    return [found[i] for i in ids]
