@@ -19,7 +19,7 @@ docstrings the API reference shows, and reports, as ``path:line: problem``:
 * a docstring paragraph with a short line in its middle (a line wrapped twice: the
   API reference shows the break).
 
-Exit status 1 when anything is found. The unit tests run it (``tests/unit``), so CI
+Exit status 1 when anything is found. The tooling tests run it (``tests/tooling``), so CI
 does.
 """
 

@@ -37,7 +37,14 @@ def _current_names() -> None:
 _current_names()
 
 # tests/<folder>/... -> marker; lets `pytest -m unit` work without decorating every test.
-FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "soak": "soak"}
+# The tooling's tests (bench, docs, deploy, devkit...) need no servers either.
+FOLDER_MARKERS = {
+    "unit": "unit",
+    "tooling": "unit",
+    "integration": "integration",
+    "e2e": "e2e",
+    "soak": "soak",
+}
 
 # fixture name -> environment variable it reads.
 URL_FIXTURES = {

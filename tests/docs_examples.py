@@ -5,7 +5,7 @@ earlier one made). Pages whose examples need a SparkSession get a prelude that m
 ``spark`` and a streaming DataFrame ``stats`` (the columns the examples name), and an
 epilogue that stops what is still running; the examples' own code runs as written.
 tests/integration/test_docs_examples.py runs the pages without Spark against the test
-servers, tests/e2e/test_docs_examples.py the Spark ones; tests/unit/test_docs.py parses
+servers, tests/e2e/test_docs_examples.py the Spark ones; tests/tooling/test_docs.py parses
 every ``twophase`` command the pages show.
 """
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import time
 import uuid
+from typing import Any
 
 
 def builtin_kinds_only() -> None:
@@ -24,7 +25,7 @@ def builtin_kinds_only() -> None:
 
     everything = metadata.entry_points
 
-    def entry_points(**params: str) -> metadata.EntryPoints:
+    def entry_points(**params: str) -> Any:
         if params.get("group") == "twophase.targets":
             return metadata.EntryPoints(())
         return everything(**params)

@@ -289,7 +289,7 @@ def test_rows_and_mappings_mixed_with_batches_keep_their_indexes() -> None:
 def test_float_fields_are_written_as_influxdb_clients_point_writes_them(
     values: list[float],
 ) -> None:
-    # The row builder is held to Point for every value (tests/unit/test_points.py); the
+    # The row builder is held to Point for every value (tests/unit/points/test_points.py); the
     # columnar encoder formats floats itself (Arrow's text or repr, by magnitude), so it
     # is held to Point directly too.
     encoder = ColumnarEncoder(PointBuilder(PointSpec("m"), clock_ns=lambda: T0))

@@ -46,7 +46,7 @@ def test_an_sslmode_in_the_url_is_kept(pem: Path) -> None:
 
 
 def test_no_tls_settings_leave_a_loopback_url_alone() -> None:
-    # Other hosts get verified TLS: tests/unit/test_sslmode.py.
+    # Other hosts get verified TLS: tests/unit/config/test_sslmode.py.
     url = URL.replace("h1:5432,h2:5433", "127.0.0.1:5432,localhost:5433")
     conninfo = load_staging_config(env={"TWOPHASE_STAGING_URL": url}).psycopg_conninfo()
     assert "ssl" not in conninfo

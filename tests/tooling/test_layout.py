@@ -354,3 +354,13 @@ def test_the_layer_checks_catch_a_bad_import() -> None:
     assert imports_of(relative, stager) == {"twophase.protocol.commit.runtime"}
     assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) != []
     assert circle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_unit_tests_mirror_the_package() -> None:
+    """Each folder of ``tests/unit`` is a sub-package of twophase (its unit tests), and
+    no test module's name is used twice there or in ``tests/tooling``."""
+    unit = REPO / "tests" / "unit"
+    folders = [p.relative_to(unit) for p in unit.rglob("*") if p.is_dir() and p.name[0] != "_"]
+    assert folders and all((PACKAGE / folder / "__init__.py").exists() for folder in folders)
+    names = [p.name for d in ("unit", "tooling") for p in (REPO / "tests" / d).rglob("test_*.py")]
+    assert len(names) == len(set(names))
