@@ -255,7 +255,8 @@ class StagedChunk:
     own -- the newlines are then the line boundaries -- and otherwise gives,
     for each line, the offset just past its newline in ``text + "\\n"``.
     (Storing ``ends`` for every chunk cost a good share of staging's CPU, for
-    bounds the newlines already give: ``bench/README.md``, "No line bounds".)
+    bounds the newlines already give: the study "No line bounds" in
+    ``git show f5c61bb^:bench/README.md``.)
     """
 
     write_id: str

@@ -131,12 +131,21 @@ def assert_refused(job: Job) -> None:
 
 
 # Every crash point a Spark job reaches (chain.ON_INPUT, chain.AT_RESTART), in one chain
-# per mode (about 25 s a point):
+# per mode (about 25 s a point). The job's foreachBatch writer stages its small batches
+# from the driver; with driver_staging_bytes 0, in Spark tasks.
 @pytest.mark.timeout(2400)
 @pytest.mark.full
-@pytest.mark.parametrize(("promotion", "lanes"), [("inline", 1), ("background", 4)])
+@pytest.mark.parametrize(
+    ("promotion", "lanes", "driver_staging_bytes"),
+    [("inline", 1, "4194304"), ("background", 4, "4194304"), ("background", 4, "0")],
+)
 def test_sigkill_at_every_crash_point_on_spark(
-    target: Target, work: Path, event_files: list[Path], promotion: str, lanes: int
+    target: Target,
+    work: Path,
+    event_files: list[Path],
+    promotion: str,
+    lanes: int,
+    driver_staging_bytes: str,
 ) -> None:
     chain = Chain(
         target,
@@ -144,6 +153,7 @@ def test_sigkill_at_every_crash_point_on_spark(
         event_files,
         TWOPHASE_PROMOTION=promotion,
         TWOPHASE_PROMOTE_CONNECTIONS=str(lanes),
+        TWOPHASE_DRIVER_STAGING_BYTES=driver_staging_bytes,
         TWOPHASE_GC_INTERVAL="1s",  # in_gc: the automatic GC, purging at once
         TWOPHASE_RETENTION="0s",
     )

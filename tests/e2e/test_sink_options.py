@@ -329,3 +329,57 @@ def test_the_data_source_delivers_each_epoch_to_two_targets(
         assert rows == [("a", 2), ("b", 2)]
     finally:
         own.stop()
+
+
+@pytest.mark.parametrize("driver_staging_bytes", ["0", "4194304"])
+def test_a_foreach_batch_writer_stages_the_same_points_in_tasks_or_from_the_driver(
+    spark: Any, tmp_path: Path, staging_url: str, influx: TargetConfig, driver_staging_bytes: str
+) -> None:
+    """A batch Spark's plan puts under ``driver_staging_bytes`` is collected once and
+    staged from the driver as one write; with 0, each of the batch's two partitions is
+    staged by its task. Either way the target holds the rows' points, every field type
+    and the timestamps as written (the driver's Arrow and the tasks' Arrow encode alike)."""
+    rows = [
+        f"h{i % 3},{i * 1.5},{i},{str(i % 2 == 0).lower()},s{i},2026-01-01T00:00:{i:02d}Z"
+        for i in range(40)
+    ]
+    (tmp_path / "input").mkdir()
+    for part in range(2):
+        (tmp_path / "input" / f"part-{part}.csv").write_text("\n".join(rows[part::2]) + "\n")
+    measurement = f"fb_{driver_staging_bytes}"
+    settings = {
+        "staging_url": without_password(staging_url),
+        "influx_db": str(influx.influxdb.database),
+        "influx_api": "v1",
+        "target_url": influx.url,
+        "driver_staging_bytes": driver_staging_bytes,
+    }
+    write = foreach_batch_writer(
+        measurement, measurement=measurement, tags=["h"], time="t", **settings
+    )
+    schema = "h STRING, f DOUBLE, n BIGINT, b BOOLEAN, s STRING, t TIMESTAMP"
+    frame = spark.readStream.schema(schema).option("maxFilesPerTrigger", "1")
+    query_ = (
+        frame.csv(str(tmp_path / "input"))
+        .repartition(2)
+        .writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query_.awaitTermination(300)
+    assert query_.exception() is None
+    decided = epochs(staging_url, measurement)
+    assert [e["points"] for e in decided] == [20, 20]
+    assert {e["writes"] for e in decided} == ({1} if driver_staging_bytes != "0" else {2})
+    held = {
+        time_ns: (tags, dict(fields)) for time_ns, tags, fields in influx_rows(influx, measurement)
+    }
+    day = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+    assert held == {
+        day + i * 10**9: (
+            (("h", f"h{i % 3}"),),
+            {"b": i % 2 == 0, "f": i * 1.5, "n": i, "s": f"s{i}"},
+        )
+        for i in range(40)
+    }

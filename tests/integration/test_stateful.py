@@ -273,6 +273,11 @@ def memory_target(store: str, transactional: bool) -> TargetConfig:
     )
 
 
+# How many writes a batch is staged as: one (the foreachBatch adapter's driver, a small
+# batch) or one per partition (Spark tasks).
+PARTS = st.integers(1, 3)
+
+
 def step(*conditions: Any, **strategies: Any) -> Any:
     """A rule, run only while its conditions hold and no known defect has broken the
     example (past one, the model and the implementation no longer agree by design)."""
@@ -396,33 +401,42 @@ class SinkMachine(RuleBasedStateMachine):
             self.faults.dead = False
             self.tp = None
 
-    def stage_and_commit(self, tp: TwoPhase, lease: Any, epoch: int, batch: Batch) -> Any:
-        points = batch.points(f"bad{self.model.resets}e{epoch}")
-        message = tp.stager.stage(
-            self.sink,
-            epoch,
-            lines_of(self.measurement, points),
-            run_id=lease.run_id,
-            query_id=lease.query_id,
-        )
+    def stage_and_commit(
+        self, tp: TwoPhase, lease: Any, epoch: int, batch: Batch, parts: int = 1
+    ) -> Any:
+        """Stage the batch as ``parts`` writes (1: one write, as the foreachBatch adapter's
+        driver stages a small batch; more: a write per partition, as Spark tasks do),
+        then commit their messages."""
+        lines = lines_of(self.measurement, batch.points(f"bad{self.model.resets}e{epoch}"))
+        messages = [
+            tp.stager.stage(
+                self.sink,
+                epoch,
+                lines[part::parts],
+                partition_id=part,
+                run_id=lease.run_id,
+                query_id=lease.query_id,
+            )
+            for part in range(parts)
+        ]
         ours = tp is self.tp and lease is self.lease
         if ours:
             self.settled = False  # a commit forgets its predecessor's outcome as it starts
-        outcome = tp.committer.commit(lease, epoch, [message])
+        outcome = tp.committer.commit(lease, epoch, messages)
         if ours:
             self.settled = True
         return outcome
 
     # --- rules: the query ------------------------------------------------------------
 
-    @step(batch=batches)
-    def commit(self, batch: Batch) -> None:
+    @step(batch=batches, parts=PARTS)
+    def commit(self, batch: Batch, parts: int = 1) -> None:
         """The next batch (or, after a failed commit, the same epoch again with values
-        computed again: a replay when it was decided)."""
+        computed again: a replay when it was decided), staged as ``parts`` writes."""
         epoch = self.next_epoch
         want = self.model.commit(epoch, batch.points(f"bad{self.model.resets}e{epoch}"))
         try:
-            outcome = self.stage_and_commit(self.tp, self.lease, epoch, batch)
+            outcome = self.stage_and_commit(self.tp, self.lease, epoch, batch, parts)
         except TwoPhaseError as exc:
             assert want in (FAILED, PRECOMMITTED), f"commit of {epoch} failed: {exc!r}"
             return
@@ -445,13 +459,14 @@ class SinkMachine(RuleBasedStateMachine):
             return
         assert recovered and outcome.replay, outcome
 
-    @step(point=st.sampled_from(COMMIT_POINTS), nth=st.integers(1, 3), batch=batches)
-    def crash_in_commit(self, point: str, nth: int, batch: Batch) -> None:
-        """The process dies at the n-th hit of a crash point in a commit, and restarts."""
+    @step(point=st.sampled_from(COMMIT_POINTS), nth=st.integers(1, 3), batch=batches, parts=PARTS)
+    def crash_in_commit(self, point: str, nth: int, batch: Batch, parts: int = 1) -> None:
+        """The process dies at the n-th hit of a crash point in a commit (its staging of
+        ``parts`` writes included), and restarts."""
         epoch = self.next_epoch
         self.faults.arm(point, nth)
         try:
-            outcome = self.stage_and_commit(self.tp, self.lease, epoch, batch)
+            outcome = self.stage_and_commit(self.tp, self.lease, epoch, batch, parts)
         except Crash:
             seen = self.faults.seen
             if self.model.recover() and ("after_decide" in seen or point in DECIDED_AT):

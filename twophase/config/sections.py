@@ -46,6 +46,7 @@ class StagingConfig:
     chunk_points: int = default("staging_chunk_points")
     chunk_chars: int = default("staging_chunk_chars")
     spool_memory: int = default("staging_spool_memory")
+    driver_staging_bytes: int = default("driver_staging_bytes")
     lanes: int = default("promote_connections")
     compression: str = default("compression")
     tls_ca: str | None = None

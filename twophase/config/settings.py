@@ -327,6 +327,21 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
     ),
     Setting(
+        name="driver_staging_bytes",
+        section=STAGING,
+        attr="driver_staging_bytes",
+        kind="int",
+        help=(
+            "a foreachBatch micro-batch that Spark's plan estimates at no more than this "
+            "many bytes is collected once and staged from the driver, instead of by a Spark "
+            "task per partition; 0 stages every micro-batch in tasks"
+        ),
+        # Below where the driver's one Python thread stops beating the tasks on two cores
+        # (docs/performance.md): a cluster's tasks spread over more cores, the driver not.
+        default=4 << 20,
+        minimum=0,
+    ),
+    Setting(
         name="compression",
         section=STAGING,
         attr="compression",
@@ -592,7 +607,8 @@ SETTINGS: tuple[Setting, ...] = (
             "into text to fit, and best a multiple of it, which fills each request"
         ),
         # Two chunks: a larger request spares the driver CPU per point, until too few
-        # requests are in flight to keep the lanes busy (bench/request_size.py measures it).
+        # requests are in flight to keep the lanes busy (the request-size study:
+        # `git show d30d2b1^:bench/request_size.py`).
         default=2 * _REQUEST_POINTS,
         minimum=1,
         aliases=("influx_batch_points",),

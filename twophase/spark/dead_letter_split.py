@@ -12,11 +12,12 @@ without a second query reading and parsing the input again:
 [`split_dead_letters`][twophase.spark.dead_letter_split.split_dead_letters] is one filter by a
 (non-deterministic) Arrow UDF that sees only the ``reason`` and ``payload`` columns: the
 good rows never leave the JVM (passing every column through a ``mapInArrow`` step instead
-costs every batch a copy of every row to Python and back: ``bench/README.md``). Per task
-the UDF keeps the bad rows and, once the task's input is exhausted, stages them as one
-write of the dead-letter sink, tagged with the micro-batch (epoch), the run and the task's
-partition. No task result carries that write to the driver, so the sink's commit decides
-the epoch of the dead-letter sink first, from the writes its run staged, one per partition
+costs every batch a copy of every row to Python and back:
+``git show f5c61bb^:bench/README.md``). Per task the UDF keeps the bad rows and, once
+the task's input is exhausted, stages them as one write of the dead-letter sink, tagged
+with the micro-batch (epoch), the run and the task's partition. No task result carries
+that write to the driver, so the sink's commit decides the epoch of the dead-letter sink
+first, from the writes its run staged, one per partition
 ([`StagedReader.partition_writes`][twophase.protocol.deliver.reader.StagedReader.partition_writes]):
 every attempt of a partition's task reads the same input split and stages the same rows, all
 or nothing, so any complete write stands for the partition. Writes of a crashed run or a

@@ -6,9 +6,13 @@
     df.writeStream.foreachBatch(write).option("checkpointLocation", ...).start()
 
 The function runs on the driver once per micro-batch with the batch
-DataFrame and ``batch_id``. It stages the DataFrame's partitions in Spark
-tasks (``mapInArrow``), collects their messages, then decides and promotes
-the epoch exactly as the data source's ``commit`` does.
+DataFrame and ``batch_id``. A batch that Spark's plan estimates at
+``driver_staging_bytes`` or less is collected once (``toArrow``) and staged
+from the driver as one write; a larger one is staged in Spark tasks, a write
+per partition (``mapInArrow``), and their messages collected. The epoch is
+then decided and promoted exactly as the data source's ``commit`` does. Both
+ways stage the same points; a crash at any step leaves orphans that GC
+removes, and the replay stages the batch again.
 
 Where the ids come from: ``batch_id`` is the epoch. The query id and run id
 are the driver's local properties ``sql.streaming.queryId`` and
@@ -50,13 +54,19 @@ from twophase.errors import ConfigError, PermanentError
 from twophase.model import CommitMessage
 from twophase.points.builder import PointSpec
 from twophase.spark.dead_letter_split import split_dead_letters
-from twophase.spark.driver_commit import await_claim, commit_epoch, open_in_background
+from twophase.spark.driver_commit import (
+    await_claim,
+    commit_epoch,
+    open_in_background,
+    two_phase,
+)
 from twophase.spark.options import DEAD_LETTERS, POINTS, SinkOptions, build_sink, check_schema
 from twophase.spark.staging_task import (
     MESSAGE_SCHEMA,
     QUERY_ID_PROPERTY,
     RUN_ID_PROPERTY,
     batch_tag,
+    items_of,
     stage_arrow_partition,
 )
 
@@ -156,13 +166,29 @@ def _write_batch(
         )
     if driver.remote and driver.query_id is None:  # the client claims with the query id
         driver = replace(driver, query_id=await_claim(sink, driver.run_id))
-    stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
     started = time.perf_counter()
     with driver.tagged(df, batch_id):
-        rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
-    messages = [message_of(row.message) for row in rows]
+        messages = _stage(sink, driver, df, batch_id)
     identity = (driver.run_id, driver.query_id)
     commit_epoch(sink, batch_id, messages, identity, time.perf_counter() - started)
+
+
+def _stage(sink: SinkOptions, driver: _Driver, df: Any, batch_id: int) -> list[CommitMessage]:
+    """The batch's writes: one, staged here after one collect, when Spark's plan puts the
+    batch at ``driver_staging_bytes`` or less (the one Spark job a plain writer runs,
+    without a Python stage); otherwise one per partition, staged by Spark tasks."""
+    parts = two_phase(sink)
+    if driver.is_small(df, parts.config.staging.driver_staging_bytes):
+        table = df.toArrow()
+        items = items_of(sink, table.to_batches())
+        return [
+            parts.stager.stage(
+                sink.sink_id, batch_id, items, run_id=driver.run_id, query_id=driver.query_id
+            )
+        ]
+    stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
+    rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
+    return [message_of(row.message) for row in rows]
 
 
 def message_of(data: bytes) -> CommitMessage:
@@ -221,10 +247,25 @@ class _Driver:
         finally:
             df.sparkSession.removeTag(tag)
 
+    def is_small(self, df: Any, limit: int) -> bool:
+        """Spark's estimate of the batch's size (the optimizer's, which the collect
+        reuses) is at most ``limit`` bytes. Never under Spark Connect, nor without an
+        estimate: the batch is then staged in tasks."""
+        if limit <= 0 or self.remote:
+            return False
+        try:
+            size = int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
+        except Exception:  # no estimate from this Spark: the tasks' path, always right
+            log.debug("no size estimate for the batch: staged in tasks", exc_info=True)
+            return False
+        log.debug("the batch is estimated at %d bytes (driver_staging_bytes %d)", size, limit)
+        return size <= limit
+
     def tasks(self, df: Any) -> Any:
         """``df`` in at most one partition per core: staging tasks beyond the cores only
         wait for a second wave, which adds its time to every micro-batch
-        (``bench/README.md``, "Staging tasks per shuffle partition")."""
+        (the study "Staging tasks per shuffle partition" in
+        ``git show f5c61bb^:bench/README.md``)."""
         return df if self.cores is None else df.coalesce(self.cores)
 
 

@@ -3,12 +3,15 @@ local properties, and the job tag a foreachBatch writer sets under Spark Connect
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from tests.fakes import FakeTaskContext
 from twophase.errors import PermanentError
 from twophase.spark import staging_task
-from twophase.spark.foreach import ForeachBatchWriter, foreach_batch_writer, is_connect
+from twophase.spark.foreach import ForeachBatchWriter, _Driver, foreach_batch_writer, is_connect
 from twophase.spark.query_end import run_of
 from twophase.spark.staging_task import batch_tag, current_task
 
@@ -117,3 +120,37 @@ def test_a_connect_querys_writer_runs_under_the_writers_own_run(
     assert run_id != "spark-run-1" and run_id == writer.run_of(ConnectQuery())
     # The data source's sink runs under the query's run, Connect or not.
     assert run_of(ConnectQuery(), {"sink_id": "dash", "measurement": "m"})[0] == "spark-run-1"
+
+
+class PlannedFrame:
+    """A DataFrame whose optimizer estimates ``size`` bytes (None: no estimate)."""
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+
+    @property
+    def _jdf(self) -> Any:
+        if self.size is None:
+            raise AttributeError("_jdf")  # a DataFrame without a JVM plan
+        size = self.size
+        stats = SimpleNamespace(sizeInBytes=lambda: size)
+        plan = SimpleNamespace(stats=lambda: stats)
+        return SimpleNamespace(queryExecution=lambda: SimpleNamespace(optimizedPlan=lambda: plan))
+
+
+@pytest.mark.parametrize(
+    ("size", "limit", "remote", "small"),
+    [
+        (1_000, 4_096, False, True),
+        (4_096, 4_096, False, True),
+        (4_097, 4_096, False, False),
+        (1_000, 0, False, False),  # 0: always in tasks
+        (1_000, 4_096, True, False),  # Spark Connect: no plan to read
+        (None, 4_096, False, False),  # no estimate: in tasks
+    ],
+)
+def test_a_batch_is_staged_from_the_driver_only_when_its_plan_says_it_is_small(
+    size: int | None, limit: int, remote: bool, small: bool
+) -> None:
+    driver = _Driver("run", "query", 2, remote)
+    assert driver.is_small(PlannedFrame(size), limit) is small

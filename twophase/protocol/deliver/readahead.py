@@ -3,7 +3,8 @@
 Promotion reads staged chunks from PostgreSQL and sends them to InfluxDB; done in turn,
 every read adds its whole time to the send's.
 [`read_ahead`][twophase.protocol.deliver.readahead.read_ahead] runs them at once: both mostly wait
-on sockets, where Python releases the GIL (the figures: ``bench/README.md``, "Read-ahead").
+on sockets, where Python releases the GIL (the study "Read-ahead" in
+``git show f5c61bb^:bench/README.md``).
 """
 
 from __future__ import annotations

@@ -358,7 +358,8 @@ def _record_write(cur: psycopg.Cursor[Any], message: CommitMessage) -> None:
 
 
 # Binary COPY: text COPY escapes every line on the client and PostgreSQL parses it back;
-# binary hands both the bytes as they are (the figures: bench/README.md, "Binary COPY").
+# binary hands both the bytes as they are (the study "Binary COPY" in
+# `git show f5c61bb^:bench/README.md`).
 _COPY_CHUNKS = (
     "COPY twophase_staged_chunks (write_id, chunk, first_seq, points, ends, body, lane,"
     " body_gz, checksum) FROM STDIN (FORMAT BINARY)"
