@@ -155,7 +155,7 @@ run_step() {
 
 lint_steps() {
     local paths=() path
-    for path in twophase migrations tests scripts jobs bench devkit; do
+    for path in twophase migrations tests scripts jobs bench devkit examples; do
         [ -e "$path" ] && paths+=("$path")
     done
     run_step "ruff" "$VENV/bin/ruff" check "${paths[@]}"

@@ -321,3 +321,23 @@ def run_page(page: Path, staging_url: str, influx_url: str, tmp_path: Path) -> s
         drop_influx_database(influx_url, name)
     assert done.returncode == 0, f"{page.name}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+SQLITE_EXAMPLE = REPO / "examples" / "sqlite-target"
+
+
+def sqlite_example() -> Any:
+    """The example kinds' module, read from ``examples/sqlite-target`` under a name of its
+    own (not the installed package's: a test that installs it finds it as users do)."""
+    import importlib.util
+
+    name = "sqlite_example_source"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, SQLITE_EXAMPLE / "twophase_sqlite_target.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

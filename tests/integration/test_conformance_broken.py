@@ -1,5 +1,5 @@
 """The conformance kit fails kinds that break what it checks: the example SQLite kind
-(``twophase.testing.example_sqlite``, a kind that overwrites) and the PostgreSQL kind (a
+(``examples/sqlite-target``, a kind that overwrites) and the PostgreSQL kind (a
 transactional one), each broken one way, against their real stores. Each broken kind
 fails the kit's checks of what it breaks, and the sound kind passes the same checks.
 
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support import postgresql_target
+from tests.support import postgresql_target, sqlite_example
 from twophase.config import TargetConfig, TwoPhaseConfig, load_staging_config
 from twophase.errors import BadPointsError
 from twophase.points.lineproto import parse_line
@@ -36,9 +36,15 @@ from twophase.postgresql import KIND as POSTGRESQL
 from twophase.postgresql.writer import PostgresWriter
 from twophase.targets import TargetKind, kinds
 from twophase.testing import TargetConformance
-from twophase.testing.example_sqlite import _SCHEMA, SqliteWriter, _connected
-from twophase.testing.example_sqlite import KIND as SQLITE
 from twophase.testing.support import Case
+
+EXAMPLE = sqlite_example()
+_SCHEMA, SqliteWriter, _connected, SQLITE = (
+    EXAMPLE._SCHEMA,
+    EXAMPLE.SqliteWriter,
+    EXAMPLE._connected,
+    EXAMPLE.KIND,
+)
 
 
 def _path(config: TargetConfig) -> str:

@@ -1,47 +1,60 @@
 """Kinds of target from a package of their own, found only through their entry points:
-the example SQLite kinds (``twophase.testing.example_sqlite``), packaged in
-``tests/plugins`` and copied with their ``*.dist-info`` into a folder put on
-``sys.path``, as an installed distribution is. A sink delivers to the
-overwriting one end to end, and both pass the conformance kit: the transactional one
-(``sqlitetx``) as a third-party kind that keeps its own record of delivered epochs,
-keyed on the generation twophase gives it."""
+the example SQLite kinds, ``examples/sqlite-target``, installed with pip from the
+repository into a folder put on ``sys.path``, as users install a kind. A sink delivers
+to the overwriting one end to end, and the package's own tests, which run the
+conformance kit against both kinds (the transactional one, ``sqlitetx``, as a
+third-party kind that keeps its own record of delivered epochs, keyed on the
+generation twophase gives it), pass against the installed package."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import importlib.metadata
+import os
+import re
 import shutil
-import sqlite3
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from tests.staging import lines, stage
-from tests.support import target_config
+from tests.support import SQLITE_EXAMPLE, target_config
 from twophase.config import TargetConfig, load_config
 from twophase.errors import BadPointsError, TargetNotFoundError
 from twophase.model import EpochState
 from twophase.protocol.commit.runtime import TwoPhase
 from twophase.targets import ENTRY_POINT_GROUP, TargetKind, kind_of, kinds, make_writer
-from twophase.testing import TargetConformance, held, normalized
+from twophase.testing import held, normalized
 from twophase.testing.support import Case
 
-PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 PACKAGE = "twophase_sqlite_target"
-DIST = f"{PACKAGE}-0.1.dist-info"
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TargetKind]:
-    """The package and its metadata in a folder of their own on ``sys.path``; the kinds
-    looked up again. Taken away afterwards."""
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``pip install --target`` of ``examples/sqlite-target``: its module and its
+    ``*.dist-info`` (the entry points), built from its ``pyproject.toml``."""
     site = tmp_path_factory.mktemp("site")
-    for folder in (PACKAGE, DIST):
-        shutil.copytree(PLUGINS / folder, site / folder)
+    # Built from a copy: setuptools builds in the source folder (build/, *.egg-info).
+    source = shutil.copytree(SQLITE_EXAMPLE, tmp_path_factory.mktemp("src") / "sqlite-target")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+    done = subprocess.run(
+        [*pip, str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return site
+
+
+@pytest.fixture(scope="module")
+def installed(site: Path) -> Iterator[TargetKind]:
+    """The installed package on ``sys.path``; the kinds looked up again. Taken away
+    afterwards."""
     kinds.cache_clear()
     assert "sqlite" not in kinds() and PACKAGE not in sys.modules
     sys.path.insert(0, str(site))
@@ -103,36 +116,25 @@ def test_a_refusal_names_its_line(installed: TargetKind, tmp_path: Path) -> None
     assert len(held(installed.readback(sqlite_config(tmp_path / "points.db")), case)) == 1
 
 
-@pytest.mark.usefixtures("installed")
-class TestSqliteConformance(TargetConformance):
-    scheme = "sqlite"
-
-    @pytest.fixture
-    def target(self, installed: TargetKind, tmp_path: Path) -> TargetConfig:
-        return sqlite_config(tmp_path / "points.db", self.scheme)
-
-    @pytest.fixture
-    def second_target(self, tmp_path: Path) -> TargetConfig:
-        return sqlite_config(tmp_path / "other.db", self.scheme)
-
-    @contextlib.contextmanager
-    def unavailable(self, config: TargetConfig) -> Iterator[TargetConfig]:
-        """The file locked by another connection: a store that does not answer in time."""
-        holder = sqlite3.connect(urlsplit(config.url).path, isolation_level=None)
-        holder.execute("BEGIN EXCLUSIVE")
-        try:
-            yield dataclasses.replace(
-                config, timeout_s=0.2, retry_deadline_s=1, retry_initial_s=0.05, retry_max_s=0.2
-            )
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
-
-
-class TestTransactionalSqliteConformance(TestSqliteConformance):
-    """The transactional kind: an epoch in one SQLite transaction with its record."""
-
-    scheme = "sqlitetx"
-
-    def test_the_kind_is_transactional(self, target: TargetConfig) -> None:
-        assert kind_of(target).name == "sqlitetx" and kind_of(target).transactional
+def test_the_packages_own_tests_pass_the_conformance_kit(site: Path, base_staging_url: str) -> None:
+    """``pytest`` in ``examples/sqlite-target``, as its authors run it, against the
+    installed package: the kit's checks of both kinds."""
+    # -P: the package is imported from where pip put it, not from the folder pytest runs in.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "TWOPHASE_STAGING_URL": base_staging_url,
+    }
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        cwd=SQLITE_EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+    # Skipped: the checks of the other mode (a record, a transaction) and of credentials.
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.match(r"\d{2,} passed", summary) and "failed" not in summary, summary

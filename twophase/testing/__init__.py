@@ -7,11 +7,11 @@
   (their points, a target read back in one comparable form, a scratch staging store,
   a target's settings pointed at a port nothing listens on);
 * [`twophase.testing.crash`][twophase.testing.crash]: the child process the crash
-  checks SIGKILL;
-* [`twophase.testing.example_sqlite`][twophase.testing.example_sqlite]: a complete
-  kind to start from (points in a SQLite file), which twophase does not register.
+  checks SIGKILL.
 
-See the guide to writing a kind of target (``docs/targets/write-your-own.md``).
+See the guide to writing a kind of target (``docs/targets/write-your-own.md``), and
+its complete example, a package of its own in the repository
+(``examples/sqlite-target``: points in a SQLite file) whose tests run this kit.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 and, transactional, ``sqlitetx:///path/to.db``.
 
 The example of the guide to writing a kind of target
-(``docs/targets/write-your-own.md``), installed with twophase so that it can be read and
-copied. twophase registers neither kind: a package of its own does, through its entry
-points (``[twophase.targets] sqlite = <its module>:KIND``, ``sqlitetx = ...:TX_KIND``).
+(``docs/targets/write-your-own.md``): a package of its own, ``twophase-sqlite-target``,
+that registers both kinds through its entry points (``pyproject.toml`` beside this file:
+``[twophase.targets] sqlite = "twophase_sqlite_target:KIND"``, ``sqlitetx = ...:TX_KIND``).
+``pip install ./examples/sqlite-target`` installs it beside twophase; twophase itself
+registers neither kind.
 
 A point is keyed by its measurement, tag set and time, and a point written again
 overwrites itself, its fields merged, as InfluxDB does: a re-sent body changes nothing
