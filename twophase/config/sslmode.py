@@ -139,7 +139,8 @@ def system_roots() -> str:
     later), else OpenSSL's default file, whose absence libpq reports as a missing root
     certificate (the error names ``staging_tls_ca``)."""
     # Imported here, as psycopg below: every executor's Python worker reads the
-    # configuration, and most never verify a certificate (ssl alone costs 9 ms).
+    # configuration, and most never verify a certificate (importing ssl is not free:
+    # the cold start the `pipelines` bench scenario times).
     import ssl
 
     paths = ssl.get_default_verify_paths()

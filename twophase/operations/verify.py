@@ -63,8 +63,8 @@ Series = tuple[str, Tags]
 Points = dict[Series, dict[int, dict[str, FieldValue]]]
 
 WINDOW_POINTS = 10_000  # expected timestamps per read-back query (bounds the response)
-# Expected points one pass holds (about 320 bytes each: 64 MB); a larger selection is
-# verified in passes over shares of its series.
+# Expected points one pass holds (its memory: docs/concepts/scaling.md); a larger
+# selection is verified in passes over shares of its series.
 PASS_POINTS = 200_000
 MAX_EXAMPLES = 3
 
