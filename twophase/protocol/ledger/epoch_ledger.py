@@ -62,9 +62,9 @@ class Ledger:
 
     def __init__(self, db: Database):
         self._db = db
-        self._store = db.config.display_url  # named in a vote's errors
+        self._store = db.config.display_url  # named in a vote's errors, and the fence's
         # the fencing reads' own session, shared by the lanes (opened at the first read)
-        self._fence = FenceReader(db.session, db.config.display_url)
+        self._fence = FenceReader(db.session, self._store)
 
     def close(self) -> None:
         """End the fencing reads' session (the pool is the caller's). Idempotent."""

@@ -3,7 +3,10 @@
 The [`Ledger`][twophase.protocol.ledger.epoch_ledger.Ledger] (Spark's epochs) and the
 [`Requeuer`][twophase.operations.requeuer.Requeuer] (an operator's corrections) compose
 these: lock the sink row and check the caller's fencing token (I5), insert
-a decision (I1), count a promotion attempt, record an event. Every step
+a decision (I1), count a promotion attempt, record an event. The driver's two
+steps of every epoch are here whole, each one call in its transaction: the
+vote ([`vote`][twophase.protocol.ledger.transitions.vote]) and the mark
+([`mark_committed`][twophase.protocol.ledger.transitions.mark_committed]). Every step
 that changes an epoch also keeps the sink's running totals
 (``twophase.store.schema.SINK_COUNTERS``) in the same transaction, so the totals
 are exactly as true as the epochs and a metrics scrape reads one row per
@@ -173,6 +176,7 @@ def insert_decision(
 
 
 def reset_hint(sink_id: str) -> str:
+    """What an error refusing a query's epochs tells the operator to do."""
     return (
         f"if the checkpoint was reset on purpose, run `twophase reset --sink {sink_id}` "
         "(or use a new sink id); otherwise restart the query from its original checkpoint"
