@@ -9,7 +9,8 @@ The function runs on the driver once per micro-batch with the batch
 DataFrame and ``batch_id``. A batch that Spark's plan estimates at
 ``driver_staging_bytes`` or less is collected once (``toArrow``) and staged
 from the driver as one write; a larger one is staged in Spark tasks, a write
-per partition (``mapInArrow``), and their messages collected. The epoch is
+per partition (``mapInArrow``), and their messages collected (as is a batch
+whose collect outgrows ``spark.driver.maxResultSize``). The epoch is
 then decided and promoted exactly as the data source's ``commit`` does. Both
 ways stage the same points; a crash at any step leaves orphans that GC
 removes, and the replay stages the batch again.
@@ -71,6 +72,8 @@ from twophase.spark.staging_task import (
 )
 
 log = logging.getLogger("twophase.spark")
+# The setting Spark names when a collect outgrows it (the whole job fails).
+_RESULT_SIZE = "spark.driver.maxResultSize"
 
 
 def foreach_batch_writer(
@@ -178,8 +181,10 @@ def _stage(sink: SinkOptions, driver: _Driver, df: Any, batch_id: int) -> list[C
     batch at ``driver_staging_bytes`` or less (the one Spark job a plain writer runs,
     without a Python stage); otherwise one per partition, staged by Spark tasks."""
     parts = two_phase(sink)
+    table = None
     if driver.is_small(df, parts.config.staging.driver_staging_bytes):
-        table = df.toArrow()
+        table = _collected(df, batch_id)
+    if table is not None:
         items = items_of(sink, table.to_batches())
         return [
             parts.stager.stage(
@@ -189,6 +194,24 @@ def _stage(sink: SinkOptions, driver: _Driver, df: Any, batch_id: int) -> list[C
     stage = functools.partial(stage_arrow_partition, sink, batch_id, driver.run_id, driver.query_id)
     rows = driver.tasks(df).mapInArrow(stage, MESSAGE_SCHEMA).collect()
     return [message_of(row.message) for row in rows]
+
+
+def _collected(df: Any, batch_id: int) -> Any:
+    """The batch as one Arrow table, or None when it outgrew Spark's estimate past
+    ``spark.driver.maxResultSize``: nothing was staged or decided by that job (the rows
+    split off upstream were, and a partition's second write of them is an orphan), so
+    the batch is staged in tasks instead."""
+    try:
+        return df.toArrow()
+    except Exception as exc:
+        if _RESULT_SIZE not in str(exc):
+            raise
+        log.warning(
+            "micro-batch %d is larger than Spark estimated (past %s): staged in tasks",
+            batch_id,
+            _RESULT_SIZE,
+        )
+        return None
 
 
 def message_of(data: bytes) -> CommitMessage:

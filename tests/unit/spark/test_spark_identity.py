@@ -11,7 +11,13 @@ import pytest
 from tests.fakes import FakeTaskContext
 from twophase.errors import PermanentError
 from twophase.spark import staging_task
-from twophase.spark.foreach import ForeachBatchWriter, _Driver, foreach_batch_writer, is_connect
+from twophase.spark.foreach import (
+    ForeachBatchWriter,
+    _collected,
+    _Driver,
+    foreach_batch_writer,
+    is_connect,
+)
 from twophase.spark.query_end import run_of
 from twophase.spark.staging_task import batch_tag, current_task
 
@@ -154,3 +160,30 @@ def test_a_batch_is_staged_from_the_driver_only_when_its_plan_says_it_is_small(
 ) -> None:
     driver = _Driver("run", "query", 2, remote)
     assert driver.is_small(PlannedFrame(size), limit) is small
+
+
+class CollectedFrame:
+    """A DataFrame whose ``toArrow`` returns ``table`` or raises ``error``."""
+
+    def __init__(self, table: Any = None, error: Exception | None = None) -> None:
+        self.table, self.error = table, error
+
+    def toArrow(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.table
+
+
+def test_a_batch_that_outgrows_its_estimate_is_staged_in_tasks_instead() -> None:
+    """Spark fails a collect past spark.driver.maxResultSize (its message, as PySpark
+    4.3 raises it, names the setting): the batch goes to the tasks' path; any other
+    failure of the collect is the batch's."""
+    assert _collected(CollectedFrame(table="t"), 3) == "t"
+    too_big = RuntimeError(
+        "org.apache.spark.SparkException: Job aborted due to stage failure: Total size of "
+        "serialized results of 2 tasks (1106.2 KiB) is bigger than spark.driver.maxResultSize "
+        "(1024.0 KiB)"
+    )
+    assert _collected(CollectedFrame(error=too_big), 3) is None
+    with pytest.raises(RuntimeError, match="lost executor"):
+        _collected(CollectedFrame(error=RuntimeError("lost executor")), 3)
