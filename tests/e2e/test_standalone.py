@@ -152,6 +152,9 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
         launcher=launcher, cwd=work, available_now=False, max_files=2, crash_plan=plan
     )
     options["PYSPARK_PYTHON"] = str(python)
+    # Staged by the executors' tasks, which the kills below are about (a small batch is
+    # staged from the driver by default: test_exactly_once.py kills that path).
+    options["TWOPHASE_DRIVER_STAGING_BYTES"] = "0"
     fed: list[Path] = []
 
     def feed_more(count: int) -> None:
@@ -188,6 +191,7 @@ def test_the_job_from_the_wheel_on_a_standalone_cluster_survives_driver_and_exec
         launcher=launcher,
         cwd=work,
         PYSPARK_PYTHON=str(python),
+        TWOPHASE_DRIVER_STAGING_BYTES="0",
     )
     assert final.returncode == 0, final.tail()
     assert not mismatches(target.influx, files)
