@@ -2,7 +2,7 @@
 ``versions`` scenario runs this file in a checkout of the version measured, with that
 checkout first on ``PYTHONPATH``, so it imports nothing of the bench and only what
 every version since the configuration's environment names has: ``twophase.TwoPhase``,
-``twophase.load_config``, ``Stager.stage``, ``Committer.commit``.
+``twophase.load_config``, ``TwoPhase.begin_run``, ``Stager.stage``, ``Committer.commit``.
 
 The staging store and the target come from the ``TWOPHASE_*`` environment. Prints one
 JSON line: the milliseconds of each measured epoch (staged and committed, one target).
@@ -55,7 +55,6 @@ def main() -> None:
     millis = []
     with TwoPhase.open(load_config()) as tp:
         lease = tp.begin_run(args.sink, uuid.uuid4().hex, "bench-versions")
-        tp.committer.recover(lease)
         for number in range(args.warm + args.epochs):
             epoch = args.offset + number
             lines = epoch_lines(epoch, args.points)

@@ -181,9 +181,8 @@ def _stage(sink: SinkOptions, driver: _Driver, df: Any, batch_id: int) -> list[C
     batch at ``driver_staging_bytes`` or less (the one Spark job a plain writer runs,
     without a Python stage); otherwise one per partition, staged by Spark tasks."""
     parts = two_phase(sink)
-    table = None
-    if driver.is_small(df, parts.config.staging.driver_staging_bytes):
-        table = _collected(df, batch_id)
+    small = driver.is_small(df, parts.config.staging.driver_staging_bytes)
+    table = _collected(df, batch_id) if small else None
     if table is not None:
         items = items_of(sink, table.to_batches())
         return [
