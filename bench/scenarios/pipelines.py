@@ -5,10 +5,12 @@ its own (checked to hold every point, then dropped).
 
 * ``points``: one point per CSV row (TimestampType, tags with quotes, spaces, commas
   and unicode, a float, an int, a bool and a string field), 12 files x 25,000 rows,
-  ``format("twophase")`` against partitions POSTing line protocol to ``/write``;
+  ``foreachBatch(foreach_batch_writer(...))`` as the README writes it, against
+  partitions POSTing line protocol to ``/write``;
+* ``points_source``: the same through the data source, ``format("twophase")``;
 * ``sessions``: the seeds' job ``jobs/session_metrics.py`` (aggregates, a few hundred
   points a batch, 21 files) against the same aggregation written plainly;
-* ``points_pg``: the ``points`` input into a PostgreSQL target (twophase's
+* ``points_pg``: the ``points`` pipeline into a PostgreSQL target (twophase's
   ``postgresql`` kind) against partitions upserting with psycopg ``executemany``.
 
 Figures (:mod:`bench.harness.spark`): wall, startup, first batch, steady batch (from
@@ -62,6 +64,13 @@ def cases(quick: bool) -> dict[str, Any]:
     files, rows, sessions = (2, 200, 3) if quick else (12, 25_000, 21)
     return {
         "points": {"kind": "points", "target": "influxdb", "files": files, "rows": rows},
+        "points_source": {
+            "kind": "points",
+            "target": "influxdb",
+            "files": files,
+            "rows": rows,
+            "writer": "source",
+        },
         "sessions": {"kind": "sessions", "files": sessions},
         "points_pg": {"kind": "points", "target": "postgresql", "files": files, "rows": rows},
     }
@@ -100,7 +109,8 @@ def command(side: str, case: dict[str, Any], checkpoint: Path, sink_id: str) -> 
     if side == "plain":
         job = [*submit, str(REPO / "bench/jobs/plain_points.py"), *common]
         return [*job, "--target", case["target"]]
-    return [*submit, str(REPO / "bench/jobs/twophase_points.py"), *common, "--sink-id", sink_id]
+    job = [*submit, str(REPO / "bench/jobs/twophase_points.py"), *common, "--sink-id", sink_id]
+    return [*job, "--writer", case.get("writer", "foreach")]
 
 
 def run(ctx: Context, side: str, case: dict[str, Any]) -> Figures:

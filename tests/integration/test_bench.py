@@ -144,5 +144,5 @@ def test_every_pipeline_runs_in_its_tiny_plan(
 ) -> None:
     results = run_bench(base_staging_url, influx_url, tmp_path, "pipelines", "--repeats", "1")
     assert_compared(results, ("twophase", "plain"))
-    assert set(results["cases"]) == {"points", "sessions", "points_pg"}
+    assert set(results["cases"]) == {"points", "points_source", "sessions", "points_pg"}
     assert (tmp_path / f"pipelines-{results['started']}.png").is_file()

@@ -43,6 +43,7 @@ increasing as the row builder's, and the same stamps as its when the clock stand
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,35 @@ _MEASUREMENT_ESCAPES = ((",", "\\,"), (" ", "\\ "))  # ESCAPE_MEASUREMENT's, les
 # Where Arrow's shortest float text differs in form from repr's (module docstring).
 _REPR_RANGES = ((1e-9, 1e-4), (1e10, 1e16))
 _TIMESTAMP_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+def _literal(value: str | bool | int | float, kind: pa.DataType | None = None) -> pa.Scalar:
+    """``value`` as an Arrow scalar (of ``kind``, a number's), built from its bytes.
+
+    Why not ``pa.scalar`` (or a Python literal given to a compute function, which
+    pyarrow converts the same way): its first use in a process imports pandas when
+    pandas is installed, to ask whether the value is a pandas object. In a Spark
+    task's Python worker that import is a large part of the first micro-batch.
+    """
+    if isinstance(value, str):
+        data = value.encode()
+        buffers = [struct.pack("<ii", 0, len(data)), data]
+        return pa.Array.from_buffers(pa.string(), 1, [None, *map(pa.py_buffer, buffers)])[0]
+    if isinstance(value, bool):
+        made, packed = pa.bool_(), struct.pack("<B", value)
+    elif isinstance(value, float):
+        made, packed = pa.float64(), struct.pack("<d", value)
+    elif value > _INT64_MAX:
+        made, packed = pa.uint64(), struct.pack("<Q", value)
+    else:
+        made, packed = pa.int64(), struct.pack("<q", value)
+    scalar = pa.Array.from_buffers(made, 1, [None, pa.py_buffer(packed)])[0]
+    return scalar if kind is None or kind == made else scalar.cast(kind)
+
+
+_EMPTY, _SPACE, _QUOTE, _INTEGER = map(_literal, ("", " ", '"', "i"))
+_TRUE_TEXT, _FALSE_TEXT = _literal("true"), _literal("false")
+_FALSE, _ZERO = _literal(False), _literal(0)
 
 
 @dataclass(frozen=True)
@@ -142,7 +172,7 @@ class ColumnarEncoder:
         if self._time is None:
             return self._clock_stamped(batch, body, flagged, start)
         stamps = self._stamps(batch.column(self._time), flagged)
-        lines = _concat(body, pa.scalar(" "), stamps)
+        lines = _concat(body, _SPACE, stamps)
         return self._merge(batch, lines.to_pylist(), flagged, start)
 
     # --- the plan of a batch ------------------------------------------------------
@@ -175,16 +205,16 @@ class ColumnarEncoder:
         if not present:
             if isinstance(measurement, pa.Array):
                 return measurement
-            return pa.array([self._measurement] * batch.num_rows, pa.string())
+            return pa.repeat(_literal(self._measurement), batch.num_rows)
         # A null part is a tag left out (null value): it adds nothing.
-        return _concat(measurement, *(pc.fill_null(part, "") for part in present))
+        return _concat(measurement, *(pc.fill_null(part, _EMPTY) for part in present))
 
     def _measurement_part(self, batch: pa.RecordBatch, flagged: Mask) -> pa.Scalar | pa.Array:
         """The escaped measurement: one scalar, or each row's from the measurement column
         (null where the row builder decides)."""
         column = self._measurement_column
         if column is None:
-            return pa.scalar(self._measurement)
+            return _literal(self._measurement)
         array = batch.column(column)
         if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
             flagged[:] = True  # not text: every row is the row builder's rejection
@@ -193,7 +223,7 @@ class ColumnarEncoder:
 
     def _tag(self, name: str, array: pa.Array, flagged: Mask) -> pa.Array | None:
         kind = array.type
-        prefix = pa.scalar(f",{name.translate(ESCAPE_KEY)}=")
+        prefix = _literal(f",{name.translate(ESCAPE_KEY)}=")
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             return _text_tag(prefix, pc.cast(array, pa.string()), flagged)
         if pa.types.is_integer(kind):  # str(int) and Arrow's text agree; nothing to escape
@@ -216,13 +246,14 @@ class ColumnarEncoder:
         if not parts:
             return series
         longest = max(utf8_size(field.prefix) - 1 for field in fields)
-        size = pc.add(pc.binary_length(series), FIELD_KEY_SEPARATOR_BYTES + longest)
-        _flag(flagged, pc.greater(size, MAX_SERIES_KEY_BYTES))  # may be too long: exact by rows
+        size = pc.add(pc.binary_length(series), _literal(FIELD_KEY_SEPARATOR_BYTES + longest))
+        # May be too long: exact by rows.
+        _flag(flagged, pc.greater(size, _literal(MAX_SERIES_KEY_BYTES)))
         # Each part starts with its comma; the first comma becomes the space after the
         # series. (Not null_handling="skip": pyarrow 26 drops the rows whose values are
         # all null from its result.)
-        joined = _concat(*(pc.fill_null(part, "") for part in parts))
-        return _concat(series, pa.scalar(" "), pc.utf8_slice_codeunits(joined, 1))
+        joined = _concat(*(pc.fill_null(part, _EMPTY) for part in parts))
+        return _concat(series, _SPACE, pc.utf8_slice_codeunits(joined, 1))
 
     def _field(self, field: _Field, array: pa.Array, flagged: Mask) -> pa.Array:
         """The field's ``key=value`` texts, null where the field is left out."""
@@ -231,7 +262,7 @@ class ColumnarEncoder:
         if field.problem is not None:
             _flag(flagged, pc.is_valid(array))  # refused only when it has a value
         # One join per field: its key, its value's text and the text around it.
-        return _concat(pa.scalar(f",{field.prefix}"), *self._value_text(array, flagged))
+        return _concat(_literal(f",{field.prefix}"), *self._value_text(array, flagged))
 
     def _value_text(self, array: pa.Array, flagged: Mask) -> tuple[Any, ...]:
         """The pieces of each value's text: arrays and scalars, null where it is null."""
@@ -241,9 +272,9 @@ class ColumnarEncoder:
         if pa.types.is_integer(kind):
             if pa.types.is_uint64(kind):
                 _flag(flagged, _above(array, _INT64_MAX))
-            return pc.cast(array, pa.string()), pa.scalar("i")
+            return pc.cast(array, pa.string()), _INTEGER
         if pa.types.is_boolean(kind):
-            return (pc.if_else(array, pa.scalar("true"), pa.scalar("false")),)
+            return (pc.if_else(array, _TRUE_TEXT, _FALSE_TEXT),)
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             return self._string_text(pc.cast(array, pa.string()), flagged)
         _flag(flagged, pc.is_valid(array))  # any other type: the row builder decides
@@ -252,10 +283,9 @@ class ColumnarEncoder:
     def _string_text(self, array: pa.Array, flagged: Mask) -> tuple[Any, ...]:
         breaks = r"[\x00]" if self._builder.allow_newlines else r"[\x00\r\n]"
         _flag(flagged, pc.match_substring_regex(array, breaks))
-        _flag(flagged, pc.greater(pc.binary_length(array), MAX_STRING_FIELD_BYTES))
+        _flag(flagged, pc.greater(pc.binary_length(array), _literal(MAX_STRING_FIELD_BYTES)))
         escaped = _escape(array, (("\\", "\\\\"), ('"', '\\"')))  # backslashes first
-        quote = pa.scalar('"')
-        return quote, escaped, quote
+        return _QUOTE, escaped, _QUOTE
 
     # --- time ----------------------------------------------------------------------
 
@@ -269,11 +299,11 @@ class ColumnarEncoder:
         low, high = -(-MIN_TIME_NS // unit), MAX_TIME_NS // unit
         outside = _above(array, high)
         if pa.types.is_signed_integer(array.type):  # an unsigned value cannot be too low
-            outside = pc.or_(pc.less(pc.cast(array, pa.int64()), pa.scalar(low)), outside)
+            outside = pc.or_(pc.less(pc.cast(array, pa.int64()), _literal(low)), outside)
         _flag(flagged, outside)
         # Values outside are zeroed before the cast and the product: no overflow.
-        inside = pc.if_else(outside, pa.scalar(0, array.type), array)
-        nanos = pc.multiply(pc.cast(inside, pa.int64()), unit)
+        inside = pc.if_else(outside, _literal(0, array.type), array)
+        nanos = pc.multiply(pc.cast(inside, pa.int64()), _literal(unit))
         return pc.cast(nanos, pa.string())
 
     def _clock_stamped(
@@ -325,7 +355,8 @@ def _text_tag(prefix: pa.Scalar, values: pa.Array, flagged: Mask) -> pa.Array:
     encoded = pc.dictionary_encode(values)
     distinct, rows = encoded.dictionary, encoded.indices
     suspect = pc.or_(
-        pc.equal(pc.binary_length(distinct), 0), pc.match_substring_regex(distinct, _TAG_SUSPECT)
+        pc.equal(pc.binary_length(distinct), _ZERO),
+        pc.match_substring_regex(distinct, _TAG_SUSPECT),
     )
     _flag(flagged, pc.take(suspect, rows))
     return pc.take(_concat(prefix, _escape(distinct, _TAG_ESCAPES)), rows)
@@ -339,7 +370,7 @@ def _text_measurement(values: pa.Array, flagged: Mask) -> pa.Array:
     encoded = pc.dictionary_encode(values)
     distinct, rows = encoded.dictionary, encoded.indices
     suspect = pc.or_(
-        pc.equal(pc.binary_length(distinct), 0),
+        pc.equal(pc.binary_length(distinct), _ZERO),
         pc.match_substring_regex(distinct, _MEASUREMENT_SUSPECT),
     )
     _flag(flagged, pc.take(suspect, rows))
@@ -355,7 +386,7 @@ def _above(array: pa.Array, bound: int) -> pa.Array:
     """``array > bound`` for an integer array of any width and sign (compared in its
     64-bit type: Arrow would cast a uint64 array to int64 and fail on large values)."""
     wide = pa.int64() if pa.types.is_signed_integer(array.type) else pa.uint64()
-    return pc.greater(pc.cast(array, wide), pa.scalar(bound, wide))
+    return pc.greater(pc.cast(array, wide), _literal(bound, wide))
 
 
 def _float_text(array: pa.Array, flagged: Mask) -> pa.Array:
@@ -367,7 +398,8 @@ def _float_text(array: pa.Array, flagged: Mask) -> pa.Array:
     magnitude = pc.abs(values)
     odd = np.zeros(len(values), dtype=bool)
     for low, high in _REPR_RANGES:
-        odd |= _mask(pc.and_(pc.greater_equal(magnitude, low), pc.less(magnitude, high)))
+        above = pc.greater_equal(magnitude, _literal(low))
+        odd |= _mask(pc.and_(above, pc.less(magnitude, _literal(high))))
     if not odd.any():
         return text
     picked = values.filter(pa.array(odd)).to_pylist()
@@ -383,7 +415,7 @@ def _repr_text(value: float) -> str:
 def _concat(*parts: Any) -> pa.Array:
     """Texts joined row by row (arrays and scalars, at least one array); null where
     any part is null."""
-    return pc.binary_join_element_wise(*parts, "")
+    return pc.binary_join_element_wise(*parts, _EMPTY)
 
 
 def _escape(array: pa.Array, pairs: tuple[tuple[str, str], ...]) -> pa.Array:
@@ -393,8 +425,13 @@ def _escape(array: pa.Array, pairs: tuple[tuple[str, str], ...]) -> pa.Array:
 
 
 def _mask(values: pa.Array) -> Mask:
-    """A boolean Arrow array as numpy, null as False."""
-    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
+    """A boolean Arrow array as numpy, null as False: its bits unpacked (``to_numpy`` of a
+    boolean array imports pandas, as ``pa.scalar`` does: see ``_literal``)."""
+    filled = pc.fill_null(values, _FALSE)
+    if not len(filled):
+        return np.zeros(0, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(filled.buffers()[1], dtype=np.uint8), bitorder="little")
+    return bits[filled.offset : filled.offset + len(filled)].astype(bool)
 
 
 def _flag(flagged: Mask, values: pa.Array) -> None:

@@ -17,6 +17,7 @@ import os
 import pickle
 import random
 import re
+import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -188,5 +189,9 @@ def stage_arrow_partition(
     import pyarrow as pa
 
     task = current_task(epoch=epoch, run_id=run_id, query_id=query_id)
-    message = stage_task(sink, batches, task)
-    yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
+    data = pickle.dumps(stage_task(sink, batches, task))
+    # Built from its bytes: pyarrow's conversion of a Python list imports pandas in this
+    # worker (see twophase.points.columnar's _literal).
+    buffers = [None, pa.py_buffer(struct.pack("<ii", 0, len(data))), pa.py_buffer(data)]
+    column = pa.Array.from_buffers(pa.binary(), 1, buffers)
+    yield pa.RecordBatch.from_arrays([column], names=["message"])

@@ -328,3 +328,42 @@ def test_the_seeds_jobs_output_encodes_as_the_row_builder_encodes_it() -> None:
     assert got == expected
     rejected = [item for item in got if isinstance(item, Rejected)]
     assert len(rejected) == 20 and "bytes_p2p" in rejected[0].reason
+
+
+def test_a_clean_batch_encodes_without_importing_pandas() -> None:
+    """pyarrow imports pandas on its first conversion of a Python value; in a Spark
+    worker that import costs the first micro-batch, so the common path makes none."""
+    import subprocess
+    import sys
+
+    batch = pa.record_batch(
+        {
+            "time": pa.array([dt.datetime(2026, 1, d) for d in (1, 2)], pa.timestamp("us")),
+            "host": ["a b", "c"],
+            "cpu": [1.5, 2.0],
+            "n": pa.array([1, 2], pa.int32()),
+            "ok": [True, False],
+            "s": ['x"y', "z"],
+            "u": pa.array([1, 2], pa.uint64()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as out:
+        out.write_batch(batch)
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from twophase.points.builder import PointBuilder, PointSpec\n"
+        "from twophase.points.columnar import ColumnarEncoder\n"
+        "b = pa.ipc.open_stream(sys.stdin.buffer.read()).read_next_batch()\n"
+        "spec = PointSpec(measurement='m', tag_columns=('host',), time_column='time',"
+        " precision='us')\n"
+        "lines = list(ColumnarEncoder(PointBuilder(spec)).convert([b]))\n"
+        "print(len(lines), all(type(line) is str for line in lines), 'pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=sink.getvalue().to_pybytes(),
+        capture_output=True,
+        check=True,
+    )
+    assert done.stdout.decode().split() == ["2", "True", "False"]
