@@ -428,8 +428,8 @@ def fail(query: Any, code: int, message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    threading.Thread(target=prepare, args=(args,), name="twophase-prepare", daemon=True).start()
     spark = spark_session(args)
+    threading.Thread(target=prepare, args=(args,), name="twophase-prepare", daemon=True).start()
     import twophase.spark as tps
 
     if args.ship_package:
@@ -449,8 +449,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare(args: argparse.Namespace) -> None:
-    """Import twophase and open the sink's parts while the JVM starts (the driver's Python
-    only waits for it then): the first micro-batch finds the staging store connected."""
+    """Import twophase and open the sink's parts while the query is built and planned:
+    the first micro-batch finds the staging store connected. Not while the session
+    starts: its own imports in the driver's Python are then on the way to the first
+    micro-batch, and a thread importing beside them holds them back."""
     with contextlib.suppress(Exception):  # the query's own use reports any problem
         from twophase.spark.driver_commit import open_in_background
         from twophase.spark.options import parse_options
@@ -516,7 +518,7 @@ def wait(query: Any, sink: Any, available_now: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:  # before run(), whose first step opens the sink in a thread of its own
+    try:  # before run(), which opens the sink in a thread of its own
         logs.configure(args.log_format)
     except ConfigError as exc:
         return fail(None, EXIT_REFUSED, str(exc))
