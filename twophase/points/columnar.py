@@ -90,7 +90,8 @@ _TIMESTAMP_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 def _literal(value: str | bool | int | float, kind: pa.DataType | None = None) -> pa.Scalar:
-    """``value`` as an Arrow scalar (of ``kind``, a number's), built from its bytes.
+    """``value`` as an Arrow scalar (a number as ``kind``, from float64 or int64), built
+    from its bytes.
 
     Why not ``pa.scalar`` (or a Python literal given to a compute function, which
     pyarrow converts the same way): its first use in a process imports pandas when
@@ -105,8 +106,6 @@ def _literal(value: str | bool | int | float, kind: pa.DataType | None = None) -
         made, packed = pa.bool_(), struct.pack("<B", value)
     elif isinstance(value, float):
         made, packed = pa.float64(), struct.pack("<d", value)
-    elif value > _INT64_MAX:
-        made, packed = pa.uint64(), struct.pack("<Q", value)
     else:
         made, packed = pa.int64(), struct.pack("<q", value)
     scalar = pa.Array.from_buffers(made, 1, [None, pa.py_buffer(packed)])[0]
