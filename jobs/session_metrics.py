@@ -90,6 +90,9 @@ DEFAULT_SHUFFLE_PARTITIONS = 4
 # whose staging a dropped PostgreSQL connection cut would fail the query.
 DEFAULT_MASTER = "local[*,4]"
 FORMAT = "twophase"
+# How often the job reads its query's progress: a PROGRESS line comes this long after
+# its micro-batch at most.
+PROGRESS_POLL_S = 0.2
 FOREACH_BATCH, DATA_SOURCE = "foreach-batch", "data-source"
 EXIT_FAILED, EXIT_REFUSED = 1, 2
 
@@ -378,32 +381,39 @@ def emit(kind: str, **fields: Any) -> None:
     print(f"{kind} {json.dumps(fields, sort_keys=True)}", flush=True)
 
 
-def progress_listener() -> Any:
-    """A listener printing one PROGRESS line per micro-batch."""
-    from pyspark.sql.streaming.listener import StreamingQueryListener
+def await_reporting(query: Any) -> None:
+    """``query.awaitTermination()``, printing a PROGRESS line for each micro-batch's
+    progress as it comes. Read from the query (``lastProgress``, then
+    ``recentProgress`` when it changed), not by a listener: PySpark turns each
+    listener event into Python objects a field at a time over Py4J, which cost more
+    of the driver's CPU than the job's own micro-batches."""
+    printed: set[tuple[str, int, str]] = set()
+    while not query.awaitTermination(PROGRESS_POLL_S):
+        report_progress(query, printed)
+    report_progress(query, printed)
 
-    class Progress(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
 
-        def onQueryProgress(self, event: Any) -> None:
-            p = event.progress
-            emit(
-                "PROGRESS",
-                query=p.name,
-                batch=p.batchId,
-                input_rows=p.numInputRows,
-                duration_ms=p.durationMs.get("triggerExecution"),
-                commit_ms=p.durationMs.get("addBatch"),
-            )
+def report_progress(query: Any, printed: set[tuple[str, int, str]]) -> None:
+    """Print the query's progress updates not yet in ``printed`` (run, batch, time)."""
+    last = query.lastProgress
+    if last is None or _progress_key(last) in printed:
+        return
+    for p in query.recentProgress:
+        if _progress_key(p) in printed:
+            continue
+        printed.add(_progress_key(p))
+        emit(
+            "PROGRESS",
+            query=p["name"],
+            batch=p["batchId"],
+            input_rows=p["numInputRows"],
+            duration_ms=p["durationMs"].get("triggerExecution"),
+            commit_ms=p["durationMs"].get("addBatch"),
+        )
 
-        def onQueryIdle(self, event: Any) -> None:
-            pass
 
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    return Progress()
+def _progress_key(progress: Any) -> tuple[str, int, str]:
+    return progress["runId"], progress["batchId"], progress["timestamp"]
 
 
 _TWOPHASE_ERROR = re.compile(r"twophase\.errors\.(\w+): (.+)")
@@ -436,15 +446,9 @@ def run(args: argparse.Namespace) -> int:
         tps.ship_package(spark)
     if args.stats_writer == DATA_SOURCE:
         tps.register(spark)
-    listener = progress_listener()
-    spark.streams.addListener(listener)
     try:
         return start_and_wait(spark, args)
     finally:
-        # PySpark 4.3's Connect client can deadlock in removeListener (it joins the event
-        # thread while holding the lock that thread's delivery takes); stop() ends it.
-        if not args.remote:
-            spark.streams.removeListener(listener)
         spark.stop()
 
 
@@ -501,7 +505,7 @@ def wait(query: Any, sink: Any, available_now: bool) -> int:
     from twophase.spark import drain_query
 
     try:
-        query.awaitTermination()
+        await_reporting(query)
     except Exception as exc:
         return fail(query, EXIT_FAILED, explain(exc))
     if query.exception() is not None:
