@@ -60,7 +60,8 @@ def test_the_pages_pipelines_table_is_the_latest_run() -> None:
     run = json.loads(latest.read_text())
     page = PERFORMANCE.read_text()
     assert f"bench/results/{latest.stem}.md" in page
-    assert run["plan"] == "full" and set(run["cases"]) == {"points", "points_source", "sessions", "points_pg"}
+    assert run["plan"] == "full"
+    assert set(run["cases"]) == {"points", "points_source", "sessions", "points_pg"}
     for case, figures in run["cases"].items():
         shown = [line for line in page.splitlines() if line.startswith(f"| {case} |")]
         for name in ("wall_s", "first_batch_s", "steady_batch_s"):
