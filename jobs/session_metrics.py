@@ -387,21 +387,22 @@ def await_reporting(query: Any) -> None:
     ``recentProgress`` when it changed), not by a listener: PySpark turns each
     listener event into Python objects a field at a time over Py4J, which cost more
     of the driver's CPU than the job's own micro-batches."""
-    printed: set[tuple[str, int, str]] = set()
+    printed = None
     while not query.awaitTermination(PROGRESS_POLL_S):
-        report_progress(query, printed)
+        printed = report_progress(query, printed)
     report_progress(query, printed)
 
 
-def report_progress(query: Any, printed: set[tuple[str, int, str]]) -> None:
-    """Print the query's progress updates not yet in ``printed`` (run, batch, time)."""
-    last = query.lastProgress
-    if last is None or _progress_key(last) in printed:
-        return
+def report_progress(query: Any, after: tuple[str, int] | None) -> tuple[str, int] | None:
+    """Print the query's progress updates later than ``after`` (their time and batch);
+    the last one printed. ``recentProgress`` is in the order the updates came."""
+    newest = query.lastProgress
+    if newest is None or _progress_key(newest) == after:
+        return after
     for p in query.recentProgress:
-        if _progress_key(p) in printed:
+        if after is not None and _progress_key(p) <= after:
             continue
-        printed.add(_progress_key(p))
+        after = _progress_key(p)
         emit(
             "PROGRESS",
             query=p["name"],
@@ -410,10 +411,12 @@ def report_progress(query: Any, printed: set[tuple[str, int, str]]) -> None:
             duration_ms=p["durationMs"].get("triggerExecution"),
             commit_ms=p["durationMs"].get("addBatch"),
         )
+    return after
 
 
-def _progress_key(progress: Any) -> tuple[str, int, str]:
-    return progress["runId"], progress["batchId"], progress["timestamp"]
+def _progress_key(progress: Any) -> tuple[str, int]:
+    """When the update came (its trigger's ISO time, which sorts as text) and its batch."""
+    return progress["timestamp"], progress["batchId"]
 
 
 _TWOPHASE_ERROR = re.compile(r"twophase\.errors\.(\w+): (.+)")

@@ -72,7 +72,7 @@ from twophase.points.lineproto import (
     utf8_size,
 )
 
-__all__ = ["ColumnarEncoder"]
+__all__ = ["ColumnarEncoder", "one_value"]
 
 Item = str | Rejected
 Mask = npt.NDArray[np.bool_]  # rows that go by the row builder
@@ -99,9 +99,7 @@ def _literal(value: str | bool | int | float, kind: pa.DataType | None = None) -
     task's Python worker that import is a large part of the first micro-batch.
     """
     if isinstance(value, str):
-        data = value.encode()
-        buffers = [struct.pack("<ii", 0, len(data)), data]
-        return pa.Array.from_buffers(pa.string(), 1, [None, *map(pa.py_buffer, buffers)])[0]
+        return one_value(pa.string(), value.encode())[0]
     if isinstance(value, bool):
         made, packed = pa.bool_(), struct.pack("<B", value)
     elif isinstance(value, float):
@@ -110,6 +108,13 @@ def _literal(value: str | bool | int | float, kind: pa.DataType | None = None) -
         made, packed = pa.int64(), struct.pack("<q", value)
     scalar = pa.Array.from_buffers(made, 1, [None, pa.py_buffer(packed)])[0]
     return scalar if kind is None or kind == made else scalar.cast(kind)
+
+
+def one_value(kind: pa.DataType, data: bytes) -> pa.Array:
+    """An array of one string or binary value (``kind``), built from its bytes without
+    pyarrow's conversion of a Python value (see ``_literal``)."""
+    offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))
+    return pa.Array.from_buffers(kind, 1, [None, offsets, pa.py_buffer(data)])
 
 
 _EMPTY, _SPACE, _QUOTE, _INTEGER = map(_literal, ("", " ", '"', "i"))

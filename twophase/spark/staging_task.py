@@ -17,7 +17,6 @@ import os
 import pickle
 import random
 import re
-import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from pyspark import TaskContext
 from twophase.errors import PermanentError
 from twophase.model import CommitMessage
 from twophase.points.builder import MAX_PAYLOAD_BYTES, PointBuilder, Rejected
-from twophase.points.columnar import ColumnarEncoder
+from twophase.points.columnar import ColumnarEncoder, one_value
 from twophase.protocol.stage.stager import Stager
 from twophase.spark.options import PAYLOAD_COLUMN, REASON_COLUMN, SinkOptions
 from twophase.store.database import shared_database
@@ -189,9 +188,6 @@ def stage_arrow_partition(
     import pyarrow as pa
 
     task = current_task(epoch=epoch, run_id=run_id, query_id=query_id)
-    data = pickle.dumps(stage_task(sink, batches, task))
-    # Built from its bytes: pyarrow's conversion of a Python list imports pandas in this
-    # worker (see twophase.points.columnar's _literal).
-    buffers = [None, pa.py_buffer(struct.pack("<ii", 0, len(data))), pa.py_buffer(data)]
-    column = pa.Array.from_buffers(pa.binary(), 1, buffers)
+    # Built from its bytes: pyarrow's conversion of a Python list imports pandas here.
+    column = one_value(pa.binary(), pickle.dumps(stage_task(sink, batches, task)))
     yield pa.RecordBatch.from_arrays([column], names=["message"])
